@@ -1,0 +1,36 @@
+"""One error family for peerd. Edges translate: gRPC servicers turn these into
+status codes, clients turn status codes back into these, CLIs print them."""
+
+from __future__ import annotations
+
+
+class PeerdError(Exception):
+    """Base of every error peerd raises on purpose; the message says what to fix."""
+
+
+class ConfigError(PeerdError):
+    """A config or job file is missing, malformed or has a bad value."""
+
+
+class JobMismatch(PeerdError):
+    """A peer runs the same job name with a different spec or model shape."""
+
+
+class RoundMismatch(PeerdError):
+    """A partner no longer holds (or will not reach) the requested round."""
+
+    def __init__(self, message: str, current_round: int) -> None:
+        super().__init__(message)
+        self.current_round = current_round
+
+
+class PeerUnavailable(PeerdError):
+    """A partner did not answer before the deadline or refused the connection."""
+
+
+class DaemonNotRunning(PeerdError):
+    """peerctl found no daemon behind the control socket."""
+
+
+class UnknownJob(PeerdError):
+    """A request named a job this daemon does not run."""

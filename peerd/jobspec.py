@@ -1,0 +1,106 @@
+"""The job spec (JOB.toml): identical on every peer, checked by fingerprint.
+
+Parsed once, at the edge, into a frozen `JobSpec`; nothing below takes raw dicts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from peerd.errors import ConfigError
+from peerd.tomlconf import Table, load_toml
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+_ENTRY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    name: str = "sgd"
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    nesterov: bool = False
+    schedule: str = "cosine"  # "constant" or "cosine" (to 0 over the job's epochs)
+
+
+@dataclass(frozen=True)
+class GossipSpec:
+    period_steps: int = 1  # local optimizer steps between gossip rounds
+    segments: int = 8
+    chunk_kib: int = 1024  # streamed chunk size; ~1 MiB is the fast spot for gRPC
+    deadline_floor_s: float = 0.5
+    deadline_ceiling_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    name: str
+    model: str  # "module:callable" returning a torch.nn.Module
+    data: str  # "module:callable" returning (train, test) datasets
+    seed: int = 0
+    data_mode: str = "shared"
+    local_batch: int = 32
+    epochs: float = 1.0
+    eval_every_rounds: int = 100
+    optimizer: OptimizerSpec = OptimizerSpec()
+    gossip: GossipSpec = GossipSpec()
+
+    @property
+    def fingerprint(self) -> str:
+        """sha256 of the canonical spec: two peers train together only if equal."""
+        canonical = json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:32]
+
+
+def parse_job(text: str, source: str) -> JobSpec:
+    root = Table(load_toml(text, source), source, "")
+    job = root.sub("job")
+    opt = root.sub("optimizer")
+    gossip = root.sub("gossip")
+    positive = dict(check=lambda v: v > 0, expect="a number > 0")
+    spec = JobSpec(
+        name=job.get("name", str, check=_NAME.match, expect="a name of letters, digits, '_', '.', '-' (≤ 63)"),
+        model=job.get("model", str, check=_ENTRY.match, expect="'module:callable'"),
+        data=job.get("data", str, check=_ENTRY.match, expect="'module:callable'"),
+        seed=job.get("seed", int, 0),
+        data_mode=job.get("data_mode", str, "shared", check=lambda v: v == "shared",
+                          expect="'shared' (the only mode so far)"),
+        local_batch=job.get("local_batch", int, 32, check=lambda v: 1 <= v <= 65536, expect="an integer in 1..65536"),
+        epochs=job.get("epochs", float, 1.0, **positive),
+        eval_every_rounds=job.get("eval_every_rounds", int, 100, **positive),
+        optimizer=OptimizerSpec(
+            name=opt.get("name", str, "sgd", check=lambda v: v == "sgd", expect="'sgd'"),
+            lr=opt.get("lr", float, 0.05, **positive),
+            momentum=opt.get("momentum", float, 0.9, check=lambda v: 0 <= v < 1, expect="a number in [0, 1)"),
+            weight_decay=opt.get("weight_decay", float, 0.0, check=lambda v: v >= 0, expect="a number ≥ 0"),
+            nesterov=opt.get("nesterov", bool, False),
+            schedule=opt.get("schedule", str, "cosine", check=lambda v: v in ("constant", "cosine"),
+                             expect="'constant' or 'cosine'"),
+        ),
+        gossip=GossipSpec(
+            period_steps=gossip.get("period_steps", int, 1, **positive),
+            segments=gossip.get("segments", int, 8, check=lambda v: 1 <= v <= 4096, expect="an integer in 1..4096"),
+            chunk_kib=gossip.get("chunk_kib", int, 1024, check=lambda v: 4 <= v <= 16384, expect="an integer in 4..16384"),
+            deadline_floor_s=gossip.get("deadline_floor_s", float, 0.5, **positive),
+            deadline_ceiling_s=gossip.get("deadline_ceiling_s", float, 10.0, **positive),
+        ),
+    )
+    for table in (job, opt, gossip, root):
+        table.finish()
+    if spec.gossip.deadline_floor_s > spec.gossip.deadline_ceiling_s:
+        raise ConfigError(f"{source}: gossip.deadline_floor_s must not exceed gossip.deadline_ceiling_s")
+    return spec
+
+
+def load_job(path: Path) -> tuple[JobSpec, str]:
+    """The spec and its text (the text travels to the daemon as it is)."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read job file {path}: {exc.strerror}") from None
+    return parse_job(text, str(path)), text

@@ -1,0 +1,185 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Progress(_message.Message):
+    __slots__ = ("step", "round", "epoch", "loss", "samples_per_s", "partners_reached", "partners_planned", "test_accuracy", "disagreement", "samples", "segment_misses", "finished", "exchange_s")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    PARTNERS_REACHED_FIELD_NUMBER: _ClassVar[int]
+    PARTNERS_PLANNED_FIELD_NUMBER: _ClassVar[int]
+    TEST_ACCURACY_FIELD_NUMBER: _ClassVar[int]
+    DISAGREEMENT_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_MISSES_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    EXCHANGE_S_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    round: int
+    epoch: int
+    loss: float
+    samples_per_s: float
+    partners_reached: int
+    partners_planned: int
+    test_accuracy: float
+    disagreement: float
+    samples: int
+    segment_misses: int
+    finished: bool
+    exchange_s: float
+    def __init__(self, step: _Optional[int] = ..., round: _Optional[int] = ..., epoch: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., partners_reached: _Optional[int] = ..., partners_planned: _Optional[int] = ..., test_accuracy: _Optional[float] = ..., disagreement: _Optional[float] = ..., samples: _Optional[int] = ..., segment_misses: _Optional[int] = ..., finished: _Optional[bool] = ..., exchange_s: _Optional[float] = ...) -> None: ...
+
+class WorkerReport(_message.Message):
+    __slots__ = ("job", "pid", "address", "fingerprint", "progress")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    pid: int
+    address: str
+    fingerprint: str
+    progress: Progress
+    def __init__(self, job: _Optional[str] = ..., pid: _Optional[int] = ..., address: _Optional[str] = ..., fingerprint: _Optional[str] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ...) -> None: ...
+
+class PeerEndpoint(_message.Message):
+    __slots__ = ("peer_id", "address")
+    PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    peer_id: str
+    address: str
+    def __init__(self, peer_id: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
+
+class WorkerView(_message.Message):
+    __slots__ = ("peers", "stop")
+    PEERS_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    peers: _containers.RepeatedCompositeFieldContainer[PeerEndpoint]
+    stop: bool
+    def __init__(self, peers: _Optional[_Iterable[_Union[PeerEndpoint, _Mapping]]] = ..., stop: _Optional[bool] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class LocalJob(_message.Message):
+    __slots__ = ("name", "state", "spec_fingerprint", "worker_pid", "restarts", "view_size", "progress", "log_path")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    WORKER_PID_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    VIEW_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    LOG_PATH_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    state: str
+    spec_fingerprint: str
+    worker_pid: int
+    restarts: int
+    view_size: int
+    progress: Progress
+    log_path: str
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., spec_fingerprint: _Optional[str] = ..., worker_pid: _Optional[int] = ..., restarts: _Optional[int] = ..., view_size: _Optional[int] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., log_path: _Optional[str] = ...) -> None: ...
+
+class StatusReply(_message.Message):
+    __slots__ = ("peer_id", "version", "uptime_s", "peer_address", "locality", "peers_known", "jobs")
+    PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    UPTIME_S_FIELD_NUMBER: _ClassVar[int]
+    PEER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    LOCALITY_FIELD_NUMBER: _ClassVar[int]
+    PEERS_KNOWN_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    peer_id: str
+    version: str
+    uptime_s: float
+    peer_address: str
+    locality: str
+    peers_known: int
+    jobs: _containers.RepeatedCompositeFieldContainer[LocalJob]
+    def __init__(self, peer_id: _Optional[str] = ..., version: _Optional[str] = ..., uptime_s: _Optional[float] = ..., peer_address: _Optional[str] = ..., locality: _Optional[str] = ..., peers_known: _Optional[int] = ..., jobs: _Optional[_Iterable[_Union[LocalJob, _Mapping]]] = ...) -> None: ...
+
+class ListPeersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PeerInfo(_message.Message):
+    __slots__ = ("peer_id", "address", "locality", "version", "jobs", "last_seen_s")
+    PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    LOCALITY_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_S_FIELD_NUMBER: _ClassVar[int]
+    peer_id: str
+    address: str
+    locality: str
+    version: str
+    jobs: _containers.RepeatedScalarFieldContainer[str]
+    last_seen_s: float
+    def __init__(self, peer_id: _Optional[str] = ..., address: _Optional[str] = ..., locality: _Optional[str] = ..., version: _Optional[str] = ..., jobs: _Optional[_Iterable[str]] = ..., last_seen_s: _Optional[float] = ...) -> None: ...
+
+class ListPeersReply(_message.Message):
+    __slots__ = ("peers",)
+    PEERS_FIELD_NUMBER: _ClassVar[int]
+    peers: _containers.RepeatedCompositeFieldContainer[PeerInfo]
+    def __init__(self, peers: _Optional[_Iterable[_Union[PeerInfo, _Mapping]]] = ...) -> None: ...
+
+class ListJobsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class JobInfo(_message.Message):
+    __slots__ = ("name", "spec_fingerprint", "peer_ids", "local")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    PEER_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    spec_fingerprint: str
+    peer_ids: _containers.RepeatedScalarFieldContainer[str]
+    local: bool
+    def __init__(self, name: _Optional[str] = ..., spec_fingerprint: _Optional[str] = ..., peer_ids: _Optional[_Iterable[str]] = ..., local: _Optional[bool] = ...) -> None: ...
+
+class ListJobsReply(_message.Message):
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[JobInfo]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[JobInfo, _Mapping]]] = ...) -> None: ...
+
+class JoinRequest(_message.Message):
+    __slots__ = ("spec_toml", "spec_dir")
+    SPEC_TOML_FIELD_NUMBER: _ClassVar[int]
+    SPEC_DIR_FIELD_NUMBER: _ClassVar[int]
+    spec_toml: str
+    spec_dir: str
+    def __init__(self, spec_toml: _Optional[str] = ..., spec_dir: _Optional[str] = ...) -> None: ...
+
+class JoinReply(_message.Message):
+    __slots__ = ("name", "spec_fingerprint")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    spec_fingerprint: str
+    def __init__(self, name: _Optional[str] = ..., spec_fingerprint: _Optional[str] = ...) -> None: ...
+
+class LeaveRequest(_message.Message):
+    __slots__ = ("name", "drain")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    drain: bool
+    def __init__(self, name: _Optional[str] = ..., drain: _Optional[bool] = ...) -> None: ...
+
+class LeaveReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -1,0 +1,97 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class HelloRequest(_message.Message):
+    __slots__ = ("peer_id", "address", "version")
+    PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    peer_id: str
+    address: str
+    version: str
+    def __init__(self, peer_id: _Optional[str] = ..., address: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
+
+class JobAd(_message.Message):
+    __slots__ = ("name", "spec_fingerprint", "worker_address", "round", "state")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    spec_fingerprint: str
+    worker_address: str
+    round: int
+    state: str
+    def __init__(self, name: _Optional[str] = ..., spec_fingerprint: _Optional[str] = ..., worker_address: _Optional[str] = ..., round: _Optional[int] = ..., state: _Optional[str] = ...) -> None: ...
+
+class HelloReply(_message.Message):
+    __slots__ = ("peer_id", "version", "locality", "jobs")
+    PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    LOCALITY_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    peer_id: str
+    version: str
+    locality: str
+    jobs: _containers.RepeatedCompositeFieldContainer[JobAd]
+    def __init__(self, peer_id: _Optional[str] = ..., version: _Optional[str] = ..., locality: _Optional[str] = ..., jobs: _Optional[_Iterable[_Union[JobAd, _Mapping]]] = ...) -> None: ...
+
+class SegmentRequest(_message.Message):
+    __slots__ = ("job", "fingerprint", "round", "segment", "peer_id", "wait_s")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    fingerprint: str
+    round: int
+    segment: int
+    peer_id: str
+    wait_s: float
+    def __init__(self, job: _Optional[str] = ..., fingerprint: _Optional[str] = ..., round: _Optional[int] = ..., segment: _Optional[int] = ..., peer_id: _Optional[str] = ..., wait_s: _Optional[float] = ...) -> None: ...
+
+class SegmentChunk(_message.Message):
+    __slots__ = ("round", "segment", "offset", "total", "data")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    segment: int
+    offset: int
+    total: int
+    data: bytes
+    def __init__(self, round: _Optional[int] = ..., segment: _Optional[int] = ..., offset: _Optional[int] = ..., total: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class StateRequest(_message.Message):
+    __slots__ = ("job", "fingerprint", "peer_id")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    fingerprint: str
+    peer_id: str
+    def __init__(self, job: _Optional[str] = ..., fingerprint: _Optional[str] = ..., peer_id: _Optional[str] = ...) -> None: ...
+
+class StateChunk(_message.Message):
+    __slots__ = ("round", "step", "offset", "total", "data")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    step: int
+    offset: int
+    total: int
+    data: bytes
+    def __init__(self, round: _Optional[int] = ..., step: _Optional[int] = ..., offset: _Optional[int] = ..., total: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...

@@ -1,0 +1,1 @@
+"""The data plane: one worker process per job, supervised by the daemon."""

@@ -1,0 +1,5 @@
+import sys
+
+from peerd.worker.main import main
+
+sys.exit(main())

@@ -1,0 +1,40 @@
+"""The model's parameters as one flat fp32 vector (DESIGN §1.1).
+
+Each parameter becomes a view into one contiguous buffer, so a segment is a
+slice of that buffer and gossip averages it in place: no gather or scatter per
+round, and the optimizer keeps working on the same tensors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+from torch import nn
+
+
+class FlatParams:
+    def __init__(self, model: nn.Module) -> None:
+        params = [p for p in model.parameters() if p.requires_grad]
+        if not params:
+            raise ValueError("the model has no trainable parameters")
+        if any(p.dtype != torch.float32 for p in params):
+            raise ValueError("peerd gossips fp32 parameters; cast the model with .float()")
+        self.shapes = [tuple(p.shape) for p in params]
+        self.vector = torch.empty(sum(p.numel() for p in params), dtype=torch.float32)
+        offset = 0
+        with torch.no_grad():
+            for p in params:
+                n = p.numel()
+                self.vector[offset : offset + n].copy_(p.view(-1))
+                p.data = self.vector[offset : offset + n].view_as(p)
+                offset += n
+
+    @property
+    def numel(self) -> int:
+        return self.vector.numel()
+
+    def fingerprint(self, spec_fingerprint: str) -> str:
+        """Spec and parameter shapes: peers must agree on both to exchange."""
+        text = spec_fingerprint + repr(self.shapes)
+        return hashlib.sha256(text.encode()).hexdigest()[:32]

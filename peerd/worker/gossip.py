@@ -1,0 +1,82 @@
+"""One gossip round of flat Crossover-SGD (DESIGN §1.2, §1.4).
+
+For every segment, fetch it from this round's source and set
+θ[s] ← ½(θ[s] + θ_source[s]). Fetches run concurrently under one deadline; a
+segment whose source misses it keeps this peer's own value.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from peerd.core.segments import Span
+from peerd.core.topology import RoundPlan
+from peerd.errors import PeerdError, RoundMismatch
+from peerd.worker.transport import Transport
+
+
+@dataclass
+class RoundResult:
+    round: int
+    planned: frozenset[str]
+    reached: set[str] = field(default_factory=set)
+    misses: int = 0
+    disagreement: float = float("nan")
+    seconds: float = 0.0
+    ahead_round: int = -1  # highest round a partner said it was in, if ahead of us
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+async def gossip_round(
+    plan: RoundPlan,
+    addresses: dict[str, str],
+    vector: torch.Tensor,
+    recv: torch.Tensor,
+    layout: list[Span],
+    transport: Transport,
+    deadline_s: float,
+) -> RoundResult:
+    """Average `vector` (this peer's state at the start of the round) with the
+    plan's sources, segment by segment, in place."""
+    result = RoundResult(plan.round, plan.partners)
+    started = time.monotonic()
+
+    async def fetch(s: int) -> int:
+        span = layout[s]
+        await transport.fetch_segment(
+            addresses[plan.sources[s]], plan.round, s, recv[span.start : span.stop], deadline_s
+        )
+        return s
+
+    tasks = {asyncio.ensure_future(fetch(s)): s for s in range(len(layout))}
+    done, pending = await asyncio.wait(tasks, timeout=deadline_s)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+
+    gaps = []
+    for task, s in tasks.items():
+        source = plan.sources[s]
+        exc = None if task in done and not task.cancelled() else TimeoutError("deadline")
+        exc = exc or task.exception()
+        if exc is not None:
+            result.misses += 1
+            if isinstance(exc, RoundMismatch) and exc.current_round > plan.round:
+                result.ahead_round = max(result.ahead_round, exc.current_round)
+            if not isinstance(exc, (PeerdError, TimeoutError)):
+                raise exc
+            result.errors[source] = str(exc) or type(exc).__name__
+            continue
+        span = layout[s]
+        own, theirs = vector[span.start : span.stop], recv[span.start : span.stop]
+        gaps.append(float(torch.linalg.vector_norm(own - theirs) / (torch.linalg.vector_norm(own) + 1e-12)))
+        own.add_(theirs).mul_(0.5)
+        result.reached.add(source)
+    if gaps:
+        result.disagreement = sum(gaps) / len(gaps)
+    result.seconds = time.monotonic() - started
+    return result

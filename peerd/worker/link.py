@@ -1,0 +1,64 @@
+"""The worker's line to its daemon: report progress, receive the job's view.
+
+The worker exits if the daemon stays silent for `orphan_after_s`, so a killed
+daemon never leaves a worker training alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import grpc
+
+from peerd.proto.v1 import control_pb2, control_pb2_grpc
+
+log = logging.getLogger("peerd.worker")
+
+
+class SupervisorLink:
+    def __init__(self, control_address: str, job: str, fingerprint: str, orphan_after_s: float = 15.0) -> None:
+        self._channel = grpc.aio.insecure_channel(control_address)
+        self._stub = control_pb2_grpc.SupervisorStub(self._channel)
+        self._job = job
+        self._fingerprint = fingerprint
+        self._orphan_after_s = orphan_after_s
+        self._last_ok = time.monotonic()
+        self.address = ""
+        self.progress = control_pb2.Progress()
+        self.view: dict[str, str] = {}
+        self.stop = False
+
+    @property
+    def orphaned(self) -> bool:
+        return time.monotonic() - self._last_ok > self._orphan_after_s
+
+    async def beat(self) -> bool:
+        report = control_pb2.WorkerReport(
+            job=self._job, pid=_pid(), address=self.address, fingerprint=self._fingerprint,
+            progress=self.progress,
+        )
+        try:
+            reply = await self._stub.Heartbeat(report, timeout=5.0)
+        except grpc.aio.AioRpcError as exc:
+            log.warning("daemon did not answer the heartbeat: %s", exc.code().name)
+            return False
+        self._last_ok = time.monotonic()
+        self.view = {p.peer_id: p.address for p in reply.peers}
+        self.stop = self.stop or reply.stop
+        return True
+
+    async def run(self, interval_s: float) -> None:
+        while True:
+            await self.beat()
+            await asyncio.sleep(interval_s)
+
+    async def aclose(self) -> None:
+        await self._channel.close()
+
+
+def _pid() -> int:
+    import os
+
+    return os.getpid()

@@ -1,0 +1,190 @@
+"""Worker process: `python -m peerd.worker ...`, started by the daemon.
+
+Trains one job: local steps in a thread, a gossip round every
+`gossip.period_steps` steps, progress and view through the daemon's socket.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import math
+import signal
+import sys
+from pathlib import Path
+
+import torch
+
+from peerd.core.deadline import DeadlineEstimator
+from peerd.core.segments import split_even
+from peerd.core.topology import plan_round
+from peerd.errors import ConfigError, PeerdError
+from peerd.jobspec import JobSpec, parse_job
+from peerd.proto.v1 import control_pb2
+from peerd.worker.gossip import RoundResult, gossip_round
+from peerd.worker.link import SupervisorLink
+from peerd.worker.snapshots import Identity, SegmentServer, SnapshotStore
+from peerd.worker.training import Trainer
+from peerd.worker.transport import GrpcTransport, start_exchange_server
+
+log = logging.getLogger("peerd.worker")
+
+HEARTBEAT_S = 0.5
+CATCH_UP_ROUNDS = 10  # further behind than this, take a partner's state instead of stepping up
+
+
+class Worker:
+    def __init__(self, spec: JobSpec, trainer: Trainer, link: SupervisorLink, host: str) -> None:
+        self.spec = spec
+        self.trainer = trainer
+        self.link = link
+        self.host = host
+        self.me = trainer.peer_id
+        self.identity = Identity(spec.name, trainer.flat.fingerprint(spec.fingerprint), self.me)
+        numel = trainer.flat.numel
+        self.layout = split_even(numel, min(spec.gossip.segments, numel))
+        self.store = SnapshotStore(numel)
+        self.recv = torch.empty(numel, dtype=torch.float32)
+        self.transport = GrpcTransport(self.identity)
+        self.deadline = DeadlineEstimator(spec.gossip.deadline_floor_s, spec.gossip.deadline_ceiling_s)
+        self.round = 0
+        self.misses = 0
+        self.accuracy = math.nan
+
+    async def run(self) -> None:
+        chunk_elems = self.spec.gossip.chunk_kib * 1024 // 4
+        server = SegmentServer(self.identity, self.store, len(self.layout), chunk_elems)
+        grpc_server, self.link.address = await start_exchange_server(server, self.host)
+        log.info("serving exchange on %s; %d parameters in %d segments",
+                 self.link.address, self.trainer.flat.numel, len(self.layout))
+        await self.store.publish(0, 0, self.trainer.flat.vector)
+        beats = asyncio.create_task(self.link.run(HEARTBEAT_S))
+        try:
+            await self._train()
+        finally:
+            await self.store.finish()
+            self._report(None, finished=self.trainer.done)
+            beats.cancel()
+            await asyncio.gather(beats, return_exceptions=True)
+            await self.link.beat()
+            await grpc_server.stop(grace=1.0)
+            await self.transport.aclose()
+            await self.link.aclose()
+
+    async def _train(self) -> None:
+        while not self.trainer.done:
+            if self.link.stop:
+                log.info("leaving at round %d: the operator asked", self.round)
+                return
+            if self.link.orphaned:
+                raise PeerdError("lost the daemon: no heartbeat answer; stopping")
+            view = dict(self.link.view)
+            view[self.me] = self.link.address
+            for _ in range(self.spec.gossip.period_steps):
+                await asyncio.to_thread(self.trainer.step, list(view))
+            self.round += 1
+            await self.store.publish(self.round, self.trainer.step_count, self.trainer.flat.vector)
+            result = await self._gossip(view)
+            if self.round % self.spec.eval_every_rounds == 0:
+                self.accuracy = await asyncio.to_thread(self.trainer.evaluate)
+            self._report(result)
+        self.accuracy = await asyncio.to_thread(self.trainer.evaluate)
+        log.info("finished: %d steps, %d rounds, test accuracy %.4f",
+                 self.trainer.step_count, self.round, self.accuracy)
+
+    async def _gossip(self, view: dict[str, str]) -> RoundResult | None:
+        plan = plan_round(self.spec.name, self.round, list(view), self.me, len(self.layout))
+        if plan is None:
+            return None
+        result = await gossip_round(
+            plan, view, self.trainer.flat.vector, self.recv, self.layout, self.transport,
+            self.deadline.deadline(),
+        )
+        self.misses += result.misses
+        if result.misses == 0:
+            self.deadline.observe(result.seconds)
+        elif result.errors:
+            log.info("round %d: %d segment(s) missed: %s", self.round, result.misses,
+                     "; ".join(f"{p}: {e}" for p, e in sorted(result.errors.items())))
+        if result.ahead_round > self.round:
+            await self._catch_up(result, view)
+        return result
+
+    async def _catch_up(self, result: RoundResult, view: dict[str, str]) -> None:
+        """A partner is rounds ahead: step up to its round, or take its state when far behind."""
+        if result.ahead_round - self.round > CATCH_UP_ROUNDS:
+            source = next((p for p in result.errors if p in view), None)
+            if source is not None:
+                try:
+                    round_, step, vector = await self.transport.fetch_state(view[source], self.deadline.ceiling_s)
+                    self.trainer.adopt(vector, step)
+                    log.info("took the state of %s at round %d (was at round %d)", source, round_, self.round)
+                except (PeerdError, ValueError) as exc:
+                    log.warning("could not take the state of %s: %s", source, exc)
+        self.round = max(self.round, result.ahead_round - 1)
+
+    def _report(self, result: RoundResult | None, finished: bool = False) -> None:
+        t = self.trainer
+        p = control_pb2.Progress(
+            step=t.step_count, round=self.round, epoch=t.epoch, loss=t.loss_ema,
+            samples_per_s=t.speed_ema, test_accuracy=self.accuracy, samples=t.samples,
+            segment_misses=self.misses, finished=finished, disagreement=math.nan, exchange_s=math.nan,
+        )
+        if result is not None:
+            p.partners_reached = len(result.reached)
+            p.partners_planned = len(result.planned)
+            p.disagreement = result.disagreement
+            p.exchange_s = result.seconds
+        elif self.link.progress.partners_planned:
+            old = self.link.progress
+            p.partners_reached, p.partners_planned = old.partners_reached, old.partners_planned
+            p.disagreement, p.exchange_s = old.disagreement, old.exchange_s
+        self.link.progress = p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m peerd.worker", description="peerd training worker (started by the daemon)")
+    parser.add_argument("--control", required=True, help="daemon control address, e.g. unix:/run/peerd/control.sock")
+    parser.add_argument("--spec", required=True, type=Path, help="the job file")
+    parser.add_argument("--spec-dir", default="", help="directory to import the job's model/data code from")
+    parser.add_argument("--peer-id", required=True)
+    parser.add_argument("--host", default="127.0.0.1", help="address to serve the exchange on")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    return parser.parse_args(argv)
+
+
+async def amain(args: argparse.Namespace) -> int:
+    spec = parse_job(args.spec.read_text(), str(args.spec))
+    torch.set_num_threads(args.threads)
+    trainer = Trainer(spec, args.peer_id, args.spec_dir)
+    link = SupervisorLink(args.control, spec.name, trainer.flat.fingerprint(spec.fingerprint))
+    worker = Worker(spec, trainer, link, args.host)
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        await worker.run()
+    except asyncio.CancelledError:
+        log.info("stopped by signal at round %d", worker.round)
+        return 0
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if sys.byteorder != "little":
+        print("peerd: big-endian hosts are not supported (segments travel as little-endian fp32)", file=sys.stderr)
+        return 2
+    args = parse_args(argv)
+    try:
+        import uvloop
+
+        return uvloop.run(amain(args))
+    except ConfigError as exc:
+        log.error("%s", exc)
+        return 2  # the daemon does not restart a worker whose job cannot load
+    except PeerdError as exc:
+        log.error("%s", exc)
+        return 1

@@ -1,0 +1,132 @@
+"""What a worker serves: its parameters as they were at the start of each round.
+
+At the start of round r the worker copies its flat vector into a snapshot; a
+partner fetching segment s of round r reads that copy, so serving never waits
+on the worker's own exchanges and never sees a half-averaged vector. Two rounds
+are kept, because a partner may still be finishing round r while this worker
+starts round r+1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import torch
+
+from peerd.core.segments import Span, chunk_spans, split_even
+from peerd.errors import JobMismatch, RoundMismatch
+
+KEEP_ROUNDS = 2
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who a worker is and what it trains: checked on every exchange."""
+
+    job: str
+    fingerprint: str
+    peer_id: str
+
+
+class SnapshotStore:
+    def __init__(self, numel: int, keep: int = KEEP_ROUNDS) -> None:
+        self._buffers = [torch.empty(numel, dtype=torch.float32) for _ in range(keep)]
+        self._rounds = [-1] * keep
+        self._readers = [0] * keep
+        self._steps = [0] * keep
+        self._changed = asyncio.Condition()
+        self.current_round = -1
+        self.finished = False
+
+    @property
+    def numel(self) -> int:
+        return self._buffers[0].numel()
+
+    async def publish(self, round_: int, step: int, vector: torch.Tensor) -> None:
+        """Snapshot `vector` as this worker's state at the start of `round_`."""
+        slot = round_ % len(self._buffers)
+        async with self._changed:
+            # Never overwrite a round a partner is still reading.
+            await self._changed.wait_for(lambda: self._readers[slot] == 0)
+            self._buffers[slot].copy_(vector)
+            self._rounds[slot], self._steps[slot] = round_, step
+            self.current_round = round_
+            self._changed.notify_all()
+
+    async def finish(self) -> None:
+        """No more rounds: partners waiting for one are answered at once."""
+        async with self._changed:
+            self.finished = True
+            self._changed.notify_all()
+
+    @asynccontextmanager
+    async def hold(self, round_: int | None, wait_s: float) -> AsyncIterator[tuple[torch.Tensor, int, int]]:
+        """The snapshot of `round_` (None: the latest) as (vector, round, step),
+        kept from being overwritten while the caller reads it."""
+        async with self._changed:
+            if round_ is None:
+                round_ = self.current_round
+            elif round_ > self.current_round and not self.finished:
+                try:
+                    await asyncio.wait_for(
+                        self._changed.wait_for(lambda: self.current_round >= round_ or self.finished),
+                        timeout=max(wait_s, 0.0),
+                    )
+                except TimeoutError:
+                    pass
+            slot = round_ % len(self._buffers)
+            if round_ < 0 or self._rounds[slot] != round_:
+                state = "finished" if self.finished else "in"
+                raise RoundMismatch(
+                    f"round {round_} not held (peer {state} round {self.current_round})",
+                    self.current_round,
+                )
+            self._readers[slot] += 1
+        try:
+            yield self._buffers[slot], round_, self._steps[slot]
+        finally:
+            async with self._changed:
+                self._readers[slot] -= 1
+                self._changed.notify_all()
+
+
+class SegmentServer:
+    """Serves this worker's snapshots, chunked. Transport-independent: the gRPC
+    servicer and the in-memory twin both call it."""
+
+    def __init__(self, identity: Identity, store: SnapshotStore, segments: int, chunk_elems: int) -> None:
+        self.identity = identity
+        self.store = store
+        self.chunk_elems = chunk_elems
+        self.layout: list[Span] = split_even(store.numel, segments)
+
+    def check(self, job: str, fingerprint: str) -> None:
+        if job != self.identity.job or fingerprint != self.identity.fingerprint:
+            raise JobMismatch(
+                f"job mismatch: this worker runs {self.identity.job!r} with fingerprint "
+                f"{self.identity.fingerprint}, the request is for {job!r} with {fingerprint}"
+            )
+
+    async def segment(
+        self, job: str, fingerprint: str, round_: int, segment: int, wait_s: float
+    ) -> AsyncIterator[tuple[int, int, bytes]]:
+        """(offset, total, data) chunks of one segment of one round."""
+        self.check(job, fingerprint)
+        if not 0 <= segment < len(self.layout):
+            raise JobMismatch(f"segment {segment} out of range 0..{len(self.layout) - 1}")
+        span = self.layout[segment]
+        async with self.store.hold(round_, wait_s) as (vector, _, _):
+            for piece in chunk_spans(span.size, self.chunk_elems):
+                data = vector[span.start + piece.start : span.start + piece.stop].numpy().tobytes()
+                yield piece.start, span.size, data
+
+    async def state(self, job: str, fingerprint: str) -> AsyncIterator[tuple[int, int, int, int, bytes]]:
+        """(round, step, offset, total, data) chunks of the latest snapshot."""
+        self.check(job, fingerprint)
+        async with self.store.hold(None, 0.0) as (vector, round_, step):
+            for piece in chunk_spans(vector.numel(), self.chunk_elems):
+                yield round_, step, piece.start, vector.numel(), vector[piece.start : piece.stop].numpy().tobytes()
+

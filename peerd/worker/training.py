@@ -1,0 +1,135 @@
+"""The local half of a worker: model, optimizer, data shard, one step at a time.
+
+Blocking torch code; the worker runs it in a thread so that its event loop keeps
+serving partners while it computes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset, TensorDataset, default_collate
+
+from peerd.core.partition import my_shard
+from peerd.errors import ConfigError
+from peerd.jobspec import JobSpec
+from peerd.worker.flat import FlatParams
+
+
+def load_entry(entry: str, spec_dir: str = ""):
+    """Import "module:callable", looking next to the job file first."""
+    module_name, _, attr = entry.partition(":")
+    if spec_dir and spec_dir not in sys.path:
+        sys.path.insert(0, spec_dir)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise ConfigError(
+            f"cannot import {module_name!r} for {entry!r}: no module named {exc.name!r} "
+            "(the job's model and data code must be installed on this machine or sit next to the job file)"
+        ) from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ConfigError(f"module {module_name!r} has no {attr!r} (from {entry!r})") from None
+
+
+class Trainer:
+    def __init__(self, spec: JobSpec, peer_id: str, spec_dir: str = "") -> None:
+        self.spec = spec
+        self.peer_id = peer_id
+        torch.manual_seed(spec.seed)  # the same initial model on every peer
+        self.model: nn.Module = load_entry(spec.model, spec_dir)().float()
+        self.flat = FlatParams(self.model)
+        self.train_set, self.test_set = load_entry(spec.data, spec_dir)()
+        opt = spec.optimizer
+        self.optimizer = torch.optim.SGD(
+            self.model.parameters(), lr=opt.lr, momentum=opt.momentum,
+            weight_decay=opt.weight_decay, nesterov=opt.nesterov,
+        )
+        self.step_count = 0
+        self.samples = 0
+        self.epoch = 0
+        self._shard: list[int] = []
+        self._pos = 0
+        self.loss_ema = math.nan
+        self.speed_ema = math.nan  # samples/s of compute only
+
+    @property
+    def progress(self) -> float:
+        """Epochs done, fractional."""
+        return self.epoch + (self._pos / len(self._shard) if self._shard else 0.0)
+
+    @property
+    def done(self) -> bool:
+        return self.progress >= self.spec.epochs
+
+    def _lr(self) -> float:
+        base = self.spec.optimizer.lr
+        if self.spec.optimizer.schedule == "cosine":
+            return base * 0.5 * (1.0 + math.cos(math.pi * min(1.0, self.progress / self.spec.epochs)))
+        return base
+
+    def _next_indices(self, members: Sequence[str]) -> list[int]:
+        if self._pos >= len(self._shard):
+            if self._shard:
+                self.epoch += 1
+            # The view at the start of an epoch decides the split for that epoch.
+            self._shard = my_shard(len(self.train_set), self.spec.name, self.epoch, members, self.peer_id)
+            self._pos = 0
+        batch = self._shard[self._pos : self._pos + self.spec.local_batch]
+        self._pos += len(batch)
+        return batch
+
+    def step(self, members: Sequence[str]) -> float:
+        """One optimizer step on the next local batch; returns the loss."""
+        started = time.perf_counter()
+        x, y = _batch(self.train_set, self._next_indices(members))
+        for group in self.optimizer.param_groups:
+            group["lr"] = self._lr()
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = nn.functional.cross_entropy(self.model(x), y)
+        loss.backward()
+        self.optimizer.step()
+        elapsed = time.perf_counter() - started
+        self.step_count += 1
+        self.samples += len(y)
+        value = float(loss)
+        self.loss_ema = value if math.isnan(self.loss_ema) else 0.9 * self.loss_ema + 0.1 * value
+        speed = len(y) / max(elapsed, 1e-9)
+        self.speed_ema = speed if math.isnan(self.speed_ema) else 0.9 * self.speed_ema + 0.1 * speed
+        return value
+
+    @torch.no_grad()
+    def evaluate(self, batch: int = 500) -> float:
+        self.model.eval()
+        correct = 0
+        for start in range(0, len(self.test_set), batch):
+            x, y = _batch(self.test_set, range(start, min(start + batch, len(self.test_set))))
+            correct += int((self.model(x).argmax(1) == y).sum())
+        return correct / len(self.test_set)
+
+    def adopt(self, vector: torch.Tensor, step: int) -> None:
+        """Take a partner's parameters (catching up after a restart or a long stall)."""
+        if vector.numel() != self.flat.numel:
+            raise ValueError(f"state of {vector.numel()} elements, expected {self.flat.numel}")
+        if not torch.isfinite(vector).all():
+            raise ValueError("state holds non-finite values")
+        self.flat.vector.copy_(vector)
+        self.step_count = max(self.step_count, step)
+
+
+def _batch(dataset: Dataset, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    if isinstance(dataset, TensorDataset):
+        index = torch.as_tensor(list(indices), dtype=torch.long)
+        x, y = dataset.tensors
+        return x[index], y[index]
+    return default_collate([dataset[i] for i in indices])

@@ -1,0 +1,201 @@
+"""How a worker fetches from its partners: one small interface, two transports.
+
+`GrpcTransport` is the real one; `MemoryTransport` wires workers of one process
+together with no network, for tests of the exchange logic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+import grpc
+import numpy as np
+import torch
+
+from peerd.errors import JobMismatch, PeerUnavailable, RoundMismatch
+from peerd.proto.v1 import peer_pb2, peer_pb2_grpc
+from peerd.worker.snapshots import Identity, SegmentServer
+
+# Streams of ~1 MiB chunks; allow some headroom over the largest chunk.
+MAX_MESSAGE_BYTES = 32 * 1024 * 1024
+CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+]
+
+
+class Transport(Protocol):
+    async def fetch_segment(
+        self, address: str, round_: int, segment: int, out: torch.Tensor, timeout: float
+    ) -> None:
+        """Fill `out` with the partner's segment of `round_` or raise a PeerdError."""
+
+    async def fetch_state(self, address: str, timeout: float) -> tuple[int, int, torch.Tensor]:
+        """The partner's latest (round, step, flat vector)."""
+
+    async def aclose(self) -> None: ...
+
+
+def _fill(out: torch.Tensor, offset: int, total: int, data: bytes, filled: int) -> int:
+    if total != out.numel():
+        raise JobMismatch(f"partner sent a segment of {total} elements, expected {out.numel()}")
+    values = np.frombuffer(data, dtype="<f4")
+    if offset != filled or offset + values.size > total:
+        raise PeerUnavailable(f"partner sent chunk at {offset}+{values.size}, expected {filled}")
+    out[offset : offset + values.size].numpy()[:] = values  # the one copy, into the preallocated buffer
+    return filled + values.size
+
+
+class GrpcTransport:
+    def __init__(self, identity: Identity) -> None:
+        self._identity = identity
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    def _stub(self, address: str) -> peer_pb2_grpc.ExchangeStub:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+            self._channels[address] = channel
+        return peer_pb2_grpc.ExchangeStub(channel)
+
+    async def fetch_segment(
+        self, address: str, round_: int, segment: int, out: torch.Tensor, timeout: float
+    ) -> None:
+        request = peer_pb2.SegmentRequest(
+            job=self._identity.job, fingerprint=self._identity.fingerprint, round=round_,
+            segment=segment, peer_id=self._identity.peer_id, wait_s=timeout,
+        )
+        filled = 0
+        try:
+            async for chunk in self._stub(address).FetchSegment(request, timeout=timeout):
+                filled = _fill(out, chunk.offset, chunk.total, chunk.data, filled)
+        except grpc.aio.AioRpcError as exc:
+            raise _translate(exc, address) from None
+        if filled != out.numel():
+            raise PeerUnavailable(f"{address} ended segment {segment} after {filled}/{out.numel()} elements")
+
+    async def fetch_state(self, address: str, timeout: float) -> tuple[int, int, torch.Tensor]:
+        request = peer_pb2.StateRequest(
+            job=self._identity.job, fingerprint=self._identity.fingerprint, peer_id=self._identity.peer_id
+        )
+        out, filled, round_, step = None, 0, 0, 0
+        try:
+            async for chunk in self._stub(address).FetchState(request, timeout=timeout):
+                if out is None:
+                    out = torch.empty(chunk.total, dtype=torch.float32)
+                    round_, step = chunk.round, chunk.step
+                filled = _fill(out, chunk.offset, chunk.total, chunk.data, filled)
+        except grpc.aio.AioRpcError as exc:
+            raise _translate(exc, address) from None
+        if out is None or filled != out.numel():
+            raise PeerUnavailable(f"{address} ended its state transfer early")
+        return round_, step, out
+
+    async def aclose(self) -> None:
+        channels, self._channels = list(self._channels.values()), {}
+        await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
+
+
+def _translate(exc: grpc.aio.AioRpcError, address: str) -> Exception:
+    code, details = exc.code(), exc.details()
+    if code == grpc.StatusCode.FAILED_PRECONDITION:
+        return JobMismatch(f"{address} refused: {details}")
+    if code == grpc.StatusCode.ABORTED:
+        meta = dict(exc.trailing_metadata() or ())
+        return RoundMismatch(f"{address}: {details}", int(meta.get("peerd-round", -1)))
+    return PeerUnavailable(f"{address}: {code.name}: {details}")
+
+
+class ExchangeServicer(peer_pb2_grpc.ExchangeServicer):
+    """gRPC edge of a SegmentServer: peerd errors become status codes here only."""
+
+    def __init__(self, server: SegmentServer) -> None:
+        self._server = server
+
+    async def FetchSegment(self, request, context):
+        try:
+            async for offset, total, data in self._server.segment(
+                request.job, request.fingerprint, request.round, request.segment, request.wait_s
+            ):
+                yield peer_pb2.SegmentChunk(
+                    round=request.round, segment=request.segment, offset=offset, total=total, data=data
+                )
+        except JobMismatch as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        except RoundMismatch as exc:
+            context.set_trailing_metadata((("peerd-round", str(exc.current_round)),))
+            await context.abort(grpc.StatusCode.ABORTED, str(exc))
+
+    async def FetchState(self, request, context):
+        try:
+            async for round_, step, offset, total, data in self._server.state(request.job, request.fingerprint):
+                yield peer_pb2.StateChunk(round=round_, step=step, offset=offset, total=total, data=data)
+        except JobMismatch as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        except RoundMismatch as exc:
+            context.set_trailing_metadata((("peerd-round", str(exc.current_round)),))
+            await context.abort(grpc.StatusCode.ABORTED, str(exc))
+
+
+async def start_exchange_server(server: SegmentServer, host: str, port: int = 0) -> tuple[grpc.aio.Server, str]:
+    """Serve `server` on host:port (0: any free port); returns the server and its address."""
+    grpc_server = grpc.aio.server(options=CHANNEL_OPTIONS)
+    peer_pb2_grpc.add_ExchangeServicer_to_server(ExchangeServicer(server), grpc_server)
+    bound = grpc_server.add_insecure_port(_join(host, port))
+    if bound == 0:
+        raise PeerUnavailable(f"cannot bind the exchange service to {host}:{port}")
+    await grpc_server.start()
+    return grpc_server, _join(host, bound)
+
+
+def _join(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class MemoryTransport:
+    """Workers of one process, found by address in a shared dict: the exchange
+    logic without a network."""
+
+    def __init__(self, identity: Identity, servers: dict[str, SegmentServer]) -> None:
+        self._identity = identity
+        self._servers = servers
+
+    def _server(self, address: str) -> SegmentServer:
+        server = self._servers.get(address)
+        if server is None:
+            raise PeerUnavailable(f"no worker at {address}")
+        return server
+
+    async def fetch_segment(
+        self, address: str, round_: int, segment: int, out: torch.Tensor, timeout: float
+    ) -> None:
+        async def pull() -> None:
+            filled = 0
+            chunks = self._server(address).segment(
+                self._identity.job, self._identity.fingerprint, round_, segment, timeout
+            )
+            async for offset, total, data in chunks:
+                filled = _fill(out, offset, total, data, filled)
+
+        try:
+            await asyncio.wait_for(pull(), timeout)
+        except TimeoutError:
+            raise PeerUnavailable(f"{address}: deadline exceeded") from None
+
+    async def fetch_state(self, address: str, timeout: float) -> tuple[int, int, torch.Tensor]:
+        out, filled, round_, step = None, 0, 0, 0
+        async for round_, step, offset, total, data in self._server(address).state(
+            self._identity.job, self._identity.fingerprint
+        ):
+            if out is None:
+                out = torch.empty(total, dtype=torch.float32)
+            filled = _fill(out, offset, total, data, filled)
+        if out is None:
+            raise PeerUnavailable(f"{address} sent no state")
+        return round_, step, out
+
+    async def aclose(self) -> None:
+        pass

@@ -1,0 +1,142 @@
+"""Two workers exchanging segments: in memory, then over real gRPC on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from peerd.core.segments import split_even
+from peerd.core.topology import plan_round
+from peerd.errors import JobMismatch, PeerUnavailable, RoundMismatch
+from peerd.worker.gossip import gossip_round
+from peerd.worker.snapshots import Identity, SegmentServer, SnapshotStore
+from peerd.worker.transport import GrpcTransport, MemoryTransport, start_exchange_server
+
+NUMEL = 10_007  # not a multiple of the segment or chunk size
+SEGMENTS = 5
+CHUNK = 1000
+
+
+class Peer:
+    def __init__(self, peer_id: str, vector: torch.Tensor, fingerprint: str = "fp") -> None:
+        self.identity = Identity("job", fingerprint, peer_id)
+        self.vector = vector.clone()
+        self.store = SnapshotStore(NUMEL)
+        self.server = SegmentServer(self.identity, self.store, SEGMENTS, CHUNK)
+        self.layout = split_even(NUMEL, SEGMENTS)
+        self.recv = torch.empty(NUMEL)
+
+    async def round(self, round_: int, addresses: dict[str, str], transport, deadline_s: float = 5.0):
+        await self.store.publish(round_, round_, self.vector)
+        plan = plan_round("job", round_, list(addresses), self.identity.peer_id, SEGMENTS)
+        return await gossip_round(plan, addresses, self.vector, self.recv, self.layout, transport, deadline_s)
+
+
+def two_peers() -> tuple[Peer, Peer]:
+    gen = torch.Generator().manual_seed(0)
+    return Peer("a", torch.randn(NUMEL, generator=gen)), Peer("b", torch.randn(NUMEL, generator=gen))
+
+
+async def test_round_in_memory_gives_both_the_average():
+    a, b = two_peers()
+    expected = (a.vector + b.vector) / 2
+    servers = {"mem-a": a.server, "mem-b": b.server}
+    addresses = {"a": "mem-a", "b": "mem-b"}
+    ra, rb = await asyncio.gather(
+        a.round(1, addresses, MemoryTransport(a.identity, servers)),
+        b.round(1, addresses, MemoryTransport(b.identity, servers)),
+    )
+    assert ra.misses == rb.misses == 0
+    assert ra.reached == {"b"} and rb.reached == {"a"}
+    torch.testing.assert_close(a.vector, expected)
+    torch.testing.assert_close(b.vector, expected)
+
+
+@pytest.fixture
+async def grpc_pair():
+    a, b = two_peers()
+    servers, addresses = [], {}
+    for peer in (a, b):
+        server, address = await start_exchange_server(peer.server, "127.0.0.1")
+        servers.append(server)
+        addresses[peer.identity.peer_id] = address
+        assert address.startswith("127.0.0.1:")
+    transports = [GrpcTransport(a.identity), GrpcTransport(b.identity)]
+    yield a, b, addresses, transports
+    for t in transports:
+        await t.aclose()
+    for s in servers:
+        await s.stop(grace=None)
+
+
+async def test_round_over_grpc_gives_both_the_average(grpc_pair):
+    a, b, addresses, (ta, tb) = grpc_pair
+    expected = (a.vector + b.vector) / 2
+    ra, rb = await asyncio.gather(a.round(1, addresses, ta), b.round(1, addresses, tb))
+    assert ra.misses == rb.misses == 0
+    assert ra.disagreement > 0.5  # independent random vectors are far apart
+    torch.testing.assert_close(a.vector, expected)
+    torch.testing.assert_close(b.vector, expected)
+    # A second round: both already agree, so the disagreement they measure is zero.
+    rb2 = (await asyncio.gather(a.round(2, addresses, ta), b.round(2, addresses, tb)))[1]
+    assert rb2.disagreement == pytest.approx(0.0, abs=1e-6)
+
+
+async def test_a_partner_in_an_earlier_round_is_waited_for(grpc_pair):
+    a, b, addresses, (ta, tb) = grpc_pair
+    await b.store.publish(1, 1, b.vector)
+    expected = (a.vector + b.vector) / 2
+    ra = asyncio.create_task(a.round(2, addresses, ta))
+    await asyncio.sleep(0.2)  # a waits: b has not reached round 2
+    assert not ra.done()
+    rb = await b.round(2, addresses, tb)
+    assert (await ra).misses == 0 and rb.misses == 0
+    torch.testing.assert_close(a.vector, expected)
+
+
+async def test_wrong_fingerprint_is_refused_and_nothing_is_applied(grpc_pair):
+    a, b, addresses, _ = grpc_pair
+    await b.store.publish(1, 1, b.vector)
+    intruder = GrpcTransport(Identity("job", "another-model", "x"))
+    out = torch.zeros(a.layout[0].size)
+    try:
+        with pytest.raises(JobMismatch, match="fingerprint"):
+            await intruder.fetch_segment(addresses["b"], 1, 0, out, timeout=2.0)
+        with pytest.raises(JobMismatch):
+            await intruder.fetch_state(addresses["b"], timeout=2.0)
+    finally:
+        await intruder.aclose()
+    assert not out.any()
+
+
+async def test_a_round_no_longer_held_is_refused_with_the_current_round(grpc_pair):
+    a, b, addresses, (ta, _) = grpc_pair
+    for r in (1, 2, 3):
+        await b.store.publish(r, r, b.vector)
+    with pytest.raises(RoundMismatch) as info:
+        await ta.fetch_segment(addresses["b"], 1, 0, torch.empty(a.layout[0].size), timeout=2.0)
+    assert info.value.current_round == 3
+
+
+async def test_a_dead_partner_costs_only_the_deadline_and_keeps_own_values(grpc_pair):
+    a, b, addresses, (ta, _) = grpc_pair
+    before = a.vector.clone()
+    result = await a.round(1, {"a": addresses["a"], "b": "127.0.0.1:1"}, ta, deadline_s=1.0)
+    assert result.misses == SEGMENTS and not result.reached
+    torch.testing.assert_close(a.vector, before)
+
+
+async def test_state_fetch_returns_the_latest_snapshot(grpc_pair):
+    a, b, addresses, (ta, _) = grpc_pair
+    await b.store.publish(7, 70, b.vector)
+    round_, step, vector = await ta.fetch_state(addresses["b"], timeout=5.0)
+    assert (round_, step) == (7, 70)
+    torch.testing.assert_close(vector, b.vector)
+
+
+async def test_memory_transport_reports_missing_peer():
+    a, _ = two_peers()
+    with pytest.raises(PeerUnavailable):
+        await MemoryTransport(a.identity, {}).fetch_segment("nowhere", 1, 0, torch.empty(3), 1.0)
