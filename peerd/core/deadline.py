@@ -6,6 +6,7 @@ clamped to [floor, ceiling], instead of one fixed constant.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
@@ -18,10 +19,14 @@ class DeadlineEstimator:
     _ema: float | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
+        if not (self.factor > 0 and 0 < self.alpha <= 1):
+            raise ValueError(f"need factor > 0 and 0 < alpha ≤ 1, got {self.factor}, {self.alpha}")
         if not 0 < self.floor_s <= self.ceiling_s:
             raise ValueError(f"need 0 < floor ≤ ceiling, got {self.floor_s}, {self.ceiling_s}")
 
     def observe(self, seconds: float) -> None:
+        if not math.isfinite(seconds) or seconds < 0:
+            return  # a broken clock reading must not pin the deadline
         # Rise at once on a slow exchange, decay slowly: a deadline that is too
         # short drops good partners, one that is too long only costs a wait.
         if self._ema is None or seconds > self._ema:

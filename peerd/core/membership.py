@@ -72,6 +72,7 @@ class Membership:
             for entry in record.jobs:
                 if entry.name == job and entry.spec_fingerprint == spec_fingerprint and entry.serving:
                     view.append((record.peer_id, entry.worker_address))
+                    break  # one worker per peer and job
         return view
 
     def jobs(self) -> dict[tuple[str, str], list[str]]:

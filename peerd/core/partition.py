@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from peerd.core.rng import SeededStream, derive_seed
-from peerd.core.segments import split_even
 
 
 def epoch_permutation(n_samples: int, job: str, epoch: int) -> list[int]:
@@ -25,5 +24,7 @@ def my_shard(n_samples: int, job: str, epoch: int, members: Sequence[str], me: s
     ordered = sorted(set(members))
     if me not in ordered:
         raise ValueError(f"{me!r} is not among the members")
-    span = split_even(n_samples, len(ordered))[ordered.index(me)]
-    return epoch_permutation(n_samples, job, epoch)[span.start : span.stop]
+    k, m = ordered.index(me), len(ordered)
+    # Boundaries as in split_even, but a shard may be empty when members outnumber samples.
+    start, stop = n_samples * k // m, n_samples * (k + 1) // m
+    return epoch_permutation(n_samples, job, epoch)[start:stop]

@@ -8,11 +8,13 @@ algorithms are not promised stable across releases) but counter-mode BLAKE2b.
 from __future__ import annotations
 
 import hashlib
+import json
 
 
 def derive_seed(*parts: object) -> bytes:
     """A 32-byte seed from parts such as (job, round, segment)."""
-    text = "\x1f".join(str(p) for p in parts)
+    # JSON keeps parts apart whatever they contain: ("a,b",) != ("a", "b").
+    text = json.dumps(parts, separators=(",", ":"), default=str)
     return hashlib.blake2b(text.encode(), digest_size=32).digest()
 
 
@@ -20,6 +22,8 @@ class SeededStream:
     """Uniform integers drawn from BLAKE2b(seed, counter)."""
 
     def __init__(self, seed: bytes) -> None:
+        if len(seed) > 64:
+            raise ValueError(f"seed must be at most 64 bytes (a BLAKE2b key), got {len(seed)}")
         self._seed = seed
         self._counter = 0
 
@@ -32,8 +36,8 @@ class SeededStream:
 
     def below(self, n: int) -> int:
         """Uniform in [0, n), by rejection so there is no modulo bias."""
-        if n <= 0:
-            raise ValueError(f"n must be positive, got {n}")
+        if not 0 < n <= 1 << 64:
+            raise ValueError(f"n must be in 1..2**64, got {n}")
         limit = (1 << 64) - ((1 << 64) % n)
         while True:
             x = self._next_u64()

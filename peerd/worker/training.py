@@ -99,10 +99,11 @@ class Trainer:
         loss = nn.functional.cross_entropy(self.model(x), y)
         loss.backward()
         self.optimizer.step()
+        loss = loss.detach()
         elapsed = time.perf_counter() - started
         self.step_count += 1
         self.samples += len(y)
-        value = float(loss)
+        value = loss.item()
         self.loss_ema = value if math.isnan(self.loss_ema) else 0.9 * self.loss_ema + 0.1 * value
         speed = len(y) / max(elapsed, 1e-9)
         self.speed_ema = speed if math.isnan(self.speed_ema) else 0.9 * self.speed_ema + 0.1 * speed

@@ -1,0 +1,74 @@
+"""peerd: the daemon, plus tools around it.
+
+    peerd [--config FILE]              run the daemon (what systemd starts)
+    peerd check-config [--config FILE] validate the config and exit
+    peerd cluster [--peers N]          run a local cluster of N daemons on 127.0.0.1
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from peerd.config import DEFAULT_PATH, load_config
+from peerd.errors import ConfigError, PeerdError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="peerd",
+        description="peerd daemon: finds other peers on the LAN and trains the jobs this machine joined "
+                    "(peerctl join JOB.toml). With no command, runs the daemon.",
+    )
+    parser.add_argument("--config", type=Path, default=None,
+                        help=f"daemon config (default: {DEFAULT_PATH} if present, else built-in defaults)")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.add_parser("check-config", help="validate the config file and exit (0: valid, 2: not)")
+    cluster = sub.add_parser("cluster", help="run a local cluster of daemons on 127.0.0.1 training a job")
+    from peerd.cluster import add_arguments
+
+    add_arguments(cluster)
+    return parser
+
+
+async def _run_daemon(config) -> None:
+    from peerd.daemon.app import serve
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await serve(config, stop)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if args.command == "cluster":
+        from peerd.cluster import run_cluster
+
+        return run_cluster(args)
+    try:
+        config = load_config(args.config)
+        if args.command == "check-config":
+            print(f"{args.config or DEFAULT_PATH}: valid")
+            return 0
+        import uvloop
+
+        uvloop.run(_run_daemon(config))
+    except ConfigError as exc:
+        print(f"peerd: {exc}", file=sys.stderr)
+        return 2
+    except PeerdError as exc:
+        print(f"peerd: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""peerctl: talk to the local peerd daemon."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from google.protobuf.json_format import MessageToDict
+
+from peerd.cli.table import render
+from peerd.client import ControlClient
+from peerd.errors import PeerdError
+from peerd.jobspec import load_job
+
+DEFAULT_SOCKET = "/run/peerd/control.sock"
+
+
+def _progress_row(job) -> list[object]:
+    p = job.progress
+    return [job.name, job.state, p.step, p.round, p.epoch, p.loss, p.samples_per_s,
+            f"{p.partners_reached}/{p.partners_planned}", p.test_accuracy, job.restarts]
+
+
+def cmd_status(client: ControlClient, args) -> tuple[object, str]:
+    s = client.status()
+    head = (f"peer {s.peer_id}  version {s.version}  up {s.uptime_s:.0f}s  "
+            f"address {s.peer_address}  locality {s.locality or '-'}  peers known {s.peers_known}")
+    table = render(["job", "state", "step", "round", "epoch", "loss", "samples/s", "partners", "accuracy", "restarts"],
+                   [_progress_row(j) for j in s.jobs])
+    return s, head + ("\n\n" + table if s.jobs else "\n\nno jobs (peerctl join JOB.toml)")
+
+
+def cmd_peers(client: ControlClient, args) -> tuple[object, str]:
+    reply = client.peers()
+    if not reply.peers:
+        return reply, "no other peers seen yet"
+    return reply, render(["peer", "address", "locality", "version", "jobs", "last seen (s)"],
+                         [[p.peer_id, p.address, p.locality or "-", p.version, ",".join(p.jobs) or "-", p.last_seen_s]
+                          for p in reply.peers])
+
+
+def cmd_jobs(client: ControlClient, args) -> tuple[object, str]:
+    reply = client.jobs()
+    if not reply.jobs:
+        return reply, "no jobs running on the LAN"
+    return reply, render(["job", "fingerprint", "peers", "here"],
+                         [[j.name, j.spec_fingerprint[:12], len(j.peer_ids), "yes" if j.local else "no"]
+                          for j in reply.jobs])
+
+
+def cmd_join(client: ControlClient, args) -> tuple[object, str]:
+    path = Path(args.job_file)
+    spec, text = load_job(path)  # validate here, so errors name the user's file
+    reply = client.join(text, str(path.resolve().parent))
+    return reply, f"joined {reply.name} (fingerprint {reply.spec_fingerprint[:12]}); watch it with `peerctl status`"
+
+
+def cmd_leave(client: ControlClient, args) -> tuple[object, str]:
+    client.leave(args.job, drain=args.drain)
+    how = "after its current round" if args.drain else "at once"
+    return {"left": args.job, "drain": args.drain}, f"left {args.job} {how}"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="peerctl", description="Control the local peerd daemon: inspect peers and jobs, join and leave jobs.")
+    parser.add_argument("--socket", default=os.environ.get("PEERD_SOCKET", DEFAULT_SOCKET),
+                        help=f"daemon control socket (default: $PEERD_SOCKET or {DEFAULT_SOCKET})")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub.add_parser("status", help="this daemon and the jobs it runs, with progress").set_defaults(run=cmd_status)
+    sub.add_parser("peers", help="other daemons this one sees").set_defaults(run=cmd_peers)
+    sub.add_parser("jobs", help="jobs running on the LAN").set_defaults(run=cmd_jobs)
+    join = sub.add_parser("join", help="join (or start) the job described by JOB.toml")
+    join.add_argument("job_file", metavar="JOB.toml")
+    join.set_defaults(run=cmd_join)
+    leave = sub.add_parser("leave", help="leave a job")
+    leave.add_argument("job", metavar="JOB", help="job name")
+    leave.add_argument("--drain", action="store_true", help="finish the current round first")
+    leave.set_defaults(run=cmd_leave)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        with ControlClient(Path(args.socket)) as client:
+            reply, text = args.run(client, args)
+    except PeerdError as exc:
+        print(f"peerctl: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        data = reply if isinstance(reply, dict) else MessageToDict(
+            reply, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+        print(json.dumps(data, indent=2))
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""Blocking client of a daemon's control socket, for peerctl, the local cluster
+and tests. gRPC errors come back as peerd errors with a message a user can act on."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import grpc
+
+from peerd.errors import ConfigError, DaemonNotRunning, JobMismatch, PeerdError, UnknownJob
+from peerd.proto.v1 import control_pb2, control_pb2_grpc
+
+_ERRORS = {
+    grpc.StatusCode.INVALID_ARGUMENT: ConfigError,
+    grpc.StatusCode.FAILED_PRECONDITION: JobMismatch,
+    grpc.StatusCode.NOT_FOUND: UnknownJob,
+}
+
+
+class ControlClient:
+    def __init__(self, socket_path: Path, timeout_s: float = 10.0) -> None:
+        self.socket_path = Path(socket_path)
+        self._timeout = timeout_s
+        self._channel = grpc.insecure_channel(f"unix:{self.socket_path}")
+        self._stub = control_pb2_grpc.ControlStub(self._channel)
+
+    def __enter__(self) -> ControlClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def _call(self, method: str, request, timeout: float | None = None):
+        if not self.socket_path.exists():
+            raise DaemonNotRunning(
+                f"no peerd control socket at {self.socket_path}: is the daemon running? "
+                "(start it with `peerd --config FILE` or `systemctl start peerd`)"
+            )
+        if not os.access(self.socket_path, os.R_OK | os.W_OK):
+            raise PeerdError(
+                f"permission denied on {self.socket_path}: add your user to the socket's group "
+                "(usually `peerd`) or run as root"
+            )
+        try:
+            return getattr(self._stub, method)(request, timeout=timeout or self._timeout)
+        except grpc.RpcError as exc:
+            code, details = exc.code(), exc.details()
+            if code == grpc.StatusCode.UNAVAILABLE:
+                raise DaemonNotRunning(
+                    f"peerd does not answer on {self.socket_path} ({details}); is the daemon running?"
+                ) from None
+            raise _ERRORS.get(code, PeerdError)(details or code.name) from None
+
+    def status(self) -> control_pb2.StatusReply:
+        return self._call("Status", control_pb2.StatusRequest())
+
+    def peers(self) -> control_pb2.ListPeersReply:
+        return self._call("ListPeers", control_pb2.ListPeersRequest())
+
+    def jobs(self) -> control_pb2.ListJobsReply:
+        return self._call("ListJobs", control_pb2.ListJobsRequest())
+
+    def join(self, spec_toml: str, spec_dir: str = "") -> control_pb2.JoinReply:
+        return self._call("Join", control_pb2.JoinRequest(spec_toml=spec_toml, spec_dir=spec_dir))
+
+    def leave(self, name: str, drain: bool = False) -> None:
+        self._call("Leave", control_pb2.LeaveRequest(name=name, drain=drain), timeout=150.0)

@@ -1,0 +1,301 @@
+"""`peerd cluster`: a local cluster of real daemons on 127.0.0.1 training one job.
+
+Each peer is a separate `peerd` daemon process with its own state directory and
+control socket; they find each other through zeroconf (on 127.0.0.1 only), each
+supervises its own worker, and the workers train the job by segment gossip.
+This command only starts them, joins them to the job, shows their progress and
+stops them; it takes no part in the training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from peerd.client import ControlClient
+from peerd.errors import PeerdError
+from peerd.jobspec import load_job
+
+POLL_S = 0.5
+START_TIMEOUT_S = 30.0
+DISCOVERY_TIMEOUT_S = 20.0
+DONE_STATES = {"finished", "failed", "stopped"}
+
+
+def default_job() -> Path:
+    return Path(str(resources.files("peerd.examples").joinpath("mnist.toml")))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--peers", type=int, default=3, help="number of daemons (default 3)")
+    parser.add_argument("--job", type=Path, default=None, help="job file (default: the built-in MNIST example)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="where logs, history.csv and progress.png go (default: runs/cluster-TIMESTAMP)")
+    parser.add_argument("--time-limit", type=float, default=900.0,
+                        help="stop everything after this many seconds (default 900)")
+
+
+@dataclass
+class Peer:
+    index: int
+    dir: Path
+    socket: Path
+    process: subprocess.Popen | None = None
+
+    @property
+    def peer_id(self) -> str:
+        return f"peer-{self.index}"
+
+
+def _write_config(peer: Peer) -> Path:
+    path = peer.dir / "peerd.toml"
+    path.write_text(
+        "[daemon]\n"
+        f'state_dir = "{peer.dir / "state"}"\n'
+        f'control_socket = "{peer.socket}"\n'
+        f'peer_id = "{peer.peer_id}"\n'
+        'host = "127.0.0.1"\n\n'
+        "[discovery]\n"
+        'interfaces = ["127.0.0.1"]  # mDNS stays on loopback\n'
+    )
+    return path
+
+
+class LocalCluster:
+    """N daemons as subprocesses; always stopped, by PID, on exit."""
+
+    def __init__(self, n: int, out: Path) -> None:
+        if n < 1:
+            raise PeerdError("--peers must be at least 1")
+        self.out = out
+        # Unix socket paths are limited to ~107 bytes, so they live in a short temp dir.
+        self._sockets = Path(tempfile.mkdtemp(prefix="peerd-"))
+        self.peers = [Peer(i, out / f"peer-{i}", self._sockets / f"peer-{i}.sock") for i in range(n)]
+
+    def __enter__(self) -> LocalCluster:
+        try:
+            for peer in self.peers:
+                peer.dir.mkdir(parents=True, exist_ok=True)
+                config = _write_config(peer)
+                with open(peer.dir / "daemon.log", "ab") as log:
+                    peer.process = subprocess.Popen(
+                        [sys.executable, "-m", "peerd.cli.daemon", "--config", str(config)],
+                        stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
+                    )
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def client(self, peer: Peer) -> ControlClient:
+        return ControlClient(peer.socket, timeout_s=5.0)
+
+    def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout_s
+        for peer in self.peers:
+            while True:
+                if peer.process.poll() is not None:
+                    raise PeerdError(f"{peer.peer_id} exited with {peer.process.returncode}; see {peer.dir / 'daemon.log'}")
+                try:
+                    with self.client(peer) as c:
+                        c.status()
+                    break
+                except PeerdError:
+                    if time.monotonic() > deadline:
+                        raise PeerdError(f"{peer.peer_id} did not start in {timeout_s:.0f}s; see {peer.dir / 'daemon.log'}") from None
+                    time.sleep(0.2)
+
+    def wait_discovery(self, console: Console, timeout_s: float = DISCOVERY_TIMEOUT_S) -> int:
+        """Wait until every daemon sees every other; returns the fewest seen."""
+        deadline, want, fewest = time.monotonic() + timeout_s, len(self.peers) - 1, 0
+        while time.monotonic() < deadline:
+            counts = []
+            for peer in self.peers:
+                with self.client(peer) as c:
+                    counts.append(c.status().peers_known)
+            fewest = min(counts)
+            if fewest >= want:
+                break
+            time.sleep(POLL_S)
+        console.print(f"discovery: every daemon sees {fewest}/{want} others through zeroconf")
+        return fewest
+
+    def close(self) -> None:
+        running = [p for p in self.peers if p.process is not None and p.process.poll() is None]
+        for peer in running:
+            peer.process.send_signal(signal.SIGTERM)
+        for peer in running:
+            try:
+                peer.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                peer.process.kill()
+                peer.process.wait()
+        shutil.rmtree(self._sockets, ignore_errors=True)
+
+
+def _table(rows: list[dict], elapsed: float) -> Table:
+    table = Table(title=f"peerd local cluster — {elapsed:.0f}s")
+    for column in ("peer", "state", "epoch", "step", "round", "loss", "samples/s", "partners", "disagree", "accuracy"):
+        table.add_column(column, justify="left" if column in ("peer", "state") else "right")
+    for r in rows:
+        table.add_row(r["peer"], r["state"], f"{r['epoch']:.0f}", str(r["step"]), str(r["round"]), _f(r["loss"], 3),
+                      _f(r["samples_per_s"], 0), r["partners"], _f(r["disagreement"], 4), _f(r["accuracy"], 4))
+    return table
+
+
+def _f(value: float, digits: int) -> str:
+    return "-" if value is None or math.isnan(value) else f"{value:.{digits}f}"
+
+
+def _poll(cluster: LocalCluster, job: str, elapsed: float) -> list[dict]:
+    rows = []
+    for peer in cluster.peers:
+        row = {"t": round(elapsed, 2), "peer": peer.peer_id, "state": "down", "epoch": 0, "step": 0, "round": 0,
+               "loss": math.nan, "samples_per_s": math.nan, "partners": "-", "disagreement": math.nan,
+               "accuracy": math.nan}
+        try:
+            with cluster.client(peer) as c:
+                jobs = {j.name: j for j in c.status().jobs}
+        except PeerdError:
+            rows.append(row)
+            continue
+        j = jobs.get(job)
+        if j is not None:
+            p = j.progress
+            row.update(state=j.state, epoch=p.epoch, step=p.step, round=p.round, loss=p.loss,
+                       samples_per_s=p.samples_per_s, partners=f"{p.partners_reached}/{p.partners_planned}",
+                       disagreement=p.disagreement, accuracy=p.test_accuracy)
+        rows.append(row)
+    return rows
+
+
+def _plot(history: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
+    for peer in sorted({r["peer"] for r in history}):
+        rows = [r for r in history if r["peer"] == peer]
+        ax_loss.plot([r["t"] for r in rows], [r["loss"] for r in rows], label=peer)
+        acc = [r for r in rows if not math.isnan(r["accuracy"])]
+        ax_acc.plot([r["t"] for r in acc], [r["accuracy"] for r in acc], marker=".", label=peer)
+    ax_loss.set(xlabel="seconds", ylabel="training loss (EMA)", title="loss per peer", yscale="log")
+    ax_acc.set(xlabel="seconds", ylabel="test accuracy", title="accuracy per peer")
+    for ax in (ax_loss, ax_acc):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _write_history(history: list[dict], path: Path) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(history[0]))
+        writer.writeheader()
+        writer.writerows(history)
+
+
+def run_cluster(args: argparse.Namespace) -> int:
+    console = Console()
+    job_path = args.job or default_job()
+    out = args.out or Path("runs") / time.strftime("cluster-%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        spec, text = load_job(job_path)
+    except PeerdError as exc:
+        console.print(f"[red]peerd cluster: {exc}")
+        return 2
+    console.print(f"starting {args.peers} peerd daemons on 127.0.0.1 for job [bold]{spec.name}[/] ({job_path}); logs in {out}")
+    history: list[dict] = []
+    rows: list[dict] = []
+    started = time.monotonic()
+    previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        with LocalCluster(args.peers, out) as cluster:
+            cluster.wait_ready()
+            cluster.wait_discovery(console)
+            for peer in cluster.peers:
+                with cluster.client(peer) as c:
+                    c.join(text, str(job_path.resolve().parent))
+            console.print(f"all {args.peers} peers joined {spec.name}; training "
+                          f"({spec.epochs:g} epochs over the shared data set)")
+            rows = _follow(cluster, spec.name, started, args.time_limit, history, console)
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted: stopped every daemon")
+        return 130
+    except PeerdError as exc:
+        console.print(f"[red]peerd cluster: {exc}")
+        return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if history:
+            _write_history(history, out / "history.csv")
+            _plot(history, out / "progress.png")
+    return _summary(rows, out, time.monotonic() - started, console)
+
+
+def _follow(cluster: LocalCluster, job: str, started: float, limit: float, history: list[dict], console: Console) -> list[dict]:
+    live = console.is_terminal
+    last_print = 0.0
+    rows: list[dict] = []
+    with Live(console=console, auto_refresh=False, transient=False) if live else _NoLive() as view:
+        while True:
+            elapsed = time.monotonic() - started
+            rows = _poll(cluster, job, elapsed)
+            history.extend(rows)
+            if live:
+                view.update(_table(rows, elapsed), refresh=True)
+            elif elapsed - last_print >= 5.0:
+                last_print = elapsed
+                console.print(f"[{elapsed:5.0f}s] " + " | ".join(
+                    f"{r['peer']} {r['state']} ep {r['epoch']} step {r['step']} loss {_f(r['loss'], 3)} "
+                    f"{_f(r['samples_per_s'], 0)}/s partners {r['partners']} acc {_f(r['accuracy'], 3)}"
+                    for r in rows))
+            if all(r["state"] in DONE_STATES for r in rows):
+                return rows
+            if elapsed > limit:
+                console.print(f"[yellow]time limit of {limit:.0f}s reached")
+                return rows
+            time.sleep(POLL_S)
+
+
+class _NoLive:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+def _summary(rows: list[dict], out: Path, elapsed: float, console: Console) -> int:
+    finished = [r for r in rows if r["state"] == "finished" and not math.isnan(r["accuracy"])]
+    for r in rows:
+        console.print(f"{r['peer']}: {r['state']}, {r['step']} steps, test accuracy {_f(r['accuracy'], 4)}")
+    console.print(f"history: {out / 'history.csv'}; plot: {out / 'progress.png'}")
+    if not finished or len(finished) < len(rows):
+        console.print(f"[red]not every peer finished ({len(finished)}/{len(rows)}); see the logs in {out}")
+        return 1
+    mean = sum(r["accuracy"] for r in finished) / len(finished)
+    console.print(f"[bold green]test accuracy reached: {mean:.4f} (mean of {len(finished)} peers) in {elapsed:.0f}s")
+    return 0

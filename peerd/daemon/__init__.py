@@ -1,0 +1,1 @@
+"""The control plane: the peerd daemon. It never imports torch."""

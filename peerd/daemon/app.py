@@ -1,0 +1,308 @@
+"""The peerd daemon: wiring of discovery, membership, job supervision and the
+gRPC services, with a fixed start and stop order."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import socket
+import time
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+
+from peerd import __version__
+from peerd.config import DaemonConfig
+from peerd.core.membership import JobEntry, Membership, PeerRecord
+from peerd.daemon.discovery import Discovery
+from peerd.daemon.jobs import LocalJob, WorkerLaunch
+from peerd.daemon.notify import sd_notify, watchdog_interval_s
+from peerd.daemon.services import ControlServicer, PeerServicer, SupervisorServicer, hello_request
+from peerd.errors import ConfigError, JobMismatch, PeerdError, UnknownJob
+from peerd.jobspec import JobSpec, parse_job
+from peerd.proto.v1 import control_pb2, control_pb2_grpc, peer_pb2, peer_pb2_grpc
+
+log = logging.getLogger("peerd")
+HELLO_TIMEOUT_S = 2.0
+
+
+def load_peer_id(config: DaemonConfig) -> str:
+    """The configured id, or one made on first start and kept in state_dir."""
+    if config.peer_id:
+        return config.peer_id
+    path = config.state_dir / "peer_id"
+    if path.exists():
+        return path.read_text().strip()
+    host = "".join(c if c.isalnum() else "-" for c in socket.gethostname())[:40].strip("-") or "peer"
+    peer_id = f"{host}-{secrets.token_hex(3)}"
+    config.state_dir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(peer_id + "\n")
+    os.replace(tmp, path)
+    return peer_id
+
+
+class Daemon:
+    def __init__(self, config: DaemonConfig) -> None:
+        self.config = config
+        self.peer_id = load_peer_id(config)
+        self.started = time.monotonic()
+        self.membership = Membership(self.peer_id, config.peer_timeout_s)
+        self.jobs: dict[str, LocalJob] = {}
+        self.peer_address = ""
+        self._addresses: dict[str, str] = {}  # peer id -> Peer service address
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._health = health_aio.HealthServicer()
+        self._peer_server: grpc.aio.Server | None = None
+        self._control_server: grpc.aio.Server | None = None
+        self._discovery: Discovery | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._announced: dict[str, str] = {}
+
+    # ---- lifecycle -------------------------------------------------------
+
+    async def start(self) -> None:
+        self.config.state_dir.mkdir(parents=True, exist_ok=True)
+        await self._start_peer_server()
+        await self._start_control_server()
+        host, port = self.peer_address.rsplit(":", 1)
+        self._discovery = Discovery(
+            self.peer_id, self.config.host, int(port), self.config.interfaces,
+            on_found=self.learn_address, on_lost=self._lost,
+        )
+        self._announced = self._txt()
+        await self._discovery.start(self._announced)
+        await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
+        self._tasks.append(asyncio.create_task(self._hello_loop(), name="hello"))
+        interval = watchdog_interval_s()
+        if interval:
+            self._tasks.append(asyncio.create_task(self._watchdog(interval), name="watchdog"))
+        sd_notify(f"READY=1\nSTATUS=serving as {self.peer_id} on {self.peer_address}")
+        log.info("peerd %s serving as %s: peer %s, control %s",
+                 __version__, self.peer_id, self.peer_address, self.config.control_socket)
+
+    async def _start_peer_server(self) -> None:
+        server = grpc.aio.server()
+        peer_pb2_grpc.add_PeerServicer_to_server(PeerServicer(self), server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host
+        port = server.add_insecure_port(f"{host}:{self.config.peer_port}")
+        if port == 0:
+            raise ConfigError(f"cannot bind the peer service to {host}:{self.config.peer_port}")
+        await server.start()
+        self._peer_server = server
+        self.peer_address = f"{host}:{port}"
+
+    async def _start_control_server(self) -> None:
+        path = self.config.control_socket
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            if await _socket_answers(path):
+                raise ConfigError(f"another peerd is already serving {path}")
+            path.unlink()  # left by a daemon that died
+        server = grpc.aio.server()
+        control_pb2_grpc.add_ControlServicer_to_server(ControlServicer(self), server)
+        control_pb2_grpc.add_SupervisorServicer_to_server(SupervisorServicer(self), server)
+        if server.add_insecure_port(f"unix:{path}") == 0:
+            raise ConfigError(f"cannot bind the control socket {path}")
+        await server.start()
+        os.chmod(path, 0o660)
+        self._control_server = server
+
+    async def aclose(self) -> None:
+        """Stop in order: not serving, jobs stopped, unannounced, servers down."""
+        sd_notify("STOPPING=1")
+        await self._health.enter_graceful_shutdown()
+        await asyncio.gather(*(job.stop(drain=False) for job in self.jobs.values()))
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._discovery is not None:
+            await self._discovery.aclose()
+        for server in (self._peer_server, self._control_server):
+            if server is not None:
+                await server.stop(grace=1.0)
+        await asyncio.gather(*(c.close() for c in self._channels.values()), return_exceptions=True)
+        self.config.control_socket.unlink(missing_ok=True)
+        log.info("peerd %s stopped", self.peer_id)
+
+    async def _watchdog(self, interval: float) -> None:
+        while True:  # pinged from the loop itself: a hung loop stops the pings
+            sd_notify("WATCHDOG=1")
+            await asyncio.sleep(interval)
+
+    # ---- membership --------------------------------------------------------
+
+    def learn_address(self, peer_id: str, address: str) -> None:
+        if peer_id != self.peer_id and self._addresses.get(peer_id) != address:
+            log.info("found peer %s at %s", peer_id, address)
+            self._addresses[peer_id] = address
+
+    def _lost(self, peer_id: str) -> None:
+        log.info("peer %s withdrew its announcement", peer_id)
+        self._addresses.pop(peer_id, None)
+        self.membership.forget(peer_id)
+
+    async def _hello_loop(self) -> None:
+        while True:
+            try:
+                await self._hello_all()
+            except Exception:  # one bad round must not stop discovery for good
+                log.exception("hello round failed")
+            await asyncio.sleep(self.config.hello_interval_s)
+
+    async def _hello_all(self) -> None:
+        await asyncio.gather(*(self._hello(p, a) for p, a in list(self._addresses.items())))
+        for peer_id in self.membership.expire(time.monotonic()):
+            log.warning("peer %s timed out", peer_id)
+        await self._announce_if_changed()
+
+    async def _hello(self, peer_id: str, address: str) -> None:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = grpc.aio.insecure_channel(address)
+        try:
+            reply = await peer_pb2_grpc.PeerStub(channel).Hello(
+                hello_request(self.peer_id, self.peer_address), timeout=HELLO_TIMEOUT_S
+            )
+        except grpc.aio.AioRpcError as exc:
+            log.debug("hello to %s at %s failed: %s", peer_id, address, exc.code().name)
+            return  # silence counts against it through the membership timeout
+        jobs = tuple(
+            JobEntry(j.name, j.spec_fingerprint, j.worker_address, j.round, j.state) for j in reply.jobs
+        )
+        record = PeerRecord(reply.peer_id, address, reply.locality, reply.version, jobs, time.monotonic())
+        if self.membership.observe(record):
+            log.info("peer %s joined the view (%d known)", reply.peer_id, len(self.membership.peers()))
+
+    def hello_reply(self) -> peer_pb2.HelloReply:
+        return peer_pb2.HelloReply(
+            peer_id=self.peer_id, version=__version__, locality=self.config.locality,
+            jobs=[
+                peer_pb2.JobAd(name=j.spec.name, spec_fingerprint=j.spec.fingerprint,
+                               worker_address=j.worker_address, round=j.progress.round, state=j.state)
+                for j in self.jobs.values()
+            ],
+        )
+
+    def _txt(self) -> dict[str, str]:
+        running = sorted(n for n, j in self.jobs.items() if j.state in ("starting", "running", "restarting"))
+        return {"id": self.peer_id, "v": __version__, "addr": self.peer_address,
+                "loc": self.config.locality, "jobs": ",".join(running)}
+
+    async def _announce_if_changed(self) -> None:
+        txt = self._txt()
+        if txt != self._announced and self._discovery is not None:
+            await self._discovery.update(txt)
+            self._announced = txt
+
+    # ---- jobs ------------------------------------------------------------
+
+    async def join(self, spec_toml: str, spec_dir: str) -> JobSpec:
+        spec = parse_job(spec_toml, "job spec")
+        current = self.jobs.get(spec.name)
+        if current is not None and current.state not in ("finished", "failed", "stopped"):
+            raise ConfigError(f"this peer already runs job {spec.name!r} (state {current.state})")
+        for (name, fingerprint), peers in self.membership.jobs().items():
+            if name == spec.name and fingerprint != spec.fingerprint:
+                raise JobMismatch(
+                    f"job {spec.name!r} runs on {', '.join(peers)} with another spec "
+                    f"(fingerprint {fingerprint}, yours {spec.fingerprint}); use the same job file"
+                )
+        job_dir = self.config.state_dir / "jobs" / spec.name
+        job_dir.mkdir(parents=True, exist_ok=True)
+        spec_path = job_dir / "job.toml"
+        tmp = spec_path.with_suffix(".tmp")
+        tmp.write_text(spec_toml)
+        os.replace(tmp, spec_path)
+        launch = WorkerLaunch(
+            control_address=f"unix:{self.config.control_socket}", peer_id=self.peer_id,
+            host=self.config.host, threads=self.config.worker_threads, spec_path=spec_path,
+            spec_dir=spec_dir, log_path=job_dir / "worker.log",
+        )
+        job = LocalJob(spec, launch, self.config.restart_backoff_s, self.config.restart_backoff_max_s)
+        self.jobs[spec.name] = job
+        job.start()
+        log.info("joined job %s (fingerprint %s)", spec.name, spec.fingerprint)
+        return spec
+
+    async def leave(self, name: str, drain: bool) -> None:
+        job = self._job(name)
+        await job.stop(drain)
+        del self.jobs[name]
+        await self._announce_if_changed()
+        log.info("left job %s%s", name, " after draining" if drain else "")
+
+    def _job(self, name: str) -> LocalJob:
+        job = self.jobs.get(name)
+        if job is None:
+            raise UnknownJob(f"this peer does not run job {name!r}")
+        return job
+
+    def worker_heartbeat(self, report: control_pb2.WorkerReport) -> control_pb2.WorkerView:
+        job = self._job(report.job)
+        job.on_heartbeat(report)
+        peers = [control_pb2.PeerEndpoint(peer_id=p, address=a)
+                 for p, a in self.membership.job_view(job.spec.name, job.spec.fingerprint)]
+        if job.worker_address:
+            peers.append(control_pb2.PeerEndpoint(peer_id=self.peer_id, address=job.worker_address))
+        return control_pb2.WorkerView(peers=peers, stop=job.stop_requested)
+
+    # ---- control API -------------------------------------------------------
+
+    def status(self) -> control_pb2.StatusReply:
+        return control_pb2.StatusReply(
+            peer_id=self.peer_id, version=__version__, uptime_s=time.monotonic() - self.started,
+            peer_address=self.peer_address, locality=self.config.locality,
+            peers_known=len(self.membership.peers()),
+            jobs=[
+                control_pb2.LocalJob(
+                    name=name, state=j.state, spec_fingerprint=j.spec.fingerprint, worker_pid=j.pid,
+                    restarts=j.restarts, progress=j.progress, log_path=str(j.launch.log_path),
+                    view_size=len(self.membership.job_view(name, j.spec.fingerprint)) + 1,
+                )
+                for name, j in self.jobs.items()
+            ],
+        )
+
+    def list_peers(self) -> control_pb2.ListPeersReply:
+        now = time.monotonic()
+        return control_pb2.ListPeersReply(peers=[
+            control_pb2.PeerInfo(peer_id=r.peer_id, address=r.address, locality=r.locality,
+                                 version=r.version, jobs=[j.name for j in r.jobs],
+                                 last_seen_s=now - r.last_seen)
+            for r in self.membership.peers()
+        ])
+
+    def list_jobs(self) -> control_pb2.ListJobsReply:
+        jobs = self.membership.jobs()
+        for name, j in self.jobs.items():
+            if j.state in ("starting", "running", "restarting"):
+                jobs.setdefault((name, j.spec.fingerprint), []).insert(0, self.peer_id)
+        return control_pb2.ListJobsReply(jobs=[
+            control_pb2.JobInfo(name=name, spec_fingerprint=fp, peer_ids=peers,
+                                local=self.peer_id in peers)
+            for (name, fp), peers in sorted(jobs.items())
+        ])
+
+
+async def _socket_answers(path: Path) -> bool:
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_unix_connection(str(path)), 1.0)
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    return True
+
+
+async def serve(config: DaemonConfig, stop: asyncio.Event) -> None:
+    daemon = Daemon(config)
+    try:
+        await daemon.start()
+        await stop.wait()
+    finally:
+        await daemon.aclose()

@@ -1,0 +1,102 @@
+"""Zeroconf shell: announce this daemon as _peerd._tcp.local. and browse for others.
+
+Only the interfaces in the config are used, so tests and the local demo speak
+mDNS on 127.0.0.1 alone. The TXT record carries no secret: it only says where
+to send a Hello.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Callable
+
+from zeroconf import InterfaceChoice, IPVersion, ServiceStateChange
+from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZeroconf
+
+SERVICE_TYPE = "_peerd._tcp.local."
+log = logging.getLogger("peerd.discovery")
+
+
+class Discovery:
+    def __init__(
+        self,
+        peer_id: str,
+        host: str,
+        port: int,
+        interfaces: tuple[str, ...],
+        on_found: Callable[[str, str], None],
+        on_lost: Callable[[str], None],
+    ) -> None:
+        self._peer_id = peer_id
+        self._host = host
+        self._port = port
+        self._interfaces = InterfaceChoice.All if interfaces == ("all",) else list(interfaces)
+        self._on_found = on_found
+        self._on_lost = on_lost
+        self._zc: AsyncZeroconf | None = None
+        self._browser: AsyncServiceBrowser | None = None
+        self._info: AsyncServiceInfo | None = None
+        self._names: dict[str, str] = {}  # service name -> peer id
+        self._tasks: set[asyncio.Task] = set()
+
+    def _service_info(self, properties: dict[str, str]) -> AsyncServiceInfo:
+        family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
+        return AsyncServiceInfo(
+            SERVICE_TYPE,
+            f"{self._peer_id}.{SERVICE_TYPE}",
+            addresses=[socket.inet_pton(family, self._host)],
+            port=self._port,
+            properties=properties,
+            server=f"{self._peer_id}.local.",
+        )
+
+    async def start(self, properties: dict[str, str]) -> None:
+        version = IPVersion.V6Only if ":" in self._host else IPVersion.V4Only
+        self._zc = AsyncZeroconf(interfaces=self._interfaces, ip_version=version)
+        self._info = self._service_info(properties)
+        await self._zc.async_register_service(self._info, allow_name_change=False)
+        self._browser = AsyncServiceBrowser(self._zc.zeroconf, SERVICE_TYPE, handlers=[self._on_change])
+
+    async def update(self, properties: dict[str, str]) -> None:
+        if self._zc is None:
+            return
+        self._info = self._service_info(properties)
+        await self._zc.async_update_service(self._info)
+
+    def _on_change(self, zeroconf, service_type: str, name: str, state_change: ServiceStateChange) -> None:
+        if state_change is ServiceStateChange.Removed:
+            peer_id = self._names.pop(name, None)
+            if peer_id is not None:
+                self._on_lost(peer_id)
+            return
+        task = asyncio.ensure_future(self._resolve(name))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _resolve(self, name: str) -> None:
+        info = AsyncServiceInfo(SERVICE_TYPE, name)
+        if self._zc is None or not await info.async_request(self._zc.zeroconf, 3000):
+            return
+        props = {k.decode(): (v or b"").decode() for k, v in info.properties.items()}
+        peer_id = props.get("id", "")
+        addresses = info.parsed_addresses()
+        if not peer_id or peer_id == self._peer_id or not addresses or not info.port:
+            return
+        host = addresses[0]
+        address = f"[{host}]:{info.port}" if ":" in host else f"{host}:{info.port}"
+        self._names[name] = peer_id
+        self._on_found(peer_id, address)
+
+    async def aclose(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._browser is not None:
+            await self._browser.async_cancel()
+        if self._zc is not None:
+            if self._info is not None:
+                await self._zc.async_unregister_service(self._info)
+            await self._zc.async_close()
+        self._zc = None

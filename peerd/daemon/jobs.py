@@ -1,0 +1,154 @@
+"""Supervising the worker process of one job.
+
+A worker that crashes is restarted with exponential backoff; one that exits 0
+after finishing its epochs, or exits 2 because its job cannot load, is not. The
+daemon never shares a process with torch, so a crashing job cannot take it down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import math
+import signal
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from peerd.jobspec import JobSpec
+from peerd.proto.v1 import control_pb2
+
+log = logging.getLogger("peerd.jobs")
+EXIT_CONFIG = 2
+STOP_GRACE_S = 10.0
+DRAIN_TIMEOUT_S = 120.0
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    # Linux: the worker gets SIGTERM when the daemon dies, even by kill -9.
+    try:
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
+@dataclass(frozen=True)
+class WorkerLaunch:
+    """Everything needed to start a worker; the same on each restart."""
+
+    control_address: str
+    peer_id: str
+    host: str
+    threads: int
+    spec_path: Path
+    spec_dir: str
+    log_path: Path
+
+    def argv(self) -> list[str]:
+        return [
+            sys.executable, "-m", "peerd.worker",
+            "--control", self.control_address, "--spec", str(self.spec_path),
+            "--spec-dir", self.spec_dir, "--peer-id", self.peer_id,
+            "--host", self.host, "--threads", str(self.threads),
+        ]
+
+
+def _empty_progress() -> control_pb2.Progress:
+    nan = math.nan
+    return control_pb2.Progress(loss=nan, samples_per_s=nan, test_accuracy=nan, disagreement=nan, exchange_s=nan)
+
+
+@dataclass
+class LocalJob:
+    spec: JobSpec
+    launch: WorkerLaunch
+    backoff_s: float
+    backoff_max_s: float
+    state: str = "starting"
+    restarts: int = 0
+    worker_address: str = ""
+    worker_fingerprint: str = ""
+    progress: control_pb2.Progress = field(default_factory=_empty_progress)
+    stop_requested: bool = False  # drain: the worker leaves after its current round
+    _process: asyncio.subprocess.Process | None = None
+    _task: asyncio.Task | None = None
+    _stopping: bool = False
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid if self._process and self._process.returncode is None else 0
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._supervise(), name=f"job:{self.spec.name}")
+
+    async def _supervise(self) -> None:
+        delay = self.backoff_s
+        while not self._stopping:
+            self.state, self.worker_address = "starting", ""
+            code = await self._run_once()
+            self.worker_address = ""
+            if self._stopping or self.stop_requested:
+                self.state = "stopped"
+                return
+            if code == 0 and self.progress.finished:
+                self.state = "finished"
+                log.info("job %s finished: test accuracy %.4f", self.spec.name, self.progress.test_accuracy)
+                return
+            if code == EXIT_CONFIG:
+                self.state = "failed"
+                log.error("job %s cannot run (see %s); not restarting", self.spec.name, self.launch.log_path)
+                return
+            self.restarts += 1
+            self.state = "restarting"
+            log.warning("worker of %s exited with %s; restart %d in %.1fs",
+                        self.spec.name, code, self.restarts, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.backoff_max_s)
+
+    async def _run_once(self) -> int:
+        self.launch.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.launch.log_path, "ab") as out:
+            self._process = await asyncio.create_subprocess_exec(
+                *self.launch.argv(), stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out,
+                preexec_fn=_die_with_parent, start_new_session=True,
+            )
+        log.info("job %s: worker pid %d started", self.spec.name, self._process.pid)
+        return await self._process.wait()
+
+    def on_heartbeat(self, report: control_pb2.WorkerReport) -> None:
+        self.worker_address = report.address
+        self.worker_fingerprint = report.fingerprint
+        self.progress = report.progress
+        if self.state == "starting" and report.address:
+            self.state = "running"
+
+    async def stop(self, drain: bool) -> None:
+        """Drain: let the worker finish its round and leave. Otherwise stop it now."""
+        if drain and self.pid:
+            self.stop_requested = True
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), DRAIN_TIMEOUT_S)
+                return
+            except TimeoutError:
+                log.warning("job %s did not drain in %.0fs; stopping it", self.spec.name, DRAIN_TIMEOUT_S)
+        self._stopping = True
+        await self._terminate()
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self.state not in ("finished", "failed"):
+            self.state = "stopped"
+
+    async def _terminate(self) -> None:
+        process = self._process
+        if process is None or process.returncode is not None:
+            return
+        process.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(process.wait(), STOP_GRACE_S)
+        except TimeoutError:
+            log.warning("worker pid %d ignored SIGTERM; killing it", process.pid)
+            process.kill()
+            await process.wait()
