@@ -195,7 +195,7 @@ def _plot(history: list[dict], path: Path) -> None:
 
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
     for peer in sorted({r["peer"] for r in history}):
-        rows = [r for r in history if r["peer"] == peer]
+        rows = [r for r in history if r["peer"] == peer and r["step"] > 0]
         ax_loss.plot([r["t"] for r in rows], [r["loss"] for r in rows], label=peer)
         acc = [r for r in rows if not math.isnan(r["accuracy"])]
         ax_acc.plot([r["t"] for r in acc], [r["accuracy"] for r in acc], marker=".", label=peer)

@@ -43,6 +43,7 @@ class JobSpec:
     model: str  # "module:callable" returning a torch.nn.Module
     data: str  # "module:callable" returning (train, test) datasets
     seed: int = 0
+    init: str = "shared"  # "shared": every peer starts from the same model; "per-peer": each from its own
     data_mode: str = "shared"
     local_batch: int = 32
     epochs: float = 1.0
@@ -68,6 +69,8 @@ def parse_job(text: str, source: str) -> JobSpec:
         model=job.get("model", str, check=_ENTRY.match, expect="'module:callable'"),
         data=job.get("data", str, check=_ENTRY.match, expect="'module:callable'"),
         seed=job.get("seed", int, 0),
+        init=job.get("init", str, "shared", check=lambda v: v in ("shared", "per-peer"),
+                     expect="'shared' or 'per-peer'"),
         data_mode=job.get("data_mode", str, "shared", check=lambda v: v == "shared",
                           expect="'shared' (the only mode so far)"),
         local_batch=job.get("local_batch", int, 32, check=lambda v: 1 <= v <= 65536, expect="an integer in 1..65536"),

@@ -51,7 +51,7 @@ class WorkerLaunch:
             sys.executable, "-m", "peerd.worker",
             "--control", self.control_address, "--spec", str(self.spec_path),
             "--spec-dir", self.spec_dir, "--peer-id", self.peer_id,
-            "--host", self.host, "--threads", str(self.threads),
+            "--host", self.host, "--threads", str(self.threads), "--out-dir", str(self.log_path.parent),
         ]
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 
 import grpc
@@ -26,7 +27,10 @@ class SupervisorLink:
         self._orphan_after_s = orphan_after_s
         self._last_ok = time.monotonic()
         self.address = ""
-        self.progress = control_pb2.Progress()
+        nan = math.nan
+        self.progress = control_pb2.Progress(
+            loss=nan, samples_per_s=nan, test_accuracy=nan, disagreement=nan, exchange_s=nan
+        )
         self.view: dict[str, str] = {}
         self.stop = False
 

@@ -35,8 +35,9 @@ CATCH_UP_ROUNDS = 10  # further behind than this, take a partner's state instead
 
 
 class Worker:
-    def __init__(self, spec: JobSpec, trainer: Trainer, link: SupervisorLink, host: str) -> None:
+    def __init__(self, spec: JobSpec, trainer: Trainer, link: SupervisorLink, host: str, out_dir: Path) -> None:
         self.spec = spec
+        self.out_dir = out_dir
         self.trainer = trainer
         self.link = link
         self.host = host
@@ -59,6 +60,7 @@ class Worker:
         log.info("serving exchange on %s; %d parameters in %d segments",
                  self.link.address, self.trainer.flat.numel, len(self.layout))
         await self.store.publish(0, 0, self.trainer.flat.vector)
+        await self.link.beat()  # the first view decides the first epoch's data split
         beats = asyncio.create_task(self.link.run(HEARTBEAT_S))
         try:
             await self._train()
@@ -90,8 +92,13 @@ class Worker:
                 self.accuracy = await asyncio.to_thread(self.trainer.evaluate)
             self._report(result)
         self.accuracy = await asyncio.to_thread(self.trainer.evaluate)
-        log.info("finished: %d steps, %d rounds, test accuracy %.4f",
-                 self.trainer.step_count, self.round, self.accuracy)
+        path = self.out_dir / "model.pt"
+        await asyncio.to_thread(
+            self.trainer.save, path, round=self.round, test_accuracy=self.accuracy,
+            fingerprint=self.identity.fingerprint,
+        )
+        log.info("finished: %d steps, %d rounds, test accuracy %.4f; model saved to %s",
+                 self.trainer.step_count, self.round, self.accuracy, path)
 
     async def _gossip(self, view: dict[str, str]) -> RoundResult | None:
         plan = plan_round(self.spec.name, self.round, list(view), self.me, len(self.layout))
@@ -150,6 +157,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--spec-dir", default="", help="directory to import the job's model/data code from")
     parser.add_argument("--peer-id", required=True)
     parser.add_argument("--host", default="127.0.0.1", help="address to serve the exchange on")
+    parser.add_argument("--out-dir", type=Path, default=Path("."), help="where the trained model is written")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     return parser.parse_args(argv)
 
@@ -159,7 +167,7 @@ async def amain(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     trainer = Trainer(spec, args.peer_id, args.spec_dir)
     link = SupervisorLink(args.control, spec.name, trainer.flat.fingerprint(spec.fingerprint))
-    worker = Worker(spec, trainer, link, args.host)
+    worker = Worker(spec, trainer, link, args.host, args.out_dir)
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     for sig in (signal.SIGTERM, signal.SIGINT):

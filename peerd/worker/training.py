@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -18,6 +19,7 @@ from torch import nn
 from torch.utils.data import Dataset, TensorDataset, default_collate
 
 from peerd.core.partition import my_shard
+from peerd.core.rng import derive_seed
 from peerd.errors import ConfigError
 from peerd.jobspec import JobSpec
 from peerd.worker.flat import FlatParams
@@ -41,11 +43,18 @@ def load_entry(entry: str, spec_dir: str = ""):
         raise ConfigError(f"module {module_name!r} has no {attr!r} (from {entry!r})") from None
 
 
+def init_seed(spec: JobSpec, peer_id: str) -> int:
+    """The seed of the initial model: shared by the job, or this peer's own."""
+    if spec.init == "shared":
+        return spec.seed
+    return int.from_bytes(derive_seed(spec.seed, peer_id)[:8], "little")
+
+
 class Trainer:
     def __init__(self, spec: JobSpec, peer_id: str, spec_dir: str = "") -> None:
         self.spec = spec
         self.peer_id = peer_id
-        torch.manual_seed(spec.seed)  # the same initial model on every peer
+        torch.manual_seed(init_seed(spec, peer_id))
         self.model: nn.Module = load_entry(spec.model, spec_dir)().float()
         self.flat = FlatParams(self.model)
         self.train_set, self.test_set = load_entry(spec.data, spec_dir)()
@@ -117,6 +126,15 @@ class Trainer:
             x, y = _batch(self.test_set, range(start, min(start + batch, len(self.test_set))))
             correct += int((self.model(x).argmax(1) == y).sum())
         return correct / len(self.test_set)
+
+    def save(self, path: Path, **meta: object) -> None:
+        """Write the model atomically: a crash mid-write leaves the old file."""
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "wb") as f:
+            torch.save({"state_dict": self.model.state_dict(), "step": self.step_count, **meta}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
 
     def adopt(self, vector: torch.Tensor, step: int) -> None:
         """Take a partner's parameters (catching up after a restart or a long stall)."""

@@ -1,0 +1,136 @@
+"""End to end: real peerd daemons as subprocesses on 127.0.0.1, finding each
+other through zeroconf, each supervising a worker, training the example job."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from peerd.errors import JobMismatch
+from peerd.examples.mnist import make_model
+from peerd.jobspec import parse_job
+from peerd.worker.training import init_seed
+
+from conftest import example_job, wait_for
+
+pytestmark = pytest.mark.e2e
+
+
+def flat_params(state_dict: dict) -> torch.Tensor:
+    return torch.cat([v.reshape(-1).float() for v in state_dict.values()])
+
+
+def rel_distance(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / ((a.norm() + b.norm()) / 2))
+
+
+def peerctl(cluster, peer, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "peerd.cli.peerctl", "--socket", str(peer.socket), *args],
+        capture_output=True, text=True, timeout=30,
+    )
+
+
+def test_three_daemons_discover_each_other_and_train_together(local_cluster):
+    cluster = local_cluster(3)
+    wait_for(lambda: all(cluster.client(p).status().peers_known == 2 for p in cluster.peers),
+             30, "every daemon to see the other two through zeroconf")
+
+    # peerctl against live daemons, human and --json.
+    out = peerctl(cluster, cluster.peers[0], "peers")
+    assert out.returncode == 0 and "peer-1" in out.stdout and "peer-2" in out.stdout
+    status = json.loads(peerctl(cluster, cluster.peers[0], "--json", "status").stdout)
+    assert status["peer_id"] == "peer-0" and status["peers_known"] == 2
+
+    text = example_job(job={"name": "e2e", "epochs": 3, "eval_every_rounds": 15, "init": "per-peer"})
+    spec = parse_job(text, "e2e job")
+    job_file = cluster.out / "job.toml"
+    job_file.write_text(text)
+    for peer in cluster.peers:
+        out = peerctl(cluster, peer, "join", str(job_file))
+        assert out.returncode == 0, out.stderr
+
+    jobs = json.loads(peerctl(cluster, cluster.peers[1], "--json", "jobs").stdout)["jobs"]
+    assert [j["name"] for j in jobs] == ["e2e"] and jobs[0]["local"]
+
+    history: list[dict] = []
+
+    def all_finished():
+        rows = {p.peer_id: cluster.client(p).status().jobs[0] for p in cluster.peers}
+        history.extend({"peer": k, "loss": j.progress.loss, "reached": j.progress.partners_reached}
+                       for k, j in rows.items() if j.progress.step > 0)
+        assert all(j.state not in ("failed", "restarting") for j in rows.values()), rows
+        return all(j.state == "finished" for j in rows.values()) and rows
+
+    final = wait_for(all_finished, 300, "all three workers to finish the job")
+
+    # Everyone gossiped with someone, and the loss fell.
+    assert any(h["reached"] >= 1 for h in history)
+    for peer in cluster.peers:
+        losses = [h["loss"] for h in history if h["peer"] == peer.peer_id and not math.isnan(h["loss"])]
+        assert losses[-1] < 0.5 * losses[0], (peer.peer_id, losses[0], losses[-1])
+    # Accuracy far above chance (0.1) on every peer.
+    for job in final.values():
+        assert job.progress.test_accuracy > 0.8, job
+
+    # The peers started from different random models and gossip pulled them together.
+    initial, trained = [], []
+    for peer in cluster.peers:
+        torch.manual_seed(init_seed(spec, peer.peer_id))
+        initial.append(torch.cat([p.detach().reshape(-1) for p in make_model().parameters()]))
+        saved = torch.load(peer.dir / "state" / "jobs" / "e2e" / "model.pt", weights_only=True)
+        trained.append(flat_params(saved["state_dict"]))
+    before = max(rel_distance(initial[i], initial[j]) for i in range(3) for j in range(i + 1, 3))
+    after = max(rel_distance(trained[i], trained[j]) for i in range(3) for j in range(i + 1, 3))
+    assert before > 0.5
+    assert after < 0.1 * before, (before, after)
+
+
+def test_a_crashed_worker_is_restarted_and_the_daemon_survives(local_cluster):
+    cluster = local_cluster(1)
+    peer = cluster.peers[0]
+    job_file = cluster.out / "job.toml"
+    job_file.write_text(example_job(job={"name": "crashy", "epochs": 50}))
+    assert peerctl(cluster, peer, "join", str(job_file)).returncode == 0
+
+    def running_pid():
+        job = cluster.client(peer).status().jobs[0]
+        return job.state == "running" and job.worker_pid
+
+    pid = wait_for(running_pid, 60, "the worker to start")
+    os.kill(pid, signal.SIGKILL)
+    new_pid = wait_for(lambda: (p := running_pid()) and p != pid and p, 60, "the worker to be restarted")
+    job = cluster.client(peer).status().jobs[0]
+    assert job.restarts == 1 and new_pid != pid
+    assert peer.process.poll() is None  # the daemon is still up
+
+    out = peerctl(cluster, peer, "leave", "crashy")
+    assert out.returncode == 0, out.stderr
+    assert cluster.client(peer).status().jobs == []
+    with pytest.raises(ProcessLookupError):
+        os.kill(new_pid, 0)
+
+
+def test_joining_with_another_spec_under_the_same_name_is_refused(local_cluster):
+    cluster = local_cluster(2)
+    first, second = cluster.peers
+    cluster.client(first).join(example_job(job={"name": "same", "epochs": 50}))
+    wait_for(lambda: any(j.name == "same" for j in cluster.client(second).jobs().jobs), 30,
+             "the second daemon to learn about the job")
+    with pytest.raises(JobMismatch, match="another spec"):
+        cluster.client(second).join(example_job(job={"name": "same", "epochs": 50}, optimizer={"lr": 0.1}))
+    assert cluster.client(second).status().jobs == []
+
+
+def test_peerctl_without_a_daemon_says_so(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "peerd.cli.peerctl", "--socket", str(tmp_path / "none.sock"), "status"],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 1
+    assert "running" in out.stderr and "Traceback" not in out.stderr
