@@ -62,6 +62,7 @@ class Daemon:
         self._discovery: Discovery | None = None
         self._tasks: list[asyncio.Task] = []
         self._announced: dict[str, str] = {}
+        self._closed = False
 
     # ---- lifecycle -------------------------------------------------------
 
@@ -115,6 +116,9 @@ class Daemon:
 
     async def aclose(self) -> None:
         """Stop in order: not serving, jobs stopped, unannounced, servers down."""
+        if self._closed:
+            return
+        self._closed = True
         sd_notify("STOPPING=1")
         await self._health.enter_graceful_shutdown()
         await asyncio.gather(*(job.stop(drain=False) for job in self.jobs.values()))
@@ -127,7 +131,8 @@ class Daemon:
             if server is not None:
                 await server.stop(grace=1.0)
         await asyncio.gather(*(c.close() for c in self._channels.values()), return_exceptions=True)
-        self.config.control_socket.unlink(missing_ok=True)
+        if self._control_server is not None:  # only remove a socket this daemon made
+            self.config.control_socket.unlink(missing_ok=True)
         log.info("peerd %s stopped", self.peer_id)
 
     async def _watchdog(self, interval: float) -> None:

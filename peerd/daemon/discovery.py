@@ -93,10 +93,11 @@ class Discovery:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._browser is not None:
-            await self._browser.async_cancel()
-        if self._zc is not None:
+        browser, self._browser = self._browser, None
+        zc, self._zc = self._zc, None
+        if browser is not None:
+            await browser.async_cancel()
+        if zc is not None:
             if self._info is not None:
-                await self._zc.async_unregister_service(self._info)
-            await self._zc.async_close()
-        self._zc = None
+                await zc.async_unregister_service(self._info)  # peers drop us at once
+            await zc.async_close()

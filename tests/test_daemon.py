@@ -1,0 +1,95 @@
+"""Daemons in one event loop: discovery through zeroconf on 127.0.0.1, Hello,
+health and the control API, with no training (and no torch in the daemon)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from peerd.config import DaemonConfig
+from peerd.daemon.app import Daemon
+from peerd.errors import ConfigError, UnknownJob
+from peerd.proto.v1 import peer_pb2, peer_pb2_grpc
+
+
+def config(tmp_path, name: str) -> DaemonConfig:
+    return DaemonConfig(
+        state_dir=tmp_path / name, control_socket=tmp_path / f"{name}.sock", peer_id=name,
+        interfaces=("127.0.0.1",), hello_interval_s=0.2, peer_timeout_s=1.5,
+    )
+
+
+@pytest.fixture
+async def daemons(tmp_path):
+    started: list[Daemon] = []
+
+    async def start(name: str) -> Daemon:
+        daemon = Daemon(config(tmp_path, name))
+        started.append(daemon)
+        await daemon.start()
+        return daemon
+
+    yield start
+    for daemon in started:
+        await daemon.aclose()
+
+
+async def until(predicate, timeout_s: float = 15.0) -> None:
+    async def poll():
+        while not predicate():
+            await asyncio.sleep(0.05)
+
+    await asyncio.wait_for(poll(), timeout_s)
+
+
+async def test_two_daemons_find_each_other_and_answer_hello_and_health(daemons, tmp_path):
+    a, b = await daemons("alpha"), await daemons("beta")
+    await until(lambda: a.membership.get("beta") and b.membership.get("alpha"))
+    assert a.status().peers_known == 1
+    assert [p.peer_id for p in b.list_peers().peers] == ["alpha"]
+
+    async with grpc.aio.insecure_channel(a.peer_address) as channel:
+        health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
+        assert health.status == health_pb2.HealthCheckResponse.SERVING
+        reply = await peer_pb2_grpc.PeerStub(channel).Hello(peer_pb2.HelloRequest(peer_id="x"))
+        assert reply.peer_id == "alpha" and not reply.jobs
+    assert oct((tmp_path / "alpha.sock").stat().st_mode & 0o777) == "0o660"
+
+
+async def test_a_stopped_daemon_leaves_the_view(daemons):
+    a, b = await daemons("alpha"), await daemons("beta")
+    await until(lambda: a.membership.get("beta"))
+    await b.aclose()
+    # Zeroconf goodbye or the Hello timeout, whichever comes first.
+    await until(lambda: a.membership.get("beta") is None)
+
+
+async def test_a_second_daemon_on_the_same_socket_is_refused(daemons, tmp_path):
+    first = await daemons("alpha")
+    twin = Daemon(config(tmp_path, "alpha"))
+    with pytest.raises(ConfigError, match="already serving"):
+        await twin.start()
+    await twin.aclose()
+    assert (tmp_path / "alpha.sock").exists()  # the twin left the first daemon's socket alone
+    assert first.status().peer_id == "alpha"
+
+
+async def test_bad_join_and_unknown_leave_are_clear_errors(daemons):
+    a = await daemons("alpha")
+    with pytest.raises(ConfigError, match="job.name"):
+        await a.join("[job]\nmodel = 'm:f'\ndata = 'm:g'\n", "")
+    with pytest.raises(UnknownJob, match="nope"):
+        await a.leave("nope", drain=False)
+
+
+def test_the_control_plane_does_not_import_torch():
+    code = (
+        "import sys, peerd.daemon.app, peerd.cli.daemon, peerd.cli.peerctl, peerd.client\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
