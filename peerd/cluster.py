@@ -13,6 +13,7 @@ import argparse
 import csv
 import math
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from rich import box
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
@@ -62,7 +64,7 @@ class Peer:
         return f"peer-{self.index}"
 
 
-def _write_config(peer: Peer) -> Path:
+def _write_config(peer: Peer, realm: str) -> Path:
     path = peer.dir / "peerd.toml"
     path.write_text(
         "[daemon]\n"
@@ -72,6 +74,7 @@ def _write_config(peer: Peer) -> Path:
         'host = "127.0.0.1"\n\n'
         "[discovery]\n"
         'interfaces = ["127.0.0.1"]  # mDNS stays on loopback\n'
+        f'realm = "{realm}"  # unseen by other local clusters on this machine\n'
     )
     return path
 
@@ -85,13 +88,14 @@ class LocalCluster:
         self.out = out
         # Unix socket paths are limited to ~107 bytes, so they live in a short temp dir.
         self._sockets = Path(tempfile.mkdtemp(prefix="peerd-"))
+        self.realm = f"local-{secrets.token_hex(4)}"
         self.peers = [Peer(i, out / f"peer-{i}", self._sockets / f"peer-{i}.sock") for i in range(n)]
 
     def __enter__(self) -> LocalCluster:
         try:
             for peer in self.peers:
                 peer.dir.mkdir(parents=True, exist_ok=True)
-                config = _write_config(peer)
+                config = _write_config(peer, self.realm)
                 with open(peer.dir / "daemon.log", "ab") as log:
                     peer.process = subprocess.Popen(
                         [sys.executable, "-m", "peerd.cli.daemon", "--config", str(config)],
@@ -152,9 +156,9 @@ class LocalCluster:
 
 
 def _table(rows: list[dict], elapsed: float) -> Table:
-    table = Table(title=f"peerd local cluster — {elapsed:.0f}s")
-    for column in ("peer", "state", "epoch", "step", "round", "loss", "samples/s", "partners", "disagree", "accuracy"):
-        table.add_column(column, justify="left" if column in ("peer", "state") else "right")
+    table = Table(title=f"peerd local cluster — {elapsed:.0f}s", box=box.SIMPLE_HEAD, padding=(0, 1))
+    for column in ("peer", "state", "epoch", "step", "round", "loss", "smpl/s", "partners", "disagree", "acc"):
+        table.add_column(column, justify="left" if column in ("peer", "state") else "right", no_wrap=True)
     for r in rows:
         table.add_row(r["peer"], r["state"], f"{r['epoch']:.0f}", str(r["step"]), str(r["round"]), _f(r["loss"], 3),
                       _f(r["samples_per_s"], 0), r["partners"], _f(r["disagreement"], 4), _f(r["accuracy"], 4))

@@ -20,6 +20,7 @@ class DaemonConfig:
     host: str = "127.0.0.1"  # address the peer and exchange services bind to and advertise
     peer_port: int = 0  # 0: any free port
     locality: str = ""  # rack/subnet label for hierarchical grouping
+    realm: str = "default"  # only daemons of the same realm see each other
     interfaces: tuple[str, ...] = ("127.0.0.1",)  # where zeroconf speaks; ("all",) for every interface
     hello_interval_s: float = 1.0
     peer_timeout_s: float = 6.0
@@ -40,6 +41,8 @@ def parse_config(data: dict, source: str) -> DaemonConfig:
         host=daemon.get("host", str, d.host, check=_is_ip, expect="an IP address"),
         peer_port=daemon.get("peer_port", int, 0, check=lambda v: 0 <= v < 65536, expect="a port 0..65535"),
         locality=daemon.get("locality", str, ""),
+        realm=discovery.get("realm", str, d.realm, check=lambda v: 0 < len(v) <= 63 and v.isprintable(),
+                            expect="1-63 printable characters"),
         interfaces=tuple(discovery.get("interfaces", list, list(d.interfaces),
                                        check=lambda v: v and all(x == "all" or _is_ip(x) for x in v),
                                        expect='a list of IP addresses, or ["all"]')),

@@ -17,10 +17,10 @@ from peerd.errors import ConfigError, UnknownJob
 from peerd.proto.v1 import peer_pb2, peer_pb2_grpc
 
 
-def config(tmp_path, name: str) -> DaemonConfig:
+def config(tmp_path, name: str, realm: str = "") -> DaemonConfig:
     return DaemonConfig(
         state_dir=tmp_path / name, control_socket=tmp_path / f"{name}.sock", peer_id=name,
-        interfaces=("127.0.0.1",), hello_interval_s=0.2, peer_timeout_s=1.5,
+        interfaces=("127.0.0.1",), hello_interval_s=0.2, peer_timeout_s=1.5, realm=realm or tmp_path.name,
     )
 
 
@@ -28,8 +28,8 @@ def config(tmp_path, name: str) -> DaemonConfig:
 async def daemons(tmp_path):
     started: list[Daemon] = []
 
-    async def start(name: str) -> Daemon:
-        daemon = Daemon(config(tmp_path, name))
+    async def start(name: str, realm: str = "") -> Daemon:
+        daemon = Daemon(config(tmp_path, name, realm))
         started.append(daemon)
         await daemon.start()
         return daemon
@@ -59,6 +59,15 @@ async def test_two_daemons_find_each_other_and_answer_hello_and_health(daemons, 
         reply = await peer_pb2_grpc.PeerStub(channel).Hello(peer_pb2.HelloRequest(peer_id="x"))
         assert reply.peer_id == "alpha" and not reply.jobs
     assert oct((tmp_path / "alpha.sock").stat().st_mode & 0o777) == "0o660"
+
+
+async def test_daemons_of_different_realms_ignore_each_other(daemons):
+    a, b = await daemons("alpha", realm="lab-a"), await daemons("beta", realm="lab-b")
+    c = await daemons("gamma", realm="lab-a")
+    await until(lambda: a.membership.get("gamma") and c.membership.get("alpha"))
+    await asyncio.sleep(1.0)  # several Hello rounds: beta must stay out
+    assert a.membership.get("beta") is None and c.membership.get("beta") is None
+    assert b.membership.peers() == []
 
 
 async def test_a_stopped_daemon_leaves_the_view(daemons):

@@ -72,7 +72,7 @@ class Daemon:
         await self._start_control_server()
         host, port = self.peer_address.rsplit(":", 1)
         self._discovery = Discovery(
-            self.peer_id, self.config.host, int(port), self.config.interfaces,
+            self.peer_id, self.config.realm, self.config.host, int(port), self.config.interfaces,
             on_found=self.learn_address, on_lost=self._lost,
         )
         self._announced = self._txt()
@@ -172,11 +172,14 @@ class Daemon:
             channel = self._channels[address] = grpc.aio.insecure_channel(address)
         try:
             reply = await peer_pb2_grpc.PeerStub(channel).Hello(
-                hello_request(self.peer_id, self.peer_address), timeout=HELLO_TIMEOUT_S
+                hello_request(self.peer_id, self.peer_address, self.config.realm), timeout=HELLO_TIMEOUT_S
             )
         except grpc.aio.AioRpcError as exc:
             log.debug("hello to %s at %s failed: %s", peer_id, address, exc.code().name)
             return  # silence counts against it through the membership timeout
+        if reply.realm != self.config.realm:
+            self._addresses.pop(peer_id, None)
+            return
         jobs = tuple(
             JobEntry(j.name, j.spec_fingerprint, j.worker_address, j.round, j.state) for j in reply.jobs
         )
@@ -186,7 +189,7 @@ class Daemon:
 
     def hello_reply(self) -> peer_pb2.HelloReply:
         return peer_pb2.HelloReply(
-            peer_id=self.peer_id, version=__version__, locality=self.config.locality,
+            peer_id=self.peer_id, version=__version__, locality=self.config.locality, realm=self.config.realm,
             jobs=[
                 peer_pb2.JobAd(name=j.spec.name, spec_fingerprint=j.spec.fingerprint,
                                worker_address=j.worker_address, round=j.progress.round, state=j.state)
@@ -196,7 +199,7 @@ class Daemon:
 
     def _txt(self) -> dict[str, str]:
         running = sorted(n for n, j in self.jobs.items() if j.state in ("starting", "running", "restarting"))
-        return {"id": self.peer_id, "v": __version__, "addr": self.peer_address,
+        return {"id": self.peer_id, "v": __version__, "realm": self.config.realm, "addr": self.peer_address,
                 "loc": self.config.locality, "jobs": ",".join(running)}
 
     async def _announce_if_changed(self) -> None:

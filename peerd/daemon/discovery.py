@@ -23,6 +23,7 @@ class Discovery:
     def __init__(
         self,
         peer_id: str,
+        realm: str,
         host: str,
         port: int,
         interfaces: tuple[str, ...],
@@ -30,6 +31,7 @@ class Discovery:
         on_lost: Callable[[str], None],
     ) -> None:
         self._peer_id = peer_id
+        self._realm = realm
         self._host = host
         self._port = port
         self._interfaces = InterfaceChoice.All if interfaces == ("all",) else list(interfaces)
@@ -84,6 +86,8 @@ class Discovery:
         addresses = info.parsed_addresses()
         if not peer_id or peer_id == self._peer_id or not addresses or not info.port:
             return
+        if props.get("realm", "") != self._realm:
+            return  # another cluster on the same LAN
         host = addresses[0]
         address = f"[{host}]:{info.port}" if ":" in host else f"{host}:{info.port}"
         self._names[name] = peer_id

@@ -33,7 +33,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         self._daemon = daemon
 
     async def Hello(self, request, context):
-        if request.peer_id and request.address:
+        if request.peer_id and request.address and request.realm == self._daemon.config.realm:
             self._daemon.learn_address(request.peer_id, request.address)
         return self._daemon.hello_reply()
 
@@ -77,5 +77,5 @@ class SupervisorServicer(control_pb2_grpc.SupervisorServicer):
             await _abort(context, exc)
 
 
-def hello_request(peer_id: str, address: str) -> peer_pb2.HelloRequest:
-    return peer_pb2.HelloRequest(peer_id=peer_id, address=address, version=__version__)
+def hello_request(peer_id: str, address: str, realm: str) -> peer_pb2.HelloRequest:
+    return peer_pb2.HelloRequest(peer_id=peer_id, address=address, version=__version__, realm=realm)

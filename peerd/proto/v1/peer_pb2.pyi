@@ -7,14 +7,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class HelloRequest(_message.Message):
-    __slots__ = ("peer_id", "address", "version")
+    __slots__ = ("peer_id", "address", "version", "realm")
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    REALM_FIELD_NUMBER: _ClassVar[int]
     peer_id: str
     address: str
     version: str
-    def __init__(self, peer_id: _Optional[str] = ..., address: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
+    realm: str
+    def __init__(self, peer_id: _Optional[str] = ..., address: _Optional[str] = ..., version: _Optional[str] = ..., realm: _Optional[str] = ...) -> None: ...
 
 class JobAd(_message.Message):
     __slots__ = ("name", "spec_fingerprint", "worker_address", "round", "state")
@@ -31,16 +33,18 @@ class JobAd(_message.Message):
     def __init__(self, name: _Optional[str] = ..., spec_fingerprint: _Optional[str] = ..., worker_address: _Optional[str] = ..., round: _Optional[int] = ..., state: _Optional[str] = ...) -> None: ...
 
 class HelloReply(_message.Message):
-    __slots__ = ("peer_id", "version", "locality", "jobs")
+    __slots__ = ("peer_id", "version", "locality", "jobs", "realm")
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     LOCALITY_FIELD_NUMBER: _ClassVar[int]
     JOBS_FIELD_NUMBER: _ClassVar[int]
+    REALM_FIELD_NUMBER: _ClassVar[int]
     peer_id: str
     version: str
     locality: str
     jobs: _containers.RepeatedCompositeFieldContainer[JobAd]
-    def __init__(self, peer_id: _Optional[str] = ..., version: _Optional[str] = ..., locality: _Optional[str] = ..., jobs: _Optional[_Iterable[_Union[JobAd, _Mapping]]] = ...) -> None: ...
+    realm: str
+    def __init__(self, peer_id: _Optional[str] = ..., version: _Optional[str] = ..., locality: _Optional[str] = ..., jobs: _Optional[_Iterable[_Union[JobAd, _Mapping]]] = ..., realm: _Optional[str] = ...) -> None: ...
 
 class SegmentRequest(_message.Message):
     __slots__ = ("job", "fingerprint", "round", "segment", "peer_id", "wait_s")
