@@ -111,11 +111,30 @@ def test_a_crashed_worker_is_restarted_and_the_daemon_survives(local_cluster):
     assert job.restarts == 1 and new_pid != pid
     assert peer.process.poll() is None  # the daemon is still up
 
-    out = peerctl(cluster, peer, "leave", "crashy")
+    out = peerctl(cluster, peer, "leave", "--drain", "crashy")
     assert out.returncode == 0, out.stderr
     assert cluster.client(peer).status().jobs == []
+    assert "leaving at round" in (peer.dir / "state" / "jobs" / "crashy" / "worker.log").read_text()
     with pytest.raises(ProcessLookupError):
         os.kill(new_pid, 0)
+
+
+def test_a_worker_does_not_outlive_its_daemon(local_cluster):
+    cluster = local_cluster(1)
+    peer = cluster.peers[0]
+    cluster.client(peer).join(example_job(job={"name": "orphan", "epochs": 50}))
+    pid = wait_for(lambda: cluster.client(peer).status().jobs[0].worker_pid, 60, "the worker to start")
+    peer.process.kill()  # kill -9: the daemon cannot clean up
+    peer.process.wait()
+
+    def gone():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    wait_for(gone, 30, f"worker {pid} to exit after its daemon died")
 
 
 def test_joining_with_another_spec_under_the_same_name_is_refused(local_cluster):
