@@ -44,7 +44,7 @@ def parse_config(data: dict, source: str) -> DaemonConfig:
         realm=discovery.get("realm", str, d.realm, check=lambda v: 0 < len(v) <= 63 and v.isprintable(),
                             expect="1-63 printable characters"),
         interfaces=tuple(discovery.get("interfaces", list, list(d.interfaces),
-                                       check=lambda v: v and all(x == "all" or _is_ip(x) for x in v),
+                                       check=lambda v: v and all(isinstance(x, str) and (x == "all" or _is_ip(x)) for x in v),
                                        expect='a list of IP addresses, or ["all"]')),
         hello_interval_s=discovery.get("hello_interval_s", float, d.hello_interval_s, **positive),
         peer_timeout_s=discovery.get("peer_timeout_s", float, d.peer_timeout_s, **positive),
@@ -54,6 +54,8 @@ def parse_config(data: dict, source: str) -> DaemonConfig:
     )
     for table in (daemon, discovery, worker, root):
         table.finish()
+    if config.restart_backoff_s > config.restart_backoff_max_s:
+        raise ConfigError(f"{source}: worker.restart_backoff_s must not exceed worker.restart_backoff_max_s")
     if config.peer_timeout_s <= 2 * config.hello_interval_s:
         raise ConfigError(f"{source}: discovery.peer_timeout_s must exceed 2 × hello_interval_s")
     return config
@@ -69,6 +71,8 @@ def load_config(path: Path | None) -> DaemonConfig:
 
 
 def _is_ip(value: str) -> bool:
+    if not isinstance(value, str):
+        return False  # ip_address() would take an integer
     try:
         ipaddress.ip_address(value)
     except ValueError:

@@ -65,9 +65,9 @@ def parse_job(text: str, source: str) -> JobSpec:
     gossip = root.sub("gossip")
     positive = dict(check=lambda v: v > 0, expect="a number > 0")
     spec = JobSpec(
-        name=job.get("name", str, check=_NAME.match, expect="a name of letters, digits, '_', '.', '-' (≤ 63)"),
-        model=job.get("model", str, check=_ENTRY.match, expect="'module:callable'"),
-        data=job.get("data", str, check=_ENTRY.match, expect="'module:callable'"),
+        name=job.get("name", str, check=_NAME.fullmatch, expect="a name of letters, digits, '_', '.', '-' (≤ 63)"),
+        model=job.get("model", str, check=_ENTRY.fullmatch, expect="'module:callable'"),
+        data=job.get("data", str, check=_ENTRY.fullmatch, expect="'module:callable'"),
         seed=job.get("seed", int, 0),
         init=job.get("init", str, "shared", check=lambda v: v in ("shared", "per-peer"),
                      expect="'shared' or 'per-peer'"),
@@ -106,4 +106,6 @@ def load_job(path: Path) -> tuple[JobSpec, str]:
         text = path.read_text()
     except OSError as exc:
         raise ConfigError(f"cannot read job file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"job file {path} is not UTF-8 text") from None
     return parse_job(text, str(path)), text

@@ -22,6 +22,7 @@ REPO = PROTOS.parent
 
 def generate(out: Path) -> list[Path]:
     sources = sorted(PROTOS.rglob("*.proto"))
+    out.mkdir(parents=True, exist_ok=True)
     args = [
         "grpc_tools.protoc",
         f"-I{PROTOS}",

@@ -28,7 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"daemon config (default: {DEFAULT_PATH} if present, else built-in defaults)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.add_parser("check-config", help="validate the config file and exit (0: valid, 2: not)")
+    check = sub.add_parser("check-config", help="validate the config file and exit (0: valid, 2: not)")
+    # Also accepted after the command; SUPPRESS keeps a top-level --config when absent here.
+    check.add_argument("--config", type=Path, default=argparse.SUPPRESS, help="config file to check")
     cluster = sub.add_parser("cluster", help="run a local cluster of daemons on 127.0.0.1 training a job")
     from peerd.cluster import add_arguments
 
@@ -56,7 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(args.config)
         if args.command == "check-config":
-            print(f"{args.config or DEFAULT_PATH}: valid")
+            if args.config is None and not DEFAULT_PATH.exists():
+                print(f"no config file ({DEFAULT_PATH} is absent): the built-in defaults apply")
+            else:
+                print(f"{args.config or DEFAULT_PATH}: valid")
             return 0
         import uvloop
 

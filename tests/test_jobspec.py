@@ -1,0 +1,412 @@
+"""The job spec (JOB.toml): parse_job, load_job and the fingerprint."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+from peerd.errors import ConfigError
+from peerd.jobspec import GossipSpec, JobSpec, OptimizerSpec, load_job, parse_job
+
+REPO = Path(__file__).resolve().parents[1]
+MNIST = Path(resources.files("peerd") / "examples" / "mnist.toml")
+MNIST_TEXT = MNIST.read_text()
+MNIST_DATA = tomllib.loads(MNIST_TEXT)
+SRC = "JOB.toml"
+
+
+def dump(data: dict) -> str:
+    """A minimal TOML writer for job specs (tables of str/int/float/bool)."""
+    lines: list[str] = []
+    for table, values in data.items():
+        if not isinstance(values, dict):
+            lines.insert(0, f"{table} = {_value(values)}")
+            continue
+        lines.append(f"[{table}]")
+        lines.extend(f"{k} = {_value(v)}" for k, v in values.items())
+    return "\n".join(lines) + "\n"
+
+
+def _value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return json.dumps(v)
+    return repr(v)
+
+
+def changed(table: str, key: str, value) -> str:
+    data = copy.deepcopy(MNIST_DATA)
+    data.setdefault(table, {})[key] = value
+    return dump(data)
+
+
+def without(table: str, key: str) -> str:
+    data = copy.deepcopy(MNIST_DATA)
+    del data[table][key]
+    return dump(data)
+
+
+# --- the built-in example ------------------------------------------------------------------
+
+
+def test_mnist_example_is_valid():
+    spec = parse_job(MNIST_TEXT, str(MNIST))
+    assert spec == JobSpec(
+        name="mnist-example",
+        model="peerd.examples.mnist:make_model",
+        data="peerd.examples.mnist:make_datasets",
+        seed=0,
+        init="shared",
+        data_mode="shared",
+        local_batch=32,
+        epochs=12.0,
+        eval_every_rounds=40,
+        optimizer=OptimizerSpec(name="sgd", lr=0.05, momentum=0.9, weight_decay=0.0001,
+                                nesterov=False, schedule="cosine"),
+        gossip=GossipSpec(period_steps=1, segments=6, chunk_kib=1024,
+                          deadline_floor_s=0.5, deadline_ceiling_s=10.0),
+    )
+    assert isinstance(spec.epochs, float)
+
+
+def test_spec_is_frozen():
+    spec = parse_job(MNIST_TEXT, SRC)
+    with pytest.raises(AttributeError):
+        spec.name = "other"  # type: ignore[misc]
+
+
+def test_minimal_spec_gets_defaults():
+    spec = parse_job('[job]\nname = "j"\nmodel = "m:f"\ndata = "d:g"\n', SRC)
+    assert spec == JobSpec(name="j", model="m:f", data="d:g")
+    assert spec.optimizer == OptimizerSpec() and spec.gossip == GossipSpec()
+
+
+# --- fingerprint ----------------------------------------------------------------------------
+
+
+def test_fingerprint_is_32_hex():
+    fp = parse_job(MNIST_TEXT, SRC).fingerprint
+    assert re.fullmatch(r"[0-9a-f]{32}", fp)
+
+
+def test_fingerprint_equal_for_same_text_and_ignores_source_and_comments():
+    a = parse_job(MNIST_TEXT, "a/JOB.toml")
+    b = parse_job(MNIST_TEXT, "b/other.toml")
+    c = parse_job(dump(MNIST_DATA), SRC)  # no comments, different layout
+    assert a.fingerprint == b.fingerprint == c.fingerprint
+
+
+def test_fingerprint_is_stable_across_processes():
+    """No dependence on hash randomisation or process state: peers compare these over the wire."""
+    here = parse_job(MNIST_TEXT, SRC).fingerprint
+    code = ("import sys; from peerd.jobspec import parse_job; "
+            "print(parse_job(open(sys.argv[1]).read(), 'x').fingerprint)")
+    env = dict(os.environ, PYTHONHASHSEED="12345")
+    out = subprocess.run([sys.executable, "-c", code, str(MNIST)], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == here
+
+
+def test_fingerprint_same_when_defaults_are_explicit_or_omitted():
+    explicit = parse_job(changed("optimizer", "nesterov", False), SRC)
+    assert explicit.fingerprint == parse_job(MNIST_TEXT, SRC).fingerprint
+    minimal = '[job]\nname = "j"\nmodel = "m:f"\ndata = "d:g"\n'
+    full = dump({"job": {"name": "j", "model": "m:f", "data": "d:g", "seed": 0, "init": "shared", "data_mode": "shared",
+                         "local_batch": 32, "epochs": 1.0, "eval_every_rounds": 100},
+                 "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9, "weight_decay": 0.0,
+                               "nesterov": False, "schedule": "cosine"},
+                 "gossip": {"period_steps": 1, "segments": 8, "chunk_kib": 1024,
+                            "deadline_floor_s": 0.5, "deadline_ceiling_s": 10.0}})
+    assert parse_job(minimal, SRC).fingerprint == parse_job(full, SRC).fingerprint
+
+
+def test_fingerprint_same_for_int_or_float_spelling():
+    assert parse_job(changed("job", "epochs", 12.0), SRC).fingerprint == parse_job(MNIST_TEXT, SRC).fingerprint
+
+
+CHANGES = [
+    ("job", "name", "mnist-other"),
+    ("job", "model", "peerd.examples.mnist:make_other"),
+    ("job", "data", "peerd.examples.mnist:other_data"),
+    ("job", "seed", 1),
+    ("job", "init", "per-peer"),
+    ("job", "local_batch", 64),
+    ("job", "epochs", 13),
+    ("job", "eval_every_rounds", 41),
+    ("optimizer", "lr", 0.051),
+    ("optimizer", "momentum", 0.95),
+    ("optimizer", "weight_decay", 0.0),
+    ("optimizer", "nesterov", True),
+    ("optimizer", "schedule", "constant"),
+    ("gossip", "period_steps", 2),
+    ("gossip", "segments", 7),
+    ("gossip", "chunk_kib", 512),
+    ("gossip", "deadline_floor_s", 0.25),
+    ("gossip", "deadline_ceiling_s", 20.0),
+]
+
+
+@pytest.mark.parametrize("table, key, value", CHANGES, ids=[f"{t}.{k}" for t, k, _ in CHANGES])
+def test_fingerprint_changes_with_any_value(table, key, value):
+    base = parse_job(MNIST_TEXT, SRC)
+    other = parse_job(changed(table, key, value), SRC)
+    assert other != base
+    assert other.fingerprint != base.fingerprint
+
+
+def test_every_field_is_covered_by_changes():
+    fields = {f"job.{k}" for k in JobSpec.__dataclass_fields__ if k not in ("optimizer", "gossip")}
+    fields |= {f"optimizer.{k}" for k in OptimizerSpec.__dataclass_fields__}
+    fields |= {f"gossip.{k}" for k in GossipSpec.__dataclass_fields__}
+    covered = {f"{t}.{k}" for t, k, _ in CHANGES}
+    # data_mode and optimizer.name have a single legal value, so they cannot change.
+    assert fields - covered == {"job.data_mode", "optimizer.name"}
+
+
+# --- required keys, names, entry points -------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", ["name", "model", "data"])
+def test_required_keys(key):
+    with pytest.raises(ConfigError) as info:
+        parse_job(without("job", key), SRC)
+    assert str(info.value).startswith(f"{SRC}: job.{key} is required")
+
+
+def test_missing_job_table():
+    with pytest.raises(ConfigError, match=r"JOB.toml: job\.name is required"):
+        parse_job("[optimizer]\nlr = 0.1\n", SRC)
+
+
+def test_empty_text():
+    with pytest.raises(ConfigError, match="is required"):
+        parse_job("", SRC)
+
+
+@pytest.mark.parametrize("name", ["a", "A", "9lives", "mnist-example", "a.b_c-D", "x" * 63])
+def test_good_names(name):
+    assert parse_job(changed("job", "name", name), SRC).name == name
+
+
+@pytest.mark.parametrize(
+    "name", ["", "-lead", ".hidden", "_under", "has space", "a/b", "../up", "x" * 64, "naïve", "a:b"]
+)
+def test_bad_names(name):
+    with pytest.raises(ConfigError) as info:
+        parse_job(changed("job", "name", name), SRC)
+    assert str(info.value).startswith(f"{SRC}: job.name = ")
+
+
+@pytest.mark.parametrize("key, value", [("name", "mnist\n"), ("model", "peerd.examples.mnist:make_model\n")])
+def test_trailing_newline_rejected(key, value):
+    with pytest.raises(ConfigError, match=f"job.{key}"):
+        parse_job(changed("job", key, value), SRC)
+
+
+@pytest.mark.parametrize("entry", ["m:f", "pkg.mod:make", "_p._m:_f", "a1.b2:c3"])
+def test_good_entry_points(entry):
+    assert parse_job(changed("job", "model", entry), SRC).model == entry
+    assert parse_job(changed("job", "data", entry), SRC).data == entry
+
+
+@pytest.mark.parametrize(
+    "entry", ["", "module", "module:", ":func", "mod:func.attr", "1mod:f", "mod:1f", "mod-x:f",
+              "mod:f()", "mod::f", "mod:f:g", "mod /x:f", "mod.py:f"],
+)
+@pytest.mark.parametrize("key", ["model", "data"])
+def test_bad_entry_points(key, entry):
+    if entry == "mod.py:f":
+        # 'mod.py' is a legal dotted module path (module 'py' in package 'mod'); not an error.
+        assert getattr(parse_job(changed("job", key, entry), SRC), key) == entry
+        return
+    with pytest.raises(ConfigError) as info:
+        parse_job(changed("job", key, entry), SRC)
+    assert str(info.value).startswith(f"{SRC}: job.{key} = ")
+    assert "module:callable" in str(info.value)
+
+
+# --- unknown keys ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "table, key, where",
+    [
+        ("job", "nmae", "[job]"),
+        ("optimizer", "learning_rate", "[optimizer]"),
+        ("gossip", "segment", "[gossip]"),
+    ],
+)
+def test_unknown_nested_keys(table, key, where):
+    with pytest.raises(ConfigError) as info:
+        parse_job(changed(table, key, 1), SRC)
+    message = str(info.value)
+    assert message.startswith(f"{SRC}: {where} unknown key(s): ")
+    assert key in message
+
+
+@pytest.mark.parametrize("extra", ["[gosip]\nsegments = 4\n", "typo = 1\n"])
+def test_unknown_top_level_keys(extra):
+    text = (extra + MNIST_TEXT) if not extra.startswith("[") else (MNIST_TEXT + extra)
+    with pytest.raises(ConfigError, match=r"^JOB\.toml: unknown key\(s\): (gosip|typo)$"):
+        parse_job(text, SRC)
+
+
+# --- out-of-range values and wrong types -----------------------------------------------------------
+
+
+BAD = [
+    ("optimizer", "momentum", 1.0),
+    ("optimizer", "momentum", 1.5),
+    ("optimizer", "momentum", -0.1),
+    ("optimizer", "lr", 0.0),
+    ("optimizer", "lr", -0.1),
+    ("optimizer", "weight_decay", -0.001),
+    ("optimizer", "name", "adam"),
+    ("optimizer", "schedule", "linear"),
+    ("optimizer", "schedule", "Cosine"),
+    ("gossip", "segments", 0),
+    ("gossip", "segments", 4097),
+    ("gossip", "chunk_kib", 0),
+    ("gossip", "chunk_kib", 3),
+    ("gossip", "chunk_kib", 16385),
+    ("gossip", "period_steps", 0),
+    ("gossip", "deadline_floor_s", 0.0),
+    ("gossip", "deadline_ceiling_s", -1.0),
+    ("job", "init", "random"),
+    ("job", "init", "per_peer"),
+    ("job", "init", True),
+    ("job", "data_mode", "sharded"),
+    ("job", "data_mode", "local"),
+    ("job", "local_batch", 0),
+    ("job", "local_batch", 65537),
+    ("job", "epochs", 0),
+    ("job", "epochs", -1.0),
+    ("job", "eval_every_rounds", 0),
+    # wrong types
+    ("job", "seed", "0"),
+    ("job", "seed", 1.5),
+    ("job", "local_batch", 32.0),
+    ("job", "local_batch", True),
+    ("job", "name", 5),
+    ("optimizer", "lr", "0.05"),
+    ("optimizer", "lr", True),
+    ("optimizer", "nesterov", 1),
+    ("optimizer", "nesterov", "true"),
+    ("gossip", "segments", True),
+    ("gossip", "segments", 6.0),
+]
+
+
+@pytest.mark.parametrize("table, key, value", BAD, ids=[f"{t}.{k}={v!r}" for t, k, v in BAD])
+def test_bad_values_name_file_and_key(table, key, value):
+    with pytest.raises(ConfigError) as info:
+        parse_job(changed(table, key, value), "/jobs/JOB.toml")
+    message = str(info.value)
+    assert message.startswith(f"/jobs/JOB.toml: {table}.{key} = "), message
+    assert "expected" in message
+
+
+GOOD = [
+    ("optimizer", "momentum", 0.0),
+    ("optimizer", "momentum", 0.999),
+    ("optimizer", "weight_decay", 0.0),
+    ("optimizer", "schedule", "constant"),
+    ("gossip", "segments", 1),
+    ("gossip", "segments", 4096),
+    ("gossip", "chunk_kib", 4),
+    ("gossip", "chunk_kib", 16384),
+    ("job", "local_batch", 1),
+    ("job", "local_batch", 65536),
+    ("job", "epochs", 0.5),
+    ("job", "seed", -3),
+    ("job", "init", "per-peer"),
+]
+
+
+@pytest.mark.parametrize("table, key, value", GOOD, ids=[f"{t}.{k}={v!r}" for t, k, v in GOOD])
+def test_boundary_values_accepted(table, key, value):
+    spec = parse_job(changed(table, key, value), SRC)
+    part = spec if table == "job" else getattr(spec, table)
+    assert getattr(part, key) == value
+
+
+def test_deadline_floor_above_ceiling():
+    data = copy.deepcopy(MNIST_DATA)
+    data["gossip"].update(deadline_floor_s=11.0, deadline_ceiling_s=10.0)
+    with pytest.raises(ConfigError) as info:
+        parse_job(dump(data), SRC)
+    message = str(info.value)
+    assert message.startswith(f"{SRC}: ")
+    assert "deadline_floor_s" in message and "deadline_ceiling_s" in message
+
+
+def test_deadline_floor_above_default_ceiling():
+    with pytest.raises(ConfigError, match="deadline_floor_s"):
+        parse_job(dump({**MNIST_DATA, "gossip": {"deadline_floor_s": 12}}), SRC)
+
+
+def test_deadline_floor_equal_to_ceiling_is_fine():
+    data = copy.deepcopy(MNIST_DATA)
+    data["gossip"].update(deadline_floor_s=3.0, deadline_ceiling_s=3.0)
+    assert parse_job(dump(data), SRC).gossip.deadline_floor_s == 3.0
+
+
+@pytest.mark.parametrize("text", ["job = 5\n", "[job]\nname = 'x'\n[[gossip]]\nsegments = 2\n"])
+def test_tables_of_the_wrong_type(text):
+    with pytest.raises(ConfigError, match="expected a table"):
+        parse_job(text, SRC)
+
+
+def test_invalid_toml_names_source():
+    with pytest.raises(ConfigError) as info:
+        parse_job("[job\nname = ", "/jobs/JOB.toml")
+    assert str(info.value).startswith("/jobs/JOB.toml: not valid TOML")
+
+
+# --- load_job ------------------------------------------------------------------------------------
+
+
+def test_load_job_returns_spec_and_exact_text(tmp_path):
+    path = tmp_path / "JOB.toml"
+    path.write_text(MNIST_TEXT)
+    spec, text = load_job(path)
+    assert text == MNIST_TEXT
+    assert spec == parse_job(MNIST_TEXT, SRC)
+
+
+def test_load_job_errors_name_the_file(tmp_path):
+    path = tmp_path / "JOB.toml"
+    path.write_text(changed("gossip", "segments", 0))
+    with pytest.raises(ConfigError) as info:
+        load_job(path)
+    assert str(info.value).startswith(f"{path}: gossip.segments = 0")
+
+
+def test_load_job_missing_file(tmp_path):
+    path = tmp_path / "missing.toml"
+    with pytest.raises(ConfigError) as info:
+        load_job(path)
+    assert "cannot read job file" in str(info.value)
+    assert str(path) in str(info.value)
+
+
+def test_load_job_directory(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read job file"):
+        load_job(tmp_path)
+
+
+def test_load_job_non_utf8(tmp_path):
+    path = tmp_path / "JOB.toml"
+    path.write_bytes(MNIST_TEXT.encode() + b'\n# \xff\n')
+    with pytest.raises(ConfigError, match=str(path)):
+        load_job(path)
