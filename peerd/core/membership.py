@@ -9,6 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+ACTIVE_STATES = ("starting", "running", "restarting")  # a job in these states holds its name
+
+
 @dataclass(frozen=True)
 class JobEntry:
     name: str
@@ -75,11 +78,17 @@ class Membership:
                     break  # one worker per peer and job
         return view
 
+    def job_members(self, job: str, spec_fingerprint: str) -> list[str]:
+        """Ids of the other peers in `job` with the same spec, serving or not yet."""
+        return self.jobs().get((job, spec_fingerprint), [])
+
     def jobs(self) -> dict[tuple[str, str], list[str]]:
         """(job name, spec fingerprint) -> ids of the peers running it."""
         out: dict[tuple[str, str], list[str]] = {}
         for record in self.peers():
             for entry in record.jobs:
-                if entry.state in ("starting", "running"):
-                    out.setdefault((entry.name, entry.spec_fingerprint), []).append(record.peer_id)
+                if entry.state in ACTIVE_STATES:
+                    ids = out.setdefault((entry.name, entry.spec_fingerprint), [])
+                    if record.peer_id not in ids:
+                        ids.append(record.peer_id)
         return out

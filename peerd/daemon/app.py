@@ -17,7 +17,7 @@ from grpc_health.v1.health import aio as health_aio
 
 from peerd import __version__
 from peerd.config import DaemonConfig
-from peerd.core.membership import JobEntry, Membership, PeerRecord
+from peerd.core.membership import ACTIVE_STATES, JobEntry, Membership, PeerRecord
 from peerd.daemon.discovery import Discovery
 from peerd.daemon.jobs import LocalJob, WorkerLaunch
 from peerd.daemon.notify import sd_notify, watchdog_interval_s
@@ -198,7 +198,7 @@ class Daemon:
         )
 
     def _txt(self) -> dict[str, str]:
-        running = sorted(n for n, j in self.jobs.items() if j.state in ("starting", "running", "restarting"))
+        running = sorted(n for n, j in self.jobs.items() if j.state in ACTIVE_STATES)
         return {"id": self.peer_id, "v": __version__, "realm": self.config.realm, "addr": self.peer_address,
                 "loc": self.config.locality, "jobs": ",".join(running)}
 
@@ -258,7 +258,8 @@ class Daemon:
                  for p, a in self.membership.job_view(job.spec.name, job.spec.fingerprint)]
         if job.worker_address:
             peers.append(control_pb2.PeerEndpoint(peer_id=self.peer_id, address=job.worker_address))
-        return control_pb2.WorkerView(peers=peers, stop=job.stop_requested)
+        members = [*self.membership.job_members(job.spec.name, job.spec.fingerprint), self.peer_id]
+        return control_pb2.WorkerView(peers=peers, members=members, stop=job.stop_requested)
 
     # ---- control API -------------------------------------------------------
 
@@ -289,7 +290,7 @@ class Daemon:
     def list_jobs(self) -> control_pb2.ListJobsReply:
         jobs = self.membership.jobs()
         for name, j in self.jobs.items():
-            if j.state in ("starting", "running", "restarting"):
+            if j.state in ACTIVE_STATES:
                 jobs.setdefault((name, j.spec.fingerprint), []).insert(0, self.peer_id)
         return control_pb2.ListJobsReply(jobs=[
             control_pb2.JobInfo(name=name, spec_fingerprint=fp, peer_ids=peers,

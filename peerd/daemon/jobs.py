@@ -20,6 +20,8 @@ from peerd.jobspec import JobSpec
 from peerd.proto.v1 import control_pb2
 
 log = logging.getLogger("peerd.jobs")
+# Worker exit codes (peerd.worker.main); anything else is a crash and is restarted.
+EXIT_FINISHED = 0
 EXIT_CONFIG = 2
 STOP_GRACE_S = 10.0
 DRAIN_TIMEOUT_S = 120.0
@@ -92,7 +94,7 @@ class LocalJob:
             if self._stopping or self.stop_requested:
                 self.state = "stopped"
                 return
-            if code == 0 and self.progress.finished:
+            if code == EXIT_FINISHED:
                 self.state = "finished"
                 log.info("job %s finished: test accuracy %.4f", self.spec.name, self.progress.test_accuracy)
                 return

@@ -28,6 +28,7 @@ class RoundResult:
     disagreement: float = float("nan")
     seconds: float = 0.0
     ahead_round: int = -1  # highest round a partner said it was in, if ahead of us
+    ahead_peer: str = ""  # the partner that said so
     errors: dict[str, str] = field(default_factory=dict)
 
 
@@ -65,8 +66,8 @@ async def gossip_round(
         exc = exc or task.exception()
         if exc is not None:
             result.misses += 1
-            if isinstance(exc, RoundMismatch) and exc.current_round > plan.round:
-                result.ahead_round = max(result.ahead_round, exc.current_round)
+            if isinstance(exc, RoundMismatch) and exc.current_round > max(plan.round, result.ahead_round):
+                result.ahead_round, result.ahead_peer = exc.current_round, source
             if not isinstance(exc, (PeerdError, TimeoutError)):
                 raise exc
             result.errors[source] = str(exc) or type(exc).__name__

@@ -31,7 +31,8 @@ class SupervisorLink:
         self.progress = control_pb2.Progress(
             loss=nan, samples_per_s=nan, test_accuracy=nan, disagreement=nan, exchange_s=nan
         )
-        self.view: dict[str, str] = {}
+        self.view: dict[str, str] = {}  # serving workers: peer id -> exchange address
+        self.members: list[str] = []  # every peer in the job, for the data split
         self.stop = False
 
     @property
@@ -50,6 +51,7 @@ class SupervisorLink:
             return False
         self._last_ok = time.monotonic()
         self.view = {p.peer_id: p.address for p in reply.peers}
+        self.members = list(reply.members)
         self.stop = self.stop or reply.stop
         return True
 

@@ -31,6 +31,11 @@ from peerd.worker.transport import GrpcTransport, start_exchange_server
 log = logging.getLogger("peerd.worker")
 
 HEARTBEAT_S = 0.5
+# Exit codes the daemon acts on (peerd.daemon.jobs): only a crash is restarted.
+EXIT_FINISHED = 0  # trained every epoch of the job
+EXIT_LEFT = 3  # left on the operator's request (drain)
+EXIT_STOPPED = 143  # stopped by a signal
+EXIT_CONFIG = 2  # the job cannot load here: restarting would not help
 CATCH_UP_ROUNDS = 10  # further behind than this, take a partner's state instead of stepping up
 
 
@@ -83,8 +88,11 @@ class Worker:
                 raise PeerdError("lost the daemon: no heartbeat answer; stopping")
             view = dict(self.link.view)
             view[self.me] = self.link.address
+            # Split the data among every member, also those still starting: they
+            # will read their shares once they serve.
+            members = sorted({*self.link.members, *view})
             for _ in range(self.spec.gossip.period_steps):
-                await asyncio.to_thread(self.trainer.step, list(view))
+                await asyncio.to_thread(self.trainer.step, members)
             self.round += 1
             await self.store.publish(self.round, self.trainer.step_count, self.trainer.flat.vector)
             result = await self._gossip(view)
@@ -120,15 +128,14 @@ class Worker:
 
     async def _catch_up(self, result: RoundResult, view: dict[str, str]) -> None:
         """A partner is rounds ahead: step up to its round, or take its state when far behind."""
-        if result.ahead_round - self.round > CATCH_UP_ROUNDS:
-            source = next((p for p in result.errors if p in view), None)
-            if source is not None:
-                try:
-                    round_, step, vector = await self.transport.fetch_state(view[source], self.deadline.ceiling_s)
-                    self.trainer.adopt(vector, step)
-                    log.info("took the state of %s at round %d (was at round %d)", source, round_, self.round)
-                except (PeerdError, ValueError) as exc:
-                    log.warning("could not take the state of %s: %s", source, exc)
+        source = result.ahead_peer
+        if result.ahead_round - self.round > CATCH_UP_ROUNDS and source in view:
+            try:
+                round_, step, vector = await self.transport.fetch_state(view[source], self.deadline.deadline())
+                self.trainer.adopt(vector, step)
+                log.info("took the state of %s at round %d (was at round %d)", source, round_, self.round)
+            except (PeerdError, ValueError) as exc:
+                log.warning("could not take the state of %s: %s", source, exc)
         self.round = max(self.round, result.ahead_round - 1)
 
     def _report(self, result: RoundResult | None, finished: bool = False) -> None:
@@ -176,8 +183,8 @@ async def amain(args: argparse.Namespace) -> int:
         await worker.run()
     except asyncio.CancelledError:
         log.info("stopped by signal at round %d", worker.round)
-        return 0
-    return 0
+        return EXIT_STOPPED
+    return EXIT_FINISHED if trainer.done else EXIT_LEFT
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -192,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         return uvloop.run(amain(args))
     except ConfigError as exc:
         log.error("%s", exc)
-        return 2  # the daemon does not restart a worker whose job cannot load
+        return EXIT_CONFIG
     except PeerdError as exc:
         log.error("%s", exc)
         return 1

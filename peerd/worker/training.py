@@ -55,9 +55,15 @@ class Trainer:
         self.spec = spec
         self.peer_id = peer_id
         torch.manual_seed(init_seed(spec, peer_id))
-        self.model: nn.Module = load_entry(spec.model, spec_dir)().float()
-        self.flat = FlatParams(self.model)
-        self.train_set, self.test_set = load_entry(spec.data, spec_dir)()
+        make_model, make_data = load_entry(spec.model, spec_dir), load_entry(spec.data, spec_dir)
+        try:
+            self.model: nn.Module = make_model().float()
+            self.flat = FlatParams(self.model)
+            self.train_set, self.test_set = make_data()
+        except Exception as exc:  # the job's own code: it will fail the same way on a restart
+            raise ConfigError(f"the job's model or data could not be built: {type(exc).__name__}: {exc}") from exc
+        if len(self.train_set) == 0 or len(self.test_set) == 0:
+            raise ConfigError(f"{spec.data} returned an empty training or test set")
         opt = spec.optimizer
         self.optimizer = torch.optim.SGD(
             self.model.parameters(), lr=opt.lr, momentum=opt.momentum,
@@ -68,6 +74,7 @@ class Trainer:
         self.epoch = 0
         self._shard: list[int] = []
         self._pos = 0
+        self._started = False
         self.loss_ema = math.nan
         self.speed_ema = math.nan  # samples/s of compute only
 
@@ -87,12 +94,15 @@ class Trainer:
         return base
 
     def _next_indices(self, members: Sequence[str]) -> list[int]:
-        if self._pos >= len(self._shard):
-            if self._shard:
+        while self._pos >= len(self._shard):
+            if self._started:
                 self.epoch += 1
-            # The view at the start of an epoch decides the split for that epoch.
+            if self.done:
+                return []
+            # The view at the start of an epoch decides the split for that epoch;
+            # a shard may be empty when peers outnumber samples.
             self._shard = my_shard(len(self.train_set), self.spec.name, self.epoch, members, self.peer_id)
-            self._pos = 0
+            self._pos, self._started = 0, True
         batch = self._shard[self._pos : self._pos + self.spec.local_batch]
         self._pos += len(batch)
         return batch
@@ -100,7 +110,10 @@ class Trainer:
     def step(self, members: Sequence[str]) -> float:
         """One optimizer step on the next local batch; returns the loss."""
         started = time.perf_counter()
-        x, y = _batch(self.train_set, self._next_indices(members))
+        indices = self._next_indices(members)
+        if not indices:
+            return math.nan
+        x, y = _batch(self.train_set, indices)
         for group in self.optimizer.param_groups:
             group["lr"] = self._lr()
         self.model.train()

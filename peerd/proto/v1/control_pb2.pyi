@@ -59,12 +59,14 @@ class PeerEndpoint(_message.Message):
     def __init__(self, peer_id: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
 
 class WorkerView(_message.Message):
-    __slots__ = ("peers", "stop")
+    __slots__ = ("peers", "stop", "members")
     PEERS_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
     peers: _containers.RepeatedCompositeFieldContainer[PeerEndpoint]
     stop: bool
-    def __init__(self, peers: _Optional[_Iterable[_Union[PeerEndpoint, _Mapping]]] = ..., stop: _Optional[bool] = ...) -> None: ...
+    members: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, peers: _Optional[_Iterable[_Union[PeerEndpoint, _Mapping]]] = ..., stop: _Optional[bool] = ..., members: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()

@@ -1,0 +1,60 @@
+"""The worker's local half: model loading errors, data shards, epochs."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from peerd.errors import ConfigError
+from peerd.jobspec import parse_job
+from peerd.worker.training import Trainer
+
+JOBCODE = str(Path(__file__).parent / "jobcode")
+
+
+def spec(model: str = "tiny_job:make_model", data: str = "tiny_job:make_data", **job):
+    extra = "".join(f"{k} = {v}\n" for k, v in job.items())
+    return parse_job(f'[job]\nname = "tiny"\nmodel = "{model}"\ndata = "{data}"\nlocal_batch = 2\n{extra}', "test")
+
+
+def test_one_epoch_reads_exactly_this_peers_shard():
+    members = ["a", "b"]
+    trainers = [Trainer(spec(epochs=1), me, JOBCODE) for me in members]
+    for t in trainers:
+        while not t.done:
+            t.step(members)
+    assert [t.samples for t in trainers] == [3, 3]
+    assert all(t.progress == 1.0 for t in trainers)
+
+
+def test_more_peers_than_samples_still_finishes():
+    members = [f"p{i}" for i in range(10)]
+    t = Trainer(spec(epochs=2), "p0", JOBCODE)
+    for _ in range(20):
+        if t.done:
+            break
+        t.step(members)
+    assert t.done and t.samples <= 2
+
+
+def test_training_changes_the_flat_vector_the_params_view():
+    t = Trainer(spec(epochs=1), "a", JOBCODE)
+    before = t.flat.vector.clone()
+    loss = t.step(["a"])
+    assert not math.isnan(loss)
+    assert not torch.equal(before, t.flat.vector)
+    assert t.model.weight.data_ptr() == t.flat.vector.data_ptr()
+
+
+@pytest.mark.parametrize("entry, message", [
+    ("no_such_module:make_model", "no module named 'no_such_module'"),
+    ("tiny_job:missing", "has no 'missing'"),
+    ("tiny_job:broken_model", "no GPU of that kind here"),
+    ("tiny_job:no_params_model", "no trainable parameters"),
+])
+def test_a_job_that_cannot_load_is_a_config_error(entry, message):
+    with pytest.raises(ConfigError, match=message):
+        Trainer(spec(model=entry), "a", JOBCODE)
