@@ -190,7 +190,7 @@ def test_job_view_follows_updates():
 
 names = st.sampled_from(["mnist", "cifar"])
 fps = st.sampled_from(["fp1", "fp2"])
-states = st.sampled_from(["starting", "running", "stopped", "failed"])
+states = st.sampled_from(["starting", "running", "restarting", "stopped", "failed"])
 addrs = st.sampled_from(["", "h:1", "h:2"])
 entries = st.builds(JobEntry, name=names, spec_fingerprint=fps, worker_address=addrs, round=st.integers(0, 5), state=states)
 records = st.builds(
@@ -262,8 +262,10 @@ def test_jobs_property(recs):
     expected: dict = {}
     for pid in sorted(latest):
         for e in latest[pid].jobs:
-            if e.state in ("starting", "running"):
-                expected.setdefault((e.name, e.spec_fingerprint), []).append(pid)
+            if e.state in ("starting", "running", "restarting"):
+                ids = expected.setdefault((e.name, e.spec_fingerprint), [])
+                if pid not in ids:  # a peer is listed once per job
+                    ids.append(pid)
     assert m.jobs() == expected
     for ids in m.jobs().values():
         assert ids == sorted(ids)
