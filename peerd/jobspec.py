@@ -26,6 +26,8 @@ class OptimizerSpec:
     weight_decay: float = 0.0
     nesterov: bool = False
     schedule: str = "cosine"  # "constant" or "cosine" (to 0 over the job's epochs)
+    reference_batch: int = 0  # global batch `lr` is meant for; 0: no scaling with the peer count
+    ramp_steps: int = 8  # T of Dynamic mini-batch SGD: ramp over T·max(k, 1/k) steps
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,9 @@ def parse_job(text: str, source: str) -> JobSpec:
             nesterov=opt.get("nesterov", bool, False),
             schedule=opt.get("schedule", str, "cosine", check=lambda v: v in ("constant", "cosine"),
                              expect="'constant' or 'cosine'"),
+            reference_batch=opt.get("reference_batch", int, 0, check=lambda v: 0 <= v <= 1 << 24,
+                                    expect="an integer ≥ 0 (0: no scaling)"),
+            ramp_steps=opt.get("ramp_steps", int, 8, check=lambda v: 0 <= v <= 100_000, expect="an integer ≥ 0"),
         ),
         gossip=GossipSpec(
             period_steps=gossip.get("period_steps", int, 1, **positive),

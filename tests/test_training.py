@@ -58,3 +58,24 @@ def test_training_changes_the_flat_vector_the_params_view():
 def test_a_job_that_cannot_load_is_a_config_error(entry, message):
     with pytest.raises(ConfigError, match=message):
         Trainer(spec(model=entry), "a", JOBCODE)
+
+
+def test_more_peers_ramp_the_lr_up_smoothly_and_keep_momentum():
+    job = spec(epochs=100)
+    text = ('[job]\nname = "tiny"\nmodel = "tiny_job:make_model"\ndata = "tiny_job:make_data"\n'
+            'local_batch = 2\nepochs = 100\n[optimizer]\nlr = 0.1\nschedule = "constant"\n'
+            'reference_batch = 4\nramp_steps = 8\n')
+    job = parse_job(text, "test")
+    t = Trainer(job, "a", JOBCODE)
+    for _ in range(3):
+        t.step(["a", "b"])  # global batch 4 = reference: lr as written
+    assert t.lr == pytest.approx(0.1)
+    momentum = t.optimizer.state[t.model.weight]["momentum_buffer"].clone()
+    lrs = [(t.step(["a", "b", "c", "d"]), t.lr)[1] for _ in range(20)]  # batch ×2: ramp over 16 steps
+    assert lrs[0] == pytest.approx(0.1)
+    assert lrs[8] == pytest.approx(0.15)
+    assert lrs[16:] == pytest.approx([0.2] * 4)
+    assert all(b >= a for a, b in zip(lrs, lrs[1:]))
+    # The momentum buffer was carried on, not reset: it still has the old direction in it.
+    assert torch.nn.functional.cosine_similarity(
+        momentum.flatten(), t.optimizer.state[t.model.weight]["momentum_buffer"].flatten(), dim=0) > 0

@@ -10,13 +10,13 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import logging
-import math
 import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from peerd.jobspec import JobSpec
+from peerd.progress import empty_progress
 from peerd.proto.v1 import control_pb2
 
 log = logging.getLogger("peerd.jobs")
@@ -57,11 +57,6 @@ class WorkerLaunch:
         ]
 
 
-def _empty_progress() -> control_pb2.Progress:
-    nan = math.nan
-    return control_pb2.Progress(loss=nan, samples_per_s=nan, test_accuracy=nan, disagreement=nan, exchange_s=nan)
-
-
 @dataclass
 class LocalJob:
     spec: JobSpec
@@ -72,7 +67,7 @@ class LocalJob:
     restarts: int = 0
     worker_address: str = ""
     worker_fingerprint: str = ""
-    progress: control_pb2.Progress = field(default_factory=_empty_progress)
+    progress: control_pb2.Progress = field(default_factory=empty_progress)
     stop_requested: bool = False  # drain: the worker leaves after its current round
     _process: asyncio.subprocess.Process | None = None
     _task: asyncio.Task | None = None

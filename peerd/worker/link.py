@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 
 import grpc
 
+from peerd.progress import empty_progress
 from peerd.proto.v1 import control_pb2, control_pb2_grpc
 
 log = logging.getLogger("peerd.worker")
@@ -27,10 +27,7 @@ class SupervisorLink:
         self._orphan_after_s = orphan_after_s
         self._last_ok = time.monotonic()
         self.address = ""
-        nan = math.nan
-        self.progress = control_pb2.Progress(
-            loss=nan, samples_per_s=nan, test_accuracy=nan, disagreement=nan, exchange_s=nan
-        )
+        self.progress = empty_progress()
         self.view: dict[str, str] = {}  # serving workers: peer id -> exchange address
         self.members: list[str] = []  # every peer in the job, for the data split
         self.stop = False

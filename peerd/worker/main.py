@@ -143,7 +143,7 @@ class Worker:
         p = control_pb2.Progress(
             step=t.step_count, round=self.round, epoch=t.epoch, loss=t.loss_ema,
             samples_per_s=t.speed_ema, test_accuracy=self.accuracy, samples=t.samples,
-            segment_misses=self.misses, finished=finished, disagreement=math.nan, exchange_s=math.nan,
+            segment_misses=self.misses, finished=finished, disagreement=math.nan, exchange_s=math.nan, lr=t.lr,
         )
         if result is not None:
             p.partners_reached = len(result.reached)

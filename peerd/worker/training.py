@@ -7,6 +7,7 @@ serving partners while it computes.
 from __future__ import annotations
 
 import importlib
+import logging
 import math
 import os
 import sys
@@ -18,11 +19,14 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset, default_collate
 
+from peerd.core.lr import ScaleRamp, cosine
 from peerd.core.partition import my_shard
 from peerd.core.rng import derive_seed
 from peerd.errors import ConfigError
 from peerd.jobspec import JobSpec
 from peerd.worker.flat import FlatParams
+
+log = logging.getLogger("peerd.worker")
 
 
 def load_entry(entry: str, spec_dir: str = ""):
@@ -77,6 +81,8 @@ class Trainer:
         self._started = False
         self.loss_ema = math.nan
         self.speed_ema = math.nan  # samples/s of compute only
+        self.ramp = ScaleRamp(opt.reference_batch, opt.ramp_steps)
+        self.lr = math.nan
 
     @property
     def progress(self) -> float:
@@ -87,11 +93,14 @@ class Trainer:
     def done(self) -> bool:
         return self.progress >= self.spec.epochs
 
-    def _lr(self) -> float:
-        base = self.spec.optimizer.lr
-        if self.spec.optimizer.schedule == "cosine":
-            return base * 0.5 * (1.0 + math.cos(math.pi * min(1.0, self.progress / self.spec.epochs)))
-        return base
+    def _lr(self, members: Sequence[str]) -> float:
+        """Schedule × linear-scaling multiplier, ramped when the global batch changes."""
+        opt = self.spec.optimizer
+        if self.ramp.set_batch(self.spec.local_batch * len(set(members)), self.step_count):
+            log.info("global batch now %d: LR scale ramps to %.3f", self.ramp.batch,
+                     self.ramp.batch / opt.reference_batch)
+        decay = cosine(self.progress / self.spec.epochs) if opt.schedule == "cosine" else 1.0
+        return opt.lr * decay * self.ramp.scale(self.step_count)
 
     def _next_indices(self, members: Sequence[str]) -> list[int]:
         while self._pos >= len(self._shard):
@@ -114,8 +123,9 @@ class Trainer:
         if not indices:
             return math.nan
         x, y = _batch(self.train_set, indices)
-        for group in self.optimizer.param_groups:
-            group["lr"] = self._lr()
+        self.lr = self._lr(members)
+        for group in self.optimizer.param_groups:  # momentum buffers are kept as they are
+            group["lr"] = self.lr
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         loss = nn.functional.cross_entropy(self.model(x), y)

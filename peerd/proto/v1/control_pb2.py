@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cpeerd/proto/v1/control.proto\x12\x08peerd.v1\"\x8b\x02\n\x08Progress\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\r\n\x05round\x18\x02 \x01(\x04\x12\r\n\x05\x65poch\x18\x03 \x01(\r\x12\x0c\n\x04loss\x18\x04 \x01(\x01\x12\x15\n\rsamples_per_s\x18\x05 \x01(\x01\x12\x18\n\x10partners_reached\x18\x06 \x01(\r\x12\x18\n\x10partners_planned\x18\x07 \x01(\r\x12\x15\n\rtest_accuracy\x18\x08 \x01(\x01\x12\x14\n\x0c\x64isagreement\x18\t \x01(\x01\x12\x0f\n\x07samples\x18\n \x01(\x04\x12\x16\n\x0esegment_misses\x18\x0b \x01(\x04\x12\x10\n\x08\x66inished\x18\x0c \x01(\x08\x12\x12\n\nexchange_s\x18\r \x01(\x01\"t\n\x0cWorkerReport\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x05\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x04 \x01(\t\x12$\n\x08progress\x18\x05 \x01(\x0b\x32\x12.peerd.v1.Progress\"0\n\x0cPeerEndpoint\x12\x0f\n\x07peer_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"R\n\nWorkerView\x12%\n\x05peers\x18\x01 \x03(\x0b\x32\x16.peerd.v1.PeerEndpoint\x12\x0c\n\x04stop\x18\x02 \x01(\x08\x12\x0f\n\x07members\x18\x03 \x03(\t\"\x0f\n\rStatusRequest\"\xb2\x01\n\x08LocalJob\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x18\n\x10spec_fingerprint\x18\x03 \x01(\t\x12\x12\n\nworker_pid\x18\x04 \x01(\x05\x12\x10\n\x08restarts\x18\x05 \x01(\r\x12\x11\n\tview_size\x18\x06 \x01(\r\x12$\n\x08progress\x18\x07 \x01(\x0b\x32\x12.peerd.v1.Progress\x12\x10\n\x08log_path\x18\x08 \x01(\t\"\xa0\x01\n\x0bStatusReply\x12\x0f\n\x07peer_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x10\n\x08uptime_s\x18\x03 \x01(\x01\x12\x14\n\x0cpeer_address\x18\x04 \x01(\t\x12\x10\n\x08locality\x18\x05 \x01(\t\x12\x13\n\x0bpeers_known\x18\x06 \x01(\r\x12 \n\x04jobs\x18\x07 \x03(\x0b\x32\x12.peerd.v1.LocalJob\"\x12\n\x10ListPeersRequest\"r\n\x08PeerInfo\x12\x0f\n\x07peer_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x10\n\x08locality\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\x0c\n\x04jobs\x18\x05 \x03(\t\x12\x13\n\x0blast_seen_s\x18\x06 \x01(\x01\"3\n\x0eListPeersReply\x12!\n\x05peers\x18\x01 \x03(\x0b\x32\x12.peerd.v1.PeerInfo\"\x11\n\x0fListJobsRequest\"R\n\x07JobInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x18\n\x10spec_fingerprint\x18\x02 \x01(\t\x12\x10\n\x08peer_ids\x18\x03 \x03(\t\x12\r\n\x05local\x18\x04 \x01(\x08\"0\n\rListJobsReply\x12\x1f\n\x04jobs\x18\x01 \x03(\x0b\x32\x11.peerd.v1.JobInfo\"2\n\x0bJoinRequest\x12\x11\n\tspec_toml\x18\x01 \x01(\t\x12\x10\n\x08spec_dir\x18\x02 \x01(\t\"3\n\tJoinReply\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x18\n\x10spec_fingerprint\x18\x02 \x01(\t\"+\n\x0cLeaveRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64rain\x18\x02 \x01(\x08\"\x0c\n\nLeaveReply2\xb1\x02\n\x07\x43ontrol\x12\x38\n\x06Status\x12\x17.peerd.v1.StatusRequest\x1a\x15.peerd.v1.StatusReply\x12\x41\n\tListPeers\x12\x1a.peerd.v1.ListPeersRequest\x1a\x18.peerd.v1.ListPeersReply\x12>\n\x08ListJobs\x12\x19.peerd.v1.ListJobsRequest\x1a\x17.peerd.v1.ListJobsReply\x12\x32\n\x04Join\x12\x15.peerd.v1.JoinRequest\x1a\x13.peerd.v1.JoinReply\x12\x35\n\x05Leave\x12\x16.peerd.v1.LeaveRequest\x1a\x14.peerd.v1.LeaveReply2G\n\nSupervisor\x12\x39\n\tHeartbeat\x12\x16.peerd.v1.WorkerReport\x1a\x14.peerd.v1.WorkerViewb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cpeerd/proto/v1/control.proto\x12\x08peerd.v1\"\x97\x02\n\x08Progress\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\r\n\x05round\x18\x02 \x01(\x04\x12\r\n\x05\x65poch\x18\x03 \x01(\r\x12\x0c\n\x04loss\x18\x04 \x01(\x01\x12\x15\n\rsamples_per_s\x18\x05 \x01(\x01\x12\x18\n\x10partners_reached\x18\x06 \x01(\r\x12\x18\n\x10partners_planned\x18\x07 \x01(\r\x12\x15\n\rtest_accuracy\x18\x08 \x01(\x01\x12\x14\n\x0c\x64isagreement\x18\t \x01(\x01\x12\x0f\n\x07samples\x18\n \x01(\x04\x12\x16\n\x0esegment_misses\x18\x0b \x01(\x04\x12\x10\n\x08\x66inished\x18\x0c \x01(\x08\x12\x12\n\nexchange_s\x18\r \x01(\x01\x12\n\n\x02lr\x18\x0e \x01(\x01\"t\n\x0cWorkerReport\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x05\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x04 \x01(\t\x12$\n\x08progress\x18\x05 \x01(\x0b\x32\x12.peerd.v1.Progress\"0\n\x0cPeerEndpoint\x12\x0f\n\x07peer_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"R\n\nWorkerView\x12%\n\x05peers\x18\x01 \x03(\x0b\x32\x16.peerd.v1.PeerEndpoint\x12\x0c\n\x04stop\x18\x02 \x01(\x08\x12\x0f\n\x07members\x18\x03 \x03(\t\"\x0f\n\rStatusRequest\"\xb2\x01\n\x08LocalJob\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x18\n\x10spec_fingerprint\x18\x03 \x01(\t\x12\x12\n\nworker_pid\x18\x04 \x01(\x05\x12\x10\n\x08restarts\x18\x05 \x01(\r\x12\x11\n\tview_size\x18\x06 \x01(\r\x12$\n\x08progress\x18\x07 \x01(\x0b\x32\x12.peerd.v1.Progress\x12\x10\n\x08log_path\x18\x08 \x01(\t\"\xa0\x01\n\x0bStatusReply\x12\x0f\n\x07peer_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x10\n\x08uptime_s\x18\x03 \x01(\x01\x12\x14\n\x0cpeer_address\x18\x04 \x01(\t\x12\x10\n\x08locality\x18\x05 \x01(\t\x12\x13\n\x0bpeers_known\x18\x06 \x01(\r\x12 \n\x04jobs\x18\x07 \x03(\x0b\x32\x12.peerd.v1.LocalJob\"\x12\n\x10ListPeersRequest\"r\n\x08PeerInfo\x12\x0f\n\x07peer_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x10\n\x08locality\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\x0c\n\x04jobs\x18\x05 \x03(\t\x12\x13\n\x0blast_seen_s\x18\x06 \x01(\x01\"3\n\x0eListPeersReply\x12!\n\x05peers\x18\x01 \x03(\x0b\x32\x12.peerd.v1.PeerInfo\"\x11\n\x0fListJobsRequest\"R\n\x07JobInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x18\n\x10spec_fingerprint\x18\x02 \x01(\t\x12\x10\n\x08peer_ids\x18\x03 \x03(\t\x12\r\n\x05local\x18\x04 \x01(\x08\"0\n\rListJobsReply\x12\x1f\n\x04jobs\x18\x01 \x03(\x0b\x32\x11.peerd.v1.JobInfo\"2\n\x0bJoinRequest\x12\x11\n\tspec_toml\x18\x01 \x01(\t\x12\x10\n\x08spec_dir\x18\x02 \x01(\t\"3\n\tJoinReply\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x18\n\x10spec_fingerprint\x18\x02 \x01(\t\"+\n\x0cLeaveRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64rain\x18\x02 \x01(\x08\"\x0c\n\nLeaveReply2\xb1\x02\n\x07\x43ontrol\x12\x38\n\x06Status\x12\x17.peerd.v1.StatusRequest\x1a\x15.peerd.v1.StatusReply\x12\x41\n\tListPeers\x12\x1a.peerd.v1.ListPeersRequest\x1a\x18.peerd.v1.ListPeersReply\x12>\n\x08ListJobs\x12\x19.peerd.v1.ListJobsRequest\x1a\x17.peerd.v1.ListJobsReply\x12\x32\n\x04Join\x12\x15.peerd.v1.JoinRequest\x1a\x13.peerd.v1.JoinReply\x12\x35\n\x05Leave\x12\x16.peerd.v1.LeaveRequest\x1a\x14.peerd.v1.LeaveReply2G\n\nSupervisor\x12\x39\n\tHeartbeat\x12\x16.peerd.v1.WorkerReport\x1a\x14.peerd.v1.WorkerViewb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,41 +32,41 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'peerd.proto.v1.control_pb2'
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PROGRESS']._serialized_start=43
-  _globals['_PROGRESS']._serialized_end=310
-  _globals['_WORKERREPORT']._serialized_start=312
-  _globals['_WORKERREPORT']._serialized_end=428
-  _globals['_PEERENDPOINT']._serialized_start=430
-  _globals['_PEERENDPOINT']._serialized_end=478
-  _globals['_WORKERVIEW']._serialized_start=480
-  _globals['_WORKERVIEW']._serialized_end=562
-  _globals['_STATUSREQUEST']._serialized_start=564
-  _globals['_STATUSREQUEST']._serialized_end=579
-  _globals['_LOCALJOB']._serialized_start=582
-  _globals['_LOCALJOB']._serialized_end=760
-  _globals['_STATUSREPLY']._serialized_start=763
-  _globals['_STATUSREPLY']._serialized_end=923
-  _globals['_LISTPEERSREQUEST']._serialized_start=925
-  _globals['_LISTPEERSREQUEST']._serialized_end=943
-  _globals['_PEERINFO']._serialized_start=945
-  _globals['_PEERINFO']._serialized_end=1059
-  _globals['_LISTPEERSREPLY']._serialized_start=1061
-  _globals['_LISTPEERSREPLY']._serialized_end=1112
-  _globals['_LISTJOBSREQUEST']._serialized_start=1114
-  _globals['_LISTJOBSREQUEST']._serialized_end=1131
-  _globals['_JOBINFO']._serialized_start=1133
-  _globals['_JOBINFO']._serialized_end=1215
-  _globals['_LISTJOBSREPLY']._serialized_start=1217
-  _globals['_LISTJOBSREPLY']._serialized_end=1265
-  _globals['_JOINREQUEST']._serialized_start=1267
-  _globals['_JOINREQUEST']._serialized_end=1317
-  _globals['_JOINREPLY']._serialized_start=1319
-  _globals['_JOINREPLY']._serialized_end=1370
-  _globals['_LEAVEREQUEST']._serialized_start=1372
-  _globals['_LEAVEREQUEST']._serialized_end=1415
-  _globals['_LEAVEREPLY']._serialized_start=1417
-  _globals['_LEAVEREPLY']._serialized_end=1429
-  _globals['_CONTROL']._serialized_start=1432
-  _globals['_CONTROL']._serialized_end=1737
-  _globals['_SUPERVISOR']._serialized_start=1739
-  _globals['_SUPERVISOR']._serialized_end=1810
+  _globals['_PROGRESS']._serialized_end=322
+  _globals['_WORKERREPORT']._serialized_start=324
+  _globals['_WORKERREPORT']._serialized_end=440
+  _globals['_PEERENDPOINT']._serialized_start=442
+  _globals['_PEERENDPOINT']._serialized_end=490
+  _globals['_WORKERVIEW']._serialized_start=492
+  _globals['_WORKERVIEW']._serialized_end=574
+  _globals['_STATUSREQUEST']._serialized_start=576
+  _globals['_STATUSREQUEST']._serialized_end=591
+  _globals['_LOCALJOB']._serialized_start=594
+  _globals['_LOCALJOB']._serialized_end=772
+  _globals['_STATUSREPLY']._serialized_start=775
+  _globals['_STATUSREPLY']._serialized_end=935
+  _globals['_LISTPEERSREQUEST']._serialized_start=937
+  _globals['_LISTPEERSREQUEST']._serialized_end=955
+  _globals['_PEERINFO']._serialized_start=957
+  _globals['_PEERINFO']._serialized_end=1071
+  _globals['_LISTPEERSREPLY']._serialized_start=1073
+  _globals['_LISTPEERSREPLY']._serialized_end=1124
+  _globals['_LISTJOBSREQUEST']._serialized_start=1126
+  _globals['_LISTJOBSREQUEST']._serialized_end=1143
+  _globals['_JOBINFO']._serialized_start=1145
+  _globals['_JOBINFO']._serialized_end=1227
+  _globals['_LISTJOBSREPLY']._serialized_start=1229
+  _globals['_LISTJOBSREPLY']._serialized_end=1277
+  _globals['_JOINREQUEST']._serialized_start=1279
+  _globals['_JOINREQUEST']._serialized_end=1329
+  _globals['_JOINREPLY']._serialized_start=1331
+  _globals['_JOINREPLY']._serialized_end=1382
+  _globals['_LEAVEREQUEST']._serialized_start=1384
+  _globals['_LEAVEREQUEST']._serialized_end=1427
+  _globals['_LEAVEREPLY']._serialized_start=1429
+  _globals['_LEAVEREPLY']._serialized_end=1441
+  _globals['_CONTROL']._serialized_start=1444
+  _globals['_CONTROL']._serialized_end=1749
+  _globals['_SUPERVISOR']._serialized_start=1751
+  _globals['_SUPERVISOR']._serialized_end=1822
 # @@protoc_insertion_point(module_scope)
