@@ -67,5 +67,9 @@ class ControlClient:
     def join(self, spec_toml: str, spec_dir: str = "") -> control_pb2.JoinReply:
         return self._call("Join", control_pb2.JoinRequest(spec_toml=spec_toml, spec_dir=spec_dir))
 
+    def join_by_name(self, name: str) -> control_pb2.JoinReply:
+        """Join a job already running on the LAN, with the spec taken from a peer."""
+        return self._call("Join", control_pb2.JoinRequest(name=name))
+
     def leave(self, name: str, drain: bool = False) -> None:
         self._call("Leave", control_pb2.LeaveRequest(name=name, drain=drain), timeout=150.0)

@@ -94,6 +94,11 @@ async def test_bad_join_and_unknown_leave_are_clear_errors(daemons):
         await a.join("[job]\nmodel = 'm:f'\ndata = 'm:g'\n", "")
     with pytest.raises(UnknownJob, match="nope"):
         await a.leave("nope", drain=False)
+    with pytest.raises(UnknownJob, match="peerctl jobs"):
+        await a.join_by_name("nope")
+    with pytest.raises(ConfigError, match="no module named 'surely_not_installed'"):
+        await a.join("[job]\nname = 'x'\nmodel = 'surely_not_installed.m:f'\ndata = 'peerd.examples.mnist:g'\n", "")
+    assert a.jobs == {}
 
 
 def test_the_control_plane_does_not_import_torch():

@@ -53,9 +53,15 @@ def test_three_daemons_discover_each_other_and_train_together(local_cluster):
     spec = parse_job(text, "e2e job")
     job_file = cluster.out / "job.toml"
     job_file.write_text(text)
-    for peer in cluster.peers:
-        out = peerctl(cluster, peer, "join", str(job_file))
+    out = peerctl(cluster, cluster.peers[0], "join", str(job_file))
+    assert out.returncode == 0, out.stderr
+    # The others join by name, with the spec taken from peer-0 and checked against its fingerprint.
+    for peer in cluster.peers[1:]:
+        wait_for(lambda: any(j.name == "e2e" for j in cluster.client(peer).jobs().jobs), 30,
+                 f"{peer.peer_id} to learn about the job")
+        out = peerctl(cluster, peer, "join", "e2e")
         assert out.returncode == 0, out.stderr
+        assert cluster.client(peer).status().jobs[0].spec_fingerprint == spec.fingerprint
 
     jobs = json.loads(peerctl(cluster, cluster.peers[1], "--json", "jobs").stdout)["jobs"]
     assert [j["name"] for j in jobs] == ["e2e"] and jobs[0]["local"]

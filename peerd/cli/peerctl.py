@@ -52,9 +52,12 @@ def cmd_jobs(client: ControlClient, args) -> tuple[object, str]:
 
 
 def cmd_join(client: ControlClient, args) -> tuple[object, str]:
-    path = Path(args.job_file)
-    spec, text = load_job(path)  # validate here, so errors name the user's file
-    reply = client.join(text, str(path.resolve().parent))
+    path = Path(args.job)
+    if path.suffix == ".toml" or path.exists():
+        spec, text = load_job(path)  # validate here, so errors name the user's file
+        reply = client.join(text, str(path.resolve().parent))
+    else:
+        reply = client.join_by_name(args.job)
     return reply, f"joined {reply.name} (fingerprint {reply.spec_fingerprint[:12]}); watch it with `peerctl status`"
 
 
@@ -77,8 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("status", parents=[common], help="this daemon and the jobs it runs, with progress").set_defaults(run=cmd_status)
     sub.add_parser("peers", parents=[common], help="other daemons this one sees").set_defaults(run=cmd_peers)
     sub.add_parser("jobs", parents=[common], help="jobs running on the LAN").set_defaults(run=cmd_jobs)
-    join = sub.add_parser("join", parents=[common], help="join (or start) the job described by JOB.toml")
-    join.add_argument("job_file", metavar="JOB.toml")
+    join = sub.add_parser("join", parents=[common], help="join (or start) a job: from a job file, or by the name of a job running on the LAN")
+    join.add_argument("job", metavar="JOB.toml|NAME",
+                      help="a job file, or the name of a running job (see `peerctl jobs`) whose spec is taken from its peers")
     join.set_defaults(run=cmd_join)
     leave = sub.add_parser("leave", parents=[common], help="leave a job")
     leave.add_argument("job", metavar="JOB", help="job name")

@@ -4,10 +4,13 @@ gRPC services, with a fixed start and stop order."""
 from __future__ import annotations
 
 import asyncio
+import importlib.machinery
+import importlib.util
 import logging
 import os
 import secrets
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -22,7 +25,7 @@ from peerd.daemon.discovery import Discovery
 from peerd.daemon.jobs import LocalJob, WorkerLaunch
 from peerd.daemon.notify import sd_notify, watchdog_interval_s
 from peerd.daemon.services import ControlServicer, PeerServicer, SupervisorServicer, hello_request
-from peerd.errors import ConfigError, JobMismatch, PeerdError, UnknownJob
+from peerd.errors import ConfigError, JobMismatch, PeerUnavailable, PeerdError, UnknownJob
 from peerd.jobspec import JobSpec, parse_job
 from peerd.proto.v1 import control_pb2, control_pb2_grpc, peer_pb2, peer_pb2_grpc
 
@@ -166,12 +169,15 @@ class Daemon:
             log.warning("peer %s timed out", peer_id)
         await self._announce_if_changed()
 
-    async def _hello(self, peer_id: str, address: str) -> None:
+    def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
             channel = self._channels[address] = grpc.aio.insecure_channel(address)
+        return channel
+
+    async def _hello(self, peer_id: str, address: str) -> None:
         try:
-            reply = await peer_pb2_grpc.PeerStub(channel).Hello(
+            reply = await peer_pb2_grpc.PeerStub(self._channel(address)).Hello(
                 hello_request(self.peer_id, self.peer_address, self.config.realm), timeout=HELLO_TIMEOUT_S
             )
         except grpc.aio.AioRpcError as exc:
@@ -210,8 +216,38 @@ class Daemon:
 
     # ---- jobs ------------------------------------------------------------
 
+    async def join_by_name(self, name: str) -> JobSpec:
+        """Join a job running on the LAN, with the spec taken from a peer that runs it."""
+        specs = {fp: peers for (n, fp), peers in self.membership.jobs().items() if n == name}
+        if not specs:
+            raise UnknownJob(f"no peer in realm {self.config.realm!r} runs job {name!r} (`peerctl jobs` lists them)")
+        if len(specs) > 1:
+            raise JobMismatch(f"job {name!r} runs with {len(specs)} different specs on the LAN; join with a job file")
+        [(fingerprint, peers)] = specs.items()
+        for peer_id in peers:
+            record = self.membership.get(peer_id)
+            try:
+                reply = await peer_pb2_grpc.PeerStub(self._channel(record.address)).GetJobSpec(
+                    peer_pb2.JobSpecRequest(name=name), timeout=HELLO_TIMEOUT_S)
+                spec = parse_job(reply.spec_toml, f"job spec from {peer_id}")
+            except (grpc.aio.AioRpcError, ConfigError) as exc:
+                log.warning("could not get the spec of %s from %s: %s", name, peer_id, exc)
+                continue
+            if spec.fingerprint != fingerprint:
+                log.warning("%s sent a spec of %s that does not match its fingerprint; ignored", peer_id, name)
+                continue
+            return await self.join(reply.spec_toml, "")
+        raise PeerUnavailable(f"none of {', '.join(peers)} sent the spec of job {name!r}")
+
+    def job_spec(self, name: str) -> peer_pb2.JobSpecReply:
+        job = self._job(name)
+        return peer_pb2.JobSpecReply(name=name, spec_toml=job.launch.spec_path.read_text(),
+                                     spec_fingerprint=job.spec.fingerprint)
+
     async def join(self, spec_toml: str, spec_dir: str) -> JobSpec:
         spec = parse_job(spec_toml, "job spec")
+        for entry in (spec.model, spec.data):
+            check_importable(entry, spec_dir)
         current = self.jobs.get(spec.name)
         if current is not None and current.state not in ("finished", "failed", "stopped"):
             raise ConfigError(f"this peer already runs job {spec.name!r} (state {current.state})")
@@ -297,6 +333,19 @@ class Daemon:
                                 local=self.peer_id in peers)
             for (name, fp), peers in sorted(jobs.items())
         ])
+
+
+def check_importable(entry: str, spec_dir: str) -> None:
+    """Fail a join early, with the module's name, when the job's code is not on
+    this machine. Only locates the top-level package: the daemon imports no job code."""
+    module = entry.partition(":")[0]
+    top = module.split(".")[0]
+    search = [spec_dir, *sys.path] if spec_dir else sys.path
+    if importlib.machinery.PathFinder.find_spec(top, search) is None and importlib.util.find_spec(top) is None:
+        raise ConfigError(
+            f"the job's code is not on this machine: no module named {top!r} (for {entry!r}); "
+            "install it, or put it next to the job file"
+        )
 
 
 async def _socket_answers(path: Path) -> bool:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from peerd import __version__
-from peerd.errors import ConfigError, JobMismatch, PeerdError, UnknownJob
+from peerd.errors import ConfigError, JobMismatch, PeerdError, PeerUnavailable, UnknownJob
 from peerd.proto.v1 import control_pb2, control_pb2_grpc, peer_pb2, peer_pb2_grpc
 
 if TYPE_CHECKING:
@@ -20,6 +20,7 @@ _CODES = {
     ConfigError: grpc.StatusCode.INVALID_ARGUMENT,
     JobMismatch: grpc.StatusCode.FAILED_PRECONDITION,
     UnknownJob: grpc.StatusCode.NOT_FOUND,
+    PeerUnavailable: grpc.StatusCode.UNAVAILABLE,
 }
 
 
@@ -37,6 +38,12 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
             self._daemon.learn_address(request.peer_id, request.address)
         return self._daemon.hello_reply()
 
+    async def GetJobSpec(self, request, context):
+        try:
+            return self._daemon.job_spec(request.name)
+        except PeerdError as exc:
+            await _abort(context, exc)
+
 
 class ControlServicer(control_pb2_grpc.ControlServicer):
     def __init__(self, daemon: Daemon) -> None:
@@ -53,7 +60,10 @@ class ControlServicer(control_pb2_grpc.ControlServicer):
 
     async def Join(self, request, context):
         try:
-            spec = await self._daemon.join(request.spec_toml, request.spec_dir)
+            if request.name:
+                spec = await self._daemon.join_by_name(request.name)
+            else:
+                spec = await self._daemon.join(request.spec_toml, request.spec_dir)
         except PeerdError as exc:
             await _abort(context, exc)
         return control_pb2.JoinReply(name=spec.name, spec_fingerprint=spec.fingerprint)

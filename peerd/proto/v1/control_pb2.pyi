@@ -161,12 +161,14 @@ class ListJobsReply(_message.Message):
     def __init__(self, jobs: _Optional[_Iterable[_Union[JobInfo, _Mapping]]] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
-    __slots__ = ("spec_toml", "spec_dir")
+    __slots__ = ("spec_toml", "spec_dir", "name")
     SPEC_TOML_FIELD_NUMBER: _ClassVar[int]
     SPEC_DIR_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
     spec_toml: str
     spec_dir: str
-    def __init__(self, spec_toml: _Optional[str] = ..., spec_dir: _Optional[str] = ...) -> None: ...
+    name: str
+    def __init__(self, spec_toml: _Optional[str] = ..., spec_dir: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
 
 class JoinReply(_message.Message):
     __slots__ = ("name", "spec_fingerprint")

@@ -24,29 +24,33 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19peerd/proto/v1/peer.proto\x12\x08peerd.v1\"P\n\x0cHelloRequest\x12\x0f\n\x07peer_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\r\n\x05realm\x18\x04 \x01(\t\"e\n\x05JobAd\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x18\n\x10spec_fingerprint\x18\x02 \x01(\t\x12\x16\n\x0eworker_address\x18\x03 \x01(\t\x12\r\n\x05round\x18\x04 \x01(\x04\x12\r\n\x05state\x18\x05 \x01(\t\"n\n\nHelloReply\x12\x0f\n\x07peer_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x10\n\x08locality\x18\x03 \x01(\t\x12\x1d\n\x04jobs\x18\x04 \x03(\x0b\x32\x0f.peerd.v1.JobAd\x12\r\n\x05realm\x18\x05 \x01(\t\"s\n\x0eSegmentRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\r\n\x05round\x18\x03 \x01(\x04\x12\x0f\n\x07segment\x18\x04 \x01(\r\x12\x0f\n\x07peer_id\x18\x05 \x01(\t\x12\x0e\n\x06wait_s\x18\x06 \x01(\x02\"[\n\x0cSegmentChunk\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0f\n\x07segment\x18\x02 \x01(\r\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\r\n\x05total\x18\x04 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\"A\n\x0cStateRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\x0f\n\x07peer_id\x18\x03 \x01(\t\"V\n\nStateChunk\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\r\n\x05total\x18\x04 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\x32=\n\x04Peer\x12\x35\n\x05Hello\x12\x16.peerd.v1.HelloRequest\x1a\x14.peerd.v1.HelloReply2\x8c\x01\n\x08\x45xchange\x12\x42\n\x0c\x46\x65tchSegment\x12\x18.peerd.v1.SegmentRequest\x1a\x16.peerd.v1.SegmentChunk0\x01\x12<\n\nFetchState\x12\x16.peerd.v1.StateRequest\x1a\x14.peerd.v1.StateChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19peerd/proto/v1/peer.proto\x12\x08peerd.v1\"\x1e\n\x0eJobSpecRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"I\n\x0cJobSpecReply\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tspec_toml\x18\x02 \x01(\t\x12\x18\n\x10spec_fingerprint\x18\x03 \x01(\t\"P\n\x0cHelloRequest\x12\x0f\n\x07peer_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\r\n\x05realm\x18\x04 \x01(\t\"e\n\x05JobAd\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x18\n\x10spec_fingerprint\x18\x02 \x01(\t\x12\x16\n\x0eworker_address\x18\x03 \x01(\t\x12\r\n\x05round\x18\x04 \x01(\x04\x12\r\n\x05state\x18\x05 \x01(\t\"n\n\nHelloReply\x12\x0f\n\x07peer_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x10\n\x08locality\x18\x03 \x01(\t\x12\x1d\n\x04jobs\x18\x04 \x03(\x0b\x32\x0f.peerd.v1.JobAd\x12\r\n\x05realm\x18\x05 \x01(\t\"s\n\x0eSegmentRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\r\n\x05round\x18\x03 \x01(\x04\x12\x0f\n\x07segment\x18\x04 \x01(\r\x12\x0f\n\x07peer_id\x18\x05 \x01(\t\x12\x0e\n\x06wait_s\x18\x06 \x01(\x02\"[\n\x0cSegmentChunk\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0f\n\x07segment\x18\x02 \x01(\r\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\r\n\x05total\x18\x04 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\"A\n\x0cStateRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\x0f\n\x07peer_id\x18\x03 \x01(\t\"V\n\nStateChunk\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\r\n\x05total\x18\x04 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\x32}\n\x04Peer\x12\x35\n\x05Hello\x12\x16.peerd.v1.HelloRequest\x1a\x14.peerd.v1.HelloReply\x12>\n\nGetJobSpec\x12\x18.peerd.v1.JobSpecRequest\x1a\x16.peerd.v1.JobSpecReply2\x8c\x01\n\x08\x45xchange\x12\x42\n\x0c\x46\x65tchSegment\x12\x18.peerd.v1.SegmentRequest\x1a\x16.peerd.v1.SegmentChunk0\x01\x12<\n\nFetchState\x12\x16.peerd.v1.StateRequest\x1a\x14.peerd.v1.StateChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'peerd.proto.v1.peer_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_HELLOREQUEST']._serialized_start=39
-  _globals['_HELLOREQUEST']._serialized_end=119
-  _globals['_JOBAD']._serialized_start=121
-  _globals['_JOBAD']._serialized_end=222
-  _globals['_HELLOREPLY']._serialized_start=224
-  _globals['_HELLOREPLY']._serialized_end=334
-  _globals['_SEGMENTREQUEST']._serialized_start=336
-  _globals['_SEGMENTREQUEST']._serialized_end=451
-  _globals['_SEGMENTCHUNK']._serialized_start=453
-  _globals['_SEGMENTCHUNK']._serialized_end=544
-  _globals['_STATEREQUEST']._serialized_start=546
-  _globals['_STATEREQUEST']._serialized_end=611
-  _globals['_STATECHUNK']._serialized_start=613
-  _globals['_STATECHUNK']._serialized_end=699
-  _globals['_PEER']._serialized_start=701
-  _globals['_PEER']._serialized_end=762
-  _globals['_EXCHANGE']._serialized_start=765
-  _globals['_EXCHANGE']._serialized_end=905
+  _globals['_JOBSPECREQUEST']._serialized_start=39
+  _globals['_JOBSPECREQUEST']._serialized_end=69
+  _globals['_JOBSPECREPLY']._serialized_start=71
+  _globals['_JOBSPECREPLY']._serialized_end=144
+  _globals['_HELLOREQUEST']._serialized_start=146
+  _globals['_HELLOREQUEST']._serialized_end=226
+  _globals['_JOBAD']._serialized_start=228
+  _globals['_JOBAD']._serialized_end=329
+  _globals['_HELLOREPLY']._serialized_start=331
+  _globals['_HELLOREPLY']._serialized_end=441
+  _globals['_SEGMENTREQUEST']._serialized_start=443
+  _globals['_SEGMENTREQUEST']._serialized_end=558
+  _globals['_SEGMENTCHUNK']._serialized_start=560
+  _globals['_SEGMENTCHUNK']._serialized_end=651
+  _globals['_STATEREQUEST']._serialized_start=653
+  _globals['_STATEREQUEST']._serialized_end=718
+  _globals['_STATECHUNK']._serialized_start=720
+  _globals['_STATECHUNK']._serialized_end=806
+  _globals['_PEER']._serialized_start=808
+  _globals['_PEER']._serialized_end=933
+  _globals['_EXCHANGE']._serialized_start=936
+  _globals['_EXCHANGE']._serialized_end=1076
 # @@protoc_insertion_point(module_scope)

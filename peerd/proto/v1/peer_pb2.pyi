@@ -6,6 +6,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class JobSpecRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class JobSpecReply(_message.Message):
+    __slots__ = ("name", "spec_toml", "spec_fingerprint")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SPEC_TOML_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    spec_toml: str
+    spec_fingerprint: str
+    def __init__(self, name: _Optional[str] = ..., spec_toml: _Optional[str] = ..., spec_fingerprint: _Optional[str] = ...) -> None: ...
+
 class HelloRequest(_message.Message):
     __slots__ = ("peer_id", "address", "version", "realm")
     PEER_ID_FIELD_NUMBER: _ClassVar[int]

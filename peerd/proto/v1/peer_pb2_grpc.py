@@ -41,6 +41,11 @@ class PeerStub:
                 request_serializer=peerd_dot_proto_dot_v1_dot_peer__pb2.HelloRequest.SerializeToString,
                 response_deserializer=peerd_dot_proto_dot_v1_dot_peer__pb2.HelloReply.FromString,
                 _registered_method=True)
+        self.GetJobSpec = channel.unary_unary(
+                '/peerd.v1.Peer/GetJobSpec',
+                request_serializer=peerd_dot_proto_dot_v1_dot_peer__pb2.JobSpecRequest.SerializeToString,
+                response_deserializer=peerd_dot_proto_dot_v1_dot_peer__pb2.JobSpecReply.FromString,
+                _registered_method=True)
 
 
 class PeerServicer:
@@ -54,6 +59,13 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetJobSpec(self, request, context):
+        """The job file of a job this daemon runs, for `peerctl join NAME` elsewhere.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -61,6 +73,11 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.Hello,
                     request_deserializer=peerd_dot_proto_dot_v1_dot_peer__pb2.HelloRequest.FromString,
                     response_serializer=peerd_dot_proto_dot_v1_dot_peer__pb2.HelloReply.SerializeToString,
+            ),
+            'GetJobSpec': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetJobSpec,
+                    request_deserializer=peerd_dot_proto_dot_v1_dot_peer__pb2.JobSpecRequest.FromString,
+                    response_serializer=peerd_dot_proto_dot_v1_dot_peer__pb2.JobSpecReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -92,6 +109,33 @@ class Peer:
             '/peerd.v1.Peer/Hello',
             peerd_dot_proto_dot_v1_dot_peer__pb2.HelloRequest.SerializeToString,
             peerd_dot_proto_dot_v1_dot_peer__pb2.HelloReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetJobSpec(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/peerd.v1.Peer/GetJobSpec',
+            peerd_dot_proto_dot_v1_dot_peer__pb2.JobSpecRequest.SerializeToString,
+            peerd_dot_proto_dot_v1_dot_peer__pb2.JobSpecReply.FromString,
             options,
             channel_credentials,
             insecure,
