@@ -159,3 +159,33 @@ def test_peerctl_without_a_daemon_says_so(tmp_path):
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 1
     assert "running" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_late_joiner_takes_the_state_from_the_running_peers(local_cluster):
+    cluster = local_cluster(3)
+    first, second, late = cluster.peers
+    wait_for(lambda: all(cluster.client(p).status().peers_known == 2 for p in cluster.peers), 30, "discovery")
+    text = example_job(job={"name": "elastic", "epochs": 12, "eval_every_rounds": 20})
+    for peer in (first, second):
+        cluster.client(peer).join(text)
+
+    def round_of(peer):
+        jobs = cluster.client(peer).status().jobs
+        return jobs[0].progress.round if jobs else 0
+
+    wait_for(lambda: min(round_of(first), round_of(second)) >= 40, 120, "the first two peers to train 40 rounds")
+    cluster.client(late).join_by_name("elastic")
+
+    def finished():
+        jobs = [cluster.client(p).status().jobs[0] for p in cluster.peers]
+        assert all(j.state not in ("failed", "restarting") for j in jobs), jobs
+        return all(j.state == "finished" for j in jobs) and jobs
+
+    jobs = wait_for(finished, 300, "all three to finish")
+    log = (late.dir / "state" / "jobs" / "elastic" / "worker.log").read_text()
+    assert "joining: took the state of round" in log and "from peer-0, peer-1" in log, log[:3000]
+    # It continued from the job's step count and schedule position, not from zero ...
+    assert jobs[2].progress.step > 40
+    # ... and ended as good as the others.
+    assert jobs[2].progress.test_accuracy > 0.8
+    assert abs(jobs[2].progress.test_accuracy - jobs[0].progress.test_accuracy) < 0.05

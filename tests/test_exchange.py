@@ -7,11 +7,12 @@ import asyncio
 import pytest
 import torch
 
-from peerd.core.segments import split_even
+from peerd.core.segments import Span, split_even
 from peerd.core.topology import plan_round
 from peerd.errors import JobMismatch, PeerUnavailable, RoundMismatch
 from peerd.worker.gossip import gossip_round
 from peerd.worker.snapshots import Identity, SegmentServer, SnapshotStore
+from peerd.worker.state import StateBoard, StateMeta, StatePart, StateServer, digest, pull_state, verify_part
 from peerd.worker.transport import GrpcTransport, MemoryTransport, start_exchange_server
 
 NUMEL = 10_007  # not a multiple of the segment or chunk size
@@ -25,6 +26,8 @@ class Peer:
         self.vector = vector.clone()
         self.store = SnapshotStore(NUMEL)
         self.server = SegmentServer(self.identity, self.store, SEGMENTS, CHUNK)
+        self.board = StateBoard(NUMEL)
+        self.state = StateServer(self.identity, self.board, self.store, CHUNK)
         self.layout = split_even(NUMEL, SEGMENTS)
         self.recv = torch.empty(NUMEL)
 
@@ -59,7 +62,7 @@ async def grpc_pair():
     a, b = two_peers()
     servers, addresses = [], {}
     for peer in (a, b):
-        server, address = await start_exchange_server(peer.server, "127.0.0.1")
+        server, address = await start_exchange_server(peer.server, peer.state, "127.0.0.1")
         servers.append(server)
         addresses[peer.identity.peer_id] = address
         assert address.startswith("127.0.0.1:")
@@ -105,7 +108,7 @@ async def test_wrong_fingerprint_is_refused_and_nothing_is_applied(grpc_pair):
         with pytest.raises(JobMismatch, match="fingerprint"):
             await intruder.fetch_segment(addresses["b"], 1, 0, out, timeout=2.0)
         with pytest.raises(JobMismatch):
-            await intruder.fetch_state(addresses["b"], timeout=2.0)
+            await intruder.fetch_state(addresses["b"], Span(0, 10), timeout=2.0)
     finally:
         await intruder.aclose()
     assert not out.any()
@@ -128,12 +131,59 @@ async def test_a_dead_partner_costs_only_the_deadline_and_keeps_own_values(grpc_
     torch.testing.assert_close(a.vector, before)
 
 
-async def test_state_fetch_returns_the_latest_snapshot(grpc_pair):
+async def donate(peer: Peer, round_: int, step: int, progress: float) -> asyncio.Task:
+    """Act as a donor's round loop: capture the state as soon as someone wants it."""
+    async def loop():
+        while not peer.board.wanted:
+            await asyncio.sleep(0.01)
+        momentum = torch.full((NUMEL,), 0.5)
+        await peer.board.capture([peer.vector, momentum], StateMeta(round_, step, progress))
+
+    await peer.store.publish(round_, step, peer.vector)
+    return asyncio.create_task(loop())
+
+
+async def test_a_joiner_pulls_the_state_from_two_donors_in_parallel(grpc_pair):
+    a, b, addresses, (ta, tb) = grpc_pair
+    c = Peer("c", torch.zeros(NUMEL))
+    server, address_c = await start_exchange_server(c.server, c.state, "127.0.0.1")
+    joiner = GrpcTransport(Identity("job", "fp", "j"))
+    try:
+        tasks = [await donate(a, 7, 70, 2.5), await donate(b, 8, 80, 2.75)]
+        vector, meta, used = await pull_state(joiner, {"a": addresses["a"], "b": addresses["b"]}, 2 * NUMEL, 5.0)
+        await asyncio.gather(*tasks)
+    finally:
+        await joiner.aclose()
+        await server.stop(grace=None)
+    assert used == ["a", "b"]  # each donor served its own half
+    assert (meta.round, meta.step, meta.progress) == (8, 80, 2.75)  # the newest of the two
+    torch.testing.assert_close(vector[: NUMEL], a.vector)  # first half from a: all of the parameters
+    torch.testing.assert_close(vector[NUMEL:], torch.full((NUMEL,), 0.5))
+
+
+async def test_a_failed_donor_is_replaced_and_a_corrupt_range_is_rejected(grpc_pair):
     a, b, addresses, (ta, _) = grpc_pair
-    await b.store.publish(7, 70, b.vector)
-    round_, step, vector = await ta.fetch_state(addresses["b"], timeout=5.0)
-    assert (round_, step) == (7, 70)
-    torch.testing.assert_close(vector, b.vector)
+    task = await donate(b, 3, 30, 1.0)
+    vector, meta, used = await pull_state(ta, {"dead": "127.0.0.1:1", "b": addresses["b"]}, 2 * NUMEL, 3.0)
+    await task
+    assert used == ["b"] and meta.round == 3
+    torch.testing.assert_close(vector[:NUMEL], b.vector)
+
+    part = StatePart(meta, Span(0, 4), torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    with pytest.raises(PeerUnavailable, match="checksum"):
+        verify_part(part, b"not the digest")
+    bad = StatePart(meta, Span(0, 2), torch.tensor([1.0, float("nan")]))
+    with pytest.raises(PeerUnavailable, match="non-finite"):
+        verify_part(bad, digest(bad.values))
+
+
+async def test_state_in_memory_matches_the_grpc_path():
+    a, _ = two_peers()
+    task = await donate(a, 1, 1, 0.1)
+    transport = MemoryTransport(Identity("job", "fp", "j"), {}, {"mem-a": a.state})
+    vector, meta, used = await pull_state(transport, {"a": "mem-a"}, 2 * NUMEL, 2.0)
+    await task
+    torch.testing.assert_close(vector[:NUMEL], a.vector)
 
 
 async def test_memory_transport_reports_missing_peer():

@@ -20,6 +20,7 @@ class FlatParams:
             raise ValueError("the model has no trainable parameters")
         if any(p.dtype != torch.float32 for p in params):
             raise ValueError("peerd gossips fp32 parameters; cast the model with .float()")
+        self.params = params
         self.shapes = [tuple(p.shape) for p in params]
         self.vector = torch.empty(sum(p.numel() for p in params), dtype=torch.float32)
         offset = 0
@@ -29,6 +30,16 @@ class FlatParams:
                 self.vector[offset : offset + n].copy_(p.view(-1))
                 p.data = self.vector[offset : offset + n].view_as(p)
                 offset += n
+
+    def attach(self, optimizer: torch.optim.Optimizer, key: str) -> torch.Tensor:
+        """A zeroed flat vector whose slices become optimizer.state[p][key] for
+        every parameter, laid out like the parameters."""
+        flat = torch.zeros_like(self.vector)
+        offset = 0
+        for p in self.params:
+            optimizer.state[p][key] = flat[offset : offset + p.numel()].view_as(p)
+            offset += p.numel()
+        return flat
 
     @property
     def numel(self) -> int:

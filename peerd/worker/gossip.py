@@ -15,7 +15,7 @@ import torch
 
 from peerd.core.segments import Span
 from peerd.core.topology import RoundPlan
-from peerd.errors import PeerdError, RoundMismatch
+from peerd.errors import PeerdError, PeerUnavailable, RoundMismatch
 from peerd.worker.transport import Transport
 
 
@@ -30,6 +30,7 @@ class RoundResult:
     ahead_round: int = -1  # highest round a partner said it was in, if ahead of us
     ahead_peer: str = ""  # the partner that said so
     errors: dict[str, str] = field(default_factory=dict)
+    unreachable: set[str] = field(default_factory=set)  # no answer in time: counts toward suspicion
 
 
 async def gossip_round(
@@ -70,6 +71,8 @@ async def gossip_round(
                 result.ahead_round, result.ahead_peer = exc.current_round, source
             if not isinstance(exc, (PeerdError, TimeoutError)):
                 raise exc
+            if isinstance(exc, (PeerUnavailable, TimeoutError)):
+                result.unreachable.add(source)
             result.errors[source] = str(exc) or type(exc).__name__
             continue
         span = layout[s]

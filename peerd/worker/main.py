@@ -12,12 +12,14 @@ import logging
 import math
 import signal
 import sys
+import time
 from pathlib import Path
 
 import torch
 
 from peerd.core.deadline import DeadlineEstimator
 from peerd.core.segments import split_even
+from peerd.core.suspicion import Suspicion
 from peerd.core.topology import plan_round
 from peerd.errors import ConfigError, PeerdError
 from peerd.jobspec import JobSpec, parse_job
@@ -26,6 +28,7 @@ from peerd.worker.gossip import RoundResult, gossip_round
 from peerd.worker.link import SupervisorLink
 from peerd.worker.snapshots import Identity, SegmentServer, SnapshotStore
 from peerd.worker.training import Trainer
+from peerd.worker.state import StateBoard, StateMeta, StateServer, pull_state
 from peerd.worker.transport import GrpcTransport, start_exchange_server
 
 log = logging.getLogger("peerd.worker")
@@ -51,9 +54,11 @@ class Worker:
         numel = trainer.flat.numel
         self.layout = split_even(numel, min(spec.gossip.segments, numel))
         self.store = SnapshotStore(numel)
+        self.board = StateBoard(numel)
         self.recv = torch.empty(numel, dtype=torch.float32)
         self.transport = GrpcTransport(self.identity)
         self.deadline = DeadlineEstimator(spec.gossip.deadline_floor_s, spec.gossip.deadline_ceiling_s)
+        self.suspicion = Suspicion()
         self.round = 0
         self.misses = 0
         self.accuracy = math.nan
@@ -61,16 +66,25 @@ class Worker:
     async def run(self) -> None:
         chunk_elems = self.spec.gossip.chunk_kib * 1024 // 4
         server = SegmentServer(self.identity, self.store, len(self.layout), chunk_elems)
-        grpc_server, self.link.address = await start_exchange_server(server, self.host)
+        state = StateServer(self.identity, self.board, self.store, chunk_elems)
+        grpc_server, address = await start_exchange_server(server, state, self.host)
         log.info("serving exchange on %s; %d parameters in %d segments",
-                 self.link.address, self.trainer.flat.numel, len(self.layout))
-        await self.store.publish(0, 0, self.trainer.flat.vector)
-        await self.link.beat()  # the first view decides the first epoch's data split
+                 address, self.trainer.flat.numel, len(self.layout))
+        # The first beat, without our address, shows the view without putting us
+        # in it: partners do not wait for a worker that is still taking the state.
+        await self.link.beat()
+        donors = {p: a for p, a in self.link.view.items() if p != self.me}
+        if donors:  # the job is running: continue from its state, not from scratch
+            await self._take_state(donors, "joining")
+        await self.store.publish(self.round, self.trainer.step_count, self.trainer.flat.vector)
+        self.link.address = address
+        await self.link.beat()  # the view now decides the first epoch's data split
         beats = asyncio.create_task(self.link.run(HEARTBEAT_S))
         try:
             await self._train()
         finally:
             await self.store.finish()
+            await self.board.finish()
             self._report(None, finished=self.trainer.done)
             beats.cancel()
             await asyncio.gather(beats, return_exceptions=True)
@@ -95,6 +109,9 @@ class Worker:
                 await asyncio.to_thread(self.trainer.step, members)
             self.round += 1
             await self.store.publish(self.round, self.trainer.step_count, self.trainer.flat.vector)
+            if self.board.wanted:  # a newcomer asked for our state: copy it between steps
+                meta = StateMeta(self.round, self.trainer.step_count, self.trainer.progress)
+                await self.board.capture(self.trainer.state_parts(), meta)
             result = await self._gossip(view)
             if self.round % self.spec.eval_every_rounds == 0:
                 self.accuracy = await asyncio.to_thread(self.trainer.evaluate)
@@ -109,7 +126,8 @@ class Worker:
                  self.trainer.step_count, self.round, self.accuracy, path)
 
     async def _gossip(self, view: dict[str, str]) -> RoundResult | None:
-        plan = plan_round(self.spec.name, self.round, list(view), self.me, len(self.layout))
+        now = time.monotonic()
+        plan = plan_round(self.spec.name, self.round, self.suspicion.keep(view, now), self.me, len(self.layout))
         if plan is None:
             return None
         result = await gossip_round(
@@ -120,23 +138,38 @@ class Worker:
         if result.misses == 0:
             self.deadline.observe(result.seconds)
         elif result.errors:
-            log.info("round %d: %d segment(s) missed: %s", self.round, result.misses,
-                     "; ".join(f"{p}: {e}" for p, e in sorted(result.errors.items())))
+            log.debug("round %d: %d segment(s) missed: %s", self.round, result.misses,
+                      "; ".join(f"{p}: {e}" for p, e in sorted(result.errors.items())))
+        for partner in plan.partners:
+            if self.suspicion.record(partner, partner not in result.unreachable, now):
+                log.info("round %d: suspecting %s (no answer in %d rounds): %s", self.round, partner,
+                         self.suspicion.threshold, result.errors.get(partner, ""))
         if result.ahead_round > self.round:
             await self._catch_up(result, view)
         return result
 
     async def _catch_up(self, result: RoundResult, view: dict[str, str]) -> None:
-        """A partner is rounds ahead: step up to its round, or take its state when far behind."""
-        source = result.ahead_peer
-        if result.ahead_round - self.round > CATCH_UP_ROUNDS and source in view:
-            try:
-                round_, step, vector = await self.transport.fetch_state(view[source], self.deadline.deadline())
-                self.trainer.adopt(vector, step)
-                log.info("took the state of %s at round %d (was at round %d)", source, round_, self.round)
-            except (PeerdError, ValueError) as exc:
-                log.warning("could not take the state of %s: %s", source, exc)
+        """A partner is rounds ahead: step up to its round, or take the job's state when far behind."""
+        if result.ahead_round - self.round > CATCH_UP_ROUNDS:
+            donors = {p: a for p, a in view.items() if p != self.me}
+            if await self._take_state(donors, f"{result.ahead_round - self.round} rounds behind"):
+                return
         self.round = max(self.round, result.ahead_round - 1)
+
+    async def _take_state(self, donors: dict[str, str], why: str) -> bool:
+        """Pull the training state from `donors` in parallel and continue from it."""
+        started = time.monotonic()
+        try:
+            vector, meta, used = await pull_state(
+                self.transport, donors, self.board.numel, self.spec.gossip.deadline_ceiling_s)
+            self.trainer.adopt_state(vector, meta.step, meta.progress)
+        except (PeerdError, ValueError) as exc:
+            log.warning("%s: could not take the state from %s: %s", why, ", ".join(sorted(donors)), exc)
+            return False
+        self.round = meta.round
+        log.info("%s: took the state of round %d (step %d, epoch %.2f) from %s in %.2fs",
+                 why, meta.round, meta.step, meta.progress, ", ".join(used), time.monotonic() - started)
+        return True
 
     def _report(self, result: RoundResult | None, finished: bool = False) -> None:
         t = self.trainer

@@ -31,6 +31,15 @@ class Identity:
     peer_id: str
 
 
+def check_identity(identity: Identity, job: str, fingerprint: str) -> None:
+    """Refuse a request for another job, or for the same job with another spec or model."""
+    if job != identity.job or fingerprint != identity.fingerprint:
+        raise JobMismatch(
+            f"job mismatch: this worker runs {identity.job!r} with fingerprint "
+            f"{identity.fingerprint}, the request is for {job!r} with {fingerprint}"
+        )
+
+
 class SnapshotStore:
     def __init__(self, numel: int, keep: int = KEEP_ROUNDS) -> None:
         self._buffers = [torch.empty(numel, dtype=torch.float32) for _ in range(keep)]
@@ -103,18 +112,11 @@ class SegmentServer:
         self.chunk_elems = chunk_elems
         self.layout: list[Span] = split_even(store.numel, segments)
 
-    def check(self, job: str, fingerprint: str) -> None:
-        if job != self.identity.job or fingerprint != self.identity.fingerprint:
-            raise JobMismatch(
-                f"job mismatch: this worker runs {self.identity.job!r} with fingerprint "
-                f"{self.identity.fingerprint}, the request is for {job!r} with {fingerprint}"
-            )
-
     async def segment(
         self, job: str, fingerprint: str, round_: int, segment: int, wait_s: float
     ) -> AsyncIterator[tuple[int, int, bytes]]:
         """(offset, total, data) chunks of one segment of one round."""
-        self.check(job, fingerprint)
+        check_identity(self.identity, job, fingerprint)
         if not 0 <= segment < len(self.layout):
             raise JobMismatch(f"segment {segment} out of range 0..{len(self.layout) - 1}")
         span = self.layout[segment]
@@ -122,11 +124,3 @@ class SegmentServer:
             for piece in chunk_spans(span.size, self.chunk_elems):
                 data = vector[span.start + piece.start : span.start + piece.stop].numpy().tobytes()
                 yield piece.start, span.size, data
-
-    async def state(self, job: str, fingerprint: str) -> AsyncIterator[tuple[int, int, int, int, bytes]]:
-        """(round, step, offset, total, data) chunks of the latest snapshot."""
-        self.check(job, fingerprint)
-        async with self.store.hold(None, 0.0) as (vector, round_, step):
-            for piece in chunk_spans(vector.numel(), self.chunk_elems):
-                yield round_, step, piece.start, vector.numel(), vector[piece.start : piece.stop].numpy().tobytes()
-

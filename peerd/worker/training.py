@@ -73,12 +73,16 @@ class Trainer:
             self.model.parameters(), lr=opt.lr, momentum=opt.momentum,
             weight_decay=opt.weight_decay, nesterov=opt.nesterov,
         )
+        # Momentum buffers as views into one flat vector too, so the whole
+        # training state is two vectors a newcomer can copy (SGD updates them in place).
+        self.momentum = self.flat.attach(self.optimizer, "momentum_buffer")
         self.step_count = 0
         self.samples = 0
         self.epoch = 0
         self._shard: list[int] = []
         self._pos = 0
         self._started = False
+        self._resume_at = 0.0  # fraction of the first shard already read (after adopting a state)
         self.loss_ema = math.nan
         self.speed_ema = math.nan  # samples/s of compute only
         self.ramp = ScaleRamp(opt.reference_batch, opt.ramp_steps)
@@ -111,7 +115,8 @@ class Trainer:
             # The view at the start of an epoch decides the split for that epoch;
             # a shard may be empty when peers outnumber samples.
             self._shard = my_shard(len(self.train_set), self.spec.name, self.epoch, members, self.peer_id)
-            self._pos, self._started = 0, True
+            self._pos, self._started = int(self._resume_at * len(self._shard)), True
+            self._resume_at = 0.0
         batch = self._shard[self._pos : self._pos + self.spec.local_batch]
         self._pos += len(batch)
         return batch
@@ -159,14 +164,23 @@ class Trainer:
             os.fsync(f.fileno())
         os.replace(tmp, path)
 
-    def adopt(self, vector: torch.Tensor, step: int) -> None:
-        """Take a partner's parameters (catching up after a restart or a long stall)."""
-        if vector.numel() != self.flat.numel:
-            raise ValueError(f"state of {vector.numel()} elements, expected {self.flat.numel}")
+    def state_parts(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The training state a newcomer needs: parameters and momentum."""
+        return self.flat.vector, self.momentum
+
+    def adopt_state(self, vector: torch.Tensor, step: int, progress: float) -> None:
+        """Continue from a donor's state: parameters, momentum, step count and
+        position in the data and the LR schedule."""
+        n = self.flat.numel
+        if vector.numel() != 2 * n:
+            raise ValueError(f"state of {vector.numel()} elements, expected {2 * n}")
         if not torch.isfinite(vector).all():
             raise ValueError("state holds non-finite values")
-        self.flat.vector.copy_(vector)
-        self.step_count = max(self.step_count, step)
+        self.flat.vector.copy_(vector[:n])
+        self.momentum.copy_(vector[n:])
+        self.step_count = step
+        self.epoch, self._resume_at = int(progress), progress - int(progress)
+        self._shard, self._pos, self._started = [], 0, False
 
 
 def _batch(dataset: Dataset, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:

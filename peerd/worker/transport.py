@@ -15,7 +15,9 @@ import torch
 
 from peerd.errors import JobMismatch, PeerUnavailable, RoundMismatch
 from peerd.proto.v1 import peer_pb2, peer_pb2_grpc
+from peerd.core.segments import Span
 from peerd.worker.snapshots import Identity, SegmentServer
+from peerd.worker.state import StateMeta, StatePart, StateServer, verify_part
 
 # Streams of ~1 MiB chunks; allow some headroom over the largest chunk.
 MAX_MESSAGE_BYTES = 32 * 1024 * 1024
@@ -33,8 +35,8 @@ class Transport(Protocol):
     ) -> None:
         """Fill `out` with the partner's segment of `round_` or raise a PeerdError."""
 
-    async def fetch_state(self, address: str, timeout: float) -> tuple[int, int, torch.Tensor]:
-        """The partner's latest (round, step, flat vector)."""
+    async def fetch_state(self, address: str, span: Span, timeout: float) -> StatePart:
+        """A verified range of the partner's training state."""
 
     async def aclose(self) -> None: ...
 
@@ -47,6 +49,29 @@ def _fill(out: torch.Tensor, offset: int, total: int, data: bytes, filled: int) 
         raise PeerUnavailable(f"partner sent chunk at {offset}+{values.size}, expected {filled}")
     out[offset : offset + values.size].numpy()[:] = values  # the one copy, into the preallocated buffer
     return filled + values.size
+
+
+class _StateAssembly:
+    """Chunks of one state range into a buffer, then verified (checksum, finite)."""
+
+    def __init__(self, span: Span) -> None:
+        self.span = span
+        self.values = torch.empty(span.size, dtype=torch.float32)
+        self.filled = 0
+        self.meta: StateMeta | None = None
+        self.sha = b""
+
+    def add(self, meta: StateMeta, offset: int, sha: bytes, data: bytes) -> None:
+        if self.meta is None:
+            self.meta, self.sha = meta, sha
+        self.filled = _fill(self.values, offset - self.span.start, self.span.size, data, self.filled)
+
+    def result(self, address: str) -> StatePart:
+        if self.meta is None or self.filled != self.span.size:
+            raise PeerUnavailable(f"{address} ended its state range early ({self.filled}/{self.span.size})")
+        part = StatePart(self.meta, self.span, self.values)
+        verify_part(part, self.sha)
+        return part
 
 
 class GrpcTransport:
@@ -77,22 +102,18 @@ class GrpcTransport:
         if filled != out.numel():
             raise PeerUnavailable(f"{address} ended segment {segment} after {filled}/{out.numel()} elements")
 
-    async def fetch_state(self, address: str, timeout: float) -> tuple[int, int, torch.Tensor]:
+    async def fetch_state(self, address: str, span: Span, timeout: float) -> StatePart:
         request = peer_pb2.StateRequest(
-            job=self._identity.job, fingerprint=self._identity.fingerprint, peer_id=self._identity.peer_id
+            job=self._identity.job, fingerprint=self._identity.fingerprint, peer_id=self._identity.peer_id,
+            offset=span.start, length=span.size, wait_s=timeout / 2,
         )
-        out, filled, round_, step = None, 0, 0, 0
+        assembly = _StateAssembly(span)
         try:
-            async for chunk in self._stub(address).FetchState(request, timeout=timeout):
-                if out is None:
-                    out = torch.empty(chunk.total, dtype=torch.float32)
-                    round_, step = chunk.round, chunk.step
-                filled = _fill(out, chunk.offset, chunk.total, chunk.data, filled)
+            async for c in self._stub(address).FetchState(request, timeout=timeout):
+                assembly.add(StateMeta(c.round, c.step, c.progress), c.offset, c.sha256, c.data)
         except grpc.aio.AioRpcError as exc:
             raise _translate(exc, address) from None
-        if out is None or filled != out.numel():
-            raise PeerUnavailable(f"{address} ended its state transfer early")
-        return round_, step, out
+        return assembly.result(address)
 
     async def aclose(self) -> None:
         channels, self._channels = list(self._channels.values()), {}
@@ -112,8 +133,9 @@ def _translate(exc: grpc.aio.AioRpcError, address: str) -> Exception:
 class ExchangeServicer(peer_pb2_grpc.ExchangeServicer):
     """gRPC edge of a SegmentServer: peerd errors become status codes here only."""
 
-    def __init__(self, server: SegmentServer) -> None:
+    def __init__(self, server: SegmentServer, state: StateServer) -> None:
         self._server = server
+        self._state = state
 
     async def FetchSegment(self, request, context):
         try:
@@ -131,19 +153,25 @@ class ExchangeServicer(peer_pb2_grpc.ExchangeServicer):
 
     async def FetchState(self, request, context):
         try:
-            async for round_, step, offset, total, data in self._server.state(request.job, request.fingerprint):
-                yield peer_pb2.StateChunk(round=round_, step=step, offset=offset, total=total, data=data)
+            async for meta, offset, total, sha, data in self._state.state(
+                request.job, request.fingerprint, request.offset, request.length, request.wait_s
+            ):
+                yield peer_pb2.StateChunk(
+                    round=meta.round, step=meta.step, progress=meta.progress, offset=offset,
+                    total=total, params=self._state.board.params, sha256=sha, data=data,
+                )
         except JobMismatch as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-        except RoundMismatch as exc:
-            context.set_trailing_metadata((("peerd-round", str(exc.current_round)),))
-            await context.abort(grpc.StatusCode.ABORTED, str(exc))
+        except PeerUnavailable as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
 
 
-async def start_exchange_server(server: SegmentServer, host: str, port: int = 0) -> tuple[grpc.aio.Server, str]:
-    """Serve `server` on host:port (0: any free port); returns the server and its address."""
+async def start_exchange_server(
+    server: SegmentServer, state: StateServer, host: str, port: int = 0
+) -> tuple[grpc.aio.Server, str]:
+    """Serve segments and state on host:port (0: any free port); returns the server and its address."""
     grpc_server = grpc.aio.server(options=CHANNEL_OPTIONS)
-    peer_pb2_grpc.add_ExchangeServicer_to_server(ExchangeServicer(server), grpc_server)
+    peer_pb2_grpc.add_ExchangeServicer_to_server(ExchangeServicer(server, state), grpc_server)
     bound = grpc_server.add_insecure_port(_join(host, port))
     if bound == 0:
         raise PeerUnavailable(f"cannot bind the exchange service to {host}:{port}")
@@ -159,9 +187,12 @@ class MemoryTransport:
     """Workers of one process, found by address in a shared dict: the exchange
     logic without a network."""
 
-    def __init__(self, identity: Identity, servers: dict[str, SegmentServer]) -> None:
+    def __init__(
+        self, identity: Identity, servers: dict[str, SegmentServer], state_servers: dict[str, StateServer] | None = None
+    ) -> None:
         self._identity = identity
         self._servers = servers
+        self._state_servers = state_servers or {}
 
     def _server(self, address: str) -> SegmentServer:
         server = self._servers.get(address)
@@ -185,17 +216,15 @@ class MemoryTransport:
         except TimeoutError:
             raise PeerUnavailable(f"{address}: deadline exceeded") from None
 
-    async def fetch_state(self, address: str, timeout: float) -> tuple[int, int, torch.Tensor]:
-        out, filled, round_, step = None, 0, 0, 0
-        async for round_, step, offset, total, data in self._server(address).state(
-            self._identity.job, self._identity.fingerprint
-        ):
-            if out is None:
-                out = torch.empty(total, dtype=torch.float32)
-            filled = _fill(out, offset, total, data, filled)
-        if out is None:
-            raise PeerUnavailable(f"{address} sent no state")
-        return round_, step, out
+    async def fetch_state(self, address: str, span: Span, timeout: float) -> StatePart:
+        assembly = _StateAssembly(span)
+        state = self._state_servers.get(address)
+        if state is None:
+            raise PeerUnavailable(f"no worker at {address}")
+        chunks = state.state(self._identity.job, self._identity.fingerprint, span.start, span.size, timeout / 2)
+        async for meta, offset, _, sha, data in chunks:
+            assembly.add(meta, offset, sha, data)
+        return assembly.result(address)
 
     async def aclose(self) -> None:
         pass

@@ -93,25 +93,37 @@ class SegmentChunk(_message.Message):
     def __init__(self, round: _Optional[int] = ..., segment: _Optional[int] = ..., offset: _Optional[int] = ..., total: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class StateRequest(_message.Message):
-    __slots__ = ("job", "fingerprint", "peer_id")
+    __slots__ = ("job", "fingerprint", "peer_id", "offset", "length", "wait_s")
     JOB_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    WAIT_S_FIELD_NUMBER: _ClassVar[int]
     job: str
     fingerprint: str
     peer_id: str
-    def __init__(self, job: _Optional[str] = ..., fingerprint: _Optional[str] = ..., peer_id: _Optional[str] = ...) -> None: ...
+    offset: int
+    length: int
+    wait_s: float
+    def __init__(self, job: _Optional[str] = ..., fingerprint: _Optional[str] = ..., peer_id: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., wait_s: _Optional[float] = ...) -> None: ...
 
 class StateChunk(_message.Message):
-    __slots__ = ("round", "step", "offset", "total", "data")
+    __slots__ = ("round", "step", "offset", "total", "data", "progress", "sha256", "params")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     TOTAL_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
     round: int
     step: int
     offset: int
     total: int
     data: bytes
-    def __init__(self, round: _Optional[int] = ..., step: _Optional[int] = ..., offset: _Optional[int] = ..., total: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+    progress: float
+    sha256: bytes
+    params: int
+    def __init__(self, round: _Optional[int] = ..., step: _Optional[int] = ..., offset: _Optional[int] = ..., total: _Optional[int] = ..., data: _Optional[bytes] = ..., progress: _Optional[float] = ..., sha256: _Optional[bytes] = ..., params: _Optional[int] = ...) -> None: ...

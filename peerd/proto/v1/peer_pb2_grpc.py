@@ -188,8 +188,9 @@ class ExchangeServicer:
         raise NotImplementedError('Method not implemented!')
 
     def FetchState(self, request, context):
-        """The callee streams its whole parameter vector at its latest snapshot,
-        with the round and step it belongs to (used by newcomers).
+        """The callee streams a range of its full training state (parameters, then
+        optimizer momentum) captured at its next round boundary, for newcomers.
+        A joiner asks different donors for different ranges in parallel.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

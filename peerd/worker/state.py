@@ -1,0 +1,164 @@
+"""Full training state for newcomers (DESIGN §1.8): capture, serve, pull, verify.
+
+A donor captures its state (parameters, then momentum) at a round boundary when
+someone asks for it, so a range it serves is never half-updated. A joiner cuts
+the state into one range per donor and pulls them in parallel (no single donor
+carries every joiner: hivemind issue #169), checks each range against its
+SHA-256 and for finite values, and retries a failed range with another donor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import math
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import torch
+
+from peerd.core.segments import Span, chunk_spans, split_even
+from peerd.errors import JobMismatch, PeerUnavailable, PeerdError
+from peerd.worker.snapshots import Identity, SnapshotStore, check_identity
+
+
+@dataclass(frozen=True)
+class StateMeta:
+    round: int
+    step: int
+    progress: float  # epochs done, fractional
+
+
+@dataclass(frozen=True)
+class StatePart:
+    meta: StateMeta
+    span: Span
+    values: torch.Tensor
+
+
+class StateBoard:
+    """The donor side: a copy of the state taken at a round boundary on request."""
+
+    def __init__(self, params: int) -> None:
+        self.params = params
+        self._buffer = torch.empty(2 * params, dtype=torch.float32)  # parameters, then momentum
+        self._meta: StateMeta | None = None
+        self._readers = 0
+        self._changed = asyncio.Condition()
+        self._waiting = 0
+        self.finished = False
+
+    @property
+    def numel(self) -> int:
+        return self._buffer.numel()
+
+    @property
+    def wanted(self) -> bool:
+        """Someone waits for a capture: the round loop should call capture()."""
+        return self._waiting > 0
+
+    async def capture(self, parts: Sequence[torch.Tensor], meta: StateMeta) -> None:
+        async with self._changed:
+            await self._changed.wait_for(lambda: self._readers == 0)
+            torch.cat([p.reshape(-1) for p in parts], out=self._buffer)
+            self._meta = meta
+            self._changed.notify_all()
+
+    async def finish(self) -> None:
+        async with self._changed:
+            self.finished = True
+            self._changed.notify_all()
+
+    @asynccontextmanager
+    async def hold(self, current_round: int, wait_s: float) -> AsyncIterator[tuple[torch.Tensor, StateMeta]]:
+        """A capture of `current_round` or later, taken now if needed (up to wait_s)."""
+        async with self._changed:
+            fresh = lambda: self._meta is not None and self._meta.round >= current_round  # noqa: E731
+            if not fresh() and not self.finished:
+                self._waiting += 1
+                try:
+                    await asyncio.wait_for(self._changed.wait_for(lambda: fresh() or self.finished), wait_s)
+                except TimeoutError:
+                    pass
+                finally:
+                    self._waiting -= 1
+            if self._meta is None:
+                raise PeerUnavailable("no state captured yet")
+            self._readers += 1
+            meta = self._meta
+        try:
+            yield self._buffer, meta
+        finally:
+            async with self._changed:
+                self._readers -= 1
+                self._changed.notify_all()
+
+
+class StateServer:
+    """Serves ranges of a StateBoard, chunked; the gRPC servicer and the
+    in-memory twin both call it."""
+
+    def __init__(self, identity: Identity, board: StateBoard, store: SnapshotStore, chunk_elems: int) -> None:
+        self.identity = identity
+        self.board = board
+        self.store = store
+        self.chunk_elems = chunk_elems
+
+    async def state(
+        self, job: str, fingerprint: str, offset: int, length: int, wait_s: float
+    ) -> AsyncIterator[tuple[StateMeta, int, int, bytes, bytes]]:
+        """(meta, offset, total, sha256 on the first chunk, data) chunks of a range."""
+        check_identity(self.identity, job, fingerprint)
+        total = self.board.numel
+        if length == 0 or offset + length > total:
+            raise JobMismatch(f"state range {offset}+{length} outside 0..{total}")
+        async with self.board.hold(self.store.current_round, wait_s) as (vector, meta):
+            values = vector[offset : offset + length]
+            sha = digest(values)
+            for piece in chunk_spans(length, self.chunk_elems):
+                yield meta, offset + piece.start, total, sha, values[piece.start : piece.stop].numpy().tobytes()
+                sha = b""
+
+
+def digest(values: torch.Tensor) -> bytes:
+    return hashlib.sha256(values.numpy().tobytes()).digest()
+
+
+def verify_part(part: StatePart, sha256: bytes) -> None:
+    if part.values.numel() != part.span.size:
+        raise PeerUnavailable(f"state range {part.span} arrived with {part.values.numel()} elements")
+    if digest(part.values) != sha256:
+        raise PeerUnavailable(f"state range {part.span.start}..{part.span.stop} failed its checksum")
+    if not torch.isfinite(part.values).all():
+        raise PeerUnavailable(f"state range {part.span.start}..{part.span.stop} holds non-finite values")
+    if not math.isfinite(part.meta.progress) or part.meta.progress < 0:
+        raise PeerUnavailable(f"state range came with a bad progress value {part.meta.progress}")
+
+
+async def pull_state(transport, donors: dict[str, str], numel: int, timeout_s: float) -> tuple[torch.Tensor, StateMeta, list[str]]:
+    """The state vector assembled from ranges pulled from `donors` in parallel.
+
+    Returns the vector, the newest meta among the ranges, and the donors used.
+    A range whose donor fails is retried once with each other donor.
+    """
+    if not donors:
+        raise PeerUnavailable("no donor to take the state from")
+    ids = sorted(donors)
+    spans = split_even(numel, min(len(ids), numel))
+    out = torch.empty(numel, dtype=torch.float32)
+
+    async def one(k: int, span: Span) -> tuple[StateMeta, str]:
+        errors = []
+        for donor in ids[k:] + ids[:k]:  # its own donor first, then the others
+            try:
+                part = await transport.fetch_state(donors[donor], span, timeout_s)
+                out[span.start : span.stop] = part.values
+                return part.meta, donor
+            except PeerdError as exc:
+                errors.append(f"{donor}: {exc}")
+        raise PeerUnavailable(f"state range {span.start}..{span.stop}: " + "; ".join(errors))
+
+    results = await asyncio.gather(*(one(k, span) for k, span in enumerate(spans)))
+    newest = max((meta for meta, _ in results), key=lambda m: (m.round, m.step))
+    return out, newest, sorted({donor for _, donor in results})
