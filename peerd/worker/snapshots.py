@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from peerd.core.segments import Span, chunk_spans, split_even
@@ -114,13 +115,13 @@ class SegmentServer:
 
     async def segment(
         self, job: str, fingerprint: str, round_: int, segment: int, wait_s: float
-    ) -> AsyncIterator[tuple[int, int, bytes]]:
-        """(offset, total, data) chunks of one segment of one round."""
+    ) -> AsyncIterator[tuple[int, int, np.ndarray]]:
+        """(offset, total, data) chunks of one segment of one round; data is a view
+        into the snapshot, valid until the next chunk is asked for."""
         check_identity(self.identity, job, fingerprint)
         if not 0 <= segment < len(self.layout):
             raise JobMismatch(f"segment {segment} out of range 0..{len(self.layout) - 1}")
         span = self.layout[segment]
         async with self.store.hold(round_, wait_s) as (vector, _, _):
             for piece in chunk_spans(span.size, self.chunk_elems):
-                data = vector[span.start + piece.start : span.start + piece.stop].numpy().tobytes()
-                yield piece.start, span.size, data
+                yield piece.start, span.size, vector[span.start + piece.start : span.start + piece.stop].numpy()

@@ -16,6 +16,7 @@ import torch
 from peerd.errors import JobMismatch, PeerUnavailable, RoundMismatch
 from peerd.proto.v1 import peer_pb2, peer_pb2_grpc
 from peerd.core.segments import Span
+from peerd.worker.codec import decode_segment_chunk, encode_segment_chunk
 from peerd.worker.snapshots import Identity, SegmentServer
 from peerd.worker.state import StateMeta, StatePart, StateServer, verify_part
 
@@ -27,6 +28,10 @@ CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 5_000),
 ]
+
+
+EXCHANGE_SERVICE = "peerd.v1.Exchange"
+FETCH_SEGMENT = f"/{EXCHANGE_SERVICE}/FetchSegment"
 
 
 class Transport(Protocol):
@@ -79,12 +84,23 @@ class GrpcTransport:
         self._identity = identity
         self._channels: dict[str, grpc.aio.Channel] = {}
 
-    def _stub(self, address: str) -> peer_pb2_grpc.ExchangeStub:
+    def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
             channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
             self._channels[address] = channel
-        return peer_pb2_grpc.ExchangeStub(channel)
+        return channel
+
+    def _stub(self, address: str) -> peer_pb2_grpc.ExchangeStub:
+        return peer_pb2_grpc.ExchangeStub(self._channel(address))
+
+    def _fetch_segment(self, address: str):
+        # The generated stub would parse chunks with protobuf (two more copies of
+        # the payload); this one hands over views into the received bytes.
+        return self._channel(address).unary_stream(
+            FETCH_SEGMENT, request_serializer=peer_pb2.SegmentRequest.SerializeToString,
+            response_deserializer=decode_segment_chunk,
+        )
 
     async def fetch_segment(
         self, address: str, round_: int, segment: int, out: torch.Tensor, timeout: float
@@ -95,7 +111,7 @@ class GrpcTransport:
         )
         filled = 0
         try:
-            async for chunk in self._stub(address).FetchSegment(request, timeout=timeout):
+            async for chunk in self._fetch_segment(address)(request, timeout=timeout):
                 filled = _fill(out, chunk.offset, chunk.total, chunk.data, filled)
         except grpc.aio.AioRpcError as exc:
             raise _translate(exc, address) from None
@@ -142,9 +158,7 @@ class ExchangeServicer(peer_pb2_grpc.ExchangeServicer):
             async for offset, total, data in self._server.segment(
                 request.job, request.fingerprint, request.round, request.segment, request.wait_s
             ):
-                yield peer_pb2.SegmentChunk(
-                    round=request.round, segment=request.segment, offset=offset, total=total, data=data
-                )
+                yield encode_segment_chunk(request.round, request.segment, offset, total, data)
         except JobMismatch as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         except RoundMismatch as exc:
@@ -171,7 +185,17 @@ async def start_exchange_server(
 ) -> tuple[grpc.aio.Server, str]:
     """Serve segments and state on host:port (0: any free port); returns the server and its address."""
     grpc_server = grpc.aio.server(options=CHANNEL_OPTIONS)
-    peer_pb2_grpc.add_ExchangeServicer_to_server(ExchangeServicer(server, state), grpc_server)
+    servicer = ExchangeServicer(server, state)
+    # Registered by hand, not with add_ExchangeServicer_to_server: FetchSegment
+    # yields chunks already encoded by peerd.worker.codec.
+    handlers = {
+        "FetchSegment": grpc.unary_stream_rpc_method_handler(
+            servicer.FetchSegment, request_deserializer=peer_pb2.SegmentRequest.FromString),
+        "FetchState": grpc.unary_stream_rpc_method_handler(
+            servicer.FetchState, request_deserializer=peer_pb2.StateRequest.FromString,
+            response_serializer=peer_pb2.StateChunk.SerializeToString),
+    }
+    grpc_server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(EXCHANGE_SERVICE, handlers),))
     bound = grpc_server.add_insecure_port(_join(host, port))
     if bound == 0:
         raise PeerUnavailable(f"cannot bind the exchange service to {host}:{port}")

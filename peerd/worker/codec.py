@@ -1,0 +1,89 @@
+"""SegmentChunk on the wire, encoded and decoded by hand.
+
+The bytes are exactly protobuf's (a test compares them with SerializeToString and
+FromString), but the payload goes from the snapshot into the message in one
+copy and comes out as a view into the received buffer, where the protobuf
+runtime would copy it twice more each way. Segments are the bulk of peerd's
+traffic, so this is where the copies cost (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_VARINT, _FIXED64, _LENGTH, _FIXED32 = 0, 1, 2, 5
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _tag(field: int, wire: int) -> bytes:
+    return _varint(field << 3 | wire)
+
+
+@dataclass(frozen=True)
+class ChunkView:
+    round: int
+    segment: int
+    offset: int
+    total: int
+    data: memoryview  # little-endian float32 values, a view into the received message
+
+
+def encode_segment_chunk(round_: int, segment: int, offset: int, total: int, data) -> bytes:
+    """SegmentChunk bytes; `data` is any buffer (a numpy view of the snapshot)."""
+    parts = []
+    for field, value in ((1, round_), (2, segment), (3, offset), (4, total)):
+        if value:  # proto3 leaves zero scalars out
+            parts += (_tag(field, _VARINT), _varint(value))
+    payload = memoryview(data).cast("B")
+    if payload.nbytes:
+        parts += (_tag(5, _LENGTH), _varint(payload.nbytes), payload)
+    return b"".join(parts)
+
+
+def decode_segment_chunk(message: bytes) -> ChunkView:
+    view = memoryview(message)
+    values = {1: 0, 2: 0, 3: 0, 4: 0}
+    data = view[0:0]
+    pos, end = 0, len(view)
+    while pos < end:
+        key, pos = _read_varint(view, pos)
+        field, wire = key >> 3, key & 7
+        if wire == _VARINT:
+            value, pos = _read_varint(view, pos)
+            if field in values:
+                values[field] = value
+        elif wire == _LENGTH:
+            size, pos = _read_varint(view, pos)
+            if pos + size > end:
+                raise ValueError("truncated SegmentChunk")
+            if field == 5:
+                data = view[pos : pos + size]
+            pos += size
+        elif wire in (_FIXED64, _FIXED32):
+            pos += 8 if wire == _FIXED64 else 4  # unknown field from a newer peer
+        else:
+            raise ValueError(f"bad wire type {wire} in SegmentChunk")
+    if pos != end:
+        raise ValueError("truncated SegmentChunk")
+    return ChunkView(values[1], values[2], values[3], values[4], data)
+
+
+def _read_varint(view: memoryview, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(view) or shift > 63:
+            raise ValueError("bad varint in SegmentChunk")
+        byte = view[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
