@@ -189,3 +189,34 @@ def test_a_late_joiner_takes_the_state_from_the_running_peers(local_cluster):
     # ... and ended as good as the others.
     assert jobs[2].progress.test_accuracy > 0.8
     assert abs(jobs[2].progress.test_accuracy - jobs[0].progress.test_accuracy) < 0.05
+
+
+def test_a_killed_worker_rejoins_from_the_others_who_keep_training(local_cluster):
+    cluster = local_cluster(3)
+    wait_for(lambda: all(cluster.client(p).status().peers_known == 2 for p in cluster.peers), 30, "discovery")
+    text = example_job(job={"name": "churn", "epochs": 12, "eval_every_rounds": 20})
+    for peer in cluster.peers:
+        cluster.client(peer).join(text)
+    victim, survivors = cluster.peers[2], cluster.peers[:2]
+
+    def job(peer):
+        jobs = cluster.client(peer).status().jobs
+        return jobs[0] if jobs else None
+
+    pid = wait_for(lambda: (j := job(victim)) and j.progress.round >= 30 and j.worker_pid, 120,
+                   "the victim to train 30 rounds")
+    os.kill(pid, signal.SIGKILL)
+    at_kill = {p.peer_id: job(p).progress.round for p in survivors}
+    # The survivors go on completing rounds while the victim is down ...
+    wait_for(lambda: all(job(p).progress.round >= at_kill[p.peer_id] + 20 for p in survivors), 60,
+             "the survivors to complete 20 more rounds")
+    # ... and the daemon restarts the worker, which takes the state from them.
+    wait_for(lambda: (j := job(victim)).restarts == 1 and j.state == "running", 60, "the restart")
+    log = victim.dir / "state" / "jobs" / "churn" / "worker.log"
+    wait_for(lambda: "joining: took the state of round" in log.read_text(), 60, "the restarted worker to rejoin")
+    rejoined = wait_for(lambda: (j := job(victim)).progress.step and j.progress, 30, "its first report")
+    assert rejoined.step > 30  # it continued from the job's state, not from step 0
+    # Within a few rounds its loss is at the others' level.
+    wait_for(lambda: job(victim).progress.round > rejoined.round + 10, 60, "10 rounds after rejoining")
+    losses = [job(p).progress.loss for p in cluster.peers]
+    assert losses[2] < 3 * max(losses[:2]) + 0.05, losses
