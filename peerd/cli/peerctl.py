@@ -20,15 +20,16 @@ DEFAULT_SOCKET = "/run/peerd/control.sock"
 
 def _progress_row(job) -> list[object]:
     p = job.progress
-    return [job.name, job.state, p.step, p.round, p.epoch, p.loss, p.samples_per_s,
-            f"{p.partners_reached}/{p.partners_planned}", p.test_accuracy, job.restarts]
+    return [job.name, job.state, p.phase or "-", p.step, p.round, p.epoch, p.loss, p.lr, p.global_batch,
+            p.samples_per_s, f"{p.partners_reached}/{p.partners_planned}", p.test_accuracy, job.restarts]
 
 
 def cmd_status(client: ControlClient, args) -> tuple[object, str]:
     s = client.status()
     head = (f"peer {s.peer_id}  version {s.version}  up {s.uptime_s:.0f}s  "
             f"address {s.peer_address}  locality {s.locality or '-'}  peers known {s.peers_known}")
-    table = render(["job", "state", "step", "round", "epoch", "loss", "samples/s", "partners", "accuracy", "restarts"],
+    table = render(["job", "state", "phase", "step", "round", "epoch", "loss", "lr", "batch", "samples/s",
+                    "partners", "accuracy", "restarts"],
                    [_progress_row(j) for j in s.jobs])
     return s, head + ("\n\n" + table if s.jobs else "\n\nno jobs (peerctl join JOB.toml)")
 
@@ -37,9 +38,14 @@ def cmd_peers(client: ControlClient, args) -> tuple[object, str]:
     reply = client.peers()
     if not reply.peers:
         return reply, "no other peers seen yet"
-    return reply, render(["peer", "address", "locality", "version", "jobs", "last seen (s)"],
-                         [[p.peer_id, p.address, p.locality or "-", p.version, ",".join(p.jobs) or "-", p.last_seen_s]
-                          for p in reply.peers])
+    rows = []
+    for p in reply.peers:
+        head = [p.peer_id, p.state, p.address, p.locality or "-", p.last_seen_s]
+        for j in p.job_states or [None]:
+            job = [j.name, j.state, j.phase or "-", j.round, j.lr, j.global_batch or "-"] if j else ["-"] * 6
+            rows.append(head + job)
+    return reply, render(["peer", "state", "address", "locality", "seen (s)", "job", "job state", "phase",
+                          "round", "lr", "batch"], rows)
 
 
 def cmd_jobs(client: ControlClient, args) -> tuple[object, str]:

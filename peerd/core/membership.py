@@ -19,6 +19,9 @@ class JobEntry:
     worker_address: str
     round: int
     state: str
+    phase: str = ""
+    lr: float = float("nan")
+    global_batch: int = 0
 
     @property
     def serving(self) -> bool:

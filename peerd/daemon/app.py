@@ -187,7 +187,8 @@ class Daemon:
             self._addresses.pop(peer_id, None)
             return
         jobs = tuple(
-            JobEntry(j.name, j.spec_fingerprint, j.worker_address, j.round, j.state) for j in reply.jobs
+            JobEntry(j.name, j.spec_fingerprint, j.worker_address, j.round, j.state, j.phase, j.lr, j.global_batch)
+            for j in reply.jobs
         )
         record = PeerRecord(reply.peer_id, address, reply.locality, reply.version, jobs, time.monotonic())
         if self.membership.observe(record):
@@ -198,7 +199,8 @@ class Daemon:
             peer_id=self.peer_id, version=__version__, locality=self.config.locality, realm=self.config.realm,
             jobs=[
                 peer_pb2.JobAd(name=j.spec.name, spec_fingerprint=j.spec.fingerprint,
-                               worker_address=j.worker_address, round=j.progress.round, state=j.state)
+                               worker_address=j.worker_address, round=j.progress.round, state=j.state,
+                               phase=j.progress.phase, lr=j.progress.lr, global_batch=j.progress.global_batch)
                 for j in self.jobs.values()
             ],
         )
@@ -316,10 +318,15 @@ class Daemon:
 
     def list_peers(self) -> control_pb2.ListPeersReply:
         now = time.monotonic()
+        suspect_after = 2 * self.config.hello_interval_s + HELLO_TIMEOUT_S
         return control_pb2.ListPeersReply(peers=[
-            control_pb2.PeerInfo(peer_id=r.peer_id, address=r.address, locality=r.locality,
-                                 version=r.version, jobs=[j.name for j in r.jobs],
-                                 last_seen_s=now - r.last_seen)
+            control_pb2.PeerInfo(
+                peer_id=r.peer_id, address=r.address, locality=r.locality, version=r.version,
+                jobs=[j.name for j in r.jobs], last_seen_s=now - r.last_seen,
+                state="suspected" if now - r.last_seen > suspect_after else "alive",
+                job_states=[control_pb2.PeerJob(name=j.name, state=j.state, phase=j.phase, round=j.round,
+                                                lr=j.lr, global_batch=j.global_batch) for j in r.jobs],
+            )
             for r in self.membership.peers()
         ])
 

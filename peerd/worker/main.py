@@ -59,6 +59,7 @@ class Worker:
         self.transport = GrpcTransport(self.identity)
         self.deadline = DeadlineEstimator(spec.gossip.deadline_floor_s, spec.gossip.deadline_ceiling_s)
         self.suspicion = Suspicion()
+        self.phase = "joining"
         self.round = 0
         self.misses = 0
         self.accuracy = math.nan
@@ -76,6 +77,7 @@ class Worker:
         donors = {p: a for p, a in self.link.view.items() if p != self.me}
         if donors:  # the job is running: continue from its state, not from scratch
             await self._take_state(donors, "joining")
+        self.phase = "training"
         await self.store.publish(self.round, self.trainer.step_count, self.trainer.flat.vector)
         self.link.address = address
         await self.link.beat()  # the view now decides the first epoch's data split
@@ -96,6 +98,7 @@ class Worker:
     async def _train(self) -> None:
         while not self.trainer.done:
             if self.link.stop:
+                self.phase = "draining"
                 log.info("leaving at round %d: the operator asked", self.round)
                 return
             if self.link.orphaned:
@@ -158,7 +161,8 @@ class Worker:
 
     async def _take_state(self, donors: dict[str, str], why: str) -> bool:
         """Pull the training state from `donors` in parallel and continue from it."""
-        started = time.monotonic()
+        started, phase = time.monotonic(), self.phase
+        self.phase = "syncing"
         try:
             vector, meta, used = await pull_state(
                 self.transport, donors, self.board.numel, self.spec.gossip.deadline_ceiling_s)
@@ -166,6 +170,8 @@ class Worker:
         except (PeerdError, ValueError) as exc:
             log.warning("%s: could not take the state from %s: %s", why, ", ".join(sorted(donors)), exc)
             return False
+        finally:
+            self.phase = phase
         self.round = meta.round
         log.info("%s: took the state of round %d (step %d, epoch %.2f) from %s in %.2fs",
                  why, meta.round, meta.step, meta.progress, ", ".join(used), time.monotonic() - started)
@@ -177,6 +183,7 @@ class Worker:
             step=t.step_count, round=self.round, epoch=t.epoch, loss=t.loss_ema,
             samples_per_s=t.speed_ema, test_accuracy=self.accuracy, samples=t.samples,
             segment_misses=self.misses, finished=finished, disagreement=math.nan, exchange_s=math.nan, lr=t.lr,
+            phase="finished" if finished else self.phase, global_batch=t.ramp.batch,
         )
         if result is not None:
             p.partners_reached = len(result.reached)

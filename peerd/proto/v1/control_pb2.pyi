@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Progress(_message.Message):
-    __slots__ = ("step", "round", "epoch", "loss", "samples_per_s", "partners_reached", "partners_planned", "test_accuracy", "disagreement", "samples", "segment_misses", "finished", "exchange_s", "lr")
+    __slots__ = ("step", "round", "epoch", "loss", "samples_per_s", "partners_reached", "partners_planned", "test_accuracy", "disagreement", "samples", "segment_misses", "finished", "exchange_s", "lr", "phase", "global_batch")
     STEP_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -22,6 +22,8 @@ class Progress(_message.Message):
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     EXCHANGE_S_FIELD_NUMBER: _ClassVar[int]
     LR_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_BATCH_FIELD_NUMBER: _ClassVar[int]
     step: int
     round: int
     epoch: int
@@ -36,7 +38,9 @@ class Progress(_message.Message):
     finished: bool
     exchange_s: float
     lr: float
-    def __init__(self, step: _Optional[int] = ..., round: _Optional[int] = ..., epoch: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., partners_reached: _Optional[int] = ..., partners_planned: _Optional[int] = ..., test_accuracy: _Optional[float] = ..., disagreement: _Optional[float] = ..., samples: _Optional[int] = ..., segment_misses: _Optional[int] = ..., finished: _Optional[bool] = ..., exchange_s: _Optional[float] = ..., lr: _Optional[float] = ...) -> None: ...
+    phase: str
+    global_batch: int
+    def __init__(self, step: _Optional[int] = ..., round: _Optional[int] = ..., epoch: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., partners_reached: _Optional[int] = ..., partners_planned: _Optional[int] = ..., test_accuracy: _Optional[float] = ..., disagreement: _Optional[float] = ..., samples: _Optional[int] = ..., segment_misses: _Optional[int] = ..., finished: _Optional[bool] = ..., exchange_s: _Optional[float] = ..., lr: _Optional[float] = ..., phase: _Optional[str] = ..., global_batch: _Optional[int] = ...) -> None: ...
 
 class WorkerReport(_message.Message):
     __slots__ = ("job", "pid", "address", "fingerprint", "progress")
@@ -117,20 +121,40 @@ class ListPeersRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class PeerInfo(_message.Message):
-    __slots__ = ("peer_id", "address", "locality", "version", "jobs", "last_seen_s")
+    __slots__ = ("peer_id", "address", "locality", "version", "jobs", "last_seen_s", "state", "job_states")
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     LOCALITY_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     JOBS_FIELD_NUMBER: _ClassVar[int]
     LAST_SEEN_S_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    JOB_STATES_FIELD_NUMBER: _ClassVar[int]
     peer_id: str
     address: str
     locality: str
     version: str
     jobs: _containers.RepeatedScalarFieldContainer[str]
     last_seen_s: float
-    def __init__(self, peer_id: _Optional[str] = ..., address: _Optional[str] = ..., locality: _Optional[str] = ..., version: _Optional[str] = ..., jobs: _Optional[_Iterable[str]] = ..., last_seen_s: _Optional[float] = ...) -> None: ...
+    state: str
+    job_states: _containers.RepeatedCompositeFieldContainer[PeerJob]
+    def __init__(self, peer_id: _Optional[str] = ..., address: _Optional[str] = ..., locality: _Optional[str] = ..., version: _Optional[str] = ..., jobs: _Optional[_Iterable[str]] = ..., last_seen_s: _Optional[float] = ..., state: _Optional[str] = ..., job_states: _Optional[_Iterable[_Union[PeerJob, _Mapping]]] = ...) -> None: ...
+
+class PeerJob(_message.Message):
+    __slots__ = ("name", "state", "phase", "round", "lr", "global_batch")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    LR_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_BATCH_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    state: str
+    phase: str
+    round: int
+    lr: float
+    global_batch: int
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., phase: _Optional[str] = ..., round: _Optional[int] = ..., lr: _Optional[float] = ..., global_batch: _Optional[int] = ...) -> None: ...
 
 class ListPeersReply(_message.Message):
     __slots__ = ("peers",)

@@ -35,18 +35,24 @@ class HelloRequest(_message.Message):
     def __init__(self, peer_id: _Optional[str] = ..., address: _Optional[str] = ..., version: _Optional[str] = ..., realm: _Optional[str] = ...) -> None: ...
 
 class JobAd(_message.Message):
-    __slots__ = ("name", "spec_fingerprint", "worker_address", "round", "state")
+    __slots__ = ("name", "spec_fingerprint", "worker_address", "round", "state", "phase", "lr", "global_batch")
     NAME_FIELD_NUMBER: _ClassVar[int]
     SPEC_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     WORKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    LR_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_BATCH_FIELD_NUMBER: _ClassVar[int]
     name: str
     spec_fingerprint: str
     worker_address: str
     round: int
     state: str
-    def __init__(self, name: _Optional[str] = ..., spec_fingerprint: _Optional[str] = ..., worker_address: _Optional[str] = ..., round: _Optional[int] = ..., state: _Optional[str] = ...) -> None: ...
+    phase: str
+    lr: float
+    global_batch: int
+    def __init__(self, name: _Optional[str] = ..., spec_fingerprint: _Optional[str] = ..., worker_address: _Optional[str] = ..., round: _Optional[int] = ..., state: _Optional[str] = ..., phase: _Optional[str] = ..., lr: _Optional[float] = ..., global_batch: _Optional[int] = ...) -> None: ...
 
 class HelloReply(_message.Message):
     __slots__ = ("peer_id", "version", "locality", "jobs", "realm")
