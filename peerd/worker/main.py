@@ -78,6 +78,7 @@ class Worker:
         if donors:  # the job is running: continue from its state, not from scratch
             await self._take_state(donors, "joining")
         self.phase = "training"
+        log.info("training from round %d, step %d", self.round, self.trainer.step_count)
         await self.store.publish(self.round, self.trainer.step_count, self.trainer.flat.vector)
         self.link.address = address
         await self.link.beat()  # the view now decides the first epoch's data split
