@@ -1,0 +1,121 @@
+#!/usr/bin/env python
+"""Join latency: from `peerctl join NAME` to the newcomer's first training step on
+verified state, for a ~10M-parameter model, with 1 and with 3 donors.
+
+Each case starts its own local cluster (real daemons on 127.0.0.1, zeroconf on
+loopback): the donors join the job and train; once they are past round 20 one
+more daemon joins by name, exactly as `peerctl join NAME` does. The newcomer's
+worker log gives the breakdown: process start to serving (python, torch, data,
+model), the parallel state pull (verified: checksums, finite values), and the
+first step. Every daemon is stopped by PID at the end, also on errors.
+
+    .venv/bin/python bench/join.py                 # donors 1 and 3, 2 repeats each
+    .venv/bin/python bench/join.py --donors 3 --repeats 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+JOBS = Path(__file__).resolve().parent / "jobs"
+sys.path.insert(0, str(ROOT))
+
+from peerd.cluster import LocalCluster  # noqa: E402
+from peerd.errors import PeerdError  # noqa: E402
+
+JOB = f"""\
+[job]
+name = "join-bench"
+model = "wide_mlp:make_model"
+data = "wide_mlp:make_datasets"
+local_batch = 32
+epochs = 1000
+eval_every_rounds = 1000000
+
+[optimizer]
+lr = 0.01
+"""
+STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
+
+
+def stamp_of(log: str, needle: str) -> float:
+    for line in log.splitlines():
+        if needle in line and (m := STAMP.match(line)):
+            return datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    raise PeerdError(f"no {needle!r} in the newcomer's log")
+
+
+def wait_for(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+        time.sleep(0.1)
+    raise PeerdError(f"timed out waiting for {what}")
+
+
+def one_case(donors: int, out: Path) -> dict[str, float]:
+    with LocalCluster(donors + 1, out) as cluster:
+        cluster.wait_ready()
+        *givers, newcomer = cluster.peers
+        wait_for(lambda: all(cluster.client(p).status().peers_known == donors for p in cluster.peers), 30, "discovery")
+        for peer in givers:
+            cluster.client(peer).join(JOB)
+
+        def rounds() -> int:
+            return min((cluster.client(p).status().jobs or [None])[0].progress.round for p in givers)
+
+        wait_for(lambda: rounds() >= 20, 180, "the donors to pass round 20")
+        wait_for(lambda: any(j.name == "join-bench" for j in cluster.client(newcomer).jobs().jobs), 30,
+                 "the newcomer's daemon to see the job")
+        started = time.time()
+        cluster.client(newcomer).join_by_name("join-bench")
+        log_path = newcomer.dir / "state" / "jobs" / "join-bench" / "worker.log"
+        log = wait_for(lambda: log_path.exists() and "training from round" in (t := log_path.read_text()) and t,
+                       120, "the newcomer's first step")
+        pulled = re.search(r"took the state of round \d+ .* from (.*) in ([\d.]+)s", log)
+        if pulled is None or len(pulled.group(1).split(", ")) != donors:
+            raise PeerdError(f"the newcomer did not take the state from {donors} donors:\n{log}")
+        serving = stamp_of(log, "serving exchange on")
+        training = stamp_of(log, "training from round")
+        return {
+            "total_s": training - started,
+            "startup_s": serving - started,
+            "pull_s": float(pulled.group(2)),
+        }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--donors", type=int, nargs="+", default=[1, 3], help="donor counts to measure")
+    parser.add_argument("--repeats", type=int, default=2, help="clusters per donor count")
+    args = parser.parse_args(argv)
+    # The job's model code must be importable on every machine, the newcomer's
+    # included (it joins by name, without a job file next to the code).
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(JOBS), os.environ.get("PYTHONPATH", "")]))
+    results: dict[int, list[dict[str, float]]] = {}
+    with tempfile.TemporaryDirectory(prefix="peerd-join-") as tmp:
+        for donors in args.donors:
+            for k in range(args.repeats):
+                case = one_case(donors, Path(tmp) / f"d{donors}-{k}")
+                print(f"donors {donors} run {k}: " + ", ".join(f"{n} {v:.2f}" for n, v in case.items()), flush=True)
+                results.setdefault(donors, []).append(case)
+    print("\ndonors  join→first step s  of which: process start→serving s  state pull s   (median)")
+    for donors, cases in results.items():
+        med = {n: statistics.median(c[n] for c in cases) for n in cases[0]}
+        print(f"{donors:>6}  {med['total_s']:>17.2f}  {med['startup_s']:>32.2f}  {med['pull_s']:>12.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
