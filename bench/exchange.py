@@ -132,7 +132,7 @@ def _peerd(rank: int, cfg: dict, barrier, conn) -> dict:
                     profiler.enable()
                 t0, c0 = time.perf_counter(), time.process_time()
                 round_ = i + 1
-                await store.publish(round_, round_, vector)
+                await store.publish(round_, vector)
                 t1 = time.perf_counter()
                 plan = plan_round(JOB, round_, list(addresses), me, segments)
                 result = await gossip_round(plan, addresses, vector, recv, layout, transport, cfg["deadline_s"])

@@ -32,7 +32,7 @@ class Peer:
         self.recv = torch.empty(NUMEL)
 
     async def round(self, round_: int, addresses: dict[str, str], transport, deadline_s: float = 5.0):
-        await self.store.publish(round_, round_, self.vector)
+        await self.store.publish(round_, self.vector)
         plan = plan_round("job", round_, list(addresses), self.identity.peer_id, SEGMENTS)
         return await gossip_round(plan, addresses, self.vector, self.recv, self.layout, transport, deadline_s)
 
@@ -89,7 +89,7 @@ async def test_round_over_grpc_gives_both_the_average(grpc_pair):
 
 async def test_a_partner_in_an_earlier_round_is_waited_for(grpc_pair):
     a, b, addresses, (ta, tb) = grpc_pair
-    await b.store.publish(1, 1, b.vector)
+    await b.store.publish(1, b.vector)
     expected = (a.vector + b.vector) / 2
     ra = asyncio.create_task(a.round(2, addresses, ta))
     await asyncio.sleep(0.2)  # a waits: b has not reached round 2
@@ -101,7 +101,7 @@ async def test_a_partner_in_an_earlier_round_is_waited_for(grpc_pair):
 
 async def test_wrong_fingerprint_is_refused_and_nothing_is_applied(grpc_pair):
     a, b, addresses, _ = grpc_pair
-    await b.store.publish(1, 1, b.vector)
+    await b.store.publish(1, b.vector)
     intruder = GrpcTransport(Identity("job", "another-model", "x"))
     out = torch.zeros(a.layout[0].size)
     try:
@@ -117,7 +117,7 @@ async def test_wrong_fingerprint_is_refused_and_nothing_is_applied(grpc_pair):
 async def test_a_round_no_longer_held_is_refused_with_the_current_round(grpc_pair):
     a, b, addresses, (ta, _) = grpc_pair
     for r in (1, 2, 3):
-        await b.store.publish(r, r, b.vector)
+        await b.store.publish(r, b.vector)
     with pytest.raises(RoundMismatch) as info:
         await ta.fetch_segment(addresses["b"], 1, 0, torch.empty(a.layout[0].size), timeout=2.0)
     assert info.value.current_round == 3
@@ -139,7 +139,7 @@ async def donate(peer: Peer, round_: int, step: int, progress: float) -> asyncio
         momentum = torch.full((NUMEL,), 0.5)
         await peer.board.capture([peer.vector, momentum], StateMeta(round_, step, progress))
 
-    await peer.store.publish(round_, step, peer.vector)
+    await peer.store.publish(round_, peer.vector)
     return asyncio.create_task(loop())
 
 

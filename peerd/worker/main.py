@@ -79,7 +79,7 @@ class Worker:
             await self._take_state(donors, "joining")
         self.phase = "training"
         log.info("training from round %d, step %d", self.round, self.trainer.step_count)
-        await self.store.publish(self.round, self.trainer.step_count, self.trainer.flat.vector)
+        await self.store.publish(self.round, self.trainer.flat.vector)
         self.link.address = address
         await self.link.beat()  # the view now decides the first epoch's data split
         beats = asyncio.create_task(self.link.run(HEARTBEAT_S))
@@ -112,7 +112,7 @@ class Worker:
             for _ in range(self.spec.gossip.period_steps):
                 await asyncio.to_thread(self.trainer.step, members)
             self.round += 1
-            await self.store.publish(self.round, self.trainer.step_count, self.trainer.flat.vector)
+            await self.store.publish(self.round, self.trainer.flat.vector)
             if self.board.wanted:  # a newcomer asked for our state: copy it between steps
                 meta = StateMeta(self.round, self.trainer.step_count, self.trainer.progress)
                 await self.board.capture(self.trainer.state_parts(), meta)

@@ -46,7 +46,6 @@ class SnapshotStore:
         self._buffers = [torch.empty(numel, dtype=torch.float32) for _ in range(keep)]
         self._rounds = [-1] * keep
         self._readers = [0] * keep
-        self._steps = [0] * keep
         self._changed = asyncio.Condition()
         self.current_round = -1
         self.finished = False
@@ -55,14 +54,14 @@ class SnapshotStore:
     def numel(self) -> int:
         return self._buffers[0].numel()
 
-    async def publish(self, round_: int, step: int, vector: torch.Tensor) -> None:
+    async def publish(self, round_: int, vector: torch.Tensor) -> None:
         """Snapshot `vector` as this worker's state at the start of `round_`."""
         slot = round_ % len(self._buffers)
         async with self._changed:
             # Never overwrite a round a partner is still reading.
             await self._changed.wait_for(lambda: self._readers[slot] == 0)
             self._buffers[slot].copy_(vector)
-            self._rounds[slot], self._steps[slot] = round_, step
+            self._rounds[slot] = round_
             self.current_round = round_
             self._changed.notify_all()
 
@@ -73,13 +72,11 @@ class SnapshotStore:
             self._changed.notify_all()
 
     @asynccontextmanager
-    async def hold(self, round_: int | None, wait_s: float) -> AsyncIterator[tuple[torch.Tensor, int, int]]:
-        """The snapshot of `round_` (None: the latest) as (vector, round, step),
-        kept from being overwritten while the caller reads it."""
+    async def hold(self, round_: int, wait_s: float) -> AsyncIterator[torch.Tensor]:
+        """The snapshot of `round_`, waited for up to wait_s if this worker has not
+        reached it, and kept from being overwritten while the caller reads it."""
         async with self._changed:
-            if round_ is None:
-                round_ = self.current_round
-            elif round_ > self.current_round and not self.finished:
+            if round_ > self.current_round and not self.finished:
                 try:
                     await asyncio.wait_for(
                         self._changed.wait_for(lambda: self.current_round >= round_ or self.finished),
@@ -96,7 +93,7 @@ class SnapshotStore:
                 )
             self._readers[slot] += 1
         try:
-            yield self._buffers[slot], round_, self._steps[slot]
+            yield self._buffers[slot]
         finally:
             async with self._changed:
                 self._readers[slot] -= 1
@@ -122,6 +119,6 @@ class SegmentServer:
         if not 0 <= segment < len(self.layout):
             raise JobMismatch(f"segment {segment} out of range 0..{len(self.layout) - 1}")
         span = self.layout[segment]
-        async with self.store.hold(round_, wait_s) as (vector, _, _):
+        async with self.store.hold(round_, wait_s) as vector:
             for piece in chunk_spans(span.size, self.chunk_elems):
                 yield piece.start, span.size, vector[span.start + piece.start : span.start + piece.stop].numpy()
