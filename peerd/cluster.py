@@ -64,7 +64,7 @@ class Peer:
         return f"peer-{self.index}"
 
 
-def _write_config(peer: Peer, realm: str) -> Path:
+def _write_config(peer: Peer, realm: str) -> None:
     path = peer.dir / "peerd.toml"
     path.write_text(
         "[daemon]\n"
@@ -76,7 +76,6 @@ def _write_config(peer: Peer, realm: str) -> Path:
         'interfaces = ["127.0.0.1"]  # mDNS stays on loopback\n'
         f'realm = "{realm}"  # unseen by other local clusters on this machine\n'
     )
-    return path
 
 
 class LocalCluster:
@@ -95,16 +94,22 @@ class LocalCluster:
         try:
             for peer in self.peers:
                 peer.dir.mkdir(parents=True, exist_ok=True)
-                config = _write_config(peer, self.realm)
-                with open(peer.dir / "daemon.log", "ab") as log:
-                    peer.process = subprocess.Popen(
-                        [sys.executable, "-m", "peerd.cli.daemon", "--config", str(config)],
-                        stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
-                    )
+                _write_config(peer, self.realm)
+                self.start(peer)
         except BaseException:
             self.close()
             raise
         return self
+
+    def start(self, peer: Peer) -> None:
+        """Start (or restart, after it died) the daemon of `peer`."""
+        if peer.process is not None and peer.process.poll() is None:
+            raise PeerdError(f"{peer.peer_id} is already running")
+        with open(peer.dir / "daemon.log", "ab") as log:
+            peer.process = subprocess.Popen(
+                [sys.executable, "-m", "peerd.cli.daemon", "--config", str(peer.dir / "peerd.toml")],
+                stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
+            )
 
     def __exit__(self, *exc) -> None:
         self.close()

@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -230,3 +231,35 @@ def test_a_killed_worker_rejoins_from_the_others_who_keep_training(local_cluster
     wait_for(lambda: job(victim).progress.round > rejoined.round + 10, 120, "10 rounds after rejoining")
     losses = [job(p).progress.loss for p in cluster.peers]
     assert losses[2] < 3 * max(losses[:2]) + 0.05, losses
+
+
+def test_a_daemon_killed_and_restarted_resumes_its_job_from_the_peers(local_cluster):
+    cluster = local_cluster(2)
+    steady, victim = cluster.peers
+    wait_for(lambda: all(cluster.client(p).status().peers_known == 1 for p in cluster.peers), 30, "discovery")
+    text = example_job(job={"name": "reboot", "epochs": 30, "eval_every_rounds": 20})
+    for peer in cluster.peers:
+        cluster.client(peer).join(text)
+    wait_for(lambda: all((cluster.client(p).status().jobs[0].progress.round or 0) >= 30 for p in cluster.peers),
+             120, "both peers to train 30 rounds")
+    victim.process.kill()  # kill -9 of the whole daemon: its worker dies with it
+    victim.process.wait()
+    cluster.start(victim)  # as systemd's Restart=on-failure would
+    cluster.wait_ready()
+
+    def resumed():
+        jobs = cluster.client(victim).status().jobs
+        return jobs and jobs[0].state == "running" and jobs[0].progress.step > 0 and jobs[0]
+    job = wait_for(resumed, 120, "the restarted daemon to resume the job")
+    log = (victim.dir / "state" / "jobs" / "reboot" / "worker.log").read_text()
+    assert log.count("joining: took the state of round") >= 1, log[-3000:]
+    assert job.progress.step > 30  # from the peer's state, not from scratch
+
+    # A job left on purpose is not resumed by the next restart.
+    cluster.client(victim).leave("reboot")
+    victim.process.terminate()
+    victim.process.wait()
+    cluster.start(victim)
+    cluster.wait_ready()
+    time.sleep(5)  # past the resume delay
+    assert cluster.client(victim).status().jobs == []

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import importlib.machinery
 import importlib.util
+import json
 import logging
 import os
 import secrets
@@ -22,7 +23,7 @@ from peerd import __version__
 from peerd.config import DaemonConfig
 from peerd.core.membership import ACTIVE_STATES, JobEntry, Membership, PeerRecord
 from peerd.daemon.discovery import Discovery
-from peerd.daemon.jobs import LocalJob, WorkerLaunch
+from peerd.daemon.jobs import ENDED, JOINED, LocalJob, WorkerLaunch
 from peerd.daemon.notify import sd_notify, watchdog_interval_s
 from peerd.daemon.services import ControlServicer, PeerServicer, SupervisorServicer, hello_request
 from peerd.errors import ConfigError, JobMismatch, PeerUnavailable, PeerdError, UnknownJob
@@ -43,9 +44,7 @@ def load_peer_id(config: DaemonConfig) -> str:
     host = "".join(c if c.isalnum() else "-" for c in socket.gethostname())[:40].strip("-") or "peer"
     peer_id = f"{host}-{secrets.token_hex(3)}"
     config.state_dir.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(peer_id + "\n")
-    os.replace(tmp, path)
+    _write_atomic(path, peer_id + "\n")
     return peer_id
 
 
@@ -82,6 +81,7 @@ class Daemon:
         await self._discovery.start(self._announced)
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         self._tasks.append(asyncio.create_task(self._hello_loop(), name="hello"))
+        self._tasks.append(asyncio.create_task(self._resume_jobs(), name="resume"))
         interval = watchdog_interval_s()
         if interval:
             self._tasks.append(asyncio.create_task(self._watchdog(interval), name="watchdog"))
@@ -218,6 +218,24 @@ class Daemon:
 
     # ---- jobs ------------------------------------------------------------
 
+    async def _resume_jobs(self) -> None:
+        """Rejoin the jobs this peer was in when the daemon stopped or died.
+
+        Waits a few Hello rounds first, so the workers see the running peers and
+        take the job's state from them instead of starting over."""
+        pending = [d for d in sorted((self.config.state_dir / "jobs").glob("*"))
+                   if (d / JOINED).exists() and not (d / ENDED).exists()]
+        if not pending:
+            return
+        await asyncio.sleep(3 * self.config.hello_interval_s + HELLO_TIMEOUT_S)
+        for job_dir in pending:
+            try:
+                spec_dir = json.loads((job_dir / JOINED).read_text()).get("spec_dir", "")
+                spec = await self.join((job_dir / "job.toml").read_text(), spec_dir)
+                log.info("resumed job %s", spec.name)
+            except (OSError, ValueError, PeerdError) as exc:
+                log.error("could not resume the job in %s: %s", job_dir, exc)
+
     async def join_by_name(self, name: str) -> JobSpec:
         """Join a job running on the LAN, with the spec taken from a peer that runs it."""
         specs = {fp: peers for (n, fp), peers in self.membership.jobs().items() if n == name}
@@ -262,9 +280,9 @@ class Daemon:
         job_dir = self.config.state_dir / "jobs" / spec.name
         job_dir.mkdir(parents=True, exist_ok=True)
         spec_path = job_dir / "job.toml"
-        tmp = spec_path.with_suffix(".tmp")
-        tmp.write_text(spec_toml)
-        os.replace(tmp, spec_path)
+        _write_atomic(spec_path, spec_toml)
+        _write_atomic(job_dir / JOINED, json.dumps({"spec_dir": spec_dir}) + "\n")
+        (job_dir / ENDED).unlink(missing_ok=True)
         launch = WorkerLaunch(
             control_address=f"unix:{self.config.control_socket}", peer_id=self.peer_id,
             host=self.config.host, threads=self.config.worker_threads, spec_path=spec_path,
@@ -280,6 +298,7 @@ class Daemon:
         job = self._job(name)
         await job.stop(drain)
         del self.jobs[name]
+        (job.job_dir / JOINED).unlink(missing_ok=True)  # left on purpose: not resumed
         await self._announce_if_changed()
         log.info("left job %s%s", name, " after draining" if drain else "")
 
@@ -340,6 +359,12 @@ class Daemon:
                                 local=self.peer_id in peers)
             for (name, fp), peers in sorted(jobs.items())
         ])
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def check_importable(entry: str, spec_dir: str) -> None:

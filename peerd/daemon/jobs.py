@@ -23,6 +23,8 @@ log = logging.getLogger("peerd.jobs")
 # Worker exit codes (peerd.worker.main); anything else is a crash and is restarted.
 EXIT_FINISHED = 0
 EXIT_CONFIG = 2
+JOINED = "joined.json"  # in the job's directory while this peer is in the job: resumed on restart
+ENDED = "ended"  # the job finished or failed here: not resumed
 STOP_GRACE_S = 10.0
 DRAIN_TIMEOUT_S = 120.0
 _PR_SET_PDEATHSIG = 1
@@ -91,10 +93,12 @@ class LocalJob:
                 return
             if code == EXIT_FINISHED:
                 self.state = "finished"
+                self._mark_ended()
                 log.info("job %s finished: test accuracy %.4f", self.spec.name, self.progress.test_accuracy)
                 return
             if code == EXIT_CONFIG:
                 self.state = "failed"
+                self._mark_ended()
                 log.error("job %s cannot run (see %s); not restarting", self.spec.name, self.launch.log_path)
                 return
             self.restarts += 1
@@ -103,6 +107,14 @@ class LocalJob:
                         self.spec.name, code, self.restarts, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, self.backoff_max_s)
+
+    @property
+    def job_dir(self) -> Path:
+        return self.launch.spec_path.parent
+
+    def _mark_ended(self) -> None:
+        # A daemon restarted later resumes only jobs that neither ended nor were left.
+        (self.job_dir / ENDED).write_text(self.state + "\n")
 
     async def _run_once(self) -> int:
         self.launch.log_path.parent.mkdir(parents=True, exist_ok=True)
