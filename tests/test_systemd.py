@@ -1,0 +1,33 @@
+"""The shipped systemd unit and example config are valid."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from peerd.config import load_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_the_example_config_is_valid():
+    config = load_config(REPO / "systemd" / "peerd.toml")
+    assert config.state_dir == Path("/var/lib/peerd")
+    assert config.control_socket == Path("/run/peerd/control.sock")
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
+def test_the_unit_passes_systemd_analyze_verify(tmp_path):
+    peerd = Path(sys.executable).with_name("peerd")
+    unit = (REPO / "systemd" / "peerd.service").read_text().replace("/opt/peerd/.venv/bin/peerd", str(peerd))
+    path = tmp_path / "peerd.service"
+    path.write_text(unit)
+    out = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True, text=True, timeout=60)
+    # Only complaints about this unit count (the host's own units may have warnings).
+    problems = [line for line in (out.stdout + out.stderr).splitlines() if "peerd.service" in line]
+    assert out.returncode == 0 and not problems, out.stdout + out.stderr
+    assert "Type=notify" in unit and "WatchdogSec=" in unit
