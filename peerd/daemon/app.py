@@ -207,8 +207,10 @@ class Daemon:
 
     def _txt(self) -> dict[str, str]:
         running = sorted(n for n, j in self.jobs.items() if j.state in ACTIVE_STATES)
+        # Informative: Hello replies are what peers act on (TXT values are short and may lag).
+        data_plane = ",".join(f"{n}@{self.jobs[n].worker_address}" for n in running if self.jobs[n].worker_address)
         return {"id": self.peer_id, "v": __version__, "realm": self.config.realm, "addr": self.peer_address,
-                "loc": self.config.locality, "jobs": ",".join(running)}
+                "loc": self.config.locality, "jobs": ",".join(running), "dp": data_plane[:200]}
 
     async def _announce_if_changed(self) -> None:
         txt = self._txt()
