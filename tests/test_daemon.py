@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+from dataclasses import replace
 
 import grpc
 import pytest
@@ -68,6 +69,18 @@ async def test_daemons_of_different_realms_ignore_each_other(daemons):
     await asyncio.sleep(1.0)  # several Hello rounds: beta must stay out
     assert a.membership.get("beta") is None and c.membership.get("beta") is None
     assert b.membership.peers() == []
+
+
+async def test_the_same_peer_id_may_live_in_two_realms(daemons, tmp_path):
+    a = await daemons("alpha", realm="lab-a")
+    b = await daemons("beta", realm="lab-a")
+    twin = Daemon(replace(config(tmp_path, "alpha-b", realm="lab-b"), peer_id="alpha"))
+    await twin.start()  # another realm: no clash of mDNS names
+    try:
+        await until(lambda: a.membership.get("beta") and b.membership.get("alpha"))
+        assert b.membership.get("alpha").address == a.peer_address
+    finally:
+        await twin.aclose()
 
 
 async def test_a_stopped_daemon_leaves_the_view(daemons):

@@ -190,3 +190,35 @@ async def test_memory_transport_reports_missing_peer():
     a, _ = two_peers()
     with pytest.raises(PeerUnavailable):
         await MemoryTransport(a.identity, {}).fetch_segment("nowhere", 1, 0, torch.empty(3), 1.0)
+
+
+async def test_a_client_that_gives_up_mid_stream_releases_the_snapshot(grpc_pair):
+    a, b, addresses, (ta, _) = grpc_pair
+    big = 4_000_000  # 16 MB: the stream is still running when the client's deadline hits
+    store = SnapshotStore(big)
+    server = SegmentServer(Identity("job", "fp", "big"), store, 1, CHUNK)
+    grpc_server, address = await start_exchange_server(
+        server, StateServer(server.identity, StateBoard(big), store, CHUNK), "127.0.0.1")
+    try:
+        await store.publish(1, torch.ones(big))
+        for _ in range(3):
+            with pytest.raises(PeerUnavailable):
+                await ta.fetch_segment(address, 1, 0, torch.empty(big), timeout=0.02)
+        await asyncio.sleep(0.2)  # the server side notices the cancellation
+        # Round 3 reuses round 1's slot: publishing must neither wait nor corrupt a reader.
+        await asyncio.wait_for(store.publish(3, torch.full((big,), 3.0)), timeout=2.0)
+        out = torch.empty(big)
+        await ta.fetch_segment(address, 3, 0, out, timeout=10.0)
+        assert bool((out == 3.0).all())
+    finally:
+        await grpc_server.stop(grace=None)
+
+
+async def test_publishing_over_a_round_still_being_read_keeps_the_reader_consistent():
+    store = SnapshotStore(4)
+    await store.publish(1, torch.ones(4))
+    async with store.hold(1, 0.0) as held:
+        await asyncio.wait_for(store.publish(3, torch.full((4,), 3.0)), timeout=1.0)  # same slot as round 1
+        assert bool((held == 1.0).all())  # the reader still sees round 1
+    async with store.hold(3, 0.0) as held:
+        assert bool((held == 3.0).all())

@@ -79,3 +79,13 @@ def test_more_peers_ramp_the_lr_up_smoothly_and_keep_momentum():
     # The momentum buffer was carried on, not reset: it still has the old direction in it.
     assert torch.nn.functional.cosine_similarity(
         momentum.flatten(), t.optimizer.state[t.model.weight]["momentum_buffer"].flatten(), dim=0) > 0
+
+
+def test_every_epoch_of_the_job_is_trained():
+    t = Trainer(spec(epochs=3), "a", JOBCODE)
+    steps = 0
+    while not t.done and steps < 100:
+        t.step(["a", "b"])
+        steps += 1
+    assert t.samples == 3 * 3  # 3 epochs of a 3-sample shard
+    assert t.progress == 3.0

@@ -8,12 +8,15 @@ to send a Hello.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import socket
 from collections.abc import Callable
 
-from zeroconf import InterfaceChoice, IPVersion, ServiceStateChange
+from zeroconf import InterfaceChoice, IPVersion, NonUniqueNameException, ServiceStateChange
 from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZeroconf
+
+from peerd.errors import ConfigError
 
 SERVICE_TYPE = "_peerd._tcp.local."
 log = logging.getLogger("peerd.discovery")
@@ -43,22 +46,36 @@ class Discovery:
         self._names: dict[str, str] = {}  # service name -> peer id
         self._tasks: set[asyncio.Task] = set()
 
+    @property
+    def _instance(self) -> str:
+        # mDNS names are shared by every realm on the link: the realm goes into the
+        # name, so two clusters may both have a "peer-0" (the TXT id stays the peer id).
+        tag = hashlib.blake2b(self._realm.encode(), digest_size=4).hexdigest()
+        return f"{self._peer_id}-{tag}"
+
     def _service_info(self, properties: dict[str, str]) -> AsyncServiceInfo:
         family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
         return AsyncServiceInfo(
             SERVICE_TYPE,
-            f"{self._peer_id}.{SERVICE_TYPE}",
+            f"{self._instance}.{SERVICE_TYPE}",
             addresses=[socket.inet_pton(family, self._host)],
             port=self._port,
             properties=properties,
-            server=f"{self._peer_id}.local.",
+            server=f"{self._instance}.local.",
         )
 
     async def start(self, properties: dict[str, str]) -> None:
         version = IPVersion.V6Only if ":" in self._host else IPVersion.V4Only
         self._zc = AsyncZeroconf(interfaces=self._interfaces, ip_version=version)
         self._info = self._service_info(properties)
-        await self._zc.async_register_service(self._info, allow_name_change=False)
+        try:
+            await self._zc.async_register_service(self._info, allow_name_change=False)
+        except NonUniqueNameException:
+            self._info = None
+            raise ConfigError(
+                f"another daemon on the network announces peer id {self._peer_id!r} in realm "
+                f"{self._realm!r}: peer ids must be unique (set daemon.peer_id, or remove state_dir/peer_id)"
+            ) from None
         self._browser = AsyncServiceBrowser(self._zc.zeroconf, SERVICE_TYPE, handlers=[self._on_change])
 
     async def update(self, properties: dict[str, str]) -> None:

@@ -110,7 +110,7 @@ class Worker:
             # will read their shares once they serve.
             members = sorted({*self.link.members, *view})
             for _ in range(self.spec.gossip.period_steps):
-                await asyncio.to_thread(self.trainer.step, members)
+                await asyncio.to_thread(self.trainer.step, members, len(view))
             self.round += 1
             await self.store.publish(self.round, self.trainer.flat.vector)
             if self.board.wanted:  # a newcomer asked for our state: copy it between steps

@@ -41,27 +41,35 @@ def check_identity(identity: Identity, job: str, fingerprint: str) -> None:
         )
 
 
+class _Slot:
+    def __init__(self, numel: int) -> None:
+        self.buffer = torch.empty(numel, dtype=torch.float32)
+        self.round = -1
+        self.readers = 0
+
+
 class SnapshotStore:
     def __init__(self, numel: int, keep: int = KEEP_ROUNDS) -> None:
-        self._buffers = [torch.empty(numel, dtype=torch.float32) for _ in range(keep)]
-        self._rounds = [-1] * keep
-        self._readers = [0] * keep
+        self._numel = numel
+        self._slots = [_Slot(numel) for _ in range(keep)]
         self._changed = asyncio.Condition()
         self.current_round = -1
         self.finished = False
 
     @property
     def numel(self) -> int:
-        return self._buffers[0].numel()
+        return self._numel
 
     async def publish(self, round_: int, vector: torch.Tensor) -> None:
-        """Snapshot `vector` as this worker's state at the start of `round_`."""
-        slot = round_ % len(self._buffers)
+        """Snapshot `vector` as this worker's state at the start of `round_`. Never
+        waits: a slot a partner still reads is left to it and replaced."""
+        k = round_ % len(self._slots)
         async with self._changed:
-            # Never overwrite a round a partner is still reading.
-            await self._changed.wait_for(lambda: self._readers[slot] == 0)
-            self._buffers[slot].copy_(vector)
-            self._rounds[slot] = round_
+            if self._slots[k].readers:
+                self._slots[k] = _Slot(self._numel)
+            slot = self._slots[k]
+            slot.buffer.copy_(vector)
+            slot.round = round_
             self.current_round = round_
             self._changed.notify_all()
 
@@ -84,20 +92,18 @@ class SnapshotStore:
                     )
                 except TimeoutError:
                     pass
-            slot = round_ % len(self._buffers)
-            if round_ < 0 or self._rounds[slot] != round_:
+            slot = self._slots[round_ % len(self._slots)]
+            if round_ < 0 or slot.round != round_:
                 state = "finished" if self.finished else "in"
                 raise RoundMismatch(
                     f"round {round_} not held (peer {state} round {self.current_round})",
                     self.current_round,
                 )
-            self._readers[slot] += 1
+            slot.readers += 1
         try:
-            yield self._buffers[slot]
+            yield slot.buffer
         finally:
-            async with self._changed:
-                self._readers[slot] -= 1
-                self._changed.notify_all()
+            slot.readers -= 1  # no lock needed: the event loop runs one task at a time
 
 
 class SegmentServer:

@@ -37,21 +37,26 @@ class StatePart:
     values: torch.Tensor
 
 
+class _Capture:
+    def __init__(self, numel: int) -> None:
+        self.buffer = torch.empty(numel, dtype=torch.float32)
+        self.meta: StateMeta | None = None
+        self.readers = 0
+
+
 class StateBoard:
     """The donor side: a copy of the state taken at a round boundary on request."""
 
     def __init__(self, params: int) -> None:
         self.params = params
-        self._buffer = torch.empty(2 * params, dtype=torch.float32)  # parameters, then momentum
-        self._meta: StateMeta | None = None
-        self._readers = 0
+        self._capture = _Capture(2 * params)  # parameters, then momentum
         self._changed = asyncio.Condition()
         self._waiting = 0
         self.finished = False
 
     @property
     def numel(self) -> int:
-        return self._buffer.numel()
+        return 2 * self.params
 
     @property
     def wanted(self) -> bool:
@@ -59,10 +64,13 @@ class StateBoard:
         return self._waiting > 0
 
     async def capture(self, parts: Sequence[torch.Tensor], meta: StateMeta) -> None:
+        """Copy the state. Never waits: a capture still being read is left to its
+        readers and replaced."""
         async with self._changed:
-            await self._changed.wait_for(lambda: self._readers == 0)
-            torch.cat([p.reshape(-1) for p in parts], out=self._buffer)
-            self._meta = meta
+            if self._capture.readers:
+                self._capture = _Capture(self.numel)
+            torch.cat([p.reshape(-1) for p in parts], out=self._capture.buffer)
+            self._capture.meta = meta
             self._changed.notify_all()
 
     async def finish(self) -> None:
@@ -74,7 +82,10 @@ class StateBoard:
     async def hold(self, current_round: int, wait_s: float) -> AsyncIterator[tuple[torch.Tensor, StateMeta]]:
         """A capture of `current_round` or later, taken now if needed (up to wait_s)."""
         async with self._changed:
-            fresh = lambda: self._meta is not None and self._meta.round >= current_round  # noqa: E731
+            def fresh() -> bool:
+                meta = self._capture.meta
+                return meta is not None and meta.round >= current_round
+
             if not fresh() and not self.finished:
                 self._waiting += 1
                 try:
@@ -83,16 +94,14 @@ class StateBoard:
                     pass
                 finally:
                     self._waiting -= 1
-            if self._meta is None:
+            capture = self._capture
+            if capture.meta is None:
                 raise PeerUnavailable("no state captured yet")
-            self._readers += 1
-            meta = self._meta
+            capture.readers += 1
         try:
-            yield self._buffer, meta
+            yield capture.buffer, capture.meta
         finally:
-            async with self._changed:
-                self._readers -= 1
-                self._changed.notify_all()
+            capture.readers -= 1
 
 
 class StateServer:

@@ -97,10 +97,10 @@ class Trainer:
     def done(self) -> bool:
         return self.progress >= self.spec.epochs
 
-    def _lr(self, members: Sequence[str]) -> float:
+    def _lr(self, trainers: int) -> float:
         """Schedule × linear-scaling multiplier, ramped when the global batch changes."""
         opt = self.spec.optimizer
-        if self.ramp.set_batch(self.spec.local_batch * len(set(members)), self.step_count):
+        if self.ramp.set_batch(self.spec.local_batch * trainers, self.step_count):
             log.info("global batch now %d: LR scale ramps to %.3f", self.ramp.batch,
                      self.ramp.batch / opt.reference_batch)
         decay = cosine(self.progress / self.spec.epochs) if opt.schedule == "cosine" else 1.0
@@ -108,8 +108,9 @@ class Trainer:
 
     def _next_indices(self, members: Sequence[str]) -> list[int]:
         while self._pos >= len(self._shard):
-            if self._started:
+            if self._started:  # the shard is used up: the next epoch begins
                 self.epoch += 1
+                self._shard, self._pos = [], 0
             if self.done:
                 return []
             # The view at the start of an epoch decides the split for that epoch;
@@ -121,14 +122,18 @@ class Trainer:
         self._pos += len(batch)
         return batch
 
-    def step(self, members: Sequence[str]) -> float:
-        """One optimizer step on the next local batch; returns the loss."""
+    def step(self, members: Sequence[str], trainers: int = 0) -> float:
+        """One optimizer step on the next local batch; returns the loss.
+
+        `members` (every peer in the job) split the data; `trainers` (the peers
+        that train now, default: the members) make the global batch the LR is
+        scaled for: a peer that is still starting adds no samples yet."""
         started = time.perf_counter()
         indices = self._next_indices(members)
         if not indices:
             return math.nan
         x, y = _batch(self.train_set, indices)
-        self.lr = self._lr(members)
+        self.lr = self._lr(trainers or len(set(members)))
         for group in self.optimizer.param_groups:  # momentum buffers are kept as they are
             group["lr"] = self.lr
         self.model.train()

@@ -7,6 +7,7 @@ together with no network, for tests of the exchange logic.
 from __future__ import annotations
 
 import asyncio
+from contextlib import aclosing
 from typing import Protocol
 
 import grpc
@@ -155,10 +156,13 @@ class ExchangeServicer(peer_pb2_grpc.ExchangeServicer):
 
     async def FetchSegment(self, request, context):
         try:
-            async for offset, total, data in self._server.segment(
+            # aclosing: a client that goes away (deadline, crash) must release the
+            # snapshot it read at once, not whenever the generator is collected.
+            async with aclosing(self._server.segment(
                 request.job, request.fingerprint, request.round, request.segment, request.wait_s
-            ):
-                yield encode_segment_chunk(request.round, request.segment, offset, total, data)
+            )) as chunks:
+                async for offset, total, data in chunks:
+                    yield encode_segment_chunk(request.round, request.segment, offset, total, data)
         except JobMismatch as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         except RoundMismatch as exc:
@@ -167,13 +171,14 @@ class ExchangeServicer(peer_pb2_grpc.ExchangeServicer):
 
     async def FetchState(self, request, context):
         try:
-            async for meta, offset, total, sha, data in self._state.state(
+            async with aclosing(self._state.state(
                 request.job, request.fingerprint, request.offset, request.length, request.wait_s
-            ):
-                yield peer_pb2.StateChunk(
-                    round=meta.round, step=meta.step, progress=meta.progress, offset=offset,
-                    total=total, params=self._state.board.params, sha256=sha, data=data,
-                )
+            )) as chunks:
+                async for meta, offset, total, sha, data in chunks:
+                    yield peer_pb2.StateChunk(
+                        round=meta.round, step=meta.step, progress=meta.progress, offset=offset,
+                        total=total, params=self._state.board.params, sha256=sha, data=data,
+                    )
         except JobMismatch as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         except PeerUnavailable as exc:
@@ -232,8 +237,9 @@ class MemoryTransport:
             chunks = self._server(address).segment(
                 self._identity.job, self._identity.fingerprint, round_, segment, timeout
             )
-            async for offset, total, data in chunks:
-                filled = _fill(out, offset, total, data, filled)
+            async with aclosing(chunks):
+                async for offset, total, data in chunks:
+                    filled = _fill(out, offset, total, data, filled)
 
         try:
             await asyncio.wait_for(pull(), timeout)
@@ -246,8 +252,9 @@ class MemoryTransport:
         if state is None:
             raise PeerUnavailable(f"no worker at {address}")
         chunks = state.state(self._identity.job, self._identity.fingerprint, span.start, span.size, timeout / 2)
-        async for meta, offset, _, sha, data in chunks:
-            assembly.add(meta, offset, sha, data)
+        async with aclosing(chunks):
+            async for meta, offset, _, sha, data in chunks:
+                assembly.add(meta, offset, sha, data)
         return assembly.result(address)
 
     async def aclose(self) -> None:
