@@ -65,6 +65,7 @@ class Daemon:
         self._tasks: list[asyncio.Task] = []
         self._announced: dict[str, str] = {}
         self._closed = False
+        self._closing: set[asyncio.Task] = set()  # channel closes in flight
 
     # ---- lifecycle -------------------------------------------------------
 
@@ -133,7 +134,7 @@ class Daemon:
         for server in (self._peer_server, self._control_server):
             if server is not None:
                 await server.stop(grace=1.0)
-        await asyncio.gather(*(c.close() for c in self._channels.values()), return_exceptions=True)
+        await asyncio.gather(*self._closing, *(c.close() for c in self._channels.values()), return_exceptions=True)
         if self._control_server is not None:  # only remove a socket this daemon made
             self.config.control_socket.unlink(missing_ok=True)
         log.info("peerd %s stopped", self.peer_id)
@@ -148,12 +149,22 @@ class Daemon:
     def learn_address(self, peer_id: str, address: str) -> None:
         if peer_id != self.peer_id and self._addresses.get(peer_id) != address:
             log.info("found peer %s at %s", peer_id, address)
+            self._forget_address(peer_id)  # a restarted peer comes back on another port
             self._addresses[peer_id] = address
 
     def _lost(self, peer_id: str) -> None:
         log.info("peer %s withdrew its announcement", peer_id)
-        self._addresses.pop(peer_id, None)
+        self._forget_address(peer_id)
         self.membership.forget(peer_id)
+
+    def _forget_address(self, peer_id: str) -> None:
+        address = self._addresses.pop(peer_id, None)
+        if address is not None and address not in self._addresses.values():
+            channel = self._channels.pop(address, None)
+            if channel is not None:
+                task = asyncio.ensure_future(channel.close())
+                self._closing.add(task)
+                task.add_done_callback(self._closing.discard)
 
     async def _hello_loop(self) -> None:
         while True:
@@ -184,7 +195,7 @@ class Daemon:
             log.debug("hello to %s at %s failed: %s", peer_id, address, exc.code().name)
             return  # silence counts against it through the membership timeout
         if reply.realm != self.config.realm:
-            self._addresses.pop(peer_id, None)
+            self._forget_address(peer_id)
             return
         jobs = tuple(
             JobEntry(j.name, j.spec_fingerprint, j.worker_address, j.round, j.state, j.phase, j.lr, j.global_batch)

@@ -41,6 +41,14 @@ def check_identity(identity: Identity, job: str, fingerprint: str) -> None:
         )
 
 
+async def wait_until(changed: asyncio.Condition, predicate, wait_s: float) -> None:
+    """Wait (holding `changed`) until predicate() or wait_s passed, whichever is first."""
+    try:
+        await asyncio.wait_for(changed.wait_for(predicate), timeout=max(wait_s, 0.0))
+    except TimeoutError:
+        pass
+
+
 class _Slot:
     def __init__(self, numel: int) -> None:
         self.buffer = torch.empty(numel, dtype=torch.float32)
@@ -85,13 +93,7 @@ class SnapshotStore:
         reached it, and kept from being overwritten while the caller reads it."""
         async with self._changed:
             if round_ > self.current_round and not self.finished:
-                try:
-                    await asyncio.wait_for(
-                        self._changed.wait_for(lambda: self.current_round >= round_ or self.finished),
-                        timeout=max(wait_s, 0.0),
-                    )
-                except TimeoutError:
-                    pass
+                await wait_until(self._changed, lambda: self.current_round >= round_ or self.finished, wait_s)
             slot = self._slots[round_ % len(self._slots)]
             if round_ < 0 or slot.round != round_:
                 state = "finished" if self.finished else "in"

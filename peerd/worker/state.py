@@ -20,7 +20,7 @@ import torch
 
 from peerd.core.segments import Span, chunk_spans, split_even
 from peerd.errors import JobMismatch, PeerUnavailable, PeerdError
-from peerd.worker.snapshots import Identity, SnapshotStore, check_identity
+from peerd.worker.snapshots import Identity, SnapshotStore, check_identity, wait_until
 
 
 @dataclass(frozen=True)
@@ -89,9 +89,7 @@ class StateBoard:
             if not fresh() and not self.finished:
                 self._waiting += 1
                 try:
-                    await asyncio.wait_for(self._changed.wait_for(lambda: fresh() or self.finished), wait_s)
-                except TimeoutError:
-                    pass
+                    await wait_until(self._changed, lambda: fresh() or self.finished, wait_s)
                 finally:
                     self._waiting -= 1
             capture = self._capture

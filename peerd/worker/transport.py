@@ -111,11 +111,14 @@ class GrpcTransport:
             segment=segment, peer_id=self._identity.peer_id, wait_s=timeout,
         )
         filled = 0
+        call = self._fetch_segment(address)(request, timeout=timeout)
         try:
-            async for chunk in self._fetch_segment(address)(request, timeout=timeout):
+            async for chunk in call:
                 filled = _fill(out, chunk.offset, chunk.total, chunk.data, filled)
         except grpc.aio.AioRpcError as exc:
             raise _translate(exc, address) from None
+        finally:
+            call.cancel()  # a bad chunk ends the stream here, so the partner stops sending (no-op when done)
         if filled != out.numel():
             raise PeerUnavailable(f"{address} ended segment {segment} after {filled}/{out.numel()} elements")
 
@@ -125,11 +128,14 @@ class GrpcTransport:
             offset=span.start, length=span.size, wait_s=timeout / 2,
         )
         assembly = _StateAssembly(span)
+        call = self._stub(address).FetchState(request, timeout=timeout)
         try:
-            async for c in self._stub(address).FetchState(request, timeout=timeout):
+            async for c in call:
                 assembly.add(StateMeta(c.round, c.step, c.progress), c.offset, c.sha256, c.data)
         except grpc.aio.AioRpcError as exc:
             raise _translate(exc, address) from None
+        finally:
+            call.cancel()
         return assembly.result(address)
 
     async def aclose(self) -> None:
