@@ -37,9 +37,10 @@ FETCH_SEGMENT = f"/{EXCHANGE_SERVICE}/FetchSegment"
 
 class Transport(Protocol):
     async def fetch_segment(
-        self, address: str, round_: int, segment: int, out: torch.Tensor, timeout: float
+        self, address: str, round_: int, segment: int, out: torch.Tensor, timeout: float, stage: int = 0
     ) -> None:
-        """Fill `out` with the partner's segment of `round_` or raise a PeerdError."""
+        """Fill `out` with the partner's segment of `round_` (at `stage`, see
+        SegmentRequest) or raise a PeerdError."""
 
     async def fetch_state(self, address: str, span: Span, timeout: float) -> StatePart:
         """A verified range of the partner's training state."""
@@ -47,13 +48,24 @@ class Transport(Protocol):
     async def aclose(self) -> None: ...
 
 
-def _fill(out: torch.Tensor, offset: int, total: int, data: bytes, filled: int) -> int:
+_WIRE_NUMPY = {"fp32": "<f4", "fp16": "<f2", "bf16": "<u2"}
+
+
+def _fill(out: torch.Tensor, offset: int, total: int, data: bytes, filled: int, wire: str = "fp32") -> int:
     if total != out.numel():
         raise JobMismatch(f"partner sent a segment of {total} elements, expected {out.numel()}")
-    values = np.frombuffer(data, dtype="<f4")
+    dtype = np.dtype(_WIRE_NUMPY[wire])
+    nbytes = memoryview(data).nbytes
+    if nbytes % dtype.itemsize:
+        raise PeerUnavailable(f"partner sent {nbytes} bytes, not whole {wire} values")
+    values = np.frombuffer(data, dtype=dtype)
     if offset != filled or offset + values.size > total:
         raise PeerUnavailable(f"partner sent chunk at {offset}+{values.size}, expected {filled}")
-    out[offset : offset + values.size].numpy()[:] = values  # the one copy, into the preallocated buffer
+    target = out[offset : offset + values.size]
+    if wire == "bf16":  # numpy has no bfloat16; its bits are the top half of a float32's
+        target.numpy().view(np.uint32)[:] = values.astype(np.uint32) << 16
+    else:
+        target.numpy()[:] = values  # the one copy (and widening), into the preallocated buffer
     return filled + values.size
 
 
@@ -81,8 +93,9 @@ class _StateAssembly:
 
 
 class GrpcTransport:
-    def __init__(self, identity: Identity) -> None:
+    def __init__(self, identity: Identity, wire: str = "fp32") -> None:
         self._identity = identity
+        self._wire = wire
         self._channels: dict[str, grpc.aio.Channel] = {}
 
     def _channel(self, address: str) -> grpc.aio.Channel:
@@ -104,17 +117,17 @@ class GrpcTransport:
         )
 
     async def fetch_segment(
-        self, address: str, round_: int, segment: int, out: torch.Tensor, timeout: float
+        self, address: str, round_: int, segment: int, out: torch.Tensor, timeout: float, stage: int = 0
     ) -> None:
         request = peer_pb2.SegmentRequest(
             job=self._identity.job, fingerprint=self._identity.fingerprint, round=round_,
-            segment=segment, peer_id=self._identity.peer_id, wait_s=timeout,
+            segment=segment, peer_id=self._identity.peer_id, wait_s=timeout, stage=stage,
         )
         filled = 0
         call = self._fetch_segment(address)(request, timeout=timeout)
         try:
             async for chunk in call:
-                filled = _fill(out, chunk.offset, chunk.total, chunk.data, filled)
+                filled = _fill(out, chunk.offset, chunk.total, chunk.data, filled, self._wire)
         except grpc.aio.AioRpcError as exc:
             raise _translate(exc, address) from None
         finally:
@@ -165,7 +178,8 @@ class ExchangeServicer(peer_pb2_grpc.ExchangeServicer):
             # aclosing: a client that goes away (deadline, crash) must release the
             # snapshot it read at once, not whenever the generator is collected.
             async with aclosing(self._server.segment(
-                request.job, request.fingerprint, request.round, request.segment, request.wait_s
+                request.job, request.fingerprint, request.round, request.segment, request.wait_s,
+                request.stage,
             )) as chunks:
                 async for offset, total, data in chunks:
                     yield encode_segment_chunk(request.round, request.segment, offset, total, data)
@@ -223,9 +237,11 @@ class MemoryTransport:
     logic without a network."""
 
     def __init__(
-        self, identity: Identity, servers: dict[str, SegmentServer], state_servers: dict[str, StateServer] | None = None
+        self, identity: Identity, servers: dict[str, SegmentServer],
+        state_servers: dict[str, StateServer] | None = None, wire: str = "fp32",
     ) -> None:
         self._identity = identity
+        self._wire = wire
         self._servers = servers
         self._state_servers = state_servers or {}
 
@@ -236,16 +252,16 @@ class MemoryTransport:
         return server
 
     async def fetch_segment(
-        self, address: str, round_: int, segment: int, out: torch.Tensor, timeout: float
+        self, address: str, round_: int, segment: int, out: torch.Tensor, timeout: float, stage: int = 0
     ) -> None:
         async def pull() -> None:
             filled = 0
             chunks = self._server(address).segment(
-                self._identity.job, self._identity.fingerprint, round_, segment, timeout
+                self._identity.job, self._identity.fingerprint, round_, segment, timeout, stage
             )
             async with aclosing(chunks):
                 async for offset, total, data in chunks:
-                    filled = _fill(out, offset, total, data, filled)
+                    filled = _fill(out, offset, total, data, filled, self._wire)
 
         try:
             await asyncio.wait_for(pull(), timeout)
