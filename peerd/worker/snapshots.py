@@ -187,10 +187,13 @@ class SegmentServer:
         self.layout: list[Span] = split_even(store.numel, segments)
 
     async def segment(
-        self, job: str, fingerprint: str, round_: int, segment: int, wait_s: float, stage: int = 0
+        self, job: str, fingerprint: str, round_: int, segment: int, wait_s: float, stage: int = 0,
+        chunk_elems: int = 0,
     ) -> AsyncIterator[tuple[int, int, np.ndarray]]:
-        """(offset, total, data) chunks of one segment of one round; data is a view
-        into the snapshot, valid until the next chunk is asked for."""
+        """(offset, total, data) chunks of one segment of one round, of
+        `chunk_elems` (default: the server's) elements; data is a view into the
+        snapshot (fp32 on the wire), valid until the next chunk is asked for."""
+        chunk_elems = chunk_elems or self.chunk_elems
         check_identity(self.identity, job, fingerprint)
         if not 0 <= segment < len(self.layout):
             raise JobMismatch(f"segment {segment} out of range 0..{len(self.layout) - 1}")
@@ -199,9 +202,9 @@ class SegmentServer:
         span = self.layout[segment]
         if stage:
             value = await self.stages.get(round_, stage, segment, wait_s)
-            for piece in chunk_spans(span.size, self.chunk_elems):
+            for piece in chunk_spans(span.size, chunk_elems):
                 yield piece.start, span.size, to_wire(value[piece.start : piece.stop], self.wire)
             return
         async with self.store.hold(round_, wait_s) as vector:
-            for piece in chunk_spans(span.size, self.chunk_elems):
+            for piece in chunk_spans(span.size, chunk_elems):
                 yield piece.start, span.size, to_wire(vector[span.start + piece.start : span.start + piece.stop], self.wire)
