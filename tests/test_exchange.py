@@ -275,3 +275,40 @@ async def test_a_partner_without_a_bulk_lane_is_served_over_grpc():
     finally:
         await transport.aclose()
         await server.stop(None)
+
+
+class LyingStateServer(StateServer):
+    """Serves a range whose bytes do not match the checksum it sends."""
+
+    async def state(self, *args, **kwargs):
+        async for meta, offset, total, sha, data in super().state(*args, **kwargs):
+            yield meta, offset, total, sha, bytes([data[0] ^ 0xFF]) + data[1:]
+
+
+async def test_a_joiner_refuses_corrupt_and_mismatched_states_and_uses_a_good_donor():
+    gen = torch.Generator().manual_seed(3)
+    good = Peer("a", torch.randn(NUMEL, generator=gen))
+    nan = Peer("b", torch.randn(NUMEL, generator=gen))
+    nan.vector[NUMEL - 5] = float("nan")  # lands in every range the joiner may ask b for
+    nan.vector[5] = float("inf")
+    other = Peer("c", torch.randn(NUMEL, generator=gen), fingerprint="another-model")
+    liar = Peer("d", torch.randn(NUMEL, generator=gen))
+    liar.state = LyingStateServer(liar.identity, liar.board, liar.store, CHUNK)
+    servers, donors, tasks = [], {}, []
+    joiner = GrpcTransport(Identity("job", "fp", "j"))
+    try:
+        for peer in (good, nan, other, liar):
+            server, address = await start_exchange_server(peer.server, peer.state, "127.0.0.1")
+            servers.append(server)
+            donors[peer.identity.peer_id] = address
+            tasks.append(await donate(peer, 5, 50, 1.5))
+        vector, meta, used = await pull_state(joiner, donors, 2 * NUMEL, 5.0)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await joiner.aclose()
+        await asyncio.gather(*(s.stop(None) for s in servers))
+    assert used == ["a"]  # every range refused by the others came from the good donor
+    torch.testing.assert_close(vector[:NUMEL], good.vector)
+    assert meta.round == 5
