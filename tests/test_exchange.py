@@ -312,3 +312,35 @@ async def test_a_joiner_refuses_corrupt_and_mismatched_states_and_uses_a_good_do
     assert used == ["a"]  # every range refused by the others came from the good donor
     torch.testing.assert_close(vector[:NUMEL], good.vector)
     assert meta.round == 5
+
+
+@pytest.mark.parametrize("factor", [0.0, 3.0])
+async def test_clipping_bounds_what_a_poisoner_does_to_honest_peers(factor):
+    from peerd.core.robust import PullClipper
+
+    gen = torch.Generator().manual_seed(5)
+    peers = {p: Peer(p, torch.randn(NUMEL, generator=gen)) for p in ("a", "b", "c", "evil")}
+    servers = {f"mem-{p}": peer.server for p, peer in peers.items()}
+    addresses = {p: f"mem-{p}" for p in peers}
+    clippers = {p: PullClipper(factor) for p in peers}
+    clipped = 0
+
+    async def one(p, r):
+        peer = peers[p]
+        if p == "evil" and r >= 4:
+            peer.vector.fill_(1e4)  # publishes garbage every round from round 4 on
+        await peer.store.publish(r, peer.vector)
+        plan = plan_round("job", r, list(addresses), p, SEGMENTS)
+        return await gossip_round(plan, addresses, peer.vector, peer.recv, peer.layout,
+                                  MemoryTransport(peer.identity, servers), 5.0, clippers[p])
+
+    for r in range(12):
+        results = await asyncio.gather(*(one(p, r) for p in peers))
+        clipped += sum(res.clipped for res, p in zip(results, peers) if p != "evil")
+    worst = max(float(peers[p].vector.abs().max()) for p in ("a", "b", "c"))
+    if factor:
+        assert clipped > 0
+        assert worst < 50, worst  # honest values started ~N(0, 1): moved by honest-sized pulls only
+    else:
+        assert clipped == 0
+        assert worst > 1000, worst  # without the defence the garbage spreads

@@ -19,6 +19,7 @@ import torch
 
 from peerd.core.deadline import DeadlineEstimator
 from peerd.core.groups import plan_hierarchical
+from peerd.core.robust import PullClipper
 from peerd.core.segments import split_even
 from peerd.core.suspicion import Suspicion
 from peerd.core.topology import plan_round
@@ -63,6 +64,8 @@ class Worker:
         self.transport = GrpcTransport(self.identity, spec.gossip.wire)
         self.deadline = DeadlineEstimator(spec.gossip.deadline_floor_s, spec.gossip.deadline_ceiling_s)
         self.suspicion = Suspicion()
+        self.clipper = PullClipper(spec.gossip.clip_factor)
+        self.clipped = 0
         self.phase = "joining"
         self.round = 0
         self.misses = 0
@@ -148,11 +151,16 @@ class Worker:
             plan = plan_hierarchical(self.spec.name, self.round, localities, self.me, len(self.layout),
                                      self.spec.gossip.group_size)
             result = await hierarchical_round(plan, self.me, view, vector, self.recv, self.layout,
-                                              self.transport, self.stages, deadline)
+                                              self.transport, self.stages, deadline, self.clipper)
         else:
             plan = plan_round(self.spec.name, self.round, peers, self.me, len(self.layout))
-            result = await gossip_round(plan, view, vector, self.recv, self.layout, self.transport, deadline)
+            result = await gossip_round(plan, view, vector, self.recv, self.layout, self.transport, deadline,
+                                        self.clipper)
         self.misses += result.misses
+        if result.clipped:
+            self.clipped += result.clipped
+            log.warning("round %d: clipped %d oversized pull(s) (%d so far; gossip.clip_factor = %g)",
+                        self.round, result.clipped, self.clipped, self.spec.gossip.clip_factor)
         if result.misses == 0:
             self.deadline.observe(result.seconds)
         elif result.errors:
