@@ -61,6 +61,11 @@ class Worker:
         self.stages = StageStore()
         self.board = StateBoard(numel)
         self.recv = torch.empty(numel, dtype=torch.float32)
+        # Averaging runs on the CPU, where the network buffers are: a model on a GPU
+        # is copied here for the round and back after it (two copies per round).
+        vector = trainer.flat.vector
+        self.work = vector if vector.device.type == "cpu" else torch.empty(
+            numel, dtype=torch.float32, pin_memory=vector.device.type == "cuda")
         self.transport = GrpcTransport(self.identity, spec.gossip.wire)
         self.deadline = DeadlineEstimator(spec.gossip.deadline_floor_s, spec.gossip.deadline_ceiling_s)
         self.suspicion = Suspicion()
@@ -145,7 +150,9 @@ class Worker:
         peers = self.suspicion.keep(view, now)
         if len(peers) < 2:
             return None
-        vector, deadline = self.trainer.flat.vector, self.deadline.deadline()
+        vector, deadline = self.work, self.deadline.deadline()
+        if vector is not self.trainer.flat.vector:
+            vector.copy_(self.trainer.flat.vector)
         if self.spec.gossip.mode == "hierarchical":
             localities = {p: (self.link.localities.get(p, ""), _host(view[p])) for p in peers}
             plan = plan_hierarchical(self.spec.name, self.round, localities, self.me, len(self.layout),
@@ -156,6 +163,8 @@ class Worker:
             plan = plan_round(self.spec.name, self.round, peers, self.me, len(self.layout))
             result = await gossip_round(plan, view, vector, self.recv, self.layout, self.transport, deadline,
                                         self.clipper)
+        if vector is not self.trainer.flat.vector:
+            self.trainer.flat.vector.copy_(vector, non_blocking=True)
         self.misses += result.misses
         if result.clipped:
             self.clipped += result.clipped
@@ -234,13 +243,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1", help="address to serve the exchange on")
     parser.add_argument("--out-dir", type=Path, default=Path("."), help="where the trained model is written")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--device", default="cpu", help='torch device to train on: "auto", "cpu", "cuda", "cuda:N", "mps"')
     return parser.parse_args(argv)
 
 
 async def amain(args: argparse.Namespace) -> int:
     spec = parse_job(args.spec.read_text(), str(args.spec))
     torch.set_num_threads(args.threads)
-    trainer = Trainer(spec, args.peer_id, args.spec_dir)
+    trainer = Trainer(spec, args.peer_id, args.spec_dir, args.device)
     link = SupervisorLink(args.control, spec.name, trainer.flat.fingerprint(spec.fingerprint))
     worker = Worker(spec, trainer, link, args.host, args.out_dir)
     loop = asyncio.get_running_loop()
