@@ -13,10 +13,12 @@ import math
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from peerd.auth import Authenticator, load_secret
 from peerd.core.deadline import DeadlineEstimator
 from peerd.core.segments import split_even
 from peerd.core.suspicion import Suspicion
@@ -24,6 +26,8 @@ from peerd.core.topology import plan_round
 from peerd.errors import ConfigError, PeerdError
 from peerd.jobspec import JobSpec, parse_job
 from peerd.proto.v1 import control_pb2
+from peerd.rejections import Rejections
+from peerd.tls import TlsMaterial, TlsSettings, load_tls
 from peerd.worker.gossip import RoundResult, gossip_round
 from peerd.worker.link import SupervisorLink
 from peerd.worker.snapshots import Identity, SegmentServer, SnapshotStore
@@ -42,8 +46,19 @@ EXIT_CONFIG = 2  # the job cannot load here: restarting would not help
 CATCH_UP_ROUNDS = 10  # further behind than this, take a partner's state instead of stepping up
 
 
+@dataclass(frozen=True)
+class Security:
+    """The job secret and the TLS material: both absent means an open data plane."""
+
+    auth: Authenticator | None = None
+    tls: TlsMaterial | None = None
+
+
 class Worker:
-    def __init__(self, spec: JobSpec, trainer: Trainer, link: SupervisorLink, host: str, out_dir: Path) -> None:
+    def __init__(
+        self, spec: JobSpec, trainer: Trainer, link: SupervisorLink, host: str, out_dir: Path,
+        security: Security = Security(),
+    ) -> None:
         self.spec = spec
         self.out_dir = out_dir
         self.trainer = trainer
@@ -56,7 +71,9 @@ class Worker:
         self.store = SnapshotStore(numel)
         self.board = StateBoard(numel)
         self.recv = torch.empty(numel, dtype=torch.float32)
-        self.transport = GrpcTransport(self.identity)
+        self.security = security
+        self.rejections = Rejections(log)
+        self.transport = GrpcTransport(self.identity, security.auth, security.tls, self.rejections)
         self.deadline = DeadlineEstimator(spec.gossip.deadline_floor_s, spec.gossip.deadline_ceiling_s)
         self.suspicion = Suspicion()
         self.phase = "joining"
@@ -68,7 +85,8 @@ class Worker:
         chunk_elems = self.spec.gossip.chunk_kib * 1024 // 4
         server = SegmentServer(self.identity, self.store, len(self.layout), chunk_elems)
         state = StateServer(self.identity, self.board, self.store, chunk_elems)
-        grpc_server, address = await start_exchange_server(server, state, self.host)
+        grpc_server, address = await start_exchange_server(
+            server, state, self.host, auth=self.security.auth, tls=self.security.tls, rejections=self.rejections)
         log.info("serving exchange on %s; %d parameters in %d segments",
                  address, self.trainer.flat.numel, len(self.layout))
         # The first beat, without our address, shows the view without putting us
@@ -185,6 +203,7 @@ class Worker:
             samples_per_s=t.speed_ema, test_accuracy=self.accuracy, samples=t.samples,
             segment_misses=self.misses, finished=finished, disagreement=math.nan, exchange_s=math.nan, lr=t.lr,
             phase="finished" if finished else self.phase, global_batch=t.ramp.batch,
+            rejected=dict(self.rejections.counts),
         )
         if result is not None:
             p.partners_reached = len(result.reached)
@@ -207,15 +226,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1", help="address to serve the exchange on")
     parser.add_argument("--out-dir", type=Path, default=Path("."), help="where the trained model is written")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--secret-file", type=Path, default=None,
+                        help="the job secret: every exchange request and reply carries proof of it")
+    parser.add_argument("--tls-cert", type=Path, help="this peer's certificate (PEM), for mutual TLS")
+    parser.add_argument("--tls-key", type=Path, help="its private key (PEM)")
+    parser.add_argument("--tls-ca", type=Path, help="the CA that signed every peer's certificate (PEM)")
+    parser.add_argument("--tls-server-name", default="", help="name to check peer certificates against")
     return parser.parse_args(argv)
+
+
+def load_security(args: argparse.Namespace) -> Security:
+    auth = Authenticator(load_secret(args.secret_file)) if args.secret_file else None
+    tls_files = (args.tls_cert, args.tls_key, args.tls_ca)
+    if any(tls_files) and not all(tls_files):
+        raise ConfigError("--tls-cert, --tls-key and --tls-ca go together")
+    tls = load_tls(TlsSettings(*tls_files, args.tls_server_name)) if all(tls_files) else None
+    return Security(auth, tls)
 
 
 async def amain(args: argparse.Namespace) -> int:
     spec = parse_job(args.spec.read_text(), str(args.spec))
+    security = load_security(args)
     torch.set_num_threads(args.threads)
     trainer = Trainer(spec, args.peer_id, args.spec_dir)
     link = SupervisorLink(args.control, spec.name, trainer.flat.fingerprint(spec.fingerprint))
-    worker = Worker(spec, trainer, link, args.host, args.out_dir)
+    worker = Worker(spec, trainer, link, args.host, args.out_dir, security)
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     for sig in (signal.SIGTERM, signal.SIGINT):

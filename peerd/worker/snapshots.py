@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from peerd.core.segments import Span, chunk_spans, split_even
-from peerd.errors import JobMismatch, RoundMismatch
+from peerd.errors import InvalidMessage, JobMismatch, RoundMismatch
 
 KEEP_ROUNDS = 2
 
@@ -125,7 +125,7 @@ class SegmentServer:
         into the snapshot, valid until the next chunk is asked for."""
         check_identity(self.identity, job, fingerprint)
         if not 0 <= segment < len(self.layout):
-            raise JobMismatch(f"segment {segment} out of range 0..{len(self.layout) - 1}")
+            raise InvalidMessage(f"segment {segment} out of range 0..{len(self.layout) - 1}", "bad_segment")
         span = self.layout[segment]
         async with self.store.hold(round_, wait_s) as vector:
             for piece in chunk_spans(span.size, self.chunk_elems):

@@ -7,6 +7,8 @@ together with no network, for tests of the exchange logic.
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
 from contextlib import aclosing
 from typing import Protocol
 
@@ -14,25 +16,43 @@ import grpc
 import numpy as np
 import torch
 
-from peerd.errors import JobMismatch, PeerUnavailable, RoundMismatch
-from peerd.proto.v1 import peer_pb2, peer_pb2_grpc
+from google.protobuf.message import DecodeError
+
+from peerd.auth import AUTH_KEY, REPLY_KEY, Authenticator, ReplyMac, metadata_value
 from peerd.core.segments import Span
-from peerd.worker.codec import decode_segment_chunk, encode_segment_chunk
+from peerd.errors import InvalidMessage, JobMismatch, PeerdError, PeerUnavailable, RoundMismatch, Unauthenticated
+from peerd.proto.v1 import peer_pb2
+from peerd.rejections import Rejections
+from peerd.tls import TlsMaterial, add_port, open_channel
+from peerd.worker.codec import ChunkView, decode_segment_chunk, encode_segment_chunk
 from peerd.worker.snapshots import Identity, SegmentServer
 from peerd.worker.state import StateMeta, StatePart, StateServer, verify_part
 
-# Streams of ~1 MiB chunks; allow some headroom over the largest chunk.
-MAX_MESSAGE_BYTES = 32 * 1024 * 1024
+log = logging.getLogger("peerd.worker")
+
+# Size limits (docs/protocol.md): requests are small, chunks at most the job's
+# chunk_kib (≤ 16 MiB) plus a few header bytes.
+MAX_REQUEST_BYTES = 64 * 1024
+MAX_CHUNK_BYTES = 16 * 1024 * 1024 + 1024
+MAX_WAIT_S = 60.0  # the longest a request may ask the callee to wait for a round
+MAX_CONCURRENT_RPCS = 256
+_KEEPALIVE = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000)]
 CHANNEL_OPTIONS = [
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.max_receive_message_length", MAX_CHUNK_BYTES),
+    ("grpc.max_send_message_length", MAX_REQUEST_BYTES),
+    *_KEEPALIVE,
+]
+SERVER_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
+    ("grpc.max_send_message_length", MAX_CHUNK_BYTES),
+    *_KEEPALIVE,
 ]
 
 
 EXCHANGE_SERVICE = "peerd.v1.Exchange"
 FETCH_SEGMENT = f"/{EXCHANGE_SERVICE}/FetchSegment"
+FETCH_STATE = f"/{EXCHANGE_SERVICE}/FetchState"
+ROUND_KEY = "peerd-round"
 
 
 class Transport(Protocol):
@@ -47,14 +67,24 @@ class Transport(Protocol):
     async def aclose(self) -> None: ...
 
 
-def _fill(out: torch.Tensor, offset: int, total: int, data: bytes, filled: int) -> int:
+def _fill(out: torch.Tensor, offset: int, total: int, data, filled: int) -> int:
+    """Copy one received chunk into `out` after checking it against what was asked:
+    a wrong length, gap, overrun, partial float or non-finite value is refused."""
     if total != out.numel():
-        raise JobMismatch(f"partner sent a segment of {total} elements, expected {out.numel()}")
+        raise InvalidMessage(f"partner sent a segment of {total} elements, expected {out.numel()}", "wrong_length")
+    nbytes = memoryview(data).nbytes
+    if nbytes % 4:
+        raise InvalidMessage(f"partner sent {nbytes} bytes: not whole float32 values", "bad_dtype")
+    size = nbytes // 4
+    if offset != filled:
+        raise InvalidMessage(f"partner sent a chunk at {offset}, expected {filled}", "bad_offset")
+    if size == 0 or offset + size > total:
+        raise InvalidMessage(f"partner sent a chunk of {size} at {offset} in a segment of {total}", "oversize")
     values = np.frombuffer(data, dtype="<f4")
-    if offset != filled or offset + values.size > total:
-        raise PeerUnavailable(f"partner sent chunk at {offset}+{values.size}, expected {filled}")
-    out[offset : offset + values.size].numpy()[:] = values  # the one copy, into the preallocated buffer
-    return filled + values.size
+    if not np.isfinite(values).all():
+        raise InvalidMessage(f"partner sent non-finite values at {offset}..{offset + size}", "non_finite")
+    out[offset : offset + size].numpy()[:] = values  # the one copy, into the preallocated buffer
+    return filled + size
 
 
 class _StateAssembly:
@@ -70,6 +100,8 @@ class _StateAssembly:
     def add(self, meta: StateMeta, offset: int, sha: bytes, data: bytes) -> None:
         if self.meta is None:
             self.meta, self.sha = meta, sha
+        if offset < self.span.start:
+            raise InvalidMessage(f"state chunk at {offset} before the range {self.span.start}", "bad_offset")
         self.filled = _fill(self.values, offset - self.span.start, self.span.size, data, self.filled)
 
     def result(self, address: str) -> StatePart:
@@ -80,28 +112,56 @@ class _StateAssembly:
         return part
 
 
+def _decode_state_chunk(raw: bytes) -> peer_pb2.StateChunk:
+    try:
+        return peer_pb2.StateChunk.FromString(raw)
+    except DecodeError:
+        raise InvalidMessage("undecodable StateChunk", "malformed") from None
+
+
+def _decode_segment_chunk(raw: bytes, round_: int, segment: int) -> ChunkView:
+    try:
+        chunk = decode_segment_chunk(raw)
+    except ValueError as exc:
+        raise InvalidMessage(str(exc), "malformed") from None
+    if chunk.round != round_ or chunk.segment != segment:
+        raise InvalidMessage(
+            f"partner sent segment {chunk.segment} of round {chunk.round}, asked for {segment} of {round_}",
+            "wrong_segment")
+    return chunk
+
+
 class GrpcTransport:
-    def __init__(self, identity: Identity) -> None:
+    """The client side. With `auth`, every request carries a proof of the job
+    secret and every reply must carry one back (peerd.auth); with `tls`, every
+    connection is mutual TLS."""
+
+    def __init__(
+        self, identity: Identity, auth: Authenticator | None = None, tls: TlsMaterial | None = None,
+        rejections: Rejections | None = None,
+    ) -> None:
         self._identity = identity
+        self._auth = auth
+        self._tls = tls
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self.rejections = rejections or Rejections(log)
 
     def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+            channel = open_channel(address, self._tls, CHANNEL_OPTIONS)
             self._channels[address] = channel
         return channel
 
-    def _stub(self, address: str) -> peer_pb2_grpc.ExchangeStub:
-        return peer_pb2_grpc.ExchangeStub(self._channel(address))
-
-    def _fetch_segment(self, address: str):
-        # The generated stub would parse chunks with protobuf (two more copies of
-        # the payload); this one hands over views into the received bytes.
-        return self._channel(address).unary_stream(
-            FETCH_SEGMENT, request_serializer=peer_pb2.SegmentRequest.SerializeToString,
-            response_deserializer=decode_segment_chunk,
-        )
+    def _call(self, address: str, method: str, request, timeout: float):
+        """Start a raw-bytes stream call (no protobuf copies of the payload): the
+        call, and the MAC its reply must carry (None without a secret)."""
+        body = request.SerializeToString()
+        metadata, reply = None, None
+        if self._auth is not None:
+            header, reply = self._auth.sign(method, body)
+            metadata = (header,)
+        return self._channel(address).unary_stream(method)(body, timeout=timeout, metadata=metadata), reply
 
     async def fetch_segment(
         self, address: str, round_: int, segment: int, out: torch.Tensor, timeout: float
@@ -111,16 +171,24 @@ class GrpcTransport:
             segment=segment, peer_id=self._identity.peer_id, wait_s=timeout,
         )
         filled = 0
-        call = self._fetch_segment(address)(request, timeout=timeout)
+        call, reply = self._call(address, FETCH_SEGMENT, request, timeout)
         try:
-            async for chunk in call:
+            async for raw in call:
+                if reply is not None:
+                    reply.update(raw)
+                chunk = _decode_segment_chunk(raw, round_, segment)
                 filled = _fill(out, chunk.offset, chunk.total, chunk.data, filled)
+            if filled != out.numel():
+                raise PeerUnavailable(f"{address} ended segment {segment} after {filled}/{out.numel()} elements")
+            if reply is not None:
+                reply.check(metadata_value(await call.trailing_metadata(), REPLY_KEY))
         except grpc.aio.AioRpcError as exc:
-            raise _translate(exc, address) from None
+            raise self._translate(exc, address, reply) from None
+        except (InvalidMessage, Unauthenticated) as exc:
+            self.rejections.record(address, exc.reason, str(exc))
+            raise
         finally:
             call.cancel()  # a bad chunk ends the stream here, so the partner stops sending (no-op when done)
-        if filled != out.numel():
-            raise PeerUnavailable(f"{address} ended segment {segment} after {filled}/{out.numel()} elements")
 
     async def fetch_state(self, address: str, span: Span, timeout: float) -> StatePart:
         request = peer_pb2.StateRequest(
@@ -128,86 +196,163 @@ class GrpcTransport:
             offset=span.start, length=span.size, wait_s=timeout / 2,
         )
         assembly = _StateAssembly(span)
-        call = self._stub(address).FetchState(request, timeout=timeout)
+        call, reply = self._call(address, FETCH_STATE, request, timeout)
         try:
-            async for c in call:
+            async for raw in call:
+                if reply is not None:
+                    reply.update(raw)
+                c = _decode_state_chunk(raw)
                 assembly.add(StateMeta(c.round, c.step, c.progress), c.offset, c.sha256, c.data)
+            if reply is not None:
+                reply.check(metadata_value(await call.trailing_metadata(), REPLY_KEY))
+            return assembly.result(address)
         except grpc.aio.AioRpcError as exc:
-            raise _translate(exc, address) from None
+            raise self._translate(exc, address, reply) from None
+        except (InvalidMessage, Unauthenticated) as exc:
+            self.rejections.record(address, exc.reason, str(exc))
+            raise
         finally:
             call.cancel()
-        return assembly.result(address)
+
+    def _translate(self, exc: grpc.aio.AioRpcError, address: str, reply: ReplyMac | None) -> Exception:
+        code, details = exc.code(), exc.details()
+        if code == grpc.StatusCode.FAILED_PRECONDITION:
+            return JobMismatch(f"{address} refused: {details}")
+        if code == grpc.StatusCode.UNAUTHENTICATED:
+            return Unauthenticated(f"{address} refused this peer's proof: {details}", "refused")
+        if code == grpc.StatusCode.ABORTED:
+            meta = exc.trailing_metadata() or ()
+            current = metadata_value(meta, ROUND_KEY) or ""
+            if not current.isdigit():
+                return PeerUnavailable(f"{address}: ABORTED without a round: {details}")
+            if reply is not None:  # a round we would jump to must come from a holder of the secret
+                try:
+                    reply.check(metadata_value(meta, REPLY_KEY), f"ABORTED:{current}")
+                except Unauthenticated as bad:
+                    self.rejections.record(address, bad.reason, str(bad))
+                    return bad
+            return RoundMismatch(f"{address}: {details}", int(current))
+        if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+            self.rejections.record(address, "oversize", details or "")
+        return PeerUnavailable(f"{address}: {code.name}: {details}")
 
     async def aclose(self) -> None:
         channels, self._channels = list(self._channels.values()), {}
         await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
 
 
-def _translate(exc: grpc.aio.AioRpcError, address: str) -> Exception:
-    code, details = exc.code(), exc.details()
-    if code == grpc.StatusCode.FAILED_PRECONDITION:
-        return JobMismatch(f"{address} refused: {details}")
-    if code == grpc.StatusCode.ABORTED:
-        meta = dict(exc.trailing_metadata() or ())
-        return RoundMismatch(f"{address}: {details}", int(meta.get("peerd-round", -1)))
-    return PeerUnavailable(f"{address}: {code.name}: {details}")
+def _peer_host(context) -> str:
+    """The caller's address without its (ephemeral) port, for logs."""
+    peer = context.peer() or "unknown"
+    return peer.rsplit(":", 1)[0] if peer.count(":") >= 2 else peer
 
 
-class ExchangeServicer(peer_pb2_grpc.ExchangeServicer):
-    """gRPC edge of a SegmentServer: peerd errors become status codes here only."""
+class ExchangeServicer:
+    """gRPC edge of a SegmentServer and a StateServer: requests arrive as raw
+    bytes, are checked for proof of the secret, parsed and validated here; peerd
+    errors become status codes here only."""
 
-    def __init__(self, server: SegmentServer, state: StateServer) -> None:
+    def __init__(
+        self, server: SegmentServer, state: StateServer, auth: Authenticator | None = None,
+        rejections: Rejections | None = None,
+    ) -> None:
         self._server = server
         self._state = state
+        self._auth = auth
+        self.rejections = rejections or Rejections(log)
 
-    async def FetchSegment(self, request, context):
+    async def _refuse(self, context, code: grpc.StatusCode, reason: str, message: str) -> None:
+        self.rejections.record(_peer_host(context), reason, message)
+        await context.abort(code, message)
+
+    async def _admit(self, method: str, raw: bytes, message_type, context):
+        """The parsed request and the reply MAC (None without a secret), or abort."""
+        reply = None
+        if self._auth is not None:
+            try:
+                reply = self._auth.verify(method, raw, metadata_value(context.invocation_metadata(), AUTH_KEY))
+            except Unauthenticated as exc:
+                await self._refuse(context, grpc.StatusCode.UNAUTHENTICATED, exc.reason, str(exc))
+        try:
+            request = message_type.FromString(raw)
+        except DecodeError:
+            await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, "malformed", "undecodable request")
+        if not math.isfinite(request.wait_s):
+            await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, "bad_request", "wait_s is not finite")
+        remaining = context.time_remaining()
+        wait_s = min(max(request.wait_s, 0.0), MAX_WAIT_S, remaining if remaining is not None else MAX_WAIT_S)
+        return request, wait_s, reply
+
+    def _finish(self, context, reply: ReplyMac | None) -> None:
+        if reply is not None:
+            context.set_trailing_metadata(((REPLY_KEY, reply.digest()),))
+
+    async def _abort_peerd(self, context, exc: PeerdError, reply: ReplyMac | None) -> None:
+        if isinstance(exc, RoundMismatch):
+            current = str(max(exc.current_round, 0))
+            trailer = [(ROUND_KEY, current)]
+            if reply is not None:
+                trailer.append((REPLY_KEY, reply.digest(f"ABORTED:{current}")))
+            context.set_trailing_metadata(tuple(trailer))
+            await context.abort(grpc.StatusCode.ABORTED, str(exc))
+        if isinstance(exc, JobMismatch):
+            await self._refuse(context, grpc.StatusCode.FAILED_PRECONDITION, "job_mismatch", str(exc))
+        if isinstance(exc, InvalidMessage):
+            await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, exc.reason, str(exc))
+        await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+
+    async def FetchSegment(self, raw: bytes, context):
+        request, wait_s, reply = await self._admit(FETCH_SEGMENT, raw, peer_pb2.SegmentRequest, context)
         try:
             # aclosing: a client that goes away (deadline, crash) must release the
             # snapshot it read at once, not whenever the generator is collected.
             async with aclosing(self._server.segment(
-                request.job, request.fingerprint, request.round, request.segment, request.wait_s
+                request.job, request.fingerprint, request.round, request.segment, wait_s
             )) as chunks:
                 async for offset, total, data in chunks:
-                    yield encode_segment_chunk(request.round, request.segment, offset, total, data)
-        except JobMismatch as exc:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-        except RoundMismatch as exc:
-            context.set_trailing_metadata((("peerd-round", str(exc.current_round)),))
-            await context.abort(grpc.StatusCode.ABORTED, str(exc))
+                    message = encode_segment_chunk(request.round, request.segment, offset, total, data)
+                    if reply is not None:
+                        reply.update(message)
+                    yield message
+        except PeerdError as exc:
+            await self._abort_peerd(context, exc, reply)
+        self._finish(context, reply)
 
-    async def FetchState(self, request, context):
+    async def FetchState(self, raw: bytes, context):
+        request, wait_s, reply = await self._admit(FETCH_STATE, raw, peer_pb2.StateRequest, context)
         try:
             async with aclosing(self._state.state(
-                request.job, request.fingerprint, request.offset, request.length, request.wait_s
+                request.job, request.fingerprint, request.offset, request.length, wait_s
             )) as chunks:
                 async for meta, offset, total, sha, data in chunks:
-                    yield peer_pb2.StateChunk(
+                    message = peer_pb2.StateChunk(
                         round=meta.round, step=meta.step, progress=meta.progress, offset=offset,
                         total=total, params=self._state.board.params, sha256=sha, data=data,
-                    )
-        except JobMismatch as exc:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-        except PeerUnavailable as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+                    ).SerializeToString()
+                    if reply is not None:
+                        reply.update(message)
+                    yield message
+        except PeerdError as exc:
+            await self._abort_peerd(context, exc, reply)
+        self._finish(context, reply)
 
 
 async def start_exchange_server(
-    server: SegmentServer, state: StateServer, host: str, port: int = 0
+    server: SegmentServer, state: StateServer, host: str, port: int = 0, *,
+    auth: Authenticator | None = None, tls: TlsMaterial | None = None, rejections: Rejections | None = None,
 ) -> tuple[grpc.aio.Server, str]:
     """Serve segments and state on host:port (0: any free port); returns the server and its address."""
-    grpc_server = grpc.aio.server(options=CHANNEL_OPTIONS)
-    servicer = ExchangeServicer(server, state)
-    # Registered by hand, not with add_ExchangeServicer_to_server: FetchSegment
-    # yields chunks already encoded by peerd.worker.codec.
+    grpc_server = grpc.aio.server(options=SERVER_OPTIONS, maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS)
+    servicer = ExchangeServicer(server, state, auth, rejections)
+    # Registered by hand, with no (de)serializers: requests are checked against
+    # their proof as the bytes that came, and chunks go out as peerd.worker.codec
+    # encoded them.
     handlers = {
-        "FetchSegment": grpc.unary_stream_rpc_method_handler(
-            servicer.FetchSegment, request_deserializer=peer_pb2.SegmentRequest.FromString),
-        "FetchState": grpc.unary_stream_rpc_method_handler(
-            servicer.FetchState, request_deserializer=peer_pb2.StateRequest.FromString,
-            response_serializer=peer_pb2.StateChunk.SerializeToString),
+        "FetchSegment": grpc.unary_stream_rpc_method_handler(servicer.FetchSegment),
+        "FetchState": grpc.unary_stream_rpc_method_handler(servicer.FetchState),
     }
     grpc_server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(EXCHANGE_SERVICE, handlers),))
-    bound = grpc_server.add_insecure_port(_join(host, port))
+    bound = add_port(grpc_server, _join(host, port), tls)
     if bound == 0:
         raise PeerUnavailable(f"cannot bind the exchange service to {host}:{port}")
     await grpc_server.start()
