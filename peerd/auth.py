@@ -95,9 +95,9 @@ class ReplyMac:
 
     def check(self, received: str | None, trailer: str = "") -> None:
         if not received:
-            raise AuthError("the reply carries no proof of the job secret", "reply_missing")
+            raise AuthError("the reply carries no proof of the shared secret", "reply_missing")
         if not hmac.compare_digest(received.encode(), self.digest(trailer).encode()):
-            raise AuthError("the reply's proof does not match the job secret", "reply_bad_mac")
+            raise AuthError("the reply's proof does not match the shared secret", "reply_bad_mac")
 
 
 class NonceCache:
@@ -153,7 +153,7 @@ class Authenticator:
     def verify(self, method: str, body: bytes, header: str | None) -> ReplyMac:
         """Check a request's proof; raises AuthError. Returns the reply's MAC."""
         if not header:
-            raise AuthError("the request carries no proof of the job secret", "missing")
+            raise AuthError("the request carries no proof of the shared secret", "missing")
         parts = header.split(":")
         if len(parts) != 4 or parts[0] != VERSION or not parts[1].isdigit() or len(parts[1]) > 15 \
                 or len(parts[2]) != 32 or len(parts[3]) != 64:
@@ -162,7 +162,7 @@ class Authenticator:
         ts_ms = int(ts_text)
         expected = _request_mac(self._key, method, ts_ms, nonce, body)
         if not hmac.compare_digest(mac.encode(), expected.encode()):
-            raise AuthError("the request's proof does not match the job secret", "bad_mac")
+            raise AuthError("the request's proof does not match the shared secret", "bad_mac")
         now_ms = int(self._clock() * 1000)
         if abs(now_ms - ts_ms) > self._window_ms:
             raise AuthError(
