@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 from dataclasses import replace
+from pathlib import Path
 
 import grpc
 import pytest
@@ -19,6 +20,7 @@ from peerd.daemon.services import HELLO, PeerClient
 from peerd.errors import ConfigError, PeerUnavailable, Unauthenticated
 from peerd.proto.v1 import peer_pb2
 from peerd.rejections import Rejections
+from peerd.tls import TlsSettings
 from peerd.worker.snapshots import Identity
 from peerd.worker.state import StateMeta
 from peerd.worker.transport import FETCH_SEGMENT, GrpcTransport, start_exchange_server
@@ -311,3 +313,44 @@ def test_a_daemon_with_an_unreadable_secret_does_not_start(tmp_path):
         Daemon(daemon_config(tmp_path, "alpha", "r", realm_secret_file=tmp_path / "absent"))
     with pytest.raises(ConfigError, match="cannot read secret file"):
         Daemon(replace(daemon_config(tmp_path, "beta", "r"), job_secret_file=tmp_path / "absent"))
+
+
+# ---- settings: config tables, and what the daemon hands its worker -----------------------
+
+
+def test_auth_and_tls_config_tables(tmp_path):
+    from peerd.config import parse_config
+
+    source = str(tmp_path / "peerd.toml")
+    config = parse_config({"auth": {"realm_secret_file": "realm.secret", "job_secret_file": "/etc/j"},
+                           "tls": {"cert_file": "c.pem", "key_file": "k.pem", "ca_file": "/ca.pem"}}, source)
+    assert config.realm_secret_file == tmp_path / "realm.secret"
+    assert config.job_secret_file == Path("/etc/j")
+    assert config.tls == TlsSettings(tmp_path / "c.pem", tmp_path / "k.pem", Path("/ca.pem"))
+    with pytest.raises(ConfigError, match=r"\[tls\] needs cert_file, key_file and ca_file together; missing ca_file"):
+        parse_config({"tls": {"cert_file": "c", "key_file": "k"}}, source)
+    with pytest.raises(ConfigError, match=r"\[auth\] unknown key\(s\): secret"):
+        parse_config({"auth": {"secret": "x"}}, source)
+    with pytest.raises(ConfigError, match="auth.job_secret_file = 3: expected a file path"):
+        parse_config({"auth": {"job_secret_file": 3}}, source)
+
+
+@needs_openssl
+def test_the_worker_gets_the_secret_path_and_tls_files_and_loads_them(tmp_path):
+    from peerd.daemon.jobs import WorkerLaunch
+    from peerd.worker.main import load_security, parse_args
+
+    secret = tmp_path / "job.secret"
+    new_secret_file(secret)
+    make_ca(tmp_path, "lab")
+    tls = replace(settings(tmp_path, "lab", "host"), server_name="peerd")
+    launch = WorkerLaunch("unix:/x.sock", "p", "127.0.0.1", 1, tmp_path / "job.toml", "", tmp_path / "w.log",
+                          secret_file=secret, tls=tls)
+    argv = launch.argv()
+    assert secret.read_text().strip() not in " ".join(argv)  # the path travels, not the secret
+    security = load_security(parse_args(argv[3:]))
+    assert security.auth is not None and security.tls.server_name == "peerd"
+    assert security.tls.cert == tls.cert_file.read_bytes()
+    assert load_security(parse_args(argv[3:13])).auth is None  # neither given: open
+    with pytest.raises(ConfigError, match="go together"):
+        load_security(parse_args([*argv[3:13], "--tls-cert", str(tls.cert_file)]))
