@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-METHODS = ("peerd", "tcp", "gloo")
+METHODS = ("peerd", "peerd-auth", "tcp", "gloo")  # peerd-auth: peerd with a job secret
 BARRIER_TIMEOUT_S = 120.0  # a partner that died must not leave the other one waiting forever
 PEER_IDS = ("a", "b")
 JOB = "bench"
@@ -93,6 +93,7 @@ def _peerd(rank: int, cfg: dict, barrier, conn) -> dict:
     from peerd.worker.gossip import gossip_round
     from peerd.worker.snapshots import Identity, SegmentServer, SnapshotStore
     from peerd.worker.state import StateBoard, StateServer
+    from peerd.auth import Authenticator
     from peerd.worker.transport import GrpcTransport, start_exchange_server
 
     numel, segments = cfg["numel"], cfg["segments"]
@@ -116,8 +117,9 @@ def _peerd(rank: int, cfg: dict, barrier, conn) -> dict:
         store = SnapshotStore(numel)
         server = SegmentServer(identity, store, segments, chunk_elems)
         state = StateServer(identity, StateBoard(numel), store, chunk_elems)  # newcomers' service, idle here
-        grpc_server, address = await start_exchange_server(server, state, "127.0.0.1")
-        transport = GrpcTransport(identity)
+        auth = Authenticator(b"bench-job-secret-0123456789") if cfg.get("auth") else None
+        grpc_server, address = await start_exchange_server(server, state, "127.0.0.1", auth=auth)
+        transport = GrpcTransport(identity, auth)
         try:
             conn.send(address)
             if not await asyncio.to_thread(conn.poll, BARRIER_TIMEOUT_S):
@@ -276,6 +278,8 @@ def _worker(method: str, rank: int, cfg: dict, barrier, results, conn) -> None:
         import torch
 
         torch.set_num_threads(1)
+        if method == "peerd-auth":
+            method, cfg = "peerd", {**cfg, "auth": True}
         out = {"peerd": _peerd, "tcp": _tcp, "gloo": _gloo}[method](rank, cfg, barrier, conn)
         results.put({"rank": rank, "ok": True, **out})
     except Exception:
@@ -420,10 +424,10 @@ def main(argv: list[str] | None = None) -> int:
 
     med = {m: statistics.median(r["times"]) for m, r in runs.items()}
     print()
-    print(f"{'method':<8} {'median ms':>10} {'p90 ms':>9} {'min ms':>8} {'max ms':>8} {'x gloo':>7}")
+    print(f"{'method':<10} {'median ms':>10} {'p90 ms':>9} {'min ms':>8} {'max ms':>8} {'x gloo':>7}")
     for m, r in runs.items():
         ratio = f"{med[m] / med['gloo']:.2f}" if "gloo" in med else "-"
-        print(f"{m:<8} {med[m] * 1e3:10.1f} {quantile(r['times'], 0.9) * 1e3:9.1f} "
+        print(f"{m:<10} {med[m] * 1e3:10.1f} {quantile(r['times'], 0.9) * 1e3:9.1f} "
               f"{min(r['times']) * 1e3:8.1f} {max(r['times']) * 1e3:8.1f} {ratio:>7}")
     for m, r in runs.items():
         if r["split"]:
@@ -434,6 +438,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"peerd/gloo = {med['peerd'] / med['gloo']:.2f}")
     if "peerd" in med and "tcp" in med:
         print(f"peerd/tcp  = {med['peerd'] / med['tcp']:.2f}")
+    if "peerd" in med and "peerd-auth" in med:
+        print(f"peerd-auth/peerd = {med['peerd-auth'] / med['peerd']:.2f}")
 
     if args.json:
         report = {
