@@ -64,8 +64,8 @@ def new_secret_file(path: Path) -> None:
         f.write(secrets.token_urlsafe(32) + "\n")
 
 
-def _request_mac(key: bytes, method: str, ts_ms: int, nonce: str, body: bytes) -> str:
-    text = f"peerd-auth-{VERSION}\n{method}\n{ts_ms}\n{nonce}\n".encode() + hashlib.sha256(body).digest()
+def _request_mac(key: bytes, method: str, audience: str, ts_ms: int, nonce: str, body: bytes) -> str:
+    text = f"peerd-auth-{VERSION}\n{method}\n{audience}\n{ts_ms}\n{nonce}\n".encode() + hashlib.sha256(body).digest()
     return hmac.new(key, text, hashlib.sha256).hexdigest()
 
 
@@ -83,9 +83,15 @@ class ReplyMac:
         self._mac = hmac.new(key, f"peerd-auth-{VERSION}-reply\n{request_mac}\n".encode(), hashlib.sha256)
 
     def update(self, message) -> None:
+        """Cover a whole reply message."""
         view = memoryview(message).cast("B")
         self._mac.update(view.nbytes.to_bytes(8, "little"))
         self._mac.update(view)
+
+    def update_fields(self, *fields) -> None:
+        """Cover a reply message by its fields (bulk payloads by their length only:
+        see docs/protocol.md for why that is enough)."""
+        self.update(repr(fields).encode())
 
     def digest(self, trailer: str = "") -> str:
         """The reply proof; `trailer` binds status details the caller acts on (a round)."""
@@ -143,15 +149,17 @@ class Authenticator:
         self._window_ms = int(window_s * 1000)
         self._nonces = NonceCache(window_s, capacity)
 
-    def sign(self, method: str, body: bytes) -> tuple[tuple[str, str], ReplyMac]:
-        """The metadata pair for a request, and the MAC its reply must carry."""
+    def sign(self, method: str, body: bytes, audience: str = "") -> tuple[tuple[str, str], ReplyMac]:
+        """The metadata pair for a request to `audience` (the callee's address, or
+        "" for any), and the MAC its reply must carry."""
         ts_ms = int(self._clock() * 1000)
         nonce = secrets.token_hex(16)
-        mac = _request_mac(self._key, method, ts_ms, nonce, body)
+        mac = _request_mac(self._key, method, audience, ts_ms, nonce, body)
         return (AUTH_KEY, f"{VERSION}:{ts_ms}:{nonce}:{mac}"), ReplyMac(self._key, mac)
 
-    def verify(self, method: str, body: bytes, header: str | None) -> ReplyMac:
-        """Check a request's proof; raises AuthError. Returns the reply's MAC."""
+    def verify(self, method: str, body: bytes, header: str | None, audience: str = "") -> ReplyMac:
+        """Check a request's proof, made for `audience` (this callee's address, or
+        "" for any); raises AuthError. Returns the reply's MAC."""
         if not header:
             raise AuthError("the request carries no proof of the shared secret", "missing")
         parts = header.split(":")
@@ -160,7 +168,7 @@ class Authenticator:
             raise AuthError("malformed peerd-auth metadata", "malformed")
         _, ts_text, nonce, mac = parts
         ts_ms = int(ts_text)
-        expected = _request_mac(self._key, method, ts_ms, nonce, body)
+        expected = _request_mac(self._key, method, audience, ts_ms, nonce, body)
         if not hmac.compare_digest(mac.encode(), expected.encode()):
             raise AuthError("the request's proof does not match the shared secret", "bad_mac")
         now_ms = int(self._clock() * 1000)

@@ -211,7 +211,7 @@ async def test_a_replayed_request_is_refused(serve):
     address = await start(a, SECRET)
     await a.store.publish(1, a.vector)
     body = peer_pb2.SegmentRequest(job="job", fingerprint="fp", round=1, segment=0).SerializeToString()
-    header, _ = Authenticator(SECRET).sign(FETCH_SEGMENT, body)
+    header, _ = Authenticator(SECRET).sign(FETCH_SEGMENT, body, audience=address)
     async with grpc.aio.insecure_channel(address) as channel:
         fetch = channel.unary_stream(FETCH_SEGMENT)
         first = [chunk async for chunk in fetch(body, metadata=(header,), timeout=2.0)]
@@ -220,6 +220,22 @@ async def test_a_replayed_request_is_refused(serve):
             [chunk async for chunk in fetch(body, metadata=(header,), timeout=2.0)]
     assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED and "replayed" in info.value.details()
     assert a.rejections.counts["replayed"] == 1
+
+
+async def test_a_request_made_for_another_peer_is_refused(serve):
+    """A partner that holds no secret cannot relay a caller's request to an honest
+    peer and pass that peer's reply proof off with data of its own."""
+    start, _ = serve
+    a, _ = two_peers()
+    address = await start(a, SECRET)
+    await a.store.publish(1, a.vector)
+    body = peer_pb2.SegmentRequest(job="job", fingerprint="fp", round=1, segment=0).SerializeToString()
+    header, _ = Authenticator(SECRET).sign(FETCH_SEGMENT, body, audience="127.0.0.1:1")  # made for another
+    async with grpc.aio.insecure_channel(address) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            [chunk async for chunk in channel.unary_stream(FETCH_SEGMENT)(body, metadata=(header,), timeout=2.0)]
+    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert a.rejections.counts == {"bad_mac": 1}
 
 
 # ---- mutual TLS --------------------------------------------------------------------------

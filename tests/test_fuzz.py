@@ -95,10 +95,11 @@ class Servers:
 
     async def _one(self, method: str, secured: bool, body: bytes, proof: str) -> grpc.StatusCode:
         targets = self.exchange if "Exchange" in method else self.daemon_addresses
-        channel = self.channels[targets["secret" if secured else "open"]]
+        address = targets["secret" if secured else "open"]
+        channel = self.channels[address]
         metadata = None
-        if proof == "valid":
-            metadata = (self.signer.sign(method, body)[0],)
+        if proof == "valid":  # Exchange proofs are made for the callee's address
+            metadata = (self.signer.sign(method, body, address if "Exchange" in method else "")[0],)
         elif proof:
             metadata = (("peerd-auth", proof),)
         try:

@@ -119,6 +119,12 @@ def _decode_state_chunk(raw: bytes) -> peer_pb2.StateChunk:
         raise InvalidMessage("undecodable StateChunk", "malformed") from None
 
 
+def _state_fields(c: peer_pb2.StateChunk) -> tuple:
+    """What the reply proof covers of a StateChunk: every field, the data by its
+    length (the range's sha256, covered here, checks the data)."""
+    return c.round, c.step, c.offset, c.total, c.progress, c.sha256, c.params, len(c.data)
+
+
 def _decode_segment_chunk(raw: bytes, round_: int, segment: int) -> ChunkView:
     try:
         chunk = decode_segment_chunk(raw)
@@ -159,7 +165,7 @@ class GrpcTransport:
         body = request.SerializeToString()
         metadata, reply = None, None
         if self._auth is not None:
-            header, reply = self._auth.sign(method, body)
+            header, reply = self._auth.sign(method, body, audience=address)
             metadata = (header,)
         return self._channel(address).unary_stream(method)(body, timeout=timeout, metadata=metadata), reply
 
@@ -174,9 +180,9 @@ class GrpcTransport:
         call, reply = self._call(address, FETCH_SEGMENT, request, timeout)
         try:
             async for raw in call:
-                if reply is not None:
-                    reply.update(raw)
                 chunk = _decode_segment_chunk(raw, round_, segment)
+                if reply is not None:
+                    reply.update_fields(chunk.round, chunk.segment, chunk.offset, chunk.total, chunk.data.nbytes)
                 filled = _fill(out, chunk.offset, chunk.total, chunk.data, filled)
             if filled != out.numel():
                 raise PeerUnavailable(f"{address} ended segment {segment} after {filled}/{out.numel()} elements")
@@ -199,9 +205,9 @@ class GrpcTransport:
         call, reply = self._call(address, FETCH_STATE, request, timeout)
         try:
             async for raw in call:
-                if reply is not None:
-                    reply.update(raw)
                 c = _decode_state_chunk(raw)
+                if reply is not None:
+                    reply.update_fields(*_state_fields(c))
                 assembly.add(StateMeta(c.round, c.step, c.progress), c.offset, c.sha256, c.data)
             if reply is not None:
                 reply.check(metadata_value(await call.trailing_metadata(), REPLY_KEY))
@@ -260,6 +266,7 @@ class ExchangeServicer:
         self._state = state
         self._auth = auth
         self.rejections = rejections or Rejections(log)
+        self.address = ""  # as callers dial it: their proofs are made for it
 
     async def _refuse(self, context, code: grpc.StatusCode, reason: str, message: str) -> None:
         self.rejections.record(_peer_host(context), reason, message)
@@ -270,7 +277,8 @@ class ExchangeServicer:
         reply = None
         if self._auth is not None:
             try:
-                reply = self._auth.verify(method, raw, metadata_value(context.invocation_metadata(), AUTH_KEY))
+                reply = self._auth.verify(
+                    method, raw, metadata_value(context.invocation_metadata(), AUTH_KEY), self.address)
             except Unauthenticated as exc:
                 await self._refuse(context, grpc.StatusCode.UNAUTHENTICATED, exc.reason, str(exc))
         try:
@@ -310,10 +318,9 @@ class ExchangeServicer:
                 request.job, request.fingerprint, request.round, request.segment, wait_s
             )) as chunks:
                 async for offset, total, data in chunks:
-                    message = encode_segment_chunk(request.round, request.segment, offset, total, data)
                     if reply is not None:
-                        reply.update(message)
-                    yield message
+                        reply.update_fields(request.round, request.segment, offset, total, data.nbytes)
+                    yield encode_segment_chunk(request.round, request.segment, offset, total, data)
         except PeerdError as exc:
             await self._abort_peerd(context, exc, reply)
         self._finish(context, reply)
@@ -325,13 +332,13 @@ class ExchangeServicer:
                 request.job, request.fingerprint, request.offset, request.length, wait_s
             )) as chunks:
                 async for meta, offset, total, sha, data in chunks:
-                    message = peer_pb2.StateChunk(
+                    chunk = peer_pb2.StateChunk(
                         round=meta.round, step=meta.step, progress=meta.progress, offset=offset,
                         total=total, params=self._state.board.params, sha256=sha, data=data,
-                    ).SerializeToString()
+                    )
                     if reply is not None:
-                        reply.update(message)
-                    yield message
+                        reply.update_fields(*_state_fields(chunk))
+                    yield chunk.SerializeToString()
         except PeerdError as exc:
             await self._abort_peerd(context, exc, reply)
         self._finish(context, reply)
@@ -356,7 +363,8 @@ async def start_exchange_server(
     if bound == 0:
         raise PeerUnavailable(f"cannot bind the exchange service to {host}:{port}")
     await grpc_server.start()
-    return grpc_server, _join(host, bound)
+    servicer.address = _join(host, bound)
+    return grpc_server, servicer.address
 
 
 def _join(host: str, port: int) -> str:
