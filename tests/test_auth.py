@@ -370,3 +370,17 @@ def test_the_worker_gets_the_secret_path_and_tls_files_and_loads_them(tmp_path):
     assert load_security(parse_args(argv[3:13])).auth is None  # neither given: open
     with pytest.raises(ConfigError, match="go together"):
         load_security(parse_args([*argv[3:13], "--tls-cert", str(tls.cert_file)]))
+
+
+def test_check_config_reads_the_secret_and_tls_files(tmp_path, capsys):
+    from peerd.cli.daemon import main
+
+    config = tmp_path / "peerd.toml"
+    config.write_text('[auth]\nrealm_secret_file = "realm.secret"\n')
+    assert main(["check-config", "--config", str(config)]) == 2
+    assert f"cannot read secret file {tmp_path / 'realm.secret'}" in capsys.readouterr().err
+    new_secret_file(tmp_path / "realm.secret")
+    assert main(["check-config", "--config", str(config)]) == 0
+    config.write_text('[tls]\ncert_file = "c.pem"\nkey_file = "k.pem"\nca_file = "ca.pem"\n')
+    assert main(["check-config", "--config", str(config)]) == 2
+    assert "cannot read the TLS certificate" in capsys.readouterr().err
