@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-METHODS = ("peerd", "peerd-grpc", "tcp", "gloo")
+METHODS = ("peerd", "peerd-grpc", "peerd-auth", "tcp", "gloo")  # peerd-grpc: no bulk lane; peerd-auth: with a job secret
 BARRIER_TIMEOUT_S = 120.0  # a partner that died must not leave the other one waiting forever
 PEER_IDS = ("a", "b")
 JOB = "bench"
@@ -95,6 +95,7 @@ def _peerd(rank: int, cfg: dict, barrier, conn) -> dict:
     from peerd.worker.gossip import gossip_round
     from peerd.worker.snapshots import Identity, SegmentServer, SnapshotStore
     from peerd.worker.state import StateBoard, StateServer
+    from peerd.auth import Authenticator
     from peerd.worker.transport import GrpcTransport, start_exchange_server
 
     numel, segments = cfg["numel"], cfg["segments"]
@@ -119,8 +120,9 @@ def _peerd(rank: int, cfg: dict, barrier, conn) -> dict:
         server = SegmentServer(identity, store, segments, chunk_elems)
         state = StateServer(identity, StateBoard(numel), store, chunk_elems)  # newcomers' service, idle here
         bulk = cfg["bulk"]
-        grpc_server, address = await start_exchange_server(server, state, "127.0.0.1", bulk=bulk)
-        transport = GrpcTransport(identity, bulk=bulk)
+        auth = Authenticator(b"bench-job-secret-0123456789") if cfg.get("auth") else None
+        grpc_server, address = await start_exchange_server(server, state, "127.0.0.1", bulk=bulk, auth=auth)
+        transport = GrpcTransport(identity, auth, bulk=bulk)
         try:
             conn.send(address)
             if not await asyncio.to_thread(conn.poll, BARRIER_TIMEOUT_S):
@@ -280,8 +282,9 @@ def _worker(method: str, rank: int, cfg: dict, barrier, results, conn) -> None:
 
         torch.set_num_threads(1)
         if method.startswith("peerd"):
-            cfg = {**cfg, "bulk": method == "peerd"}
-        out = {"peerd": _peerd, "peerd-grpc": _peerd, "tcp": _tcp, "gloo": _gloo}[method](rank, cfg, barrier, conn)
+            cfg = {**cfg, "bulk": method != "peerd-grpc", "auth": method == "peerd-auth"}
+        out = {"peerd": _peerd, "peerd-grpc": _peerd, "peerd-auth": _peerd, "tcp": _tcp, "gloo": _gloo}[method](
+            rank, cfg, barrier, conn)
         results.put({"rank": rank, "ok": True, **out})
     except Exception:
         barrier.abort()  # wake the partner now instead of at its timeout
@@ -425,10 +428,10 @@ def main(argv: list[str] | None = None) -> int:
 
     med = {m: statistics.median(r["times"]) for m, r in runs.items()}
     print()
-    print(f"{'method':<8} {'median ms':>10} {'p90 ms':>9} {'min ms':>8} {'max ms':>8} {'x gloo':>7}")
+    print(f"{'method':<10} {'median ms':>10} {'p90 ms':>9} {'min ms':>8} {'max ms':>8} {'x gloo':>7}")
     for m, r in runs.items():
         ratio = f"{med[m] / med['gloo']:.2f}" if "gloo" in med else "-"
-        print(f"{m:<8} {med[m] * 1e3:10.1f} {quantile(r['times'], 0.9) * 1e3:9.1f} "
+        print(f"{m:<10} {med[m] * 1e3:10.1f} {quantile(r['times'], 0.9) * 1e3:9.1f} "
               f"{min(r['times']) * 1e3:8.1f} {max(r['times']) * 1e3:8.1f} {ratio:>7}")
     for m, r in runs.items():
         if r["split"]:
@@ -439,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"peerd/gloo = {med['peerd'] / med['gloo']:.2f}")
     if "peerd" in med and "tcp" in med:
         print(f"peerd/tcp  = {med['peerd'] / med['tcp']:.2f}")
+    if "peerd" in med and "peerd-auth" in med:
+        print(f"peerd-auth/peerd = {med['peerd-auth'] / med['peerd']:.2f}")
 
     if args.json:
         report = {

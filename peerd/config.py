@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from peerd.errors import ConfigError
+from peerd.tls import TlsSettings
 from peerd.tomlconf import Table, read_toml_file
 
 DEFAULT_PATH = Path("/etc/peerd/peerd.toml")
@@ -30,11 +31,16 @@ class DaemonConfig:
     worker_device: str = "auto"  # torch device the worker trains on; "auto": cuda if present, else cpu
     restart_backoff_s: float = 1.0
     restart_backoff_max_s: float = 30.0
+    # Security (docs/operations.md). Without secrets the services are open to the LAN.
+    realm_secret_file: Path | None = None  # proof of it on every daemon-to-daemon call
+    job_secret_file: Path | None = None  # for jobs whose spec names no secret_file
+    tls: TlsSettings | None = None  # mutual TLS for every connection between machines
 
 
 def parse_config(data: dict, source: str) -> DaemonConfig:
     root = Table(data, source, "")
     daemon, discovery, worker = root.sub("daemon"), root.sub("discovery"), root.sub("worker")
+    auth, tls = root.sub("auth"), root.sub("tls")
     d = DaemonConfig()
     positive = dict(check=lambda v: v > 0, expect="a number > 0")
     config = DaemonConfig(
@@ -56,14 +62,39 @@ def parse_config(data: dict, source: str) -> DaemonConfig:
                                  expect='"auto", "cpu", "cuda", "cuda:N" or "mps"'),
         restart_backoff_s=worker.get("restart_backoff_s", float, d.restart_backoff_s, **positive),
         restart_backoff_max_s=worker.get("restart_backoff_max_s", float, d.restart_backoff_max_s, **positive),
+        realm_secret_file=_path(auth, "realm_secret_file", source),
+        job_secret_file=_path(auth, "job_secret_file", source),
+        tls=_tls(tls, source),
     )
-    for table in (daemon, discovery, worker, root):
+    for table in (daemon, discovery, worker, auth, tls, root):
         table.finish()
     if config.restart_backoff_s > config.restart_backoff_max_s:
         raise ConfigError(f"{source}: worker.restart_backoff_s must not exceed worker.restart_backoff_max_s")
     if config.peer_timeout_s <= 2 * config.hello_interval_s:
         raise ConfigError(f"{source}: discovery.peer_timeout_s must exceed 2 × hello_interval_s")
     return config
+
+
+def _path(table: Table, key: str, source: str) -> Path | None:
+    """An optional file path; a relative one is taken from the config file's directory."""
+    value = table.get(key, str, "", check=lambda v: 0 < len(v) <= 4096 and "\0" not in v, expect="a file path")
+    if not value:
+        return None
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else Path(source).parent / path
+
+
+def _tls(table: Table, source: str) -> TlsSettings | None:
+    files = {k: _path(table, k, source) for k in ("cert_file", "key_file", "ca_file")}
+    server_name = table.get("server_name", str, "", check=lambda v: len(v) <= 253 and v.isprintable(),
+                            expect="a DNS name every peer's certificate carries")
+    given = sorted(k for k, v in files.items() if v is not None)
+    if not given and not server_name:
+        return None
+    if len(given) != 3:
+        missing = ", ".join(k for k in files if files[k] is None)
+        raise ConfigError(f"{source}: [tls] needs cert_file, key_file and ca_file together; missing {missing}")
+    return TlsSettings(files["cert_file"], files["key_file"], files["ca_file"], server_name)
 
 
 def load_config(path: Path | None) -> DaemonConfig:

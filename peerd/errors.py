@@ -28,6 +28,23 @@ class PeerUnavailable(PeerdError):
     """A partner did not answer before the deadline or refused the connection."""
 
 
+class Unauthenticated(PeerUnavailable):
+    """A request or reply without valid proof of the shared secret (peerd.auth).
+    A peer that keeps failing it is suspected like one that does not answer."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason  # "missing", "bad_mac", "stale", "replayed", "reply_missing", ...
+
+
+class InvalidMessage(PeerUnavailable):
+    """A partner sent something malformed: wrong length, offset, segment, non-finite values."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 class DaemonNotRunning(PeerdError):
     """peerctl found no daemon behind the control socket."""
 

@@ -62,12 +62,31 @@ class JobSpec:
     eval_every_rounds: int = 100
     optimizer: OptimizerSpec = OptimizerSpec()
     gossip: GossipSpec = GossipSpec()
+    # Where this peer keeps the job secret (docs/operations.md). Only the path is
+    # here, never the secret, and it is left out of the fingerprint: each machine
+    # may keep the file in its own place.
+    secret_file: str = ""
 
     @property
     def fingerprint(self) -> str:
         """sha256 of the canonical spec: two peers train together only if equal."""
-        canonical = json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        fields = asdict(self)
+        del fields["secret_file"]
+        canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:32]
+
+    def secret_path(self, spec_dir: str) -> Path | None:
+        """The secret file, a relative path taken from the job file's directory."""
+        if not self.secret_file:
+            return None
+        path = Path(self.secret_file).expanduser()
+        if path.is_absolute():
+            return path
+        if not spec_dir:
+            raise ConfigError(
+                f"job {self.name!r}: secret_file {self.secret_file!r} is relative, and this job came "
+                "without a job file to resolve it from; join with the job file, or use an absolute path")
+        return Path(spec_dir) / path
 
 
 def parse_job(text: str, source: str) -> JobSpec:
@@ -88,6 +107,8 @@ def parse_job(text: str, source: str) -> JobSpec:
         local_batch=job.get("local_batch", int, 32, check=lambda v: 1 <= v <= 65536, expect="an integer in 1..65536"),
         epochs=job.get("epochs", float, 1.0, **positive),
         eval_every_rounds=job.get("eval_every_rounds", int, 100, **positive),
+        secret_file=job.get("secret_file", str, "", check=lambda v: 0 < len(v) <= 4096 and "\0" not in v,
+                            expect="a path to a file holding the job secret"),
         optimizer=OptimizerSpec(
             name=opt.get("name", str, "sgd", check=lambda v: v == "sgd", expect="'sgd'"),
             lr=opt.get("lr", float, 0.05, **positive),

@@ -9,7 +9,7 @@ import torch
 
 from peerd.core.segments import Span, split_even
 from peerd.core.topology import plan_round
-from peerd.errors import JobMismatch, PeerUnavailable, RoundMismatch
+from peerd.errors import InvalidMessage, JobMismatch, PeerUnavailable, RoundMismatch
 from peerd.worker.gossip import gossip_round
 from peerd.worker.snapshots import Identity, SegmentServer, SnapshotStore
 from peerd.worker.state import StateBoard, StateMeta, StatePart, StateServer, digest, pull_state, verify_part
@@ -253,7 +253,7 @@ async def test_the_bulk_lane_carries_segments_and_survives_garbage():
         with pytest.raises(RoundMismatch) as info:
             await transport.fetch_segment(address, 1, 0, torch.empty(a.layout[0].size), timeout=2.0)
         assert info.value.current_round == 3
-        with pytest.raises(JobMismatch, match="expected"):
+        with pytest.raises(InvalidMessage, match="expected"):
             await transport.fetch_segment(address, 3, 0, torch.empty(7), timeout=2.0)
         await transport.fetch_segment(address, 3, 2, out, timeout=5.0)  # still serving
         torch.testing.assert_close(out, b.vector[span.start : span.stop])

@@ -175,8 +175,22 @@ def test_every_field_is_covered_by_changes():
     fields |= {f"optimizer.{k}" for k in OptimizerSpec.__dataclass_fields__}
     fields |= {f"gossip.{k}" for k in GossipSpec.__dataclass_fields__}
     covered = {f"{t}.{k}" for t, k, _ in CHANGES}
-    # data_mode and optimizer.name have a single legal value, so they cannot change.
-    assert fields - covered == {"job.data_mode", "optimizer.name"}
+    # data_mode and optimizer.name have a single legal value, so they cannot change;
+    # secret_file is left out of the fingerprint on purpose (test below).
+    assert fields - covered == {"job.data_mode", "optimizer.name", "job.secret_file"}
+
+
+def test_secret_file_is_not_in_the_fingerprint_and_resolves_next_to_the_job_file(tmp_path):
+    base = parse_job(MNIST_TEXT, SRC)
+    spec = parse_job(changed("job", "secret_file", "keys/job.secret"), SRC)
+    assert spec.secret_file == "keys/job.secret" and spec.fingerprint == base.fingerprint
+    assert spec.secret_path(str(tmp_path)) == tmp_path / "keys" / "job.secret"
+    assert parse_job(changed("job", "secret_file", "/etc/peerd/x"), SRC).secret_path("") == Path("/etc/peerd/x")
+    assert base.secret_path(str(tmp_path)) is None
+    with pytest.raises(ConfigError, match="relative"):
+        spec.secret_path("")
+    with pytest.raises(ConfigError, match="secret_file"):
+        parse_job(changed("job", "secret_file", ""), SRC)
 
 
 # --- required keys, names, entry points -------------------------------------------------------

@@ -48,6 +48,18 @@ async def _run_daemon(config) -> None:
     await serve(config, stop)
 
 
+def _check_files(config) -> None:
+    """Read the secret and TLS files the config names, as the daemon will at start."""
+    from peerd.auth import load_secret
+    from peerd.tls import load_tls
+
+    for path in (config.realm_secret_file, config.job_secret_file):
+        if path is not None:
+            load_secret(path)
+    if config.tls is not None:
+        load_tls(config.tls)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -58,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(args.config)
         if args.command == "check-config":
+            _check_files(config)
             if args.config is None and not DEFAULT_PATH.exists():
                 print(f"no config file ({DEFAULT_PATH} is absent): the built-in defaults apply")
             else:

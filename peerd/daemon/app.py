@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
 
 from peerd import __version__
@@ -25,10 +25,15 @@ from peerd.core.membership import ACTIVE_STATES, JobEntry, Membership, PeerRecor
 from peerd.daemon.discovery import Discovery
 from peerd.daemon.jobs import ENDED, JOINED, LocalJob, WorkerLaunch
 from peerd.daemon.notify import sd_notify, watchdog_interval_s
-from peerd.daemon.services import ControlServicer, PeerServicer, SupervisorServicer, hello_request
+from peerd.auth import Authenticator, load_secret
+from peerd.daemon.services import (
+    GET_JOB_SPEC, HELLO, ControlServicer, PeerClient, PeerServicer, SupervisorServicer, hello_request,
+    start_peer_server,
+)
 from peerd.errors import ConfigError, JobMismatch, PeerUnavailable, PeerdError, UnknownJob
 from peerd.jobspec import JobSpec, parse_job
-from peerd.proto.v1 import control_pb2, control_pb2_grpc, peer_pb2, peer_pb2_grpc
+from peerd.proto.v1 import control_pb2, control_pb2_grpc, peer_pb2
+from peerd.tls import load_tls
 
 log = logging.getLogger("peerd")
 HELLO_TIMEOUT_S = 2.0
@@ -66,6 +71,13 @@ class Daemon:
         self._announced: dict[str, str] = {}
         self._closed = False
         self._closing: set[asyncio.Task] = set()  # channel closes in flight
+        # Read at start, so a missing or bad file stops the daemon with its name (exit 2).
+        realm_auth = Authenticator(load_secret(config.realm_secret_file)) if config.realm_secret_file else None
+        self._tls = load_tls(config.tls) if config.tls else None
+        self._peers = PeerClient(realm_auth, self._tls)
+        self.peer_servicer = PeerServicer(self, realm_auth)
+        if config.job_secret_file:
+            load_secret(config.job_secret_file)
 
     # ---- lifecycle -------------------------------------------------------
 
@@ -91,16 +103,8 @@ class Daemon:
                  __version__, self.peer_id, self.peer_address, self.config.control_socket)
 
     async def _start_peer_server(self) -> None:
-        server = grpc.aio.server()
-        peer_pb2_grpc.add_PeerServicer_to_server(PeerServicer(self), server)
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host
-        port = server.add_insecure_port(f"{host}:{self.config.peer_port}")
-        if port == 0:
-            raise ConfigError(f"cannot bind the peer service to {host}:{self.config.peer_port}")
-        await server.start()
-        self._peer_server = server
-        self.peer_address = f"{host}:{port}"
+        self._peer_server, self.peer_address = await start_peer_server(
+            self.peer_servicer, self._health, self.config.host, self.config.peer_port, self._tls)
 
     async def _start_control_server(self) -> None:
         path = self.config.control_socket
@@ -183,16 +187,16 @@ class Daemon:
     def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = grpc.aio.insecure_channel(address)
+            channel = self._channels[address] = self._peers.channel(address)
         return channel
 
     async def _hello(self, peer_id: str, address: str) -> None:
         try:
-            reply = await peer_pb2_grpc.PeerStub(self._channel(address)).Hello(
-                hello_request(self.peer_id, self.peer_address, self.config.realm), timeout=HELLO_TIMEOUT_S
-            )
-        except grpc.aio.AioRpcError as exc:
-            log.debug("hello to %s at %s failed: %s", peer_id, address, exc.code().name)
+            reply = await self._peers.call(
+                self._channel(address), HELLO, hello_request(self.peer_id, self.peer_address, self.config.realm),
+                peer_pb2.HelloReply, HELLO_TIMEOUT_S)
+        except PeerdError as exc:
+            log.debug("hello to %s at %s failed: %s", peer_id, address, exc)
             return  # silence counts against it through the membership timeout
         if reply.realm != self.config.realm:
             self._forget_address(peer_id)
@@ -260,10 +264,11 @@ class Daemon:
         for peer_id in peers:
             record = self.membership.get(peer_id)
             try:
-                reply = await peer_pb2_grpc.PeerStub(self._channel(record.address)).GetJobSpec(
-                    peer_pb2.JobSpecRequest(name=name), timeout=HELLO_TIMEOUT_S)
+                reply = await self._peers.call(
+                    self._channel(record.address), GET_JOB_SPEC, peer_pb2.JobSpecRequest(name=name),
+                    peer_pb2.JobSpecReply, HELLO_TIMEOUT_S)
                 spec = parse_job(reply.spec_toml, f"job spec from {peer_id}")
-            except (grpc.aio.AioRpcError, ConfigError) as exc:
+            except PeerdError as exc:
                 log.warning("could not get the spec of %s from %s: %s", name, peer_id, exc)
                 continue
             if spec.fingerprint != fingerprint:
@@ -281,6 +286,9 @@ class Daemon:
         spec = parse_job(spec_toml, "job spec")
         for entry in (spec.model, spec.data):
             check_importable(entry, spec_dir)
+        secret_file = spec.secret_path(spec_dir) or self.config.job_secret_file
+        if secret_file is not None:
+            load_secret(secret_file)  # refuse the join now, not in a restarting worker
         current = self.jobs.get(spec.name)
         if current is not None and current.state not in ("finished", "failed", "stopped"):
             raise ConfigError(f"this peer already runs job {spec.name!r} (state {current.state})")
@@ -301,6 +309,7 @@ class Daemon:
             host=self.config.host, threads=self.config.worker_threads, device=self.config.worker_device,
             spec_path=spec_path,
             spec_dir=spec_dir, log_path=job_dir / "worker.log",
+            secret_file=secret_file, tls=self.config.tls,
         )
         job = LocalJob(spec, launch, self.config.restart_backoff_s, self.config.restart_backoff_max_s)
         self.jobs[spec.name] = job

@@ -18,6 +18,7 @@ from pathlib import Path
 from peerd.jobspec import JobSpec
 from peerd.progress import empty_progress
 from peerd.proto.v1 import control_pb2
+from peerd.tls import TlsSettings
 
 log = logging.getLogger("peerd.jobs")
 # Worker exit codes (peerd.worker.main); anything else is a crash and is restarted.
@@ -46,19 +47,24 @@ class WorkerLaunch:
     peer_id: str
     host: str
     threads: int
-    device: str
     spec_path: Path
     spec_dir: str
     log_path: Path
+    device: str = "cpu"  # the torch device it trains on ([worker] device)
+    secret_file: Path | None = None  # the job secret: the worker reads it (never on its command line)
+    tls: TlsSettings | None = None
 
     def argv(self) -> list[str]:
-        return [
+        args = [
             sys.executable, "-m", "peerd.worker",
             "--control", self.control_address, "--spec", str(self.spec_path),
             "--spec-dir", self.spec_dir, "--peer-id", self.peer_id,
             "--host", self.host, "--threads", str(self.threads), "--device", self.device,
             "--out-dir", str(self.log_path.parent),
         ]
+        if self.secret_file is not None:
+            args += ["--secret-file", str(self.secret_file)]
+        return args + (self.tls.argv() if self.tls else [])
 
 
 @dataclass

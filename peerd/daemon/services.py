@@ -5,13 +5,20 @@ peerd errors become status codes here and nowhere else.
 
 from __future__ import annotations
 
+import ipaddress
+import logging
 from typing import TYPE_CHECKING
 
 import grpc
+from google.protobuf.message import DecodeError
+from grpc_health.v1 import health_pb2_grpc
 
 from peerd import __version__
-from peerd.errors import ConfigError, JobMismatch, PeerdError, PeerUnavailable, UnknownJob
-from peerd.proto.v1 import control_pb2, control_pb2_grpc, peer_pb2, peer_pb2_grpc
+from peerd.auth import AUTH_KEY, REPLY_KEY, Authenticator, metadata_value
+from peerd.errors import ConfigError, JobMismatch, PeerdError, PeerUnavailable, Unauthenticated, UnknownJob
+from peerd.proto.v1 import control_pb2, control_pb2_grpc, peer_pb2
+from peerd.rejections import Rejections
+from peerd.tls import TlsMaterial, add_port, open_channel
 
 if TYPE_CHECKING:
     from peerd.daemon.app import Daemon
@@ -29,20 +36,139 @@ async def _abort(context, exc: PeerdError):
     await context.abort(code, str(exc))
 
 
-class PeerServicer(peer_pb2_grpc.PeerServicer):
-    def __init__(self, daemon: Daemon) -> None:
+log = logging.getLogger("peerd")
+PEER_SERVICE = "peerd.v1.Peer"
+HELLO = f"/{PEER_SERVICE}/Hello"
+GET_JOB_SPEC = f"/{PEER_SERVICE}/GetJobSpec"
+MAX_PEER_REQUEST_BYTES = 16 * 1024
+MAX_PEER_REPLY_BYTES = 4 * 1024 * 1024  # a job spec, or a Hello with many jobs
+PEER_SERVER_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_PEER_REQUEST_BYTES),
+    ("grpc.max_send_message_length", MAX_PEER_REPLY_BYTES),
+]
+PEER_CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_PEER_REPLY_BYTES),
+    ("grpc.max_send_message_length", MAX_PEER_REQUEST_BYTES),
+]
+
+
+class PeerServicer:
+    """Daemon-to-daemon calls. Requests arrive as raw bytes: with a realm secret
+    they must carry proof of it (peerd.auth), and replies carry proof back."""
+
+    def __init__(self, daemon: Daemon, auth: Authenticator | None = None) -> None:
         self._daemon = daemon
+        self._auth = auth
+        self.rejections = Rejections(log)
 
-    async def Hello(self, request, context):
-        if request.peer_id and request.address and request.realm == self._daemon.config.realm:
-            self._daemon.learn_address(request.peer_id, request.address)
-        return self._daemon.hello_reply()
+    async def _refuse(self, context, code: grpc.StatusCode, reason: str, message: str) -> None:
+        peer = context.peer() or "unknown"
+        self.rejections.record(peer.rsplit(":", 1)[0], reason, message)
+        await context.abort(code, message)
 
-    async def GetJobSpec(self, request, context):
+    async def _admit(self, method: str, raw: bytes, message_type, context):
+        reply = None
+        if self._auth is not None:
+            try:
+                reply = self._auth.verify(method, raw, metadata_value(context.invocation_metadata(), AUTH_KEY))
+            except Unauthenticated as exc:
+                await self._refuse(context, grpc.StatusCode.UNAUTHENTICATED, exc.reason, str(exc))
         try:
-            return self._daemon.job_spec(request.name)
+            return message_type.FromString(raw), reply
+        except DecodeError:
+            await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, "malformed", "undecodable request")
+
+    def _answer(self, context, reply, message) -> bytes:
+        raw = message.SerializeToString()
+        if reply is not None:
+            reply.update(raw)
+            context.set_trailing_metadata(((REPLY_KEY, reply.digest()),))
+        return raw
+
+    async def Hello(self, raw: bytes, context) -> bytes:
+        request, reply = await self._admit(HELLO, raw, peer_pb2.HelloRequest, context)
+        if request.realm == self._daemon.config.realm and (request.peer_id or request.address):
+            if not (valid_peer_id(request.peer_id) and valid_address(request.address)):
+                await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, "bad_request",
+                                   "Hello needs a peer_id of 1-63 letters, digits or '-' and an IP:port address")
+            self._daemon.learn_address(request.peer_id, request.address)
+        return self._answer(context, reply, self._daemon.hello_reply())
+
+    async def GetJobSpec(self, raw: bytes, context) -> bytes:
+        request, reply = await self._admit(GET_JOB_SPEC, raw, peer_pb2.JobSpecRequest, context)
+        try:
+            return self._answer(context, reply, self._daemon.job_spec(request.name))
         except PeerdError as exc:
             await _abort(context, exc)
+
+
+def valid_peer_id(value: str) -> bool:
+    return 0 < len(value) <= 63 and all(c.isascii() and (c.isalnum() or c == "-") for c in value)
+
+
+def valid_address(value: str) -> bool:
+    """host:port with an IP host ([v6]:port for IPv6) and a port 1..65535."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        return False
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+async def start_peer_server(
+    servicer: PeerServicer, health, host: str, port: int, tls: TlsMaterial | None
+) -> tuple[grpc.aio.Server, str]:
+    """The Peer and Health services on host:port; the server and its address."""
+    server = grpc.aio.server(options=PEER_SERVER_OPTIONS, maximum_concurrent_rpcs=256)
+    handlers = {
+        "Hello": grpc.unary_unary_rpc_method_handler(servicer.Hello),
+        "GetJobSpec": grpc.unary_unary_rpc_method_handler(servicer.GetJobSpec),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(PEER_SERVICE, handlers),))
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    host = f"[{host}]" if ":" in host else host
+    bound = add_port(server, f"{host}:{port}", tls)
+    if bound == 0:
+        raise ConfigError(f"cannot bind the peer service to {host}:{port}")
+    await server.start()
+    return server, f"{host}:{bound}"
+
+
+class PeerClient:
+    """The caller's side of the Peer service: signs requests and checks replies
+    when a realm secret is set; gRPC errors become peerd errors here."""
+
+    def __init__(self, auth: Authenticator | None, tls: TlsMaterial | None) -> None:
+        self._auth = auth
+        self._tls = tls
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        return open_channel(address, self._tls, PEER_CHANNEL_OPTIONS)
+
+    async def call(self, channel: grpc.aio.Channel, method: str, request, reply_type, timeout: float):
+        body = request.SerializeToString()
+        metadata, reply = None, None
+        if self._auth is not None:
+            header, reply = self._auth.sign(method, body)
+            metadata = (header,)
+        call = channel.unary_unary(method)(body, timeout=timeout, metadata=metadata)
+        try:
+            raw = await call
+            if reply is not None:
+                reply.update(raw)
+                reply.check(metadata_value(await call.trailing_metadata(), REPLY_KEY))
+            return reply_type.FromString(raw)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+                raise Unauthenticated(f"refused this peer's proof: {exc.details()}", "refused") from None
+            raise PeerUnavailable(f"{exc.code().name}: {exc.details()}") from None
+        except DecodeError:
+            raise PeerUnavailable("undecodable reply") from None
 
 
 class ControlServicer(control_pb2_grpc.ControlServicer):

@@ -26,7 +26,7 @@ from contextlib import aclosing
 import torch
 from google.protobuf.message import DecodeError
 
-from peerd.errors import JobMismatch, PeerdError, PeerUnavailable, RoundMismatch
+from peerd.errors import InvalidMessage, JobMismatch, PeerdError, PeerUnavailable, RoundMismatch
 from peerd.proto.v1 import peer_pb2
 from peerd.worker.codec import fill_values
 from peerd.worker.snapshots import SegmentServer
@@ -252,9 +252,11 @@ class BulkClient:
         total, = struct.unpack("<Q", await _recv_bytes(loop, sock, 8))
         if total != out.numel():
             # The values that follow are not read: the connection is dropped (returns not reached).
-            raise JobMismatch(f"partner sent a segment of {total} elements, expected {out.numel()}")
+            raise InvalidMessage(f"partner sent a segment of {total} elements, expected {out.numel()}", "wrong_length")
         if self._wire == "fp32":
             await _recv_payload(sock, memoryview(out.numpy()).cast("B"), timeout)  # straight into the tensor
+            if not torch.isfinite(out).all():
+                raise InvalidMessage("partner sent non-finite values", "non_finite")
         else:
             raw = bytearray(total * _ITEMSIZE[self._wire])
             await _recv_payload(sock, memoryview(raw), timeout)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from peerd.errors import JobMismatch, PeerUnavailable
+from peerd.errors import InvalidMessage
 
 _VARINT, _FIXED64, _LENGTH, _FIXED32 = 0, 1, 2, 5
 
@@ -97,21 +97,27 @@ def _read_varint(view: memoryview, pos: int) -> tuple[int, int]:
 _WIRE_NUMPY = {"fp32": "<f4", "fp16": "<f2", "bf16": "<u2"}
 
 
-def fill_values(out: torch.Tensor, offset: int, total: int, data: bytes, filled: int, wire: str = "fp32") -> int:
-    """Copy one received chunk into `out` at `offset`, widened to fp32; returns
-    the elements filled so far. Chunks must come in order."""
+def fill_values(out: torch.Tensor, offset: int, total: int, data, filled: int, wire: str = "fp32") -> int:
+    """Copy one received chunk into `out` at `offset`, widened to fp32, after
+    checking it against what was asked: a wrong length, gap, overrun, partial
+    value or non-finite value is refused. Returns the elements filled so far."""
     if total != out.numel():
-        raise JobMismatch(f"partner sent a segment of {total} elements, expected {out.numel()}")
+        raise InvalidMessage(f"partner sent a segment of {total} elements, expected {out.numel()}", "wrong_length")
     dtype = np.dtype(_WIRE_NUMPY[wire])
     nbytes = memoryview(data).nbytes
     if nbytes % dtype.itemsize:
-        raise PeerUnavailable(f"partner sent {nbytes} bytes, not whole {wire} values")
+        raise InvalidMessage(f"partner sent {nbytes} bytes: not whole {wire} values", "bad_dtype")
+    size = nbytes // dtype.itemsize
+    if offset != filled:
+        raise InvalidMessage(f"partner sent a chunk at {offset}, expected {filled}", "bad_offset")
+    if size == 0 or offset + size > total:
+        raise InvalidMessage(f"partner sent a chunk of {size} at {offset} in a segment of {total}", "oversize")
     values = np.frombuffer(data, dtype=dtype)
-    if offset != filled or offset + values.size > total:
-        raise PeerUnavailable(f"partner sent chunk at {offset}+{values.size}, expected {filled}")
-    target = out[offset : offset + values.size]
+    target = out[offset : offset + size]
     if wire == "bf16":  # numpy has no bfloat16; its bits are the top half of a float32's
         target.numpy().view(np.uint32)[:] = values.astype(np.uint32) << 16
     else:
         target.numpy()[:] = values  # the one copy (and widening), into the preallocated buffer
-    return filled + values.size
+    if not torch.isfinite(target).all():
+        raise InvalidMessage(f"partner sent non-finite values at {offset}..{offset + size}", "non_finite")
+    return filled + size

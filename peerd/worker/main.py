@@ -13,10 +13,12 @@ import math
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from peerd.auth import Authenticator, load_secret
 from peerd.core.deadline import DeadlineEstimator
 from peerd.core.groups import plan_hierarchical
 from peerd.core.robust import PullClipper
@@ -26,6 +28,8 @@ from peerd.core.topology import plan_round
 from peerd.errors import ConfigError, PeerdError
 from peerd.jobspec import JobSpec, parse_job
 from peerd.proto.v1 import control_pb2
+from peerd.rejections import Rejections
+from peerd.tls import TlsMaterial, TlsSettings, load_tls
 from peerd.worker.gossip import RoundResult, gossip_round
 from peerd.worker.hierarchy import hierarchical_round
 from peerd.worker.link import SupervisorLink
@@ -46,8 +50,19 @@ CATCH_UP_ROUNDS = 10
 SETTLE_WAIT_S = 30.0  # longest wait for a freshly started daemon to hear from its peers  # further behind than this, take a partner's state instead of stepping up
 
 
+@dataclass(frozen=True)
+class Security:
+    """The job secret and the TLS material: both absent means an open data plane."""
+
+    auth: Authenticator | None = None
+    tls: TlsMaterial | None = None
+
+
 class Worker:
-    def __init__(self, spec: JobSpec, trainer: Trainer, link: SupervisorLink, host: str, out_dir: Path) -> None:
+    def __init__(
+        self, spec: JobSpec, trainer: Trainer, link: SupervisorLink, host: str, out_dir: Path,
+        security: Security = Security(),
+    ) -> None:
         self.spec = spec
         self.out_dir = out_dir
         self.trainer = trainer
@@ -67,7 +82,10 @@ class Worker:
         vector = trainer.flat.vector
         self.work = vector if vector.device.type == "cpu" else torch.empty(
             numel, dtype=torch.float32, pin_memory=vector.device.type == "cuda")
-        self.transport = GrpcTransport(self.identity, spec.gossip.wire)
+        self.security = security
+        self.rejections = Rejections(log)
+        self.transport = GrpcTransport(self.identity, security.auth, security.tls, self.rejections,
+                                       wire=spec.gossip.wire)
         self.deadline = DeadlineEstimator(spec.gossip.deadline_floor_s, spec.gossip.deadline_ceiling_s)
         self.suspicion = Suspicion()
         self.clipper = PullClipper(spec.gossip.clip_factor)
@@ -82,7 +100,8 @@ class Worker:
         server = SegmentServer(self.identity, self.store, len(self.layout), chunk_elems, self.stages,
                                self.spec.gossip.wire)
         state = StateServer(self.identity, self.board, self.store, chunk_elems)
-        grpc_server, address = await start_exchange_server(server, state, self.host)
+        grpc_server, address = await start_exchange_server(
+            server, state, self.host, auth=self.security.auth, tls=self.security.tls, rejections=self.rejections)
         g = self.spec.gossip
         log.info("serving exchange on %s; %d parameters in %d segments; %s gossip%s, %s on the wire",
                  address, self.trainer.flat.numel, len(self.layout), g.mode,
@@ -223,6 +242,7 @@ class Worker:
             samples_per_s=t.speed_ema, test_accuracy=self.accuracy, samples=t.samples,
             segment_misses=self.misses, finished=finished, disagreement=math.nan, exchange_s=math.nan, lr=t.lr,
             phase="finished" if finished else self.phase, global_batch=t.ramp.batch,
+            rejected=dict(self.rejections.counts),
         )
         if result is not None:
             p.partners_reached = len(result.reached)
@@ -251,15 +271,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out-dir", type=Path, default=Path("."), help="where the trained model is written")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--device", default="cpu", help='torch device to train on: "auto", "cpu", "cuda", "cuda:N", "mps"')
+    parser.add_argument("--secret-file", type=Path, default=None,
+                        help="the job secret: every exchange request and reply carries proof of it")
+    parser.add_argument("--tls-cert", type=Path, help="this peer's certificate (PEM), for mutual TLS")
+    parser.add_argument("--tls-key", type=Path, help="its private key (PEM)")
+    parser.add_argument("--tls-ca", type=Path, help="the CA that signed every peer's certificate (PEM)")
+    parser.add_argument("--tls-server-name", default="", help="name to check peer certificates against")
     return parser.parse_args(argv)
+
+
+def load_security(args: argparse.Namespace) -> Security:
+    auth = Authenticator(load_secret(args.secret_file)) if args.secret_file else None
+    tls_files = (args.tls_cert, args.tls_key, args.tls_ca)
+    if any(tls_files) and not all(tls_files):
+        raise ConfigError("--tls-cert, --tls-key and --tls-ca go together")
+    tls = load_tls(TlsSettings(*tls_files, args.tls_server_name)) if all(tls_files) else None
+    return Security(auth, tls)
 
 
 async def amain(args: argparse.Namespace) -> int:
     spec = parse_job(args.spec.read_text(), str(args.spec))
+    security = load_security(args)
     torch.set_num_threads(args.threads)
     trainer = Trainer(spec, args.peer_id, args.spec_dir, args.device)
     link = SupervisorLink(args.control, spec.name, trainer.flat.fingerprint(spec.fingerprint))
-    worker = Worker(spec, trainer, link, args.host, args.out_dir)
+    worker = Worker(spec, trainer, link, args.host, args.out_dir, security)
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from peerd.core.segments import Span, chunk_spans, split_even
-from peerd.errors import JobMismatch, RoundMismatch
+from peerd.errors import InvalidMessage, JobMismatch, RoundMismatch
 
 KEEP_ROUNDS = 2
 
@@ -196,9 +196,9 @@ class SegmentServer:
         chunk_elems = chunk_elems or self.chunk_elems
         check_identity(self.identity, job, fingerprint)
         if not 0 <= segment < len(self.layout):
-            raise JobMismatch(f"segment {segment} out of range 0..{len(self.layout) - 1}")
+            raise InvalidMessage(f"segment {segment} out of range 0..{len(self.layout) - 1}", "bad_segment")
         if stage not in (0, 1, 2):
-            raise JobMismatch(f"stage {stage} out of range 0..2")
+            raise InvalidMessage(f"stage {stage} out of range 0..2", "bad_segment")
         span = self.layout[segment]
         if stage:
             value = await self.stages.get(round_, stage, segment, wait_s)

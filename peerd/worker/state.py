@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from peerd.core.segments import Span, chunk_spans, split_even
-from peerd.errors import JobMismatch, PeerUnavailable, PeerdError
+from peerd.errors import InvalidMessage, PeerUnavailable, PeerdError
 from peerd.worker.snapshots import Identity, SnapshotStore, check_identity, wait_until
 
 
@@ -122,7 +122,7 @@ class StateServer:
         check_identity(self.identity, job, fingerprint)
         total = self.board.numel
         if length == 0 or offset + length > total:
-            raise JobMismatch(f"state range {offset}+{length} outside 0..{total}")
+            raise InvalidMessage(f"state range {offset}+{length} outside 0..{total}", "bad_range")
         async with self.board.hold(self.store.current_round, wait_s) as (vector, meta):
             values = vector[offset : offset + length]
             sha = digest(values)
@@ -137,13 +137,13 @@ def digest(values: torch.Tensor) -> bytes:
 
 def verify_part(part: StatePart, sha256: bytes) -> None:
     if part.values.numel() != part.span.size:
-        raise PeerUnavailable(f"state range {part.span} arrived with {part.values.numel()} elements")
+        raise InvalidMessage(f"state range {part.span} arrived with {part.values.numel()} elements", "wrong_length")
     if digest(part.values) != sha256:
-        raise PeerUnavailable(f"state range {part.span.start}..{part.span.stop} failed its checksum")
+        raise InvalidMessage(f"state range {part.span.start}..{part.span.stop} failed its checksum", "bad_checksum")
     if not torch.isfinite(part.values).all():
-        raise PeerUnavailable(f"state range {part.span.start}..{part.span.stop} holds non-finite values")
+        raise InvalidMessage(f"state range {part.span.start}..{part.span.stop} holds non-finite values", "non_finite")
     if not math.isfinite(part.meta.progress) or part.meta.progress < 0:
-        raise PeerUnavailable(f"state range came with a bad progress value {part.meta.progress}")
+        raise InvalidMessage(f"state range came with a bad progress value {part.meta.progress}", "bad_progress")
 
 
 async def pull_state(transport, donors: dict[str, str], numel: int, timeout_s: float) -> tuple[torch.Tensor, StateMeta, list[str]]:

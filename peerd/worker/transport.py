@@ -7,6 +7,8 @@ together with no network, for tests of the exchange logic.
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
 from contextlib import aclosing
 from typing import Protocol
 
@@ -14,34 +16,52 @@ import grpc
 import numpy as np
 import torch
 
-from peerd.errors import JobMismatch, PeerUnavailable, RoundMismatch
-from peerd.proto.v1 import peer_pb2, peer_pb2_grpc
+from google.protobuf.message import DecodeError
+
+from peerd.auth import AUTH_KEY, REPLY_KEY, Authenticator, ReplyMac, metadata_value
 from peerd.core.segments import Span
+from peerd.errors import InvalidMessage, JobMismatch, PeerdError, PeerUnavailable, RoundMismatch, Unauthenticated
+from peerd.proto.v1 import peer_pb2
+from peerd.rejections import Rejections
+from peerd.tls import TlsMaterial, add_port, open_channel
 from peerd.worker.bulk import BulkClient, BulkServer, split_address
-from peerd.worker.codec import decode_segment_chunk, encode_segment_chunk, fill_values
+from peerd.worker.codec import ChunkView, decode_segment_chunk, encode_segment_chunk, fill_values
 from peerd.worker.snapshots import Identity, SegmentServer, check_identity
 from peerd.worker.state import StateMeta, StatePart, StateServer, verify_part
 
-# Streams of ~1 MiB chunks; allow some headroom over the largest chunk.
-MAX_MESSAGE_BYTES = 32 * 1024 * 1024
+log = logging.getLogger("peerd.worker")
+
+# Size limits (docs/protocol.md): requests are small, chunks at most the job's
+# chunk_kib (≤ 16 MiB) plus a few header bytes.
+MAX_REQUEST_BYTES = 64 * 1024
+MAX_CHUNK_BYTES = 16 * 1024 * 1024 + 1024
+MAX_WAIT_S = 60.0  # the longest a request may ask the callee to wait for a round
+MAX_CONCURRENT_RPCS = 256
+_KEEPALIVE = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000)]
 CHANNEL_OPTIONS = [
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.max_receive_message_length", MAX_CHUNK_BYTES),
+    ("grpc.max_send_message_length", MAX_REQUEST_BYTES),
+    *_KEEPALIVE,
+]
+SERVER_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
+    ("grpc.max_send_message_length", MAX_CHUNK_BYTES),
+    *_KEEPALIVE,
 ]
 
 
 EXCHANGE_SERVICE = "peerd.v1.Exchange"
 FETCH_SEGMENT = f"/{EXCHANGE_SERVICE}/FetchSegment"
+FETCH_STATE = f"/{EXCHANGE_SERVICE}/FetchState"
+LANES = f"/{EXCHANGE_SERVICE}/Lanes"
+ROUND_KEY = "peerd-round"
 
 
 class Transport(Protocol):
     async def fetch_segment(
         self, address: str, round_: int, segment: int, out: torch.Tensor, timeout: float, stage: int = 0
     ) -> None:
-        """Fill `out` with the partner's segment of `round_` (at `stage`, see
-        SegmentRequest) or raise a PeerdError."""
+        """Fill `out` with the partner's segment of `round_` or raise a PeerdError."""
 
     async def fetch_state(self, address: str, span: Span, timeout: float) -> StatePart:
         """A verified range of the partner's training state."""
@@ -62,6 +82,8 @@ class _StateAssembly:
     def add(self, meta: StateMeta, offset: int, sha: bytes, data: bytes) -> None:
         if self.meta is None:
             self.meta, self.sha = meta, sha
+        if offset < self.span.start:
+            raise InvalidMessage(f"state chunk at {offset} before the range {self.span.start}", "bad_offset")
         self.filled = fill_values(self.values, offset - self.span.start, self.span.size, data, self.filled)
 
     def result(self, address: str) -> StatePart:
@@ -72,34 +94,67 @@ class _StateAssembly:
         return part
 
 
-class GrpcTransport:
-    """Segments over the partner's bulk lane when it has one, else over gRPC;
-    state and lane lookups over gRPC."""
+def _decode_state_chunk(raw: bytes) -> peer_pb2.StateChunk:
+    try:
+        return peer_pb2.StateChunk.FromString(raw)
+    except DecodeError:
+        raise InvalidMessage("undecodable StateChunk", "malformed") from None
 
-    def __init__(self, identity: Identity, wire: str = "fp32", bulk: bool = True) -> None:
+
+def _state_fields(c: peer_pb2.StateChunk) -> tuple:
+    """What the reply proof covers of a StateChunk: every field, the data by its
+    length (the range's sha256, covered here, checks the data)."""
+    return c.round, c.step, c.offset, c.total, c.progress, c.sha256, c.params, len(c.data)
+
+
+def _decode_segment_chunk(raw: bytes, round_: int, segment: int) -> ChunkView:
+    try:
+        chunk = decode_segment_chunk(raw)
+    except ValueError as exc:
+        raise InvalidMessage(str(exc), "malformed") from None
+    if chunk.round != round_ or chunk.segment != segment:
+        raise InvalidMessage(
+            f"partner sent segment {chunk.segment} of round {chunk.round}, asked for {segment} of {round_}",
+            "wrong_segment")
+    return chunk
+
+
+class GrpcTransport:
+    """The client side. Segments go over the partner's bulk lane when it has one
+    (peerd.worker.bulk), else over gRPC. With `auth`, every request carries a
+    proof of the job secret and every reply must carry one back (peerd.auth);
+    with `tls`, every connection is mutual TLS. Either turns the bulk lane off:
+    it has neither proofs nor TLS yet."""
+
+    def __init__(
+        self, identity: Identity, auth: Authenticator | None = None, tls: TlsMaterial | None = None,
+        rejections: Rejections | None = None, wire: str = "fp32", bulk: bool = True,
+    ) -> None:
         self._identity = identity
+        self._auth = auth
+        self._tls = tls
         self._wire = wire
         self._channels: dict[str, grpc.aio.Channel] = {}
-        self._bulk = BulkClient(wire) if bulk else None
+        self.rejections = rejections or Rejections(log)
+        self._bulk = BulkClient(wire) if bulk and auth is None and tls is None else None
         self._lanes: dict[str, int] = {}  # exchange address -> its bulk port (0: none)
 
     def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+            channel = open_channel(address, self._tls, CHANNEL_OPTIONS)
             self._channels[address] = channel
         return channel
 
-    def _stub(self, address: str) -> peer_pb2_grpc.ExchangeStub:
-        return peer_pb2_grpc.ExchangeStub(self._channel(address))
-
-    def _fetch_segment(self, address: str):
-        # The generated stub would parse chunks with protobuf (two more copies of
-        # the payload); this one hands over views into the received bytes.
-        return self._channel(address).unary_stream(
-            FETCH_SEGMENT, request_serializer=peer_pb2.SegmentRequest.SerializeToString,
-            response_deserializer=decode_segment_chunk,
-        )
+    def _call(self, address: str, method: str, request, timeout: float):
+        """Start a raw-bytes stream call (no protobuf copies of the payload): the
+        call, and the MAC its reply must carry (None without a secret)."""
+        body = request.SerializeToString()
+        metadata, reply = None, None
+        if self._auth is not None:
+            header, reply = self._auth.sign(method, body, audience=address)
+            metadata = (header,)
+        return self._channel(address).unary_stream(method)(body, timeout=timeout, metadata=metadata), reply
 
     async def fetch_segment(
         self, address: str, round_: int, segment: int, out: torch.Tensor, timeout: float, stage: int = 0
@@ -110,24 +165,34 @@ class GrpcTransport:
         )
         port = await self._lane(address, timeout)
         if port:
-            host = split_address(address)[0]
             try:
-                await self._bulk.fetch(host, port, request, out, timeout)
+                await self._bulk.fetch(split_address(address)[0], port, request, out, timeout)
+            except InvalidMessage as exc:
+                self.rejections.record(address, exc.reason, str(exc))
+                raise
             except PeerUnavailable:
                 self._lanes.pop(address, None)  # look the lane up again next time: the worker may have restarted
                 raise
             return
         filled = 0
-        call = self._fetch_segment(address)(request, timeout=timeout)
+        call, reply = self._call(address, FETCH_SEGMENT, request, timeout)
         try:
-            async for chunk in call:
+            async for raw in call:
+                chunk = _decode_segment_chunk(raw, round_, segment)
+                if reply is not None:
+                    reply.update_fields(chunk.round, chunk.segment, chunk.offset, chunk.total, chunk.data.nbytes)
                 filled = fill_values(out, chunk.offset, chunk.total, chunk.data, filled, self._wire)
+            if filled != out.numel():
+                raise PeerUnavailable(f"{address} ended segment {segment} after {filled}/{out.numel()} elements")
+            if reply is not None:
+                reply.check(metadata_value(await call.trailing_metadata(), REPLY_KEY))
         except grpc.aio.AioRpcError as exc:
-            raise _translate(exc, address) from None
+            raise self._translate(exc, address, reply) from None
+        except (InvalidMessage, Unauthenticated) as exc:
+            self.rejections.record(address, exc.reason, str(exc))
+            raise
         finally:
             call.cancel()  # a bad chunk ends the stream here, so the partner stops sending (no-op when done)
-        if filled != out.numel():
-            raise PeerUnavailable(f"{address} ended segment {segment} after {filled}/{out.numel()} elements")
 
     async def _lane(self, address: str, timeout: float) -> int:
         """The partner's bulk port, asked once per address; 0 when it has none."""
@@ -136,15 +201,18 @@ class GrpcTransport:
         port = self._lanes.get(address)
         if port is None:
             request = peer_pb2.LanesRequest(job=self._identity.job, fingerprint=self._identity.fingerprint)
+            call = self._channel(address).unary_unary(LANES)
             try:
-                reply = await self._stub(address).Lanes(request, timeout=timeout)
+                reply = peer_pb2.LanesReply.FromString(await call(request.SerializeToString(), timeout=timeout))
                 port = reply.bulk_port
             except grpc.aio.AioRpcError as exc:
                 if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
-                    raise _translate(exc, address) from None
+                    raise self._translate(exc, address, None) from None
                 port = 0  # a peer from before bulk lanes
-            self._lanes[address] = port
-        return port
+            except DecodeError:
+                raise InvalidMessage(f"{address} sent an undecodable LanesReply", "malformed") from None
+            self._lanes[address] = port if 0 < port < 65536 else 0
+        return self._lanes[address]
 
     async def fetch_state(self, address: str, span: Span, timeout: float) -> StatePart:
         request = peer_pb2.StateRequest(
@@ -152,15 +220,45 @@ class GrpcTransport:
             offset=span.start, length=span.size, wait_s=timeout / 2,
         )
         assembly = _StateAssembly(span)
-        call = self._stub(address).FetchState(request, timeout=timeout)
+        call, reply = self._call(address, FETCH_STATE, request, timeout)
         try:
-            async for c in call:
+            async for raw in call:
+                c = _decode_state_chunk(raw)
+                if reply is not None:
+                    reply.update_fields(*_state_fields(c))
                 assembly.add(StateMeta(c.round, c.step, c.progress), c.offset, c.sha256, c.data)
+            if reply is not None:
+                reply.check(metadata_value(await call.trailing_metadata(), REPLY_KEY))
+            return assembly.result(address)
         except grpc.aio.AioRpcError as exc:
-            raise _translate(exc, address) from None
+            raise self._translate(exc, address, reply) from None
+        except (InvalidMessage, Unauthenticated) as exc:
+            self.rejections.record(address, exc.reason, str(exc))
+            raise
         finally:
             call.cancel()
-        return assembly.result(address)
+
+    def _translate(self, exc: grpc.aio.AioRpcError, address: str, reply: ReplyMac | None) -> Exception:
+        code, details = exc.code(), exc.details()
+        if code == grpc.StatusCode.FAILED_PRECONDITION:
+            return JobMismatch(f"{address} refused: {details}")
+        if code == grpc.StatusCode.UNAUTHENTICATED:
+            return Unauthenticated(f"{address} refused this peer's proof: {details}", "refused")
+        if code == grpc.StatusCode.ABORTED:
+            meta = exc.trailing_metadata() or ()
+            current = metadata_value(meta, ROUND_KEY) or ""
+            if not current.isdigit():
+                return PeerUnavailable(f"{address}: ABORTED without a round: {details}")
+            if reply is not None:  # a round we would jump to must come from a holder of the secret
+                try:
+                    reply.check(metadata_value(meta, REPLY_KEY), f"ABORTED:{current}")
+                except Unauthenticated as bad:
+                    self.rejections.record(address, bad.reason, str(bad))
+                    return bad
+            return RoundMismatch(f"{address}: {details}", int(current))
+        if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+            self.rejections.record(address, "oversize", details or "")
+        return PeerUnavailable(f"{address}: {code.name}: {details}")
 
     async def aclose(self) -> None:
         channels, self._channels = list(self._channels.values()), {}
@@ -169,61 +267,117 @@ class GrpcTransport:
             self._bulk.close()
 
 
-def _translate(exc: grpc.aio.AioRpcError, address: str) -> Exception:
-    code, details = exc.code(), exc.details()
-    if code == grpc.StatusCode.FAILED_PRECONDITION:
-        return JobMismatch(f"{address} refused: {details}")
-    if code == grpc.StatusCode.ABORTED:
-        meta = dict(exc.trailing_metadata() or ())
-        return RoundMismatch(f"{address}: {details}", int(meta.get("peerd-round", -1)))
-    return PeerUnavailable(f"{address}: {code.name}: {details}")
+def _peer_host(context) -> str:
+    """The caller's address without its (ephemeral) port, for logs."""
+    peer = context.peer() or "unknown"
+    return peer.rsplit(":", 1)[0] if peer.count(":") >= 2 else peer
 
 
-class ExchangeServicer(peer_pb2_grpc.ExchangeServicer):
-    """gRPC edge of a SegmentServer: peerd errors become status codes here only."""
+class ExchangeServicer:
+    """gRPC edge of a SegmentServer and a StateServer: requests arrive as raw
+    bytes, are checked for proof of the secret, parsed and validated here; peerd
+    errors become status codes here only."""
 
-    def __init__(self, server: SegmentServer, state: StateServer, bulk_port: int = 0) -> None:
+    def __init__(
+        self, server: SegmentServer, state: StateServer, auth: Authenticator | None = None,
+        rejections: Rejections | None = None,
+    ) -> None:
         self._server = server
         self._state = state
-        self.bulk_port = bulk_port
+        self._auth = auth
+        self.rejections = rejections or Rejections(log)
+        self.address = ""  # as callers dial it: their proofs are made for it
+        self.bulk_port = 0  # this worker's bulk lane, told by Lanes (0: none)
 
-    async def Lanes(self, request, context):
+    async def _refuse(self, context, code: grpc.StatusCode, reason: str, message: str) -> None:
+        self.rejections.record(_peer_host(context), reason, message)
+        await context.abort(code, message)
+
+    async def _admit(self, method: str, raw: bytes, message_type, context):
+        """The parsed request and the reply MAC (None without a secret), or abort."""
+        reply = None
+        if self._auth is not None:
+            try:
+                reply = self._auth.verify(
+                    method, raw, metadata_value(context.invocation_metadata(), AUTH_KEY), self.address)
+            except Unauthenticated as exc:
+                await self._refuse(context, grpc.StatusCode.UNAUTHENTICATED, exc.reason, str(exc))
         try:
-            check_identity(self._server.identity, request.job, request.fingerprint)
-        except JobMismatch as exc:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-        return peer_pb2.LanesReply(bulk_port=self.bulk_port)
+            request = message_type.FromString(raw)
+        except DecodeError:
+            await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, "malformed", "undecodable request")
+        if not math.isfinite(request.wait_s):
+            await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, "bad_request", "wait_s is not finite")
+        remaining = context.time_remaining()
+        wait_s = min(max(request.wait_s, 0.0), MAX_WAIT_S, remaining if remaining is not None else MAX_WAIT_S)
+        return request, wait_s, reply
 
-    async def FetchSegment(self, request, context):
+    def _finish(self, context, reply: ReplyMac | None) -> None:
+        if reply is not None:
+            context.set_trailing_metadata(((REPLY_KEY, reply.digest()),))
+
+    async def _abort_peerd(self, context, exc: PeerdError, reply: ReplyMac | None) -> None:
+        if isinstance(exc, RoundMismatch):
+            current = str(max(exc.current_round, 0))
+            trailer = [(ROUND_KEY, current)]
+            if reply is not None:
+                trailer.append((REPLY_KEY, reply.digest(f"ABORTED:{current}")))
+            context.set_trailing_metadata(tuple(trailer))
+            await context.abort(grpc.StatusCode.ABORTED, str(exc))
+        if isinstance(exc, JobMismatch):
+            await self._refuse(context, grpc.StatusCode.FAILED_PRECONDITION, "job_mismatch", str(exc))
+        if isinstance(exc, InvalidMessage):
+            await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, exc.reason, str(exc))
+        await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+
+    async def Lanes(self, raw: bytes, context) -> bytes:
+        if self._auth is not None:
+            try:
+                self._auth.verify(LANES, raw, metadata_value(context.invocation_metadata(), AUTH_KEY), self.address)
+            except Unauthenticated as exc:
+                await self._refuse(context, grpc.StatusCode.UNAUTHENTICATED, exc.reason, str(exc))
+        try:
+            request = peer_pb2.LanesRequest.FromString(raw)
+            check_identity(self._server.identity, request.job, request.fingerprint)
+        except DecodeError:
+            await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, "malformed", "undecodable request")
+        except JobMismatch as exc:
+            await self._refuse(context, grpc.StatusCode.FAILED_PRECONDITION, "job_mismatch", str(exc))
+        return peer_pb2.LanesReply(bulk_port=self.bulk_port).SerializeToString()
+
+    async def FetchSegment(self, raw: bytes, context):
+        request, wait_s, reply = await self._admit(FETCH_SEGMENT, raw, peer_pb2.SegmentRequest, context)
         try:
             # aclosing: a client that goes away (deadline, crash) must release the
             # snapshot it read at once, not whenever the generator is collected.
             async with aclosing(self._server.segment(
-                request.job, request.fingerprint, request.round, request.segment, request.wait_s,
-                request.stage,
+                request.job, request.fingerprint, request.round, request.segment, wait_s, request.stage
             )) as chunks:
                 async for offset, total, data in chunks:
+                    if reply is not None:
+                        reply.update_fields(request.round, request.segment, offset, total, data.nbytes)
                     yield encode_segment_chunk(request.round, request.segment, offset, total, data)
-        except JobMismatch as exc:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-        except RoundMismatch as exc:
-            context.set_trailing_metadata((("peerd-round", str(exc.current_round)),))
-            await context.abort(grpc.StatusCode.ABORTED, str(exc))
+        except PeerdError as exc:
+            await self._abort_peerd(context, exc, reply)
+        self._finish(context, reply)
 
-    async def FetchState(self, request, context):
+    async def FetchState(self, raw: bytes, context):
+        request, wait_s, reply = await self._admit(FETCH_STATE, raw, peer_pb2.StateRequest, context)
         try:
             async with aclosing(self._state.state(
-                request.job, request.fingerprint, request.offset, request.length, request.wait_s
+                request.job, request.fingerprint, request.offset, request.length, wait_s
             )) as chunks:
                 async for meta, offset, total, sha, data in chunks:
-                    yield peer_pb2.StateChunk(
+                    chunk = peer_pb2.StateChunk(
                         round=meta.round, step=meta.step, progress=meta.progress, offset=offset,
                         total=total, params=self._state.board.params, sha256=sha, data=data,
                     )
-        except JobMismatch as exc:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-        except PeerUnavailable as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+                    if reply is not None:
+                        reply.update_fields(*_state_fields(chunk))
+                    yield chunk.SerializeToString()
+        except PeerdError as exc:
+            await self._abort_peerd(context, exc, reply)
+        self._finish(context, reply)
 
 
 class ExchangeServer:
@@ -240,33 +394,35 @@ class ExchangeServer:
 
 
 async def start_exchange_server(
-    server: SegmentServer, state: StateServer, host: str, port: int = 0, bulk: bool = True
+    server: SegmentServer, state: StateServer, host: str, port: int = 0, *,
+    auth: Authenticator | None = None, tls: TlsMaterial | None = None, rejections: Rejections | None = None,
+    bulk: bool = True,
 ) -> tuple[ExchangeServer, str]:
-    """Serve segments and state on host:port (0: any free port), and segments on a
-    bulk lane beside it unless `bulk` is off; returns the server and its gRPC address."""
-    grpc_server = grpc.aio.server(options=CHANNEL_OPTIONS)
-    lane = BulkServer(server) if bulk else None
-    servicer = ExchangeServicer(server, state, await lane.start(host) if lane else 0)
-    # Registered by hand, not with add_ExchangeServicer_to_server: FetchSegment
-    # yields chunks already encoded by peerd.worker.codec.
+    """Serve segments and state on host:port (0: any free port), and segments on
+    a bulk lane beside it (not with a secret or TLS: the lane has neither yet);
+    returns the server and its gRPC address."""
+    grpc_server = grpc.aio.server(options=SERVER_OPTIONS, maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS)
+    servicer = ExchangeServicer(server, state, auth, rejections)
+    lane = BulkServer(server) if bulk and auth is None and tls is None else None
+    if lane is not None:
+        servicer.bulk_port = await lane.start(host)
+    # Registered by hand, with no (de)serializers: requests are checked against
+    # their proof as the bytes that came, and chunks go out as peerd.worker.codec
+    # encoded them.
     handlers = {
-        "FetchSegment": grpc.unary_stream_rpc_method_handler(
-            servicer.FetchSegment, request_deserializer=peer_pb2.SegmentRequest.FromString),
-        "FetchState": grpc.unary_stream_rpc_method_handler(
-            servicer.FetchState, request_deserializer=peer_pb2.StateRequest.FromString,
-            response_serializer=peer_pb2.StateChunk.SerializeToString),
-        "Lanes": grpc.unary_unary_rpc_method_handler(
-            servicer.Lanes, request_deserializer=peer_pb2.LanesRequest.FromString,
-            response_serializer=peer_pb2.LanesReply.SerializeToString),
+        "FetchSegment": grpc.unary_stream_rpc_method_handler(servicer.FetchSegment),
+        "FetchState": grpc.unary_stream_rpc_method_handler(servicer.FetchState),
+        "Lanes": grpc.unary_unary_rpc_method_handler(servicer.Lanes),
     }
     grpc_server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(EXCHANGE_SERVICE, handlers),))
-    bound = grpc_server.add_insecure_port(_join(host, port))
+    bound = add_port(grpc_server, _join(host, port), tls)
     if bound == 0:
-        if lane:
+        if lane is not None:
             await lane.close()
         raise PeerUnavailable(f"cannot bind the exchange service to {host}:{port}")
     await grpc_server.start()
-    return ExchangeServer(grpc_server, lane), _join(host, bound)
+    servicer.address = _join(host, bound)
+    return ExchangeServer(grpc_server, lane), servicer.address
 
 
 def _join(host: str, port: int) -> str:
