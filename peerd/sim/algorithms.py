@@ -69,7 +69,17 @@ class State:
     w: np.ndarray
 
     def models(self, slots: np.ndarray) -> np.ndarray:
-        return self.x[slots] / self.w[slots, None].astype(np.float32)
+        rows = contiguous(slots)
+        if np.all(self.w[rows] == 1.0):  # not push-sum, or push-sum in balance
+            return self.x[rows]
+        return self.x[rows] / self.w[rows, None].astype(np.float32)
+
+
+def contiguous(slots: np.ndarray) -> slice | np.ndarray:
+    """A slice (a view, no copy) when the slots are one ascending run, else the slots."""
+    if len(slots) and slots[-1] - slots[0] == len(slots) - 1 and np.all(np.diff(slots) == 1):
+        return slice(int(slots[0]), int(slots[-1]) + 1)
+    return slots
 
 
 @dataclass(frozen=True)

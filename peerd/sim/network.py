@@ -67,15 +67,16 @@ class Fabric:
 
     def send(self, src: int, dst: int, nbytes: float, start: float) -> float:
         """Reserve what a transfer from `src` to `dst` uses from `start`; its end time."""
-        tier = self.spec.tier(src, dst)
-        link = self.spec.tiers()[tier]
-        if tier == HOST:
-            out, into = ("bus-out", src), ("bus-in", dst)
+        spec, free = self.spec, self._free
+        a, b = src // spec.gpus_per_host, dst // spec.gpus_per_host
+        if a == b:
+            link, out, into = spec.host, ("bus-out", src), ("bus-in", dst)
         else:
-            out, into = ("nic-out", self.spec.host_of(src)), ("nic-in", self.spec.host_of(dst))
-        begin = max(start, self._free.get(out, 0.0), self._free.get(into, 0.0))
+            same_rack = a // spec.hosts_per_rack == b // spec.hosts_per_rack
+            link, out, into = (spec.rack if same_rack else spec.cross), ("nic-out", a), ("nic-in", b)
+        begin = max(start, free.get(out, 0.0), free.get(into, 0.0))
         busy_until = begin + nbytes / link.bandwidth
-        self._free[out] = self._free[into] = busy_until
+        free[out] = free[into] = busy_until
         return busy_until + link.latency
 
     def slowest(self, slots: list[int]) -> Tier:

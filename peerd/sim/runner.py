@@ -12,7 +12,7 @@ from peerd.core.deadline import DeadlineEstimator
 from peerd.core.lr import ScaleRamp, cosine
 from peerd.core.membership import Membership, PeerRecord
 from peerd.core.segments import split_even
-from peerd.sim.algorithms import Comm, Segments, State, View, run_round
+from peerd.sim.algorithms import Comm, Segments, State, View, contiguous, run_round
 from peerd.sim.compute import SpeedModel
 from peerd.sim.config import TRAIN_SIZE, SimConfig
 from peerd.sim.data import Reader
@@ -112,9 +112,12 @@ class Simulation:
         idx, mask = self.reader.batches(names, sizes.tolist())
         x, y = self.task.train_x[idx], self.task.train_y[idx]
         grad, loss = self.task.grads(self.state.models(live), x, y, mask)
-        v = self.velocity[live] * c.momentum + grad
-        self.velocity[live] = v
-        self.state.x[live] -= lr * v
+        rows = contiguous(live)
+        v = self.velocity[rows]
+        v *= c.momentum
+        v += grad
+        self.velocity[rows] = v
+        self.state.x[rows] -= lr * v
         return sizes, float(loss.mean()), lr
 
     def _deadline(self, slot: int) -> DeadlineEstimator:

@@ -10,10 +10,58 @@ exchange deadline (peerd.core.deadline) and the transfers depending on it go on.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from peerd.sim.algorithms import Transfer
 from peerd.sim.engine import EventQueue
 from peerd.sim.network import Fabric
+
+
+@dataclass
+class _Round:
+    transfers: Sequence[Transfer]
+    ready: dict[int, float]
+    crashed: set[int]
+    fabric: Fabric
+    deadline: Callable[[int], float]
+    observe: Callable[[int, float], None]
+    queue: EventQueue = field(default_factory=EventQueue)
+    end: dict[int, float] = field(default_factory=dict)
+    sent: dict[int, float] = field(default_factory=dict)
+    began: dict[int, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.waiting = [len(t.deps) for t in self.transfers]
+        self.dependents: list[list[int]] = [[] for _ in self.transfers]
+        for k, t in enumerate(self.transfers):
+            for d in t.deps:
+                self.dependents[d].append(k)
+
+    def schedule(self, k: int) -> None:
+        t, ready = self.transfers[k], self.ready
+        dst_ready = ready.get(t.dst, 0.0)
+        src_ready = dst_ready if t.src in self.crashed else ready.get(t.src, 0.0)
+        self.queue.at(max(src_ready, dst_ready), self.start, k)
+
+    def start(self, k: int) -> None:
+        t, now = self.transfers[k], self.queue.now
+        if t.src in self.crashed:
+            self.queue.at(now + self.deadline(t.dst), self.arrive, k)
+            return
+        self.sent[t.src] = self.sent.get(t.src, 0.0) + t.nbytes
+        self.began[k] = now
+        self.queue.at(self.fabric.send(t.src, t.dst, t.nbytes, now), self.arrive, k)
+
+    def arrive(self, k: int) -> None:
+        t, now = self.transfers[k], self.queue.now
+        if k in self.began:
+            self.observe(t.dst, now - self.began[k])
+        if now > self.end.get(t.dst, 0.0):
+            self.end[t.dst] = now
+        for j in self.dependents[k]:
+            self.waiting[j] -= 1
+            if self.waiting[j] == 0:
+                self.schedule(j)
 
 
 def play(
@@ -28,42 +76,12 @@ def play(
 
     `ready[slot]` is when the slot finished its step; `deadline(slot)` the
     receiver's current deadline; `observe(slot, seconds)` is told every
-    completed transfer's duration (from the moment it could start).
+    completed transfer's duration (from the moment it started).
     """
-    queue = EventQueue(now=min(ready.values(), default=0.0))
-    waiting = [len(t.deps) for t in transfers]
-    dependents: list[list[int]] = [[] for _ in transfers]
-    for k, t in enumerate(transfers):
-        for d in t.deps:
-            dependents[d].append(k)
-    end: dict[int, float] = {}
-    sent: dict[int, float] = {}
-
-    def start(k: int) -> None:
-        t = transfers[k]
-        if t.src in crashed:
-            queue.at(queue.now + deadline(t.dst), lambda: arrive(k))
-            return
-        finish = fabric.send(t.src, t.dst, t.nbytes, queue.now)
-        sent[t.src] = sent.get(t.src, 0.0) + t.nbytes
-        began = queue.now
-        queue.at(finish, lambda: (observe(t.dst, queue.now - began), arrive(k)))
-
-    def arrive(k: int) -> None:
-        t = transfers[k]
-        end[t.dst] = max(end.get(t.dst, 0.0), queue.now)
-        for j in dependents[k]:
-            waiting[j] -= 1
-            if waiting[j] == 0:
-                schedule(j)
-
-    def schedule(k: int) -> None:
-        t = transfers[k]
-        src_ready = ready.get(t.dst, 0.0) if t.src in crashed else ready.get(t.src, 0.0)
-        queue.at(max(queue.now, src_ready, ready.get(t.dst, 0.0)), lambda: start(k))
-
-    for k in range(len(transfers)):
-        if waiting[k] == 0:
-            schedule(k)
-    queue.run()
-    return end, sent
+    state = _Round(transfers, ready, crashed, fabric, deadline, observe)
+    state.queue.now = min(ready.values(), default=0.0)
+    for k, waiting in enumerate(state.waiting):
+        if waiting == 0:
+            state.schedule(k)
+    state.queue.run()
+    return state.end, state.sent
