@@ -12,7 +12,7 @@ from pathlib import Path
 from peerd.sim.algorithms import ALGORITHMS
 from peerd.sim.config import SimConfig
 from peerd.sim.network import NetworkSpec, Tier
-from peerd.sim.output import plot_runs, plot_sweep, write_csv, write_run
+from peerd.sim.output import plot_runs, plot_sweep, sweep_table, write_csv, write_run
 from peerd.sim.runner import simulate
 from peerd.sim.schedule import parse_schedule
 from peerd.sim.task import MODELS
@@ -170,5 +170,9 @@ def main(argv: list[str] | None = None) -> int:
             plot_sweep(rows, args.out / "sweep.png")
             for peers, runs in by_peers.items():
                 plot_runs(runs, args.out / f"consensus-{peers}.png")
+        print("test accuracy of the peers' own models (%), mean ± std over seeds:")
+        print(sweep_table(rows))
+        print("consensus distance at the end:")
+        print(sweep_table(rows, "final_consensus_distance", scale=1.0, digits=5))
         print(f"sweep: {args.out / 'sweep.csv'}")
     return 0

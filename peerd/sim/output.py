@@ -7,6 +7,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+
 from peerd.sim.runner import Result
 
 
@@ -53,20 +55,45 @@ def plot_runs(runs: dict[str, Result], path: Path) -> Path:
     return path
 
 
+def _by_cell(rows: Sequence[dict], metric: str) -> dict[str, dict[int, list[float]]]:
+    cells: dict[str, dict[int, list[float]]] = {}
+    for r in rows:
+        cells.setdefault(r["algorithm"], {}).setdefault(int(r["peers_start"]), []).append(float(r[metric]))
+    return cells
+
+
+def sweep_table(rows: Sequence[dict], metric: str = "test_accuracy_mean_peer", scale: float = 100.0, digits: int = 2) -> str:
+    """A markdown table: algorithms down, peer counts across, mean ± std over seeds."""
+    cells = _by_cell(rows, metric)
+    peers = sorted({p for c in cells.values() for p in c})
+    lines = ["| algorithm | " + " | ".join(f"{p} peers" for p in peers) + " |", "|---" * (len(peers) + 1) + "|"]
+    for algorithm, by_peers in cells.items():
+        out = []
+        for p in peers:
+            v = np.array(by_peers.get(p, [np.nan])) * scale
+            out.append(f"{v.mean():.{digits}f} ± {v.std():.{digits}f}" if len(v) > 1 else f"{v.mean():.{digits}f}")
+        lines.append(f"| {algorithm} | " + " | ".join(out) + " |")
+    return "\n".join(lines)
+
+
 def plot_sweep(rows: Sequence[dict], path: Path, metric: str = "test_accuracy_mean_peer") -> Path:
-    """`metric` against the number of peers, one line per algorithm."""
+    """`metric` (mean over seeds, bars = std) against peers, one line per algorithm."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    for algorithm in dict.fromkeys(r["algorithm"] for r in rows):
-        mine = [r for r in rows if r["algorithm"] == algorithm]
-        ax.plot([r["peers_start"] for r in mine], [r[metric] for r in mine], marker="o", label=algorithm)
+    cells = _by_cell(rows, metric)
+    for algorithm, by_peers in cells.items():
+        peers = sorted(by_peers)
+        values = [np.array(by_peers[p]) for p in peers]
+        ax.errorbar(peers, [v.mean() for v in values], yerr=[v.std() for v in values], marker="o", capsize=3, label=algorithm)
+    ticks = sorted({p for c in cells.values() for p in c})
     ax.set(xscale="log", xlabel="peers", ylabel=metric.replace("_", " "))
-    ax.set_xticks(sorted({r["peers_start"] for r in rows}), labels=[str(p) for p in sorted({r["peers_start"] for r in rows})])
-    ax.legend(fontsize=8)
+    ax.set_xticks(ticks, labels=[str(p) for p in ticks])
+    ax.minorticks_off()
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
