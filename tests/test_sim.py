@@ -134,9 +134,16 @@ def test_shards_match_the_partition_core():
         assert cut[me].tolist() == my_shard(4000, "sim", 3, names, me)
 
 
-def test_crash_join_and_leave():
+ALL = ("allreduce", "sgp", "gossip", "crossover", "crossover-unbalanced", "crossover-whole", "random-pull", "hierarchical")
+
+
+@pytest.mark.parametrize("algorithm", ALL)
+def test_crash_join_and_leave(algorithm):
     events = parse_schedule(["fail:3@0.2", "leave:5@0.3", "join:2@0.4", "speed:0@0=0.5"])
-    result = simulate(SimConfig(peers=16, rounds=20, global_batch=128, schedule=events, detect_s=0.5))
+    sim = Simulation(SimConfig(peers=16, rounds=30, global_batch=128, schedule=events, detect_s=0.5,
+                               algorithm=algorithm, group_size=4), TASK)
+    result = sim.run()
+    assert np.isfinite(sim.state.x).all() and result.summary["test_accuracy_min_peer"] > 0.5
     rows = result.rounds
     assert rows[0]["peers"] == 16 and rows[-1]["peers"] == 16  # 16 − crash − leave + 2 joiners
     assert any(r["in_view"] > r["peers"] for r in rows)  # the crashed peer lingers in the view ...

@@ -186,23 +186,29 @@ def hierarchical(state: State, view: View, segs: Segments, size: int) -> Comm:
     smallest = min(len(g) for g in groups)
     weight = np.array([0.5 * smallest / len(g) for g in groups]) if len(groups) > 1 else np.zeros(1)
     alive = [m[~dead[m]] for m in members]
+    order = np.concatenate(alive)  # live members, group by group
+    counts = np.array([len(a) for a in alive])
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    of_group = np.repeat(np.arange(len(groups)), counts)
+    rows = slots[order]
     comm = Comm(groups=groups)
     for s in range(len(segs.spans)):
         span = segs.spans[s]
         cols = slice(span.start, span.stop)
         owner = np.array([m[s % len(m)] for m in members])
-        ok = np.array([not dead[o] and len(a) > 0 for o, a in zip(owner, alive)])
-        mean = np.stack([state.x[slots[a], cols].mean(axis=0) if len(a) else state.x[slots[m[0]], cols] for a, m in zip(alive, members)])
+        ok = ~dead[owner] & (counts > 0)
+        full = np.zeros((len(groups), span.size), np.float32)
+        filled = counts > 0  # dropping empty groups' starts merges no ranges
+        if filled.any():
+            full[filled] = np.add.reduceat(state.x[rows, cols], starts[filled], axis=0) / counts[filled, None]
         if len(groups) > 1:
             partner = np.array(partner_groups(view.job, view.round, len(groups), s))
-            mix = ok[partner]
-            w = np.where(mix, weight, 0.0)[:, None].astype(np.float32)
-            new = (1 - w) * mean + w * mean[partner]
+            w = np.where(ok[partner], weight, 0.0)[:, None].astype(np.float32)
+            new = (1 - w) * full + w * full[partner]
         else:
-            partner, new = None, mean
-        for g, a in enumerate(alive):
-            if ok[g]:
-                state.x[slots[a], cols] = new[g]
+            partner, new = None, full
+        take = ok[of_group]
+        state.x[rows[take], cols] = new[of_group[take]]
         _hier_transfers(comm, segs.nbytes(s), slots, dead, members, owner, partner)
     return comm
 
