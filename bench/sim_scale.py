@@ -24,8 +24,8 @@ def main() -> int:
     p.add_argument("--batch-per-peer", type=int, default=4, help="local batch; global = peers × this (default 4)")
     p.add_argument("--model", default="logreg", help="logreg or mlp (default logreg)")
     args = p.parse_args()
-    print("| algorithm | peers | rounds | wall s | rounds/s | peak RSS MiB | bytes/peer/round | simulated s |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| algorithm | peers | rounds | wall s | rounds/s | CPU s | rounds per CPU s | peak RSS MiB | bytes/peer/round | simulated s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for algorithm in args.algorithm.split(","):
             for peers in (int(v) for v in args.peers.split(",")):
@@ -36,6 +36,7 @@ def main() -> int:
                 subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
                 s = json.loads(next(out.glob("*/summary.json")).read_text())
                 print(f"| {algorithm} | {peers} | {s['rounds']} | {s['real_time_s']:.1f} | {s['rounds_per_s']:.2f} | "
+                      f"{s['cpu_time_s']:.1f} | {s['rounds_per_cpu_s']:.2f} | "
                       f"{s['peak_rss_mib']:.0f} | {s['bytes_per_peer_per_round'] / 1e3:.1f} kB | {s['sim_time_s']:.2f} |", flush=True)
     return 0
 
