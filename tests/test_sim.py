@@ -13,7 +13,7 @@ from peerd.core.topology import plan_round
 from peerd.sim import SimConfig, Simulation, parse_schedule, simulate
 from peerd.sim.cli import main
 from peerd.sim.data import shards
-from peerd.sim.network import NetworkSpec
+from peerd.sim.network import Fabric, NetworkSpec
 from peerd.sim.task import Task
 
 TASK = Task()  # loading the digits once keeps the tests quick
@@ -180,3 +180,16 @@ def test_cli_refuses_bad_input(capsys):
     with pytest.raises(SystemExit):
         main(["--peers", "4", "--global-batch", "2"])
     assert "global_batch ≥ peers" in capsys.readouterr().err
+
+
+def test_network_tiers_and_shared_cards():
+    spec = NetworkSpec(gpus_per_host=2, hosts_per_rack=2)
+    assert [spec.tier(0, k) for k in (1, 2, 4)] == [0, 1, 2]  # same host, same rack, across racks
+    assert spec.locality(5) == ("rack1", "host2")
+    one = Fabric(spec).send(0, 2, 1e6, 0.0)
+    assert one == pytest.approx(1e6 / spec.rack.bandwidth + spec.rack.latency)
+    shared = Fabric(spec)
+    ends = [shared.send(0, 2, 1e6, 0.0), shared.send(1, 3, 1e6, 0.0)]  # both through host 0's card
+    assert ends[1] == pytest.approx(2 * 1e6 / spec.rack.bandwidth + spec.rack.latency)
+    bus = Fabric(spec)
+    assert bus.send(0, 1, 1e6, 0.0) == bus.send(1, 0, 1e6, 0.0)  # inside a host: separate buses

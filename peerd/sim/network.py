@@ -5,8 +5,12 @@ rack. A link belongs to one of three locality tiers (same host, same rack,
 across racks), each with its own bandwidth and latency. Transfers queue on the
 resources they use: between two peers of one host, the sender's and the
 receiver's own bus; off the host, the two hosts' network cards, which every
-peer of a host shares. A transfer of b bytes takes latency + b / bandwidth once
-its resources are free (first come, first served).
+peer of a host shares. Each card serves its queue in order (first come, first
+served) at the tier's bandwidth, sending and receiving independently (the
+switch buffers): a transfer of b bytes has left once the sender's card has
+spent b / bandwidth on it, has arrived once the receiver's card has too, and is
+usable a latency later. So a card that sends to, or receives from, k peers at
+once takes k times as long, which is what unbalanced partners cost.
 """
 
 from __future__ import annotations
@@ -74,10 +78,11 @@ class Fabric:
         else:
             same_rack = a // spec.hosts_per_rack == b // spec.hosts_per_rack
             link, out, into = (spec.rack if same_rack else spec.cross), ("nic-out", a), ("nic-in", b)
-        begin = max(start, free.get(out, 0.0), free.get(into, 0.0))
-        busy_until = begin + nbytes / link.bandwidth
-        free[out] = free[into] = busy_until
-        return busy_until + link.latency
+        took = nbytes / link.bandwidth
+        sent = max(start, free.get(out, 0.0)) + took
+        taken = max(sent, free.get(into, 0.0) + took)
+        free[out], free[into] = sent, taken
+        return taken + link.latency
 
     def slowest(self, slots: list[int]) -> Tier:
         """The slowest tier on a ring through `slots` in the order given."""
