@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -58,6 +59,7 @@ class Peer:
     dir: Path
     socket: Path
     process: subprocess.Popen | None = None
+    locality: str = ""  # rack label, for hierarchical grouping
 
     @property
     def peer_id(self) -> str:
@@ -71,6 +73,7 @@ def _write_config(peer: Peer, realm: str) -> None:
         f'state_dir = "{peer.dir / "state"}"\n'
         f'control_socket = "{peer.socket}"\n'
         f'peer_id = "{peer.peer_id}"\n'
+        f'locality = "{peer.locality}"\n'
         'host = "127.0.0.1"\n\n'
         "[discovery]\n"
         'interfaces = ["127.0.0.1"]  # mDNS stays on loopback\n'
@@ -81,14 +84,18 @@ def _write_config(peer: Peer, realm: str) -> None:
 class LocalCluster:
     """N daemons as subprocesses; always stopped, by PID, on exit."""
 
-    def __init__(self, n: int, out: Path) -> None:
+    def __init__(self, n: int, out: Path, localities: Sequence[str] = ()) -> None:
         if n < 1:
             raise PeerdError("--peers must be at least 1")
+        if localities and len(localities) != n:
+            raise PeerdError(f"{len(localities)} localities for {n} peers")
         self.out = out
         # Unix socket paths are limited to ~107 bytes, so they live in a short temp dir.
         self._sockets = Path(tempfile.mkdtemp(prefix="peerd-"))
         self.realm = f"local-{secrets.token_hex(4)}"
         self.peers = [Peer(i, out / f"peer-{i}", self._sockets / f"peer-{i}.sock") for i in range(n)]
+        for peer, locality in zip(self.peers, localities):
+            peer.locality = locality
 
     def __enter__(self) -> LocalCluster:
         try:

@@ -57,16 +57,20 @@ async def test_round_in_memory_gives_both_the_average():
     torch.testing.assert_close(b.vector, expected)
 
 
-@pytest.fixture
-async def grpc_pair():
+@pytest.fixture(params=["bulk", "grpc"])
+async def grpc_pair(request):
+    """Two peers serving over real sockets; segments go over the bulk lane, or
+    over gRPC alone."""
+    bulk = request.param == "bulk"
     a, b = two_peers()
     servers, addresses = [], {}
     for peer in (a, b):
-        server, address = await start_exchange_server(peer.server, peer.state, "127.0.0.1")
+        server, address = await start_exchange_server(peer.server, peer.state, "127.0.0.1", bulk=bulk)
         servers.append(server)
         addresses[peer.identity.peer_id] = address
         assert address.startswith("127.0.0.1:")
-    transports = [GrpcTransport(a.identity), GrpcTransport(b.identity)]
+        assert (server.bulk is not None) == bulk
+    transports = [GrpcTransport(a.identity, bulk=bulk), GrpcTransport(b.identity, bulk=bulk)]
     yield a, b, addresses, transports
     for t in transports:
         await t.aclose()
@@ -201,6 +205,7 @@ async def test_a_client_that_gives_up_mid_stream_releases_the_snapshot(grpc_pair
         server, StateServer(server.identity, StateBoard(big), store, CHUNK), "127.0.0.1")
     try:
         await store.publish(1, torch.ones(big))
+        await ta.fetch_segment(address, 1, 0, torch.empty(big), timeout=10.0)  # the lane is known now
         for _ in range(3):
             with pytest.raises(PeerUnavailable):
                 await ta.fetch_segment(address, 1, 0, torch.empty(big), timeout=0.02)
@@ -222,3 +227,120 @@ async def test_publishing_over_a_round_still_being_read_keeps_the_reader_consist
         assert bool((held == 1.0).all())  # the reader still sees round 1
     async with store.hold(3, 0.0) as held:
         assert bool((held == 3.0).all())
+
+
+async def test_the_bulk_lane_carries_segments_and_survives_garbage():
+    a, b = two_peers()
+    server, address = await start_exchange_server(b.server, b.state, "127.0.0.1")
+    transport = GrpcTransport(a.identity)
+    try:
+        await b.store.publish(1, b.vector)
+        out = torch.empty(a.layout[2].size)
+        await transport.fetch_segment(address, 1, 2, out, timeout=5.0)
+        span = a.layout[2]
+        torch.testing.assert_close(out, b.vector[span.start : span.stop])
+        assert transport._lanes[address] == server.bulk._sock.getsockname()[1]
+        # Junk on the lane: oversized lengths, undecodable requests, a half frame.
+        host, port = "127.0.0.1", transport._lanes[address]
+        for junk in (b"\xff\xff\xff\xff", b"\x05\x00\x00\x00\xff\xff\xff\xff\xff", b"\x10\x00"):
+            reader, writer = await asyncio.open_connection(host, port)
+            writer.write(junk)
+            await writer.drain()
+            writer.close()
+        # A refusal comes back as the same error as over gRPC, with the round.
+        for r in (2, 3):
+            await b.store.publish(r, b.vector)
+        with pytest.raises(RoundMismatch) as info:
+            await transport.fetch_segment(address, 1, 0, torch.empty(a.layout[0].size), timeout=2.0)
+        assert info.value.current_round == 3
+        with pytest.raises(JobMismatch, match="expected"):
+            await transport.fetch_segment(address, 3, 0, torch.empty(7), timeout=2.0)
+        await transport.fetch_segment(address, 3, 2, out, timeout=5.0)  # still serving
+        torch.testing.assert_close(out, b.vector[span.start : span.stop])
+    finally:
+        await transport.aclose()
+        await server.stop(None)
+
+
+async def test_a_partner_without_a_bulk_lane_is_served_over_grpc():
+    a, b = two_peers()
+    server, address = await start_exchange_server(b.server, b.state, "127.0.0.1", bulk=False)
+    transport = GrpcTransport(a.identity, wire="fp32", bulk=True)
+    try:
+        await b.store.publish(1, b.vector)
+        out = torch.empty(a.layout[0].size)
+        await transport.fetch_segment(address, 1, 0, out, timeout=5.0)
+        assert transport._lanes[address] == 0
+        torch.testing.assert_close(out, b.vector[: a.layout[0].size])
+    finally:
+        await transport.aclose()
+        await server.stop(None)
+
+
+class LyingStateServer(StateServer):
+    """Serves a range whose bytes do not match the checksum it sends."""
+
+    async def state(self, *args, **kwargs):
+        async for meta, offset, total, sha, data in super().state(*args, **kwargs):
+            yield meta, offset, total, sha, bytes([data[0] ^ 0xFF]) + data[1:]
+
+
+async def test_a_joiner_refuses_corrupt_and_mismatched_states_and_uses_a_good_donor():
+    gen = torch.Generator().manual_seed(3)
+    good = Peer("a", torch.randn(NUMEL, generator=gen))
+    nan = Peer("b", torch.randn(NUMEL, generator=gen))
+    nan.vector[NUMEL - 5] = float("nan")  # lands in every range the joiner may ask b for
+    nan.vector[5] = float("inf")
+    other = Peer("c", torch.randn(NUMEL, generator=gen), fingerprint="another-model")
+    liar = Peer("d", torch.randn(NUMEL, generator=gen))
+    liar.state = LyingStateServer(liar.identity, liar.board, liar.store, CHUNK)
+    servers, donors, tasks = [], {}, []
+    joiner = GrpcTransport(Identity("job", "fp", "j"))
+    try:
+        for peer in (good, nan, other, liar):
+            server, address = await start_exchange_server(peer.server, peer.state, "127.0.0.1")
+            servers.append(server)
+            donors[peer.identity.peer_id] = address
+            tasks.append(await donate(peer, 5, 50, 1.5))
+        vector, meta, used = await pull_state(joiner, donors, 2 * NUMEL, 5.0)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await joiner.aclose()
+        await asyncio.gather(*(s.stop(None) for s in servers))
+    assert used == ["a"]  # every range refused by the others came from the good donor
+    torch.testing.assert_close(vector[:NUMEL], good.vector)
+    assert meta.round == 5
+
+
+@pytest.mark.parametrize("factor", [0.0, 3.0])
+async def test_clipping_bounds_what_a_poisoner_does_to_honest_peers(factor):
+    from peerd.core.robust import PullClipper
+
+    gen = torch.Generator().manual_seed(5)
+    peers = {p: Peer(p, torch.randn(NUMEL, generator=gen)) for p in ("a", "b", "c", "evil")}
+    servers = {f"mem-{p}": peer.server for p, peer in peers.items()}
+    addresses = {p: f"mem-{p}" for p in peers}
+    clippers = {p: PullClipper(factor) for p in peers}
+    clipped = 0
+
+    async def one(p, r):
+        peer = peers[p]
+        if p == "evil" and r >= 4:
+            peer.vector.fill_(1e4)  # publishes garbage every round from round 4 on
+        await peer.store.publish(r, peer.vector)
+        plan = plan_round("job", r, list(addresses), p, SEGMENTS)
+        return await gossip_round(plan, addresses, peer.vector, peer.recv, peer.layout,
+                                  MemoryTransport(peer.identity, servers), 5.0, clippers[p])
+
+    for r in range(12):
+        results = await asyncio.gather(*(one(p, r) for p in peers))
+        clipped += sum(res.clipped for res, p in zip(results, peers) if p != "evil")
+    worst = max(float(peers[p].vector.abs().max()) for p in ("a", "b", "c"))
+    if factor:
+        assert clipped > 0
+        assert worst < 50, worst  # honest values started ~N(0, 1): moved by honest-sized pulls only
+    else:
+        assert clipped == 0
+        assert worst > 1000, worst  # without the defence the garbage spreads

@@ -298,7 +298,8 @@ class Daemon:
         (job_dir / ENDED).unlink(missing_ok=True)
         launch = WorkerLaunch(
             control_address=f"unix:{self.config.control_socket}", peer_id=self.peer_id,
-            host=self.config.host, threads=self.config.worker_threads, spec_path=spec_path,
+            host=self.config.host, threads=self.config.worker_threads, device=self.config.worker_device,
+            spec_path=spec_path,
             spec_dir=spec_dir, log_path=job_dir / "worker.log",
         )
         job = LocalJob(spec, launch, self.config.restart_backoff_s, self.config.restart_backoff_max_s)
@@ -324,10 +325,13 @@ class Daemon:
     def worker_heartbeat(self, report: control_pb2.WorkerReport) -> control_pb2.WorkerView:
         job = self._job(report.job)
         job.on_heartbeat(report)
-        peers = [control_pb2.PeerEndpoint(peer_id=p, address=a)
-                 for p, a in self.membership.job_view(job.spec.name, job.spec.fingerprint)]
+        peers = []
+        for p, a in self.membership.job_view(job.spec.name, job.spec.fingerprint):
+            record = self.membership.get(p)
+            peers.append(control_pb2.PeerEndpoint(peer_id=p, address=a, locality=record.locality if record else ""))
         if job.worker_address:
-            peers.append(control_pb2.PeerEndpoint(peer_id=self.peer_id, address=job.worker_address))
+            peers.append(control_pb2.PeerEndpoint(
+                peer_id=self.peer_id, address=job.worker_address, locality=self.config.locality))
         members = [*self.membership.job_members(job.spec.name, job.spec.fingerprint), self.peer_id]
         return control_pb2.WorkerView(peers=peers, members=members, stop=job.stop_requested)
 

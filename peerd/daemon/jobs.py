@@ -46,6 +46,7 @@ class WorkerLaunch:
     peer_id: str
     host: str
     threads: int
+    device: str
     spec_path: Path
     spec_dir: str
     log_path: Path
@@ -55,7 +56,8 @@ class WorkerLaunch:
             sys.executable, "-m", "peerd.worker",
             "--control", self.control_address, "--spec", str(self.spec_path),
             "--spec-dir", self.spec_dir, "--peer-id", self.peer_id,
-            "--host", self.host, "--threads", str(self.threads), "--out-dir", str(self.log_path.parent),
+            "--host", self.host, "--threads", str(self.threads), "--device", self.device,
+            "--out-dir", str(self.log_path.parent),
         ]
 
 

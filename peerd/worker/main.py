@@ -18,6 +18,8 @@ from pathlib import Path
 import torch
 
 from peerd.core.deadline import DeadlineEstimator
+from peerd.core.groups import plan_hierarchical
+from peerd.core.robust import PullClipper
 from peerd.core.segments import split_even
 from peerd.core.suspicion import Suspicion
 from peerd.core.topology import plan_round
@@ -25,8 +27,9 @@ from peerd.errors import ConfigError, PeerdError
 from peerd.jobspec import JobSpec, parse_job
 from peerd.proto.v1 import control_pb2
 from peerd.worker.gossip import RoundResult, gossip_round
+from peerd.worker.hierarchy import hierarchical_round
 from peerd.worker.link import SupervisorLink
-from peerd.worker.snapshots import Identity, SegmentServer, SnapshotStore
+from peerd.worker.snapshots import Identity, SegmentServer, SnapshotStore, StageStore
 from peerd.worker.training import Trainer
 from peerd.worker.state import StateBoard, StateMeta, StateServer, pull_state
 from peerd.worker.transport import GrpcTransport, start_exchange_server
@@ -52,13 +55,22 @@ class Worker:
         self.me = trainer.peer_id
         self.identity = Identity(spec.name, trainer.flat.fingerprint(spec.fingerprint), self.me)
         numel = trainer.flat.numel
-        self.layout = split_even(numel, min(spec.gossip.segments, numel))
+        segments = 1 if spec.gossip.mode == "whole" else min(spec.gossip.segments, numel)
+        self.layout = split_even(numel, segments)
         self.store = SnapshotStore(numel)
+        self.stages = StageStore()
         self.board = StateBoard(numel)
         self.recv = torch.empty(numel, dtype=torch.float32)
-        self.transport = GrpcTransport(self.identity)
+        # Averaging runs on the CPU, where the network buffers are: a model on a GPU
+        # is copied here for the round and back after it (two copies per round).
+        vector = trainer.flat.vector
+        self.work = vector if vector.device.type == "cpu" else torch.empty(
+            numel, dtype=torch.float32, pin_memory=vector.device.type == "cuda")
+        self.transport = GrpcTransport(self.identity, spec.gossip.wire)
         self.deadline = DeadlineEstimator(spec.gossip.deadline_floor_s, spec.gossip.deadline_ceiling_s)
         self.suspicion = Suspicion()
+        self.clipper = PullClipper(spec.gossip.clip_factor)
+        self.clipped = 0
         self.phase = "joining"
         self.round = 0
         self.misses = 0
@@ -66,11 +78,14 @@ class Worker:
 
     async def run(self) -> None:
         chunk_elems = self.spec.gossip.chunk_kib * 1024 // 4
-        server = SegmentServer(self.identity, self.store, len(self.layout), chunk_elems)
+        server = SegmentServer(self.identity, self.store, len(self.layout), chunk_elems, self.stages,
+                               self.spec.gossip.wire)
         state = StateServer(self.identity, self.board, self.store, chunk_elems)
         grpc_server, address = await start_exchange_server(server, state, self.host)
-        log.info("serving exchange on %s; %d parameters in %d segments",
-                 address, self.trainer.flat.numel, len(self.layout))
+        g = self.spec.gossip
+        log.info("serving exchange on %s; %d parameters in %d segments; %s gossip%s, %s on the wire",
+                 address, self.trainer.flat.numel, len(self.layout), g.mode,
+                 f" in groups of ≤ {g.group_size}" if g.mode == "hierarchical" else "", g.wire)
         # The first beat, without our address, shows the view without putting us
         # in it: partners do not wait for a worker that is still taking the state.
         await self.link.beat()
@@ -87,6 +102,7 @@ class Worker:
             await self._train()
         finally:
             await self.store.finish()
+            await self.stages.finish()
             await self.board.finish()
             self._report(None, finished=self.trainer.done)
             beats.cancel()
@@ -131,20 +147,35 @@ class Worker:
 
     async def _gossip(self, view: dict[str, str]) -> RoundResult | None:
         now = time.monotonic()
-        plan = plan_round(self.spec.name, self.round, self.suspicion.keep(view, now), self.me, len(self.layout))
-        if plan is None:
+        peers = self.suspicion.keep(view, now)
+        if len(peers) < 2:
             return None
-        result = await gossip_round(
-            plan, view, self.trainer.flat.vector, self.recv, self.layout, self.transport,
-            self.deadline.deadline(),
-        )
+        vector, deadline = self.work, self.deadline.deadline()
+        if vector is not self.trainer.flat.vector:
+            vector.copy_(self.trainer.flat.vector)
+        if self.spec.gossip.mode == "hierarchical":
+            localities = {p: (self.link.localities.get(p, ""), _host(view[p])) for p in peers}
+            plan = plan_hierarchical(self.spec.name, self.round, localities, self.me, len(self.layout),
+                                     self.spec.gossip.group_size)
+            result = await hierarchical_round(plan, self.me, view, vector, self.recv, self.layout,
+                                              self.transport, self.stages, deadline, self.clipper)
+        else:
+            plan = plan_round(self.spec.name, self.round, peers, self.me, len(self.layout))
+            result = await gossip_round(plan, view, vector, self.recv, self.layout, self.transport, deadline,
+                                        self.clipper)
+        if vector is not self.trainer.flat.vector:
+            self.trainer.flat.vector.copy_(vector, non_blocking=True)
         self.misses += result.misses
+        if result.clipped:
+            self.clipped += result.clipped
+            log.warning("round %d: clipped %d oversized pull(s) (%d so far; gossip.clip_factor = %g)",
+                        self.round, result.clipped, self.clipped, self.spec.gossip.clip_factor)
         if result.misses == 0:
             self.deadline.observe(result.seconds)
         elif result.errors:
             log.debug("round %d: %d segment(s) missed: %s", self.round, result.misses,
                       "; ".join(f"{p}: {e}" for p, e in sorted(result.errors.items())))
-        for partner in plan.partners:
+        for partner in result.planned:
             if self.suspicion.record(partner, partner not in result.unreachable, now):
                 log.info("round %d: suspecting %s (no answer in %d rounds): %s", self.round, partner,
                          self.suspicion.threshold, result.errors.get(partner, ""))
@@ -198,6 +229,11 @@ class Worker:
         self.link.progress = p
 
 
+def _host(address: str) -> str:
+    """The host part of "host:port" or "[v6]:port": workers on one host group first."""
+    return address.rpartition(":")[0].strip("[]")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m peerd.worker", description="peerd training worker (started by the daemon)")
     parser.add_argument("--control", required=True, help="daemon control address, e.g. unix:/run/peerd/control.sock")
@@ -207,13 +243,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1", help="address to serve the exchange on")
     parser.add_argument("--out-dir", type=Path, default=Path("."), help="where the trained model is written")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--device", default="cpu", help='torch device to train on: "auto", "cpu", "cuda", "cuda:N", "mps"')
     return parser.parse_args(argv)
 
 
 async def amain(args: argparse.Namespace) -> int:
     spec = parse_job(args.spec.read_text(), str(args.spec))
     torch.set_num_threads(args.threads)
-    trainer = Trainer(spec, args.peer_id, args.spec_dir)
+    trainer = Trainer(spec, args.peer_id, args.spec_dir, args.device)
     link = SupervisorLink(args.control, spec.name, trainer.flat.fingerprint(spec.fingerprint))
     worker = Worker(spec, trainer, link, args.host, args.out_dir)
     loop = asyncio.get_running_loop()
