@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from peerd.core.groups import form_groups, partner_groups, plan_hierarchical
+from peerd.core.lr import cosine
 from peerd.core.partition import my_shard
 from peerd.core.topology import plan_round
 from peerd.sim import SimConfig, Simulation, parse_schedule, simulate
@@ -193,3 +194,16 @@ def test_network_tiers_and_shared_cards():
     assert ends[1] == pytest.approx(2 * 1e6 / spec.rack.bandwidth + spec.rack.latency)
     bus = Fabric(spec)
     assert bus.send(0, 1, 1e6, 0.0) == bus.send(1, 0, 1e6, 0.0)  # inside a host: separate buses
+
+
+def test_local_batch_scales_the_lr_smoothly_when_peers_join():
+    events = parse_schedule(["join:8@0.1"])
+    cfg = SimConfig(peers=8, rounds=30, local_batch=16, lr=0.1, schedule=events, ramp_steps=4)
+    rows = Simulation(cfg, TASK).run().rounds
+    assert rows[0]["global_batch"] == 128 and rows[-1]["global_batch"] == 256
+    joined = next(k for k, r in enumerate(rows) if r["global_batch"] == 256)
+    base = [0.1 * cosine(r / 30) for r in range(30)]
+    scale = [r["lr"] / b for r, b in zip(rows, base)]
+    assert scale[joined - 1] == pytest.approx(1.0)
+    assert 1.0 < scale[joined + 1] < 2.0  # ramping: neither the old LR nor the jump
+    assert scale[joined + 8] == pytest.approx(2.0)  # k = 2: T·k = 8 steps later at the linear rule

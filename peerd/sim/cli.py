@@ -71,7 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--model", choices=MODELS, default="logreg", help="logreg (7,850 params) or mlp (default logreg)")
     train.add_argument("--hidden", type=int, default=32, help="hidden units of the mlp (default 32)")
     train.add_argument("--global-batch", type=int, default=512, help="samples per round over all peers, split equally (default 512)")
-    train.add_argument("--lr", type=float, default=0.1, help="learning rate at the global batch; cosine to 0 over the run (default 0.1)")
+    train.add_argument("--local-batch", type=int, default=0,
+                       help="samples per peer per round instead (peerd's way): the global batch follows the peers "
+                       "and the LR follows it by the linear rule, ramped over T·max(k, 1/k) steps (default 0 = off)")
+    train.add_argument("--lr", type=float, default=0.1, help="learning rate at the starting global batch; cosine to 0 over the run (default 0.1)")
     train.add_argument("--momentum", type=float, default=0.9, help="SGD momentum, kept per peer (default 0.9)")
     train.add_argument("--weight-decay", type=float, default=1e-4, help="L2 penalty (default 1e-4)")
     train.add_argument("--warmup-rounds", type=int, default=0, help="linear LR warm-up rounds (default 0)")
@@ -115,6 +118,7 @@ def config_for(args: argparse.Namespace, algorithm: str, peers: int, seed: int) 
     )
     return SimConfig(
         peers=peers, algorithm=algorithm, rounds=args.rounds, epochs=args.epochs, global_batch=args.global_batch,
+        local_batch=args.local_batch,
         lr=args.lr, momentum=args.momentum, warmup_rounds=args.warmup_rounds, ramp_steps=args.ramp_steps,
         segments=args.segments, group_size=math.ceil(peers / args.groups) if args.groups else args.group_size,
         model=args.model, hidden=args.hidden, weight_decay=args.weight_decay, model_bytes=args.model_bytes,

@@ -20,6 +20,7 @@ class SimConfig:
     rounds: int = 0  # 0: as many as `epochs` passes over the data take
     epochs: float = 10.0
     global_batch: int = 512
+    local_batch: int = 0  # > 0: every peer takes this many (peerd's way), the global batch follows the peers
     lr: float = 0.1
     momentum: float = 0.9
     warmup_rounds: int = 0
@@ -56,6 +57,7 @@ class SimConfig:
             "rounds ≥ 0": self.rounds >= 0,
             "epochs > 0 when rounds is 0": self.rounds > 0 or self.epochs > 0,
             "global_batch ≥ peers": self.global_batch >= self.peers,
+            "local_batch ≥ 0": self.local_batch >= 0,
             "lr > 0": self.lr > 0,
             "0 ≤ momentum < 1": 0 <= self.momentum < 1,
             "segments ≥ 1": self.segments >= 1,
@@ -72,7 +74,12 @@ class SimConfig:
     def total_rounds(self) -> int:
         if self.rounds:
             return self.rounds
-        return max(1, math.ceil(self.epochs * TRAIN_SIZE / self.global_batch))
+        return max(1, math.ceil(self.epochs * TRAIN_SIZE / self.reference_batch))
+
+    @property
+    def reference_batch(self) -> int:
+        """The global batch the LR is given for: the one at the start."""
+        return self.peers * self.local_batch if self.local_batch else self.global_batch
 
     @property
     def capacity(self) -> int:

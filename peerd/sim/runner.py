@@ -47,7 +47,7 @@ class Simulation:
         self.speed = SpeedModel(c.sample_time, c.step_overhead, c.speed_spread, c.jitter_prob, c.jitter_factor, c.seed)
         self.membership = Membership(me="simulator", timeout_s=c.detect_s)
         self.reader = Reader(TRAIN_SIZE, c.job)
-        self.ramp = ScaleRamp(reference_batch=c.global_batch, ramp_steps=c.ramp_steps)
+        self.ramp = ScaleRamp(reference_batch=c.reference_batch, ramp_steps=c.ramp_steps)
         self.live: set[int] = set(range(c.peers))
         self.crashed: set[int] = set()
         self.free_at = {s: 0.0 for s in self.live}  # when each peer starts its next step
@@ -102,8 +102,11 @@ class Simulation:
     def _local_step(self, round_: int, live: np.ndarray, names: list[str]) -> tuple[np.ndarray, float, float]:
         """Batch sizes, mean train loss and the LR of this round's SGD step."""
         c, n = self.cfg, len(live)
-        sizes = np.full(n, c.global_batch // n)
-        sizes[: c.global_batch % n] += 1
+        if c.local_batch:
+            sizes = np.full(n, c.local_batch)
+        else:
+            sizes = np.full(n, c.global_batch // n)
+            sizes[: c.global_batch % n] += 1
         self.ramp.set_batch(int(sizes.sum()), round_)
         warm = min(1.0, (round_ + 1) / c.warmup_rounds) if c.warmup_rounds else 1.0
         lr = c.lr * cosine(round_ / c.total_rounds) * self.ramp.scale(round_) * warm
