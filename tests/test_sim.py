@@ -181,6 +181,9 @@ def test_cli_refuses_bad_input(capsys):
     with pytest.raises(SystemExit):
         main(["--peers", "4", "--global-batch", "2"])
     assert "global_batch ≥ peers" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--peers", "2", "--rounds", "5", "--event", "fail:0@0", "--event", "leave:1@0", "--quiet", "--no-plot"])
+    assert "no peer is left" in capsys.readouterr().err
 
 
 def test_network_tiers_and_shared_cards():

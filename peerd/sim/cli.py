@@ -157,7 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     rows, by_peers = [], {}
     for cfg in configs:
         label = f"{cfg.algorithm}-{cfg.peers}p-s{cfg.seed}"
-        result = simulate(cfg, Progress(label, args.quiet))
+        try:
+            result = simulate(cfg, Progress(label, args.quiet))
+        except ValueError as e:
+            parser.exit(2, f"{parser.prog}: error: {label}: {e}\n")
         result.summary["seed"] = cfg.seed
         result.summary["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         write_run(result, args.out / label, plot=not args.no_plot)

@@ -83,6 +83,8 @@ class Simulation:
     def _start_join(self, at: float) -> None:
         slot, self.next_slot = self.next_slot, self.next_slot + 1
         ordered = sorted(self.live)
+        if not ordered:
+            raise ValueError(f"a peer joins at t = {at} s but no peer is left to give it the model")
         donor = ordered[slot % len(ordered)]  # spread newcomers over donors
         done = self.fabric.send(donor, slot, self.segs.model_bytes, at)
         self.joining.append((slot, done, donor))
@@ -149,6 +151,8 @@ class Simulation:
     def round(self, round_: int) -> None:
         now = min(self.free_at[s] for s in self.live)
         self._apply_events(now)
+        if not self.live:
+            raise ValueError(f"no peer is left at round {round_} (t = {now:.3f} s): check the schedule")
         view = self._view(round_, now)
         live = view.live
         names = [peer_name(int(s)) for s in live]
