@@ -42,7 +42,6 @@ class Transfer:
 class Comm:
     transfers: list[Transfer] = field(default_factory=list)
     collective_bytes: float = 0.0  # per live peer, for a collective (all-reduce)
-    groups: tuple[tuple[str, ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -183,7 +182,7 @@ def hierarchical(state: State, view: View, segs: Segments, size: int) -> Comm:
     index = {name: k for k, name in enumerate(view.names)}
     slots, dead = view.slots, view.dead
     members = [np.array([index[p] for p in g]) for g in groups]
-    smallest = min(len(g) for g in groups)
+    smallest = min(len(g) for g in groups)  # w_G as GroupPlan.weight; a test checks plan_hierarchical
     weight = np.array([0.5 * smallest / len(g) for g in groups]) if len(groups) > 1 else np.zeros(1)
     alive = [m[~dead[m]] for m in members]
     order = np.concatenate(alive)  # live members, group by group
@@ -191,7 +190,7 @@ def hierarchical(state: State, view: View, segs: Segments, size: int) -> Comm:
     starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
     of_group = np.repeat(np.arange(len(groups)), counts)
     rows = slots[order]
-    comm = Comm(groups=groups)
+    comm = Comm()
     for s in range(len(segs.spans)):
         span = segs.spans[s]
         cols = slice(span.start, span.stop)
