@@ -121,6 +121,8 @@ def test_training_learns_and_reports_everything():
     result = _sim(algorithm="crossover", rounds=0, epochs=2, eval_every=5).run()
     s = result.summary
     assert s["test_accuracy_mean_peer"] > 0.6 and s["test_accuracy_of_mean_model"] > 0.6
+    assert s["mean_consensus_distance"] > s["final_consensus_distance"] > 0
+    assert s["final_train_loss"] < result.rounds[0]["train_loss"]
     assert result.rounds[-1]["train_loss"] < result.rounds[0]["train_loss"]
     assert all(r["sim_time_s"] > 0 for r in result.rounds)
     assert [r["sim_time_s"] for r in result.rounds] == sorted(r["sim_time_s"] for r in result.rounds)

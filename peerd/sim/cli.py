@@ -179,7 +179,9 @@ def main(argv: list[str] | None = None) -> int:
                 plot_runs(runs, args.out / f"consensus-{peers}.png")
         print("test accuracy of the peers' own models (%), mean ± std over seeds:")
         print(sweep_table(rows))
-        print("consensus distance at the end:")
-        print(sweep_table(rows, "final_consensus_distance", scale=1.0, digits=5))
+        print("consensus distance, mean over the rounds:")
+        print(sweep_table(rows, "mean_consensus_distance", scale=1.0, digits=4))
+        print("train loss, mean over the last 5 rounds:")
+        print(sweep_table(rows, "final_train_loss", scale=1.0, digits=3))
         print(f"sweep: {args.out / 'sweep.csv'}")
     return 0

@@ -233,6 +233,9 @@ class Simulation:
             "test_accuracy_min_peer": float(acc.min()),
             "test_accuracy_of_mean_model": mean_acc,
             "final_consensus_distance": last["consensus_distance"],
+            "mean_consensus_distance": float(np.mean([r["consensus_distance"] for r in self.result.rounds])),
+            "final_train_loss": float(np.nanmean([r["train_loss"] for r in self.result.rounds[-5:]]))
+            if not self.cfg.gossip_only else float("nan"),
             "bytes_per_peer_per_round": float(np.mean([r["bytes_per_peer"] for r in self.result.rounds])),
             "sim_time_s": last["sim_time_s"],
             "idle_fraction": float(
