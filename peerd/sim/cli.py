@@ -18,6 +18,16 @@ from peerd.sim.schedule import parse_schedule
 from peerd.sim.task import MODELS
 
 EXAMPLES = """\
+algorithms (one round each, after every peer's SGD step):
+  allreduce              exact average of all peers (timed as a ring all-reduce)
+  sgp                    push-sum to peer k + 2^(round mod log2 n), one peer a round
+  gossip                 whole-model pairwise averaging over a random matching
+  crossover              per segment, average with a partner from a derangement (peerd's flat round)
+  crossover-whole        the same with one segment (no segmentation)
+  crossover-unbalanced   segmented, every peer picks each partner independently (no fairness)
+  random-pull            one segment and independent partners (neither)
+  hierarchical           in-group average, crossover across groups, all-gather (peerd's groups core)
+
 examples:
   python -m peerd.sim --peers 16 --algorithm crossover --epochs 5
   python -m peerd.sim --peers 8,16,32,64 --algorithm allreduce,sgp,crossover,hierarchical \\
@@ -41,6 +51,13 @@ def _ints(text: str) -> list[int]:
     return values
 
 
+def _seeds(text: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",") if v] or [0]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
 def _algorithms(text: str) -> list[str]:
     names = [v for v in text.split(",") if v]
     bad = [n for n in names if n not in ALGORITHMS]
@@ -62,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--peers", type=_ints, default=[16], help="peers at the start; a comma list runs a sweep (default 16)")
     run.add_argument("--algorithm", type=_algorithms, default=["crossover"],
                      help="comma list of: " + ", ".join(ALGORITHMS) + " (default crossover)")
-    run.add_argument("--seeds", type=lambda t: [int(v) for v in t.split(",")], default=[0],
+    run.add_argument("--seeds", type=_seeds, default=[0],
                      help="comma list of seeds; each (algorithm, peers) runs once per seed (default 0)")
     run.add_argument("--rounds", type=int, default=0, help="rounds to run; 0 = as many as --epochs take (default 0)")
     run.add_argument("--epochs", type=float, default=10.0, help="passes over the 4,000 training digits when --rounds is 0 (default 10)")
@@ -90,9 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
     sys_ = p.add_argument_group("machines and network")
     sys_.add_argument("--gpus-per-host", type=int, default=8, help="peers per host (default 8)")
     sys_.add_argument("--hosts-per-rack", type=int, default=4, help="hosts per rack (default 4)")
-    for tier, bw, lat in (("host", 25e9, 5e-6), ("rack", 1.25e9, 50e-6), ("cross", 0.3125e9, 200e-6)):
-        sys_.add_argument(f"--bw-{tier}", type=float, default=bw, help=f"bandwidth of a {tier} link in bytes/s (default {bw:g})")
-        sys_.add_argument(f"--lat-{tier}", type=float, default=lat, help=f"latency of a {tier} link in s (default {lat:g})")
+    tiers = (("host", "a same-host", 25e9, 5e-6), ("rack", "a same-rack", 1.25e9, 50e-6),
+             ("cross", "an across-racks", 0.3125e9, 200e-6))
+    for tier, what, bw, lat in tiers:
+        sys_.add_argument(f"--bw-{tier}", type=float, default=bw, help=f"bandwidth of {what} link in bytes/s (default {bw:g})")
+        sys_.add_argument(f"--lat-{tier}", type=float, default=lat, help=f"latency of {what} link in s (default {lat:g})")
     sys_.add_argument("--model-bytes", type=float, default=0,
                       help="time transfers as if the model had this many bytes (e.g. 1e8 for ResNet-50); 0 = real size")
     sys_.add_argument("--sample-time", type=float, default=2e-3, help="seconds per sample at speed 1 (default 0.002)")
