@@ -198,7 +198,7 @@ async def test_memory_transport_reports_missing_peer():
 
 async def test_a_client_that_gives_up_mid_stream_releases_the_snapshot(grpc_pair):
     a, b, addresses, (ta, _) = grpc_pair
-    big = 4_000_000  # 16 MB: the stream is still running when the client's deadline hits
+    big = 16_000_000  # 64 MB: the stream is still running when the client's 1 ms deadline hits
     store = SnapshotStore(big)
     server = SegmentServer(Identity("job", "fp", "big"), store, 1, CHUNK)
     grpc_server, address = await start_exchange_server(
@@ -208,7 +208,7 @@ async def test_a_client_that_gives_up_mid_stream_releases_the_snapshot(grpc_pair
         await ta.fetch_segment(address, 1, 0, torch.empty(big), timeout=10.0)  # the lane is known now
         for _ in range(3):
             with pytest.raises(PeerUnavailable):
-                await ta.fetch_segment(address, 1, 0, torch.empty(big), timeout=0.02)
+                await ta.fetch_segment(address, 1, 0, torch.empty(big), timeout=0.001)
         await asyncio.sleep(0.2)  # the server side notices the cancellation
         # Round 3 reuses round 1's slot: publishing must neither wait nor corrupt a reader.
         await asyncio.wait_for(store.publish(3, torch.full((big,), 3.0)), timeout=2.0)
@@ -344,3 +344,21 @@ async def test_clipping_bounds_what_a_poisoner_does_to_honest_peers(factor):
     else:
         assert clipped == 0
         assert worst > 1000, worst  # without the defence the garbage spreads
+
+
+async def test_a_partner_that_went_away_is_a_miss_not_a_crash():
+    """Idle bulk connections to a partner that died are closed under the client's
+    feet: the next fetch must fail as PeerUnavailable, like any dead partner."""
+    a, b = two_peers()
+    server, address = await start_exchange_server(b.server, b.state, "127.0.0.1")
+    transport = GrpcTransport(a.identity)
+    try:
+        await b.store.publish(1, b.vector)
+        out = torch.empty(a.layout[0].size)
+        await transport.fetch_segment(address, 1, 0, out, timeout=5.0)  # leaves an idle connection
+        await server.stop(None)
+        with pytest.raises(PeerUnavailable):
+            await transport.fetch_segment(address, 1, 0, out, timeout=2.0)
+    finally:
+        await transport.aclose()
+        await server.stop(None)

@@ -333,7 +333,8 @@ class Daemon:
             peers.append(control_pb2.PeerEndpoint(
                 peer_id=self.peer_id, address=job.worker_address, locality=self.config.locality))
         members = [*self.membership.job_members(job.spec.name, job.spec.fingerprint), self.peer_id]
-        return control_pb2.WorkerView(peers=peers, members=members, stop=job.stop_requested)
+        settled = time.monotonic() - self.started >= self.config.peer_timeout_s
+        return control_pb2.WorkerView(peers=peers, members=members, stop=job.stop_requested, settled=settled)
 
     # ---- control API -------------------------------------------------------
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
-from concurrent.futures import ThreadPoolExecutor
+import threading
 from contextlib import aclosing
 
 import torch
@@ -40,7 +40,7 @@ MAX_WAIT_S = 120.0  # a caller cannot hold a server's snapshot longer than this
 _ITEMSIZE = {"fp32": 4, "fp16": 2, "bf16": 2}
 
 
-class _Closed(Exception):
+class _Closed(ConnectionError):
     """The other side closed the connection between frames."""
 
 
@@ -68,22 +68,42 @@ def _recv_blocking(sock: socket.socket, view: memoryview) -> None:
         got += n
 
 
-_READERS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="peerd-bulk")
+async def _recv_payload(sock: socket.socket, view: memoryview, timeout: float) -> None:
+    """Receive a segment's values in a thread of its own: one blocking recv loop
+    costs far less than an event-loop wake-up per socket read
+    (docs/benchmarks.md), and the training step (in the default executor) never
+    waits behind it. The thread is a daemon with the fetch's timeout on its
+    socket, so it can neither outlive the deadline nor hold the process at exit;
+    if the caller gives up first, the socket is shut down so the thread stops
+    writing into `view` before this returns."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
 
+    def settle(exc: BaseException | None) -> None:
+        if not done.done():
+            done.set_exception(exc) if exc else done.set_result(None)
 
-async def _recv_payload(sock: socket.socket, view: memoryview) -> None:
-    """Receive a segment's values in a thread: one blocking recv loop costs far
-    less than an event-loop wake-up per socket read (docs/benchmarks.md). Its own
-    threads, so the training step (in the default executor) never waits for them.
-    If the caller gives up, the socket is shut down so the thread stops writing
-    into `view` before this returns."""
-    sock.setblocking(True)
-    thread = asyncio.get_running_loop().run_in_executor(_READERS, _recv_blocking, sock, view)
+    def run() -> None:
+        exc = None
+        try:
+            _recv_blocking(sock, view)
+        except BaseException as e:  # handed to the awaiting task
+            exc = e
+        try:
+            loop.call_soon_threadsafe(settle, exc)
+        except RuntimeError:
+            pass  # the loop is gone: nobody waits any more
+
+    sock.settimeout(max(timeout, 0.001))
+    threading.Thread(target=run, name="peerd-bulk-recv", daemon=True).start()
     try:
-        await asyncio.shield(thread)
+        await asyncio.shield(done)
     except asyncio.CancelledError:
-        sock.shutdown(socket.SHUT_RDWR)
-        await asyncio.gather(thread, return_exceptions=True)
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        await asyncio.gather(done, return_exceptions=True)
         raise
     finally:
         sock.setblocking(False)
@@ -184,9 +204,14 @@ class BulkClient:
         reusable = False
         try:
             async with asyncio.timeout(timeout):
-                if sock is None:
-                    sock = await self._connect(host, port)
-                reusable = await self._exchange(sock, request, out)
+                if sock is not None:
+                    try:
+                        reusable = await self._exchange(sock, request, out, timeout)
+                        return
+                    except ConnectionError:  # the partner closed this idle connection (it went away): once more, fresh
+                        sock.close()
+                sock = await self._connect(host, port)
+                reusable = await self._exchange(sock, request, out, timeout)
         except TimeoutError:
             raise PeerUnavailable(f"{host}:{port}: deadline exceeded") from None
         except (ConnectionError, OSError) as exc:
@@ -210,7 +235,7 @@ class BulkClient:
             raise
         return sock
 
-    async def _exchange(self, sock: socket.socket, request, out: torch.Tensor) -> bool:
+    async def _exchange(self, sock: socket.socket, request, out: torch.Tensor, timeout: float) -> bool:
         """One request and its whole reply; True if the connection is clean for
         another request. A refusal is raised after its frame is read."""
         loop = asyncio.get_running_loop()
@@ -229,10 +254,10 @@ class BulkClient:
             # The values that follow are not read: the connection is dropped (returns not reached).
             raise JobMismatch(f"partner sent a segment of {total} elements, expected {out.numel()}")
         if self._wire == "fp32":
-            await _recv_payload(sock, memoryview(out.numpy()).cast("B"))  # straight into the tensor
+            await _recv_payload(sock, memoryview(out.numpy()).cast("B"), timeout)  # straight into the tensor
         else:
             raw = bytearray(total * _ITEMSIZE[self._wire])
-            await _recv_payload(sock, memoryview(raw))
+            await _recv_payload(sock, memoryview(raw), timeout)
             fill_values(out, 0, total, raw, 0, self._wire)
         return True
 

@@ -32,6 +32,7 @@ class SupervisorLink:
         self.localities: dict[str, str] = {}  # peer id -> its rack/subnet label
         self.members: list[str] = []  # every peer in the job, for the data split
         self.stop = False
+        self.settled = False  # the daemon's view can be trusted to show a running job
 
     @property
     def orphaned(self) -> bool:
@@ -52,6 +53,7 @@ class SupervisorLink:
         self.localities = {p.peer_id: p.locality for p in reply.peers}
         self.members = list(reply.members)
         self.stop = self.stop or reply.stop
+        self.settled = reply.settled
         return True
 
     async def run(self, interval_s: float) -> None:

@@ -42,7 +42,8 @@ EXIT_FINISHED = 0  # trained every epoch of the job
 EXIT_LEFT = 3  # left on the operator's request (drain)
 EXIT_STOPPED = 143  # stopped by a signal
 EXIT_CONFIG = 2  # the job cannot load here: restarting would not help
-CATCH_UP_ROUNDS = 10  # further behind than this, take a partner's state instead of stepping up
+CATCH_UP_ROUNDS = 10
+SETTLE_WAIT_S = 30.0  # longest wait for a freshly started daemon to hear from its peers  # further behind than this, take a partner's state instead of stepping up
 
 
 class Worker:
@@ -89,6 +90,12 @@ class Worker:
         # The first beat, without our address, shows the view without putting us
         # in it: partners do not wait for a worker that is still taking the state.
         await self.link.beat()
+        # A daemon that just (re)started has not heard from its peers yet: an empty
+        # view then would start the job over from scratch beside the running one.
+        settle_by = time.monotonic() + SETTLE_WAIT_S
+        while not self.link.settled and not self.link.view.keys() - {self.me} and time.monotonic() < settle_by:
+            await asyncio.sleep(HEARTBEAT_S)
+            await self.link.beat()
         donors = {p: a for p, a in self.link.view.items() if p != self.me}
         if donors:  # the job is running: continue from its state, not from scratch
             await self._take_state(donors, "joining")

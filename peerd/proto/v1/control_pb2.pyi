@@ -67,14 +67,16 @@ class PeerEndpoint(_message.Message):
     def __init__(self, peer_id: _Optional[str] = ..., address: _Optional[str] = ..., locality: _Optional[str] = ...) -> None: ...
 
 class WorkerView(_message.Message):
-    __slots__ = ("peers", "stop", "members")
+    __slots__ = ("peers", "stop", "members", "settled")
     PEERS_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    SETTLED_FIELD_NUMBER: _ClassVar[int]
     peers: _containers.RepeatedCompositeFieldContainer[PeerEndpoint]
     stop: bool
     members: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, peers: _Optional[_Iterable[_Union[PeerEndpoint, _Mapping]]] = ..., stop: _Optional[bool] = ..., members: _Optional[_Iterable[str]] = ...) -> None: ...
+    settled: bool
+    def __init__(self, peers: _Optional[_Iterable[_Union[PeerEndpoint, _Mapping]]] = ..., stop: _Optional[bool] = ..., members: _Optional[_Iterable[str]] = ..., settled: _Optional[bool] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()
