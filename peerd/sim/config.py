@@ -1,0 +1,87 @@
+"""The settings of one simulated run, validated once."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from peerd.sim.algorithms import ALGORITHMS
+from peerd.sim.network import NetworkSpec
+from peerd.sim.schedule import Event
+from peerd.sim.task import MODELS
+
+TRAIN_SIZE = 4000  # the example task's training digits
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    peers: int = 16
+    algorithm: str = "crossover"
+    rounds: int = 0  # 0: as many as `epochs` passes over the data take
+    epochs: float = 10.0
+    global_batch: int = 512
+    local_batch: int = 0  # > 0: every peer takes this many (peerd's way), the global batch follows the peers
+    lr: float = 0.1
+    momentum: float = 0.9
+    warmup_rounds: int = 0
+    ramp_steps: int = 8
+    segments: int = 8
+    group_size: int = 8
+    model: str = "logreg"
+    hidden: int = 32
+    weight_decay: float = 1e-4
+    model_bytes: float = 0.0  # 0: the real model's float32 size; else time transfers as if this big
+    seed: int = 0
+    job: str = "sim"
+    network: NetworkSpec = field(default_factory=NetworkSpec)
+    sample_time: float = 2e-3
+    step_overhead: float = 1e-3
+    speed_spread: float = 0.0
+    jitter_prob: float = 0.0
+    jitter_factor: float = 3.0
+    schedule: tuple[Event, ...] = ()
+    detect_s: float = 5.0  # membership timeout: a crashed peer leaves the view this long after it was last heard
+    deadline_floor_s: float = 0.05
+    deadline_ceiling_s: float = 10.0
+    gossip_only: bool = False  # no SGD steps: only averaging (to check that no mass is lost)
+    eval_every: int = 0  # rounds between test evaluations of the average model; 0: only at the end
+    eval_peers: int = 64  # at the end, test this many peers' own models (evenly spread)
+
+    def __post_init__(self) -> None:
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"unknown algorithm {self.algorithm!r}; choose from {', '.join(ALGORITHMS)}")
+        if self.model not in MODELS:
+            raise ValueError(f"unknown model {self.model!r}; choose from {', '.join(MODELS)}")
+        checks = {
+            "peers ≥ 1": self.peers >= 1,
+            "rounds ≥ 0": self.rounds >= 0,
+            "epochs > 0 when rounds is 0": self.rounds > 0 or self.epochs > 0,
+            "global_batch ≥ peers": self.global_batch >= self.peers,
+            "local_batch ≥ 0": self.local_batch >= 0,
+            "lr > 0": self.lr > 0,
+            "0 ≤ momentum < 1": 0 <= self.momentum < 1,
+            "segments ≥ 1": self.segments >= 1,
+            "group_size ≥ 1": self.group_size >= 1,
+            "model_bytes ≥ 0": self.model_bytes >= 0,
+            "detect_s > 0": self.detect_s > 0,
+            "eval_every ≥ 0 and eval_peers ≥ 1": self.eval_every >= 0 and self.eval_peers >= 1,
+        }
+        bad = [name for name, ok in checks.items() if not ok]
+        if bad:
+            raise ValueError("invalid simulation settings: need " + "; ".join(bad))
+
+    @property
+    def total_rounds(self) -> int:
+        if self.rounds:
+            return self.rounds
+        return max(1, math.ceil(self.epochs * TRAIN_SIZE / self.reference_batch))
+
+    @property
+    def reference_batch(self) -> int:
+        """The global batch the LR is given for: the one at the start."""
+        return self.peers * self.local_batch if self.local_batch else self.global_batch
+
+    @property
+    def capacity(self) -> int:
+        """Rows of the parameter matrix: the first peers and every joiner."""
+        return self.peers + sum(e.who for e in self.schedule if e.kind == "join")

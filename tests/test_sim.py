@@ -1,0 +1,214 @@
+"""peerd.sim: the simulator drives the real cores and keeps the invariants of each algorithm."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from peerd.core.groups import form_groups, partner_groups, plan_hierarchical
+from peerd.core.lr import cosine
+from peerd.core.partition import my_shard
+from peerd.core.topology import plan_round
+from peerd.sim import SimConfig, Simulation, parse_schedule, simulate
+from peerd.sim.cli import main
+from peerd.sim.data import shards
+from peerd.sim.network import Fabric, NetworkSpec
+from peerd.sim.task import Task
+
+TASK = Task()  # loading the digits once keeps the tests quick
+CONSERVING = ("allreduce", "sgp", "gossip", "crossover", "crossover-whole", "hierarchical")
+
+
+def _sim(**kw) -> Simulation:
+    return Simulation(SimConfig(**{"peers": 16, "rounds": 6, "global_batch": 128, **kw}), TASK)
+
+
+def _spread(sim: Simulation, seed: int = 1) -> np.ndarray:
+    """Give every peer a different model, so averaging has something to do."""
+    n = sim.cfg.peers
+    sim.state.x[:n] = np.random.default_rng(seed).standard_normal((n, sim.task.size)).astype(np.float32)
+    return sim.state.x[:n].astype(np.float64).copy()
+
+
+def test_same_seed_same_run():
+    runs = [_sim(algorithm="hierarchical", group_size=4, speed_spread=0.3, jitter_prob=0.2) for _ in range(2)]
+    results = [s.run() for s in runs]
+    assert json.dumps(results[0].rounds) == json.dumps(results[1].rounds)  # NaN-safe equality
+    assert results[0].peers == results[1].peers
+    assert np.array_equal(runs[0].state.x, runs[1].state.x)
+    other = _sim(algorithm="hierarchical", group_size=4, speed_spread=0.3, jitter_prob=0.2, seed=1)
+    other.run()
+    assert not np.array_equal(other.state.x, runs[0].state.x)
+
+
+@pytest.mark.parametrize("algorithm", CONSERVING)
+def test_gossip_rounds_lose_no_mass(algorithm):
+    # 13 peers, 3 per host, groups of ≤ 4: unequal groups, the hard case for hierarchical.
+    sim = _sim(algorithm=algorithm, peers=13, gossip_only=True, group_size=4,
+               network=NetworkSpec(gpus_per_host=3, hosts_per_rack=2))
+    start = _spread(sim)
+    for r in range(6):
+        sim.round(r)
+        assert np.allclose(sim.state.x[:13].sum(axis=0), start.sum(axis=0), atol=1e-3)
+        assert sim.state.w[:13].sum() == pytest.approx(13.0)
+    if algorithm != "allreduce":  # everyone averaged: the spread shrank
+        models = sim.state.models(np.arange(13))
+        assert np.linalg.norm(models - models.mean(0), axis=1).mean() < np.linalg.norm(start - start.mean(0), axis=1).mean()
+
+
+@pytest.mark.parametrize("algorithm", ["crossover-unbalanced", "random-pull"])
+def test_unbalanced_pulls_keep_consensus_but_not_the_mean(algorithm):
+    sim = _sim(algorithm=algorithm, gossip_only=True)
+    start = _spread(sim)
+    sim.round(0)
+    assert not np.allclose(sim.state.x[:16].sum(axis=0), start.sum(axis=0), atol=1e-3)
+    same = _sim(algorithm=algorithm, gossip_only=True)
+    same.state.x[:16] = 0.25
+    same.round(0)
+    assert np.all(same.state.x[:16] == 0.25)  # row-stochastic: agreement stays agreement
+
+
+def test_crossover_pulls_from_the_topology_plan():
+    sim = _sim(algorithm="crossover", gossip_only=True, segments=5)
+    start = _spread(sim)
+    sim.round(0)
+    names = [f"p{k:05d}" for k in range(16)]
+    for k, me in enumerate(names):
+        plan = plan_round("sim", 0, names, me, 5)
+        for s, span in enumerate(sim.segs.spans):
+            src = names.index(plan.sources[s])
+            cols = slice(span.start, span.stop)
+            assert np.allclose(sim.state.x[k, cols], 0.5 * (start[k, cols] + start[src, cols]), atol=1e-5)
+
+
+def test_hierarchical_follows_the_group_plan():
+    net = NetworkSpec(gpus_per_host=3, hosts_per_rack=2)
+    sim = _sim(algorithm="hierarchical", peers=13, gossip_only=True, group_size=4, segments=6, network=net)
+    start = _spread(sim)
+    sim.round(0)
+    names = [f"p{k:05d}" for k in range(13)]
+    locs = {n: net.locality(k) for k, n in enumerate(names)}
+    groups = form_groups("sim", 0, locs, 4)
+    assert sorted(p for g in groups for p in g) == names and max(map(len, groups)) <= 4
+    assert len({len(g) for g in groups}) > 1  # unequal sizes really were exercised
+    for s in range(6):
+        partner = partner_groups("sim", 0, len(groups), s)
+        assert sorted(partner) == list(range(len(groups))) and all(partner[g] != g for g in range(len(groups)))
+    mean = {g: start[[names.index(p) for p in g]].mean(0) for g in groups}
+    for k, me in enumerate(names):
+        plan = plan_hierarchical("sim", 0, locs, me, 6, 4)
+        for s, span in enumerate(sim.segs.spans):
+            other = next(g for g in groups if plan.sources[s] in g)
+            want = (1 - plan.weight) * mean[plan.group] + plan.weight * mean[other]
+            assert np.allclose(sim.state.x[k, span.start : span.stop], want[span.start : span.stop], atol=1e-5)
+
+
+def test_crossover_sends_one_model_per_peer_per_round():
+    result = _sim(algorithm="crossover", rounds=3).run()
+    model_bytes = TASK.size * 4
+    for row in result.rounds:
+        assert row["bytes_per_peer"] == pytest.approx(model_bytes)
+        assert row["max_bytes_per_peer"] == pytest.approx(model_bytes)  # load balanced: nobody sends twice
+    unbalanced = _sim(algorithm="crossover-unbalanced", rounds=3).run()
+    assert max(r["max_bytes_per_peer"] for r in unbalanced.rounds) > model_bytes
+    hier = _sim(algorithm="hierarchical", rounds=3, group_size=8).run()  # two hosts of 8
+    assert hier.rounds[0]["bytes_per_peer"] == pytest.approx(model_bytes * (2 * 7 / 8 + 1 / 8), rel=0.01)
+
+
+def test_training_learns_and_reports_everything():
+    result = _sim(algorithm="crossover", rounds=0, epochs=2, eval_every=5).run()
+    s = result.summary
+    assert s["test_accuracy_mean_peer"] > 0.6 and s["test_accuracy_of_mean_model"] > 0.6
+    assert s["mean_consensus_distance"] > s["final_consensus_distance"] > 0
+    assert s["final_train_loss"] < result.rounds[0]["train_loss"]
+    assert result.rounds[-1]["train_loss"] < result.rounds[0]["train_loss"]
+    assert all(r["sim_time_s"] > 0 for r in result.rounds)
+    assert [r["sim_time_s"] for r in result.rounds] == sorted(r["sim_time_s"] for r in result.rounds)
+    assert len(result.peers) == 16 and all(p["compute_s"] > 0 and p["idle_s"] >= 0 for p in result.peers)
+    assert not np.isnan(result.rounds[4]["test_accuracy_of_mean"])
+
+
+def test_shards_match_the_partition_core():
+    names = [f"p{k:05d}" for k in range(7)]
+    cut = shards(4000, "sim", 3, names)
+    for me in names:
+        assert cut[me].tolist() == my_shard(4000, "sim", 3, names, me)
+
+
+ALL = ("allreduce", "sgp", "gossip", "crossover", "crossover-unbalanced", "crossover-whole", "random-pull", "hierarchical")
+
+
+@pytest.mark.parametrize("algorithm", ALL)
+def test_crash_join_and_leave(algorithm):
+    events = parse_schedule(["fail:3@0.2", "leave:5@0.3", "join:2@0.4", "speed:0@0=0.5"])
+    sim = Simulation(SimConfig(peers=16, rounds=30, global_batch=128, schedule=events, detect_s=0.5,
+                               algorithm=algorithm, group_size=4), TASK)
+    result = sim.run()
+    assert np.isfinite(sim.state.x).all() and result.summary["test_accuracy_min_peer"] > 0.5
+    rows = result.rounds
+    assert rows[0]["peers"] == 16 and rows[-1]["peers"] == 16  # 16 − crash − leave + 2 joiners
+    assert any(r["in_view"] > r["peers"] for r in rows)  # the crashed peer lingers in the view ...
+    assert rows[-1]["in_view"] == rows[-1]["peers"]  # ... until the membership core expires it
+    crashed = [p for p in result.peers if p["crashed"]]
+    assert [p["slot"] for p in crashed] == [3]
+    assert {p["slot"] for p in result.peers} >= {16, 17}
+    slow = next(p for p in result.peers if p["slot"] == 0)
+    fast = next(p for p in result.peers if p["slot"] == 1)
+    assert slow["compute_s"] > 1.5 * fast["compute_s"]
+
+
+@pytest.mark.parametrize("bad", ["fail:3", "boom:1@2", "speed:1@2", "join:0@1", "fail:1@2=3"])
+def test_bad_schedule_entries_are_refused(bad):
+    with pytest.raises(ValueError, match="KIND|speed|only|join"):
+        parse_schedule([bad])
+
+
+def test_cli_writes_tables_and_figures(tmp_path, capsys):
+    assert main(["--peers", "8,16", "--algorithm", "sgp,crossover", "--rounds", "3", "--out", str(tmp_path), "--quiet"]) == 0
+    for run in ("sgp-8p-s0", "crossover-16p-s0"):
+        assert (tmp_path / run / "rounds.csv").read_text().count("\n") == 4
+        assert (tmp_path / run / "run.png").stat().st_size > 0
+        assert json.loads((tmp_path / run / "summary.json").read_text())["rounds"] == 3
+    assert (tmp_path / "sweep.csv").read_text().count("\n") == 5
+    assert (tmp_path / "sweep.png").exists() and (tmp_path / "consensus-16.png").exists()
+    assert "accuracy" in capsys.readouterr().out
+
+
+def test_cli_refuses_bad_input(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--algorithm", "nope"])
+    assert e.value.code == 2 and "choose from" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--peers", "4", "--global-batch", "2"])
+    assert "global_batch ≥ peers" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--peers", "2", "--rounds", "5", "--event", "fail:0@0", "--event", "leave:1@0", "--quiet", "--no-plot"])
+    assert "no peer is left" in capsys.readouterr().err
+
+
+def test_network_tiers_and_shared_cards():
+    spec = NetworkSpec(gpus_per_host=2, hosts_per_rack=2)
+    assert [spec.tier(0, k) for k in (1, 2, 4)] == [0, 1, 2]  # same host, same rack, across racks
+    assert spec.locality(5) == ("rack1", "host2")
+    one = Fabric(spec).send(0, 2, 1e6, 0.0)
+    assert one == pytest.approx(1e6 / spec.rack.bandwidth + spec.rack.latency)
+    shared = Fabric(spec)
+    ends = [shared.send(0, 2, 1e6, 0.0), shared.send(1, 3, 1e6, 0.0)]  # both through host 0's card
+    assert ends[1] == pytest.approx(2 * 1e6 / spec.rack.bandwidth + spec.rack.latency)
+    bus = Fabric(spec)
+    assert bus.send(0, 1, 1e6, 0.0) == bus.send(1, 0, 1e6, 0.0)  # inside a host: separate buses
+
+
+def test_local_batch_scales_the_lr_smoothly_when_peers_join():
+    events = parse_schedule(["join:8@0.1"])
+    cfg = SimConfig(peers=8, rounds=30, local_batch=16, lr=0.1, schedule=events, ramp_steps=4)
+    rows = Simulation(cfg, TASK).run().rounds
+    assert rows[0]["global_batch"] == 128 and rows[-1]["global_batch"] == 256
+    joined = next(k for k, r in enumerate(rows) if r["global_batch"] == 256)
+    base = [0.1 * cosine(r / 30) for r in range(30)]
+    scale = [r["lr"] / b for r, b in zip(rows, base)]
+    assert scale[joined - 1] == pytest.approx(1.0)
+    assert 1.0 < scale[joined + 1] < 2.0  # ramping: neither the old LR nor the jump
+    assert scale[joined + 8] == pytest.approx(2.0)  # k = 2: T·k = 8 steps later at the linear rule
