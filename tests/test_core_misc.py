@@ -277,3 +277,14 @@ def test_deadline_ignores_non_finite_observations():
     for bad in (float("nan"), float("inf"), -1.0):
         d.observe(bad)
     assert d.deadline() == pytest.approx(2.0)
+
+
+def test_deadline_counts_its_measurements():
+    from peerd.core.deadline import DeadlineEstimator
+
+    d = DeadlineEstimator(0.5, 10.0)
+    assert d.measured == 0 and d.deadline() == 10.0
+    d.observe(float("nan"))
+    assert d.measured == 0
+    d.observe(0.3)
+    assert d.measured == 1 and d.deadline() == pytest.approx(1.2)

@@ -231,6 +231,11 @@ class Worker:
         finally:
             self.phase = phase
         self.round = meta.round
+        if self.deadline.measured == 0:
+            # The state is two model sizes, a round moves about one: a first deadline
+            # from this transfer, not the ceiling, so a partner that died while this
+            # peer joined costs a short wait (found with peerd.sim, docs/simulation.md).
+            self.deadline.observe((time.monotonic() - started) / 2)
         log.info("%s: took the state of round %d (step %d, epoch %.2f) from %s in %.2fs",
                  why, meta.round, meta.step, meta.progress, ", ".join(used), time.monotonic() - started)
         return True
