@@ -28,7 +28,7 @@ from google.protobuf.message import DecodeError
 
 from peerd.errors import InvalidMessage, JobMismatch, PeerdError, PeerUnavailable, RoundMismatch
 from peerd.proto.v1 import peer_pb2
-from peerd.worker.codec import fill_values
+from peerd.worker.codec import all_finite, fill_values
 from peerd.worker.snapshots import SegmentServer
 
 _LENGTH = struct.Struct("<I")
@@ -255,7 +255,7 @@ class BulkClient:
             raise InvalidMessage(f"partner sent a segment of {total} elements, expected {out.numel()}", "wrong_length")
         if self._wire == "fp32":
             await _recv_payload(sock, memoryview(out.numpy()).cast("B"), timeout)  # straight into the tensor
-            if not torch.isfinite(out).all():
+            if not all_finite(out):
                 raise InvalidMessage("partner sent non-finite values", "non_finite")
         else:
             raw = bytearray(total * _ITEMSIZE[self._wire])

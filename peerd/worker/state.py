@@ -20,6 +20,7 @@ import torch
 
 from peerd.core.segments import Span, chunk_spans, split_even
 from peerd.errors import InvalidMessage, PeerUnavailable, PeerdError
+from peerd.worker.codec import all_finite
 from peerd.worker.snapshots import Identity, SnapshotStore, check_identity, wait_until
 
 
@@ -140,7 +141,7 @@ def verify_part(part: StatePart, sha256: bytes) -> None:
         raise InvalidMessage(f"state range {part.span} arrived with {part.values.numel()} elements", "wrong_length")
     if digest(part.values) != sha256:
         raise InvalidMessage(f"state range {part.span.start}..{part.span.stop} failed its checksum", "bad_checksum")
-    if not torch.isfinite(part.values).all():
+    if not all_finite(part.values):
         raise InvalidMessage(f"state range {part.span.start}..{part.span.stop} holds non-finite values", "non_finite")
     if not math.isfinite(part.meta.progress) or part.meta.progress < 0:
         raise InvalidMessage(f"state range came with a bad progress value {part.meta.progress}", "bad_progress")

@@ -24,6 +24,7 @@ from peerd.core.partition import my_shard
 from peerd.core.rng import derive_seed
 from peerd.errors import ConfigError
 from peerd.jobspec import JobSpec
+from peerd.worker.codec import all_finite
 from peerd.worker.flat import FlatParams
 
 log = logging.getLogger("peerd.worker")
@@ -201,7 +202,7 @@ class Trainer:
         n = self.flat.numel
         if vector.numel() != 2 * n:
             raise ValueError(f"state of {vector.numel()} elements, expected {2 * n}")
-        if not torch.isfinite(vector).all():
+        if not all_finite(vector):
             raise ValueError("state holds non-finite values")
         self.flat.vector.copy_(vector[:n])
         self.momentum.copy_(vector[n:])
