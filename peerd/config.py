@@ -27,6 +27,7 @@ class DaemonConfig:
     worker_threads: int = 1
     restart_backoff_s: float = 1.0
     restart_backoff_max_s: float = 30.0
+    slowdown: float = 1.0  # testing only: workers sleep (slowdown − 1) × each step's compute time
 
 
 def parse_config(data: dict, source: str) -> DaemonConfig:
@@ -51,6 +52,8 @@ def parse_config(data: dict, source: str) -> DaemonConfig:
         worker_threads=worker.get("threads", int, 1, check=lambda v: 1 <= v <= 256, expect="an integer 1..256"),
         restart_backoff_s=worker.get("restart_backoff_s", float, d.restart_backoff_s, **positive),
         restart_backoff_max_s=worker.get("restart_backoff_max_s", float, d.restart_backoff_max_s, **positive),
+        slowdown=worker.get("slowdown", float, 1.0, check=lambda v: 1 <= v <= 1000,
+                            expect="a number in 1..1000 (a testing knob: 1 is full speed)"),
     )
     for table in (daemon, discovery, worker, root):
         table.finish()

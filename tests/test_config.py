@@ -113,6 +113,8 @@ def test_config_is_frozen():
         ('[discovery]\ninterfaces = ["::1", "127.0.0.1"]', "interfaces", ("::1", "127.0.0.1")),
         ("[worker]\nthreads = 256", "worker_threads", 256),
         ("[worker]\nthreads = 1", "worker_threads", 1),
+        ("[worker]\nslowdown = 1.0", "slowdown", 1.0),
+        ("[worker]\nslowdown = 4", "slowdown", 4.0),
     ],
 )
 def test_boundary_values_accepted(text, field, value):
@@ -223,6 +225,8 @@ def test_wrong_types_raise_naming_file_and_key(text, key):
         ("[worker]\nrestart_backoff_max_s = -0.5", "worker.restart_backoff_max_s"),
         ("[worker]\nthreads = 0", "worker.threads"),
         ("[worker]\nthreads = 257", "worker.threads"),
+        ("[worker]\nslowdown = 0.5", "worker.slowdown"),
+        ('[worker]\nslowdown = "2"', "worker.slowdown"),
     ],
 )
 def test_bad_values_raise_naming_file_and_key(text, key):

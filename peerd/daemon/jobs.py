@@ -49,6 +49,7 @@ class WorkerLaunch:
     spec_path: Path
     spec_dir: str
     log_path: Path
+    slowdown: float = 1.0  # testing knob (DaemonConfig.slowdown)
 
     def argv(self) -> list[str]:
         return [
@@ -56,6 +57,7 @@ class WorkerLaunch:
             "--control", self.control_address, "--spec", str(self.spec_path),
             "--spec-dir", self.spec_dir, "--peer-id", self.peer_id,
             "--host", self.host, "--threads", str(self.threads), "--out-dir", str(self.log_path.parent),
+            "--slowdown", repr(self.slowdown),
         ]
 
 

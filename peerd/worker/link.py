@@ -30,6 +30,7 @@ class SupervisorLink:
         self.progress = empty_progress()
         self.view: dict[str, str] = {}  # serving workers: peer id -> exchange address
         self.members: list[str] = []  # every peer in the job, for the data split
+        self.speeds: dict[str, float] = {}  # the other members' published speeds (DBS)
         self.stop = False
 
     @property
@@ -49,6 +50,7 @@ class SupervisorLink:
         self._last_ok = time.monotonic()
         self.view = {p.peer_id: p.address for p in reply.peers}
         self.members = list(reply.members)
+        self.speeds = {s.peer_id: s.samples_per_s for s in reply.speeds}
         self.stop = self.stop or reply.stop
         return True
 

@@ -19,6 +19,7 @@ import torch
 
 from peerd.core.deadline import DeadlineEstimator
 from peerd.core.segments import split_even
+from peerd.core.shares import BatchPlan, Rebalancer
 from peerd.core.suspicion import Suspicion
 from peerd.core.topology import plan_round
 from peerd.errors import ConfigError, PeerdError
@@ -63,6 +64,8 @@ class Worker:
         self.round = 0
         self.misses = 0
         self.accuracy = math.nan
+        self.rebalancer = Rebalancer(spec.global_batch, spec.min_local_batch, spec.rebalance_rounds,
+                                     spec.rebalance_threshold) if spec.global_batch else None
 
     async def run(self) -> None:
         chunk_elems = self.spec.gossip.chunk_kib * 1024 // 4
@@ -109,8 +112,9 @@ class Worker:
             # Split the data among every member, also those still starting: they
             # will read their shares once they serve.
             members = sorted({*self.link.members, *view})
+            plan = self._plan(members)
             for _ in range(self.spec.gossip.period_steps):
-                await asyncio.to_thread(self.trainer.step, members, len(view))
+                await asyncio.to_thread(self.trainer.step, members, len(view), plan)
             self.round += 1
             await self.store.publish(self.round, self.trainer.flat.vector)
             if self.board.wanted:  # a newcomer asked for our state: copy it between steps
@@ -128,6 +132,17 @@ class Worker:
         )
         log.info("finished: %d steps, %d rounds, test accuracy %.4f; model saved to %s",
                  self.trainer.step_count, self.round, self.accuracy, path)
+
+    def _plan(self, members: list[str]) -> BatchPlan | None:
+        """DBS: the batch plan for this round from the members' published speeds
+        (this worker's own is fresher here than the one its daemon relays)."""
+        if self.rebalancer is None:
+            return None
+        speeds = {**self.link.speeds, self.me: self.trainer.speed_ema}
+        if self.rebalancer.update(self.round, members, speeds):
+            log.info("round %d: batches %s (global %d)", self.round,
+                     " ".join(f"{p}={b}" for p, b in self.rebalancer.plan.batches), self.rebalancer.plan.total)
+        return self.rebalancer.plan
 
     async def _gossip(self, view: dict[str, str]) -> RoundResult | None:
         now = time.monotonic()
@@ -185,6 +200,7 @@ class Worker:
             samples_per_s=t.speed_ema, test_accuracy=self.accuracy, samples=t.samples,
             segment_misses=self.misses, finished=finished, disagreement=math.nan, exchange_s=math.nan, lr=t.lr,
             phase="finished" if finished else self.phase, global_batch=t.ramp.batch,
+            local_batch=t.local_batch, share=t.share,
         )
         if result is not None:
             p.partners_reached = len(result.reached)
@@ -207,13 +223,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1", help="address to serve the exchange on")
     parser.add_argument("--out-dir", type=Path, default=Path("."), help="where the trained model is written")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--slowdown", type=float, default=1.0,
+                        help="testing knob: after each step sleep (SLOWDOWN − 1) × its compute time (default 1: none)")
     return parser.parse_args(argv)
 
 
 async def amain(args: argparse.Namespace) -> int:
     spec = parse_job(args.spec.read_text(), str(args.spec))
     torch.set_num_threads(args.threads)
-    trainer = Trainer(spec, args.peer_id, args.spec_dir)
+    trainer = Trainer(spec, args.peer_id, args.spec_dir, args.slowdown)
     link = SupervisorLink(args.control, spec.name, trainer.flat.fingerprint(spec.fingerprint))
     worker = Worker(spec, trainer, link, args.host, args.out_dir)
     loop = asyncio.get_running_loop()
