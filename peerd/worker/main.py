@@ -200,7 +200,7 @@ class Worker:
             samples_per_s=t.speed_ema, test_accuracy=self.accuracy, samples=t.samples,
             segment_misses=self.misses, finished=finished, disagreement=math.nan, exchange_s=math.nan, lr=t.lr,
             phase="finished" if finished else self.phase, global_batch=t.ramp.batch,
-            local_batch=t.local_batch, share=t.share,
+            local_batch=t.local_batch, share=t.share, compute_s=t.compute_s,
         )
         if result is not None:
             p.partners_reached = len(result.reached)
