@@ -89,6 +89,7 @@ class Trainer:
         self._resume_at = 0.0  # fraction of the first shard already read (after adopting a state)
         self.loss_ema = math.nan
         self.speed_ema = math.nan  # samples/s of compute (with the slowdown's sleep), no network wait
+        self._ema_samples = self._ema_seconds = 0.0
         self.local_batch = spec.local_batch  # of the last step
         self.share = math.nan  # this peer's part of the current epoch's data (DBS), NaN when equal
         self.compute_s = 0.0  # total time in steps, the slowdown's sleep included
@@ -166,8 +167,11 @@ class Trainer:
         self.samples += len(indices)
         self.local_batch = len(indices)
         self.loss_ema = value if math.isnan(self.loss_ema) else 0.9 * self.loss_ema + 0.1 * value
-        speed = len(indices) / max(elapsed, 1e-9)
-        self.speed_ema = speed if math.isnan(self.speed_ema) else 0.9 * self.speed_ema + 0.1 * speed
+        # A ratio of two EMAs (samples, seconds), not an EMA of per-step ratios: a
+        # step that happened to be slow weighs by its time, so noise moves it less.
+        self._ema_samples = 0.9 * self._ema_samples + 0.1 * len(indices)
+        self._ema_seconds = 0.9 * self._ema_seconds + 0.1 * max(elapsed, 1e-9)
+        self.speed_ema = self._ema_samples / self._ema_seconds
         return value
 
     def _accumulate(self, indices: Sequence[int]) -> float:
