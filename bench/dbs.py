@@ -61,10 +61,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.05, help="SGD LR at the global batch (default 0.05, cosine to 0)")
     p.add_argument("--target", type=float, default=0.95, help="test accuracy to reach (default 0.95)")
     p.add_argument("--eval-every", type=int, default=10, help="evaluate every this many global steps (default 10)")
-    p.add_argument("--period-steps", type=int, default=1, help="peerd: local steps between gossip rounds (default 1)")
+    p.add_argument("--period-steps", type=int, default=4,
+                   help="peerd: local steps between gossip rounds (default 4; a variant NAME@N overrides it)")
     p.add_argument("--rebalance-rounds", type=int, default=5, help="peerd DBS: re-plan every this many rounds")
     p.add_argument("--budget", type=float, default=150.0, help="seconds of training at most per variant (default 150)")
-    p.add_argument("--variants", default="sync,fixed,dbs", help="which to run, in order (default sync,fixed,dbs)")
+    p.add_argument("--variants", default="sync,fixed,dbs,dbs@1",
+                   help="which to run, in order: sync, fixed[@N], dbs[@N] (default sync,fixed,dbs,dbs@1)")
     p.add_argument("--out", type=Path, default=None, help="results folder (default runs/dbs-TIMESTAMP)")
     p.add_argument("--png", type=Path, default=REPO / "docs" / "img" / "dbs.png", help="where the plot goes")
     # Internal: one rank of the synchronous baseline.
@@ -190,16 +192,18 @@ def run_sync(args: argparse.Namespace) -> dict:
 
 # ---- peerd variants: real daemons ------------------------------------------------
 
-def job_text(args: argparse.Namespace, dbs: bool) -> str:
+def job_text(args: argparse.Namespace, dbs: bool, period: int) -> str:
     from peerd.cluster import default_job
 
     data = tomllib.loads(default_job().read_text())
     n = len(args.slowdown_list)
+    # Evaluations at the same numbers of global steps as the sync baseline's.
     data["job"].update(name="dbs-bench", local_batch=args.global_batch // n, epochs=args.epochs,
-                       eval_every_rounds=args.eval_every * 1, global_batch=args.global_batch if dbs else 0,
-                       min_local_batch=4, rebalance_rounds=args.rebalance_rounds, rebalance_threshold=0.15)
+                       eval_every_rounds=max(1, args.eval_every // period),
+                       global_batch=args.global_batch if dbs else 0,
+                       min_local_batch=4, rebalance_rounds=args.rebalance_rounds, rebalance_threshold=0.1)
     data["optimizer"].update(lr=args.lr, reference_batch=args.global_batch, schedule="cosine")
-    data["gossip"].update(period_steps=args.period_steps)
+    data["gossip"].update(period_steps=period)
     lines = []
     for table, values in data.items():
         lines.append(f"[{table}]")
@@ -208,9 +212,13 @@ def job_text(args: argparse.Namespace, dbs: bool) -> str:
 
 
 def run_peerd(args: argparse.Namespace, variant: str) -> dict:
+    """`fixed` or `dbs`, with `@N` for N local steps between gossip rounds (default --period-steps)."""
     from peerd.cluster import LocalCluster
 
-    text = job_text(args, dbs=variant == "dbs")
+    kind, _, period = variant.partition("@")
+    if kind not in ("fixed", "dbs"):
+        raise SystemExit(f"unknown variant {variant!r}: sync, fixed[@N] or dbs[@N]")
+    text = job_text(args, dbs=kind == "dbs", period=int(period or args.period_steps))
     with LocalCluster(len(args.slowdown_list), args.out / variant, args.slowdown_list) as cluster:
         cluster.wait_ready()
         _until(lambda: all(_client(cluster, p).status().peers_known == len(cluster.peers) - 1 for p in cluster.peers),

@@ -118,11 +118,11 @@ def equal_plan(local_batch: int, members: Iterable[str]) -> BatchPlan:
     return BatchPlan(tuple((p, local_batch) for p in sorted(set(members))))
 
 
-def relative_change(old: BatchPlan, new: BatchPlan) -> float:
-    """max_i |b'_i − b_i| / b_i over common members; inf when the members differ."""
-    if old.ids != new.ids:
-        return math.inf
-    return max(abs(b - a) / a for (_, a), (_, b) in zip(old.batches, new.batches))
+def step_time(plan: BatchPlan, speeds: Mapping[str, float]) -> float:
+    """Predicted seconds of one step of all members: the slowest, max_i b_i / v_i
+    (members with no measurement count at the mean speed, as in the plan)."""
+    filled = fill_unknown(speeds, plan.ids)
+    return max(b / filled[p] for p, b in plan.batches)
 
 
 @dataclass
@@ -131,9 +131,11 @@ class Rebalancer:
 
     A new plan is taken at once when the members change (the shares must cover
     exactly the members); otherwise only at rounds that are multiples of
-    `every_rounds` (the same rounds on every peer), and only if some member's
-    batch would change by more than `threshold` (relative), so measurement noise
-    does not flap the batches."""
+    `every_rounds` (the same rounds on every peer), and only if it would make a
+    step of all members (the slowest one, `step_time`) faster by more than
+    `threshold` (relative), so measurement noise does not flap the batches. The
+    criterion is the time the plan costs, not how much a batch moves: ±2 samples
+    on a batch of 10 is 20 % but costs nothing when that peer is not the slowest."""
 
     global_batch: int
     min_local_batch: int = 1
@@ -151,7 +153,8 @@ class Rebalancer:
         if self.plan is not None and ids == self.plan.ids and round_ % self.every_rounds:
             return False
         candidate = plan_batches(self.global_batch, speeds, ids, self.min_local_batch)
-        if self.plan is not None and relative_change(self.plan, candidate) <= self.threshold:
+        if self.plan is not None and ids == self.plan.ids and \
+                step_time(self.plan, speeds) <= (1 + self.threshold) * step_time(candidate, speeds):
             return False
         changed = candidate != self.plan
         self.plan = candidate
