@@ -60,7 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--epochs", type=float, default=8.0, help="passes over the 4,000 training digits (default 8)")
     p.add_argument("--lr", type=float, default=0.05, help="SGD LR at the global batch (default 0.05, cosine to 0)")
     p.add_argument("--target", type=float, default=0.95, help="test accuracy to reach (default 0.95)")
-    p.add_argument("--eval-every", type=int, default=10, help="evaluate every this many global steps (default 10)")
+    p.add_argument("--eval-every", type=int, default=8, help="evaluate every this many global steps (default 8)")
     p.add_argument("--period-steps", type=int, default=4,
                    help="peerd: local steps between gossip rounds (default 4; a variant NAME@N overrides it)")
     p.add_argument("--rebalance-rounds", type=int, default=5, help="peerd DBS: re-plan every this many rounds")
@@ -245,12 +245,10 @@ def run_peerd(args: argparse.Namespace, variant: str) -> dict:
         if any(j.state == "failed" for j in progress):
             raise RuntimeError(f"{variant}: a worker failed; see {args.out / variant}")
     wall = rows[-1][0][0]
-    utilisation = []
-    for k in range(len(cluster.peers)):
-        trained = [(t, p) for row in rows for t, state, p in [row[k]] if p.step > 0]
-        utilisation.append(trained[-1][1].compute_s / max(trained[-1][0], 1e-9))
-    batches = [p.local_batch for _, _, p in _last_training(rows)]
-    shares = [p.share for _, _, p in _last_training(rows)]
+    last = _last_training(rows)
+    utilisation = [p.compute_s / max(t, 1e-9) for t, _, p in last]
+    batches = [p.local_batch for _, _, p in last]
+    shares = [p.share for _, _, p in last]
     return _result(variant, curve, utilisation, wall, args, batches=batches, shares=shares)
 
 
