@@ -8,7 +8,7 @@ step's compute time: a slower device that uses no extra CPU), in three variants,
 one after the other, with the same model, data, seed, optimizer, LR schedule,
 global batch and epochs:
 
-  sync   torch.distributed (gloo on 127.0.0.1): 4 processes, equal local batches of
+  sync   torch.distributed (gloo on loopback, FileStore rendezvous): 4 processes, equal local batches of
          B/4, DistributedSampler-style shards (a seeded permutation per epoch, rank r
          reads every 4th index), gradients averaged by all-reduce after every step —
          what a user picks today. Every step waits for the slowest worker.
@@ -41,7 +41,6 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -71,7 +70,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--png", type=Path, default=REPO / "docs" / "img" / "dbs.png", help="where the plot goes")
     # Internal: one rank of the synchronous baseline.
     p.add_argument("--sync-rank", type=int, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--sync-port", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.slowdown_list = tuple(float(v) for v in args.slowdowns.split(","))
     if any(f < 1 for f in args.slowdown_list) or args.global_batch % len(args.slowdown_list):
@@ -92,7 +90,11 @@ def sync_rank(args: argparse.Namespace) -> None:
     rank, world = args.sync_rank, len(args.slowdown_list)
     slowdown = args.slowdown_list[rank]
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.sync_port}", rank=rank, world_size=world)
+    # Only loopback: a FileStore for the rendezvous (torch's TCPStore would listen on
+    # every interface) and gloo's pair sockets pinned to lo.
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    dist.init_process_group("gloo", init_method=f"file://{args.out.resolve() / 'sync-rendezvous'}",
+                            rank=rank, world_size=world)
     torch.manual_seed(0)  # the job's seed: same initial model as peerd's init = "shared"
     model = make_model().float()
     train, test = make_datasets()
@@ -161,13 +163,11 @@ def _evaluate(model, test) -> float:
 
 
 def run_sync(args: argparse.Namespace) -> dict:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    (args.out / "sync-rendezvous").unlink(missing_ok=True)
     procs = []
     try:
         for rank in range(len(args.slowdown_list)):
-            cmd = [sys.executable, __file__, "--sync-rank", str(rank), "--sync-port", str(port),
+            cmd = [sys.executable, __file__, "--sync-rank", str(rank),
                    "--out", str(args.out), "--slowdowns", args.slowdowns, "--global-batch", str(args.global_batch),
                    "--epochs", str(args.epochs), "--lr", str(args.lr), "--eval-every", str(args.eval_every),
                    "--budget", str(args.budget)]
