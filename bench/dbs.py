@@ -41,6 +41,7 @@ import json
 import math
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -59,7 +60,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--epochs", type=float, default=8.0, help="passes over the 4,000 training digits (default 8)")
     p.add_argument("--lr", type=float, default=0.05, help="SGD LR at the global batch (default 0.05, cosine to 0)")
     p.add_argument("--target", type=float, default=0.95, help="test accuracy to reach (default 0.95)")
-    p.add_argument("--eval-every", type=int, default=8, help="evaluate every this many global steps (default 8)")
+    p.add_argument("--eval-every", type=int, default=16,
+                   help="evaluate every this many global steps (default 16; each peerd peer evaluates its own model)")
     p.add_argument("--period-steps", type=int, default=4,
                    help="peerd: local steps between gossip rounds (default 4; a variant NAME@N overrides it)")
     p.add_argument("--rebalance-rounds", type=int, default=5, help="peerd DBS: re-plan every this many rounds")
@@ -247,9 +249,17 @@ def run_peerd(args: argparse.Namespace, variant: str) -> dict:
     wall = rows[-1][0][0]
     last = _last_training(rows)
     utilisation = [p.compute_s / max(t, 1e-9) for t, _, p in last]
-    batches = [p.local_batch for _, _, p in last]
-    shares = [p.share for _, _, p in last]
-    return _result(variant, curve, utilisation, wall, args, batches=batches, shares=shares)
+    with open(args.out / variant / "history.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["t", "peer", "state", "phase", "round", "epoch", "local_batch", "share", "samples_per_s",
+                    "compute_s", "test_accuracy"])
+        w.writerows([round(t, 2), k, s, p.phase, p.round, p.epoch, p.local_batch, p.share, p.samples_per_s,
+                     p.compute_s, p.test_accuracy] for row in rows for k, (t, s, p) in enumerate(row))
+    # Each peer's typical batch: the median over its training statuses (the last
+    # step of an epoch is short, so its last batch says little).
+    batches = [statistics.median_low([row[k][2].local_batch for row in rows if row[k][2].phase == "training"] or [0])
+               for k in range(len(last))]
+    return _result(variant, curve, utilisation, wall, args, batches=batches)
 
 
 def _last_training(rows: list[list[tuple]]) -> list[tuple]:
