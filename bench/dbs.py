@@ -223,7 +223,7 @@ def run_peerd(args: argparse.Namespace, variant: str) -> dict:
     text = job_text(args, dbs=kind == "dbs", period=int(period or args.period_steps))
     with LocalCluster(len(args.slowdown_list), args.out / variant, args.slowdown_list) as cluster:
         cluster.wait_ready()
-        _until(lambda: all(_client(cluster, p).status().peers_known == len(cluster.peers) - 1 for p in cluster.peers),
+        _until(lambda: all(cluster.client(p).status().peers_known == len(cluster.peers) - 1 for p in cluster.peers),
                30, "discovery")
         for peer in cluster.peers:
             with cluster.client(peer) as c:
@@ -232,7 +232,7 @@ def run_peerd(args: argparse.Namespace, variant: str) -> dict:
         deadline = time.monotonic() + args.budget + 90
         while time.monotonic() < deadline:
             now = time.monotonic()
-            progress = [_client(cluster, p).status().jobs[0] for p in cluster.peers]
+            progress = [cluster.client(p).status().jobs[0] for p in cluster.peers]
             if t0 is None and any(j.progress.step > 0 for j in progress):
                 t0 = now
             if t0 is not None:
@@ -270,10 +270,6 @@ def _last_training(rows: list[list[tuple]]) -> list[tuple]:
             if state == "running" and p.phase == "training":
                 last[k] = (t, state, p)
     return last
-
-
-def _client(cluster, peer):
-    return cluster.client(peer)
 
 
 def _until(predicate, timeout_s: float, what: str) -> None:
