@@ -49,8 +49,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--job", type=Path, default=None, help="job file (default: the built-in MNIST example)")
     parser.add_argument("--out", type=Path, default=None,
                         help="where logs, history.csv and progress.png go (default: runs/cluster-TIMESTAMP)")
+    parser.add_argument("--slowdowns", type=_slowdowns, default=None, metavar="F,F,...",
+                        help="testing knob: per-peer slowdown factors, e.g. 1,1,2,4 (a peer with F sleeps "
+                             "(F-1)× each step's compute time); default: all at full speed")
     parser.add_argument("--time-limit", type=float, default=900.0,
                         help="stop everything after this many seconds (default 900)")
+
+
+def _slowdowns(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from None
+    if not all(1.0 <= v <= 1000.0 for v in values):
+        raise argparse.ArgumentTypeError(f"slowdowns must be in 1..1000, got {text!r}")
+    return values
 
 
 @dataclass
@@ -60,6 +73,7 @@ class Peer:
     socket: Path
     process: subprocess.Popen | None = None
     locality: str = ""  # rack label, for hierarchical grouping
+    slowdown: float = 1.0
 
     @property
     def peer_id(self) -> str:
@@ -78,22 +92,30 @@ def _write_config(peer: Peer, realm: str) -> None:
         "[discovery]\n"
         'interfaces = ["127.0.0.1"]  # mDNS stays on loopback\n'
         f'realm = "{realm}"  # unseen by other local clusters on this machine\n'
+        + (f"\n[worker]\nslowdown = {peer.slowdown!r}  # testing knob: emulates a slower device\n"
+           if peer.slowdown != 1.0 else "")
     )
 
 
 class LocalCluster:
     """N daemons as subprocesses; always stopped, by PID, on exit."""
 
-    def __init__(self, n: int, out: Path, localities: Sequence[str] = ()) -> None:
+    def __init__(
+        self, n: int, out: Path, localities: Sequence[str] = (), slowdowns: tuple[float, ...] | None = None
+    ) -> None:
         if n < 1:
             raise PeerdError("--peers must be at least 1")
         if localities and len(localities) != n:
             raise PeerdError(f"{len(localities)} localities for {n} peers")
+        slowdowns = tuple(slowdowns or (1.0,) * n)
+        if len(slowdowns) != n:
+            raise PeerdError(f"{len(slowdowns)} slowdowns given for {n} peers")
         self.out = out
         # Unix socket paths are limited to ~107 bytes, so they live in a short temp dir.
         self._sockets = Path(tempfile.mkdtemp(prefix="peerd-"))
         self.realm = f"local-{secrets.token_hex(4)}"
-        self.peers = [Peer(i, out / f"peer-{i}", self._sockets / f"peer-{i}.sock") for i in range(n)]
+        self.peers = [Peer(i, out / f"peer-{i}", self._sockets / f"peer-{i}.sock", slowdown=f)
+                      for i, f in enumerate(slowdowns)]
         for peer, locality in zip(self.peers, localities):
             peer.locality = locality
 
@@ -248,7 +270,7 @@ def run_cluster(args: argparse.Namespace) -> int:
     started = time.monotonic()
     previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
-        with LocalCluster(args.peers, out) as cluster:
+        with LocalCluster(args.peers, out, args.slowdowns) as cluster:
             cluster.wait_ready()
             cluster.wait_discovery(console)
             for peer in cluster.peers:

@@ -35,6 +35,7 @@ class DaemonConfig:
     realm_secret_file: Path | None = None  # proof of it on every daemon-to-daemon call
     job_secret_file: Path | None = None  # for jobs whose spec names no secret_file
     tls: TlsSettings | None = None  # mutual TLS for every connection between machines
+    slowdown: float = 1.0  # testing only: workers sleep (slowdown − 1) × each step's compute time
 
 
 def parse_config(data: dict, source: str) -> DaemonConfig:
@@ -65,6 +66,8 @@ def parse_config(data: dict, source: str) -> DaemonConfig:
         realm_secret_file=_path(auth, "realm_secret_file", source),
         job_secret_file=_path(auth, "job_secret_file", source),
         tls=_tls(tls, source),
+        slowdown=worker.get("slowdown", float, 1.0, check=lambda v: 1 <= v <= 1000,
+                            expect="a number in 1..1000 (a testing knob: 1 is full speed)"),
     )
     for table in (daemon, discovery, worker, auth, tls, root):
         table.finish()

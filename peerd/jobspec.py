@@ -57,7 +57,13 @@ class JobSpec:
     seed: int = 0
     init: str = "shared"  # "shared": every peer starts from the same model; "per-peer": each from its own
     data_mode: str = "shared"
-    local_batch: int = 32
+    local_batch: int = 32  # per peer, when global_batch is 0
+    # Dynamic batch size (DBS): with global_batch > 0 each peer's batch follows its measured speed.
+    global_batch: int = 0  # target Σ of the local batches; 0: every peer keeps local_batch
+    min_local_batch: int = 1
+    max_local_batch: int = 0  # largest batch in one forward pass, above it gradients accumulate; 0: no limit
+    rebalance_rounds: int = 10  # re-evaluate the batches every this many rounds
+    rebalance_threshold: float = 0.1  # ... and change them only if one moves by more than this (relative)
     epochs: float = 1.0
     eval_every_rounds: int = 100
     optimizer: OptimizerSpec = OptimizerSpec()
@@ -105,6 +111,15 @@ def parse_job(text: str, source: str) -> JobSpec:
         data_mode=job.get("data_mode", str, "shared", check=lambda v: v == "shared",
                           expect="'shared' (the only mode so far)"),
         local_batch=job.get("local_batch", int, 32, check=lambda v: 1 <= v <= 65536, expect="an integer in 1..65536"),
+        global_batch=job.get("global_batch", int, 0, check=lambda v: 0 <= v <= 1 << 24,
+                             expect="an integer ≥ 0 (0: fixed local_batch)"),
+        min_local_batch=job.get("min_local_batch", int, 1, check=lambda v: 1 <= v <= 65536,
+                                expect="an integer in 1..65536"),
+        max_local_batch=job.get("max_local_batch", int, 0, check=lambda v: 0 <= v <= 65536,
+                                expect="an integer in 0..65536 (0: no limit)"),
+        rebalance_rounds=job.get("rebalance_rounds", int, 10, **positive),
+        rebalance_threshold=job.get("rebalance_threshold", float, 0.1, check=lambda v: 0 <= v <= 10,
+                                    expect="a number in [0, 10]"),
         epochs=job.get("epochs", float, 1.0, **positive),
         eval_every_rounds=job.get("eval_every_rounds", int, 100, **positive),
         secret_file=job.get("secret_file", str, "", check=lambda v: 0 < len(v) <= 4096 and "\0" not in v,
@@ -139,6 +154,10 @@ def parse_job(text: str, source: str) -> JobSpec:
     )
     for table in (job, opt, gossip, root):
         table.finish()
+    if spec.global_batch and spec.global_batch < spec.min_local_batch:
+        raise ConfigError(f"{source}: job.global_batch must be at least job.min_local_batch")
+    if spec.max_local_batch and spec.max_local_batch < spec.min_local_batch:
+        raise ConfigError(f"{source}: job.max_local_batch must be 0 or at least job.min_local_batch")
     if spec.gossip.deadline_floor_s > spec.gossip.deadline_ceiling_s:
         raise ConfigError(f"{source}: gossip.deadline_floor_s must not exceed gossip.deadline_ceiling_s")
     return spec

@@ -115,6 +115,8 @@ def test_config_is_frozen():
         ("[worker]\nthreads = 1", "worker_threads", 1),
         ('[worker]\ndevice = "cuda:1"', "worker_device", "cuda:1"),
         ('[worker]\ndevice = "cpu"', "worker_device", "cpu"),
+        ("[worker]\nslowdown = 1.0", "slowdown", 1.0),
+        ("[worker]\nslowdown = 4", "slowdown", 4.0),
     ],
 )
 def test_boundary_values_accepted(text, field, value):
@@ -227,6 +229,8 @@ def test_wrong_types_raise_naming_file_and_key(text, key):
         ('[worker]\ndevice = "gpu"', "worker.device"),
         ('[worker]\ndevice = "cuda:x"', "worker.device"),
         ("[worker]\nthreads = 257", "worker.threads"),
+        ("[worker]\nslowdown = 0.5", "worker.slowdown"),
+        ('[worker]\nslowdown = "2"', "worker.slowdown"),
     ],
 )
 def test_bad_values_raise_naming_file_and_key(text, key):

@@ -273,3 +273,14 @@ def test_jobs_property(recs):
     # Every peer in a job view is also listed by jobs().
     for (name, fp), ids in m.jobs().items():
         assert {p for p, _ in m.job_view(name, fp)} <= set(ids)
+
+
+def test_job_speeds_of_the_members_with_the_same_spec():
+    m = Membership("me", 10.0)
+    fast = JobEntry("mnist", "fp1", "a:1", 0, "running", speed=400.0, local_batch=47, share=0.37)
+    m.observe(peer("a", fast))
+    m.observe(peer("b", JobEntry("mnist", "fp1", "", 0, "starting")))  # no measurement yet: NaN
+    m.observe(peer("c", JobEntry("mnist", "fp2", "c:1", 0, "running", speed=9.0)))  # another spec
+    m.observe(peer("d", JobEntry("mnist", "fp1", "d:1", 0, "finished", speed=9.0)))  # no longer in it
+    speeds = m.job_speeds("mnist", "fp1")
+    assert set(speeds) == {"a", "b"} and speeds["a"] == 400.0 and speeds["b"] != speeds["b"]

@@ -143,6 +143,11 @@ CHANGES = [
     ("job", "local_batch", 64),
     ("job", "epochs", 13),
     ("job", "eval_every_rounds", 41),
+    ("job", "global_batch", 128),
+    ("job", "min_local_batch", 2),
+    ("job", "max_local_batch", 64),
+    ("job", "rebalance_rounds", 5),
+    ("job", "rebalance_threshold", 0.2),
     ("optimizer", "lr", 0.051),
     ("optimizer", "momentum", 0.95),
     ("optimizer", "weight_decay", 0.0),
@@ -168,6 +173,16 @@ def test_fingerprint_changes_with_any_value(table, key, value):
     other = parse_job(changed(table, key, value), SRC)
     assert other != base
     assert other.fingerprint != base.fingerprint
+
+
+@pytest.mark.parametrize("extra, message", [
+    ("global_batch = 4\nmin_local_batch = 8\n", "global_batch must be at least job.min_local_batch"),
+    ("min_local_batch = 8\nmax_local_batch = 4\n", "max_local_batch must be 0 or at least"),
+])
+def test_inconsistent_batch_bounds_are_refused(extra, message):
+    text = MNIST_TEXT.replace("local_batch = 32", "local_batch = 32\n" + extra, 1)
+    with pytest.raises(ConfigError, match=message):
+        parse_job(text, SRC)
 
 
 def test_every_field_is_covered_by_changes():
@@ -319,6 +334,11 @@ BAD = [
     ("job", "epochs", 0),
     ("job", "epochs", -1.0),
     ("job", "eval_every_rounds", 0),
+    ("job", "global_batch", -1),
+    ("job", "min_local_batch", 0),
+    ("job", "max_local_batch", -1),
+    ("job", "rebalance_rounds", 0),
+    ("job", "rebalance_threshold", -0.1),
     # wrong types
     ("job", "seed", "0"),
     ("job", "seed", 1.5),
@@ -364,6 +384,9 @@ GOOD = [
     ("job", "epochs", 0.5),
     ("job", "seed", -3),
     ("job", "init", "per-peer"),
+    ("job", "global_batch", 0),
+    ("job", "max_local_batch", 0),
+    ("job", "rebalance_threshold", 0.0),
 ]
 
 

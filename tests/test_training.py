@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 
 import pytest
 import torch
 
+from peerd.core.shares import BatchPlan
 from peerd.errors import ConfigError
 from peerd.jobspec import parse_job
 from peerd.worker.training import Trainer
@@ -105,3 +107,88 @@ def test_device_names_are_resolved_or_refused_clearly():
     assert t.momentum.device == t.device
     t.step(["a"])
     assert t.loss_ema == t.loss_ema  # a number: the step ran on that device
+
+
+def _read(t: Trainer, plan: BatchPlan, members: list[str]) -> list[int]:
+    """Take one step and return the sample indices it read."""
+    before_epoch, before = t.epoch, t._pos
+    t.step(members, plan=plan)
+    assert t.epoch == before_epoch or before == 0
+    return t._shard[t._pos - t.local_batch : t._pos]
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_heterogeneous_batches_averaged_equal_one_large_batch_step(momentum):
+    """DBS with unweighted averaging: each peer's LR is scaled by b_i / mean(b), so
+    the mean of the models after one step each is one SGD step of batch Σb on the
+    union of their samples; with momentum too, over two steps with an exact
+    average in between (what gossip converges to)."""
+    members = ["a", "b", "c"]
+    plan = BatchPlan((("a", 19), ("b", 8), ("c", 3)))
+    job = parse_job(_dbs_text(momentum), "test")
+    trainers = [Trainer(job, m, JOBCODE) for m in members]
+    ref = copy.deepcopy(trainers[0].model)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.2, momentum=momentum, weight_decay=0.001)
+    x, y = trainers[0].train_set.tensors
+    for _ in range(2):
+        union = [i for t in trainers for i in _read(t, plan, members)]
+        assert len(union) == 30 == len(set(union))
+        ref_opt.zero_grad()
+        torch.nn.functional.cross_entropy(ref(x[union]), y[union]).backward()
+        ref_opt.step()
+        mean = torch.stack([t.flat.vector for t in trainers]).mean(0)
+        expected = torch.cat([p.detach().reshape(-1) for p in ref.parameters()])
+        assert torch.allclose(mean, expected, rtol=1e-5, atol=1e-6)
+        # The models did move apart: the equality is not that of three identical steps.
+        assert not torch.allclose(trainers[0].flat.vector, trainers[2].flat.vector, atol=1e-4)
+        for t in trainers:
+            t.flat.vector.copy_(mean)
+    assert [t.lr for t in trainers] == pytest.approx([0.2 * 19 / 10, 0.2 * 8 / 10, 0.2 * 3 / 10])
+
+
+def _dbs_text(momentum: float, **job) -> str:
+    values = {"epochs": 50, "global_batch": 30, **job}
+    extra = "".join(f"{k} = {v}\n" for k, v in values.items())
+    return ('[job]\nname = "dbs"\nmodel = "tiny_job:small_model"\ndata = "tiny_job:small_data"\n'
+            f'{extra}[optimizer]\nlr = 0.2\nmomentum = {momentum}\n'
+            'weight_decay = 0.001\nschedule = "constant"\nreference_batch = 30\n')
+
+
+def test_micro_batches_accumulate_to_the_full_batch_gradient():
+    plan = BatchPlan((("a", 23),))
+    whole = Trainer(parse_job(_dbs_text(0.9), "t"), "a", JOBCODE)
+    split = Trainer(parse_job(_dbs_text(0.9, max_local_batch=5), "t"), "a", JOBCODE)
+    for _ in range(3):
+        assert whole.step(["a"], plan=plan) == pytest.approx(split.step(["a"], plan=plan), rel=1e-5)
+    assert split.local_batch == 23
+    assert torch.allclose(whole.flat.vector, split.flat.vector, rtol=1e-5, atol=1e-6)
+
+
+def test_shares_are_fixed_for_an_epoch_and_the_batch_follows_the_plan():
+    """A plan change mid-epoch changes the batches at once but not the epoch's
+    split: every sample of the epoch is still read exactly once; the next epoch
+    is split by the new shares."""
+    members = ["a", "b"]
+    first, second = BatchPlan((("a", 20), ("b", 10))), BatchPlan((("a", 6), ("b", 24)))
+    trainers = {m: Trainer(parse_job(_dbs_text(0.0), "t"), m, JOBCODE) for m in members}
+    read: dict[str, list[int]] = {m: [] for m in members}
+    for _ in range(3):  # 3 steps at the first plan
+        for m, t in trainers.items():
+            read[m] += _read(t, first, members)
+    assert trainers["a"].share == pytest.approx(2 / 3)
+    for m, t in trainers.items():  # the rest of the epoch at the second plan
+        while t.epoch == 0:
+            read[m] += _read(t, second, members)
+            if t._pos >= len(t._shard):
+                break
+    assert sorted(read["a"] + read["b"]) == list(range(240))
+    assert (len(read["a"]), len(read["b"])) == (160, 80)  # the shares at the epoch's start
+    for t in trainers.values():
+        t.step(members, plan=second)
+    assert trainers["a"].epoch == 1 and trainers["a"].share == pytest.approx(6 / 30)
+    assert trainers["b"].local_batch == 24
+
+
+def test_slowdown_below_one_is_refused():
+    with pytest.raises(ConfigError, match="slowdown"):
+        Trainer(spec(), "a", JOBCODE, slowdown=0.5)

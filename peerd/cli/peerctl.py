@@ -21,15 +21,16 @@ DEFAULT_SOCKET = "/run/peerd/control.sock"
 def _progress_row(job) -> list[object]:
     p = job.progress
     return [job.name, job.state, p.phase or "-", p.step, p.round, p.epoch, p.loss, p.lr, p.global_batch,
-            p.samples_per_s, f"{p.partners_reached}/{p.partners_planned}", p.test_accuracy, job.restarts]
+            p.local_batch or "-", _percent(p.share), p.samples_per_s, f"{p.partners_reached}/{p.partners_planned}",
+            p.test_accuracy, job.restarts]
 
 
 def cmd_status(client: ControlClient, args) -> tuple[object, str]:
     s = client.status()
     head = (f"peer {s.peer_id}  version {s.version}  up {s.uptime_s:.0f}s  "
             f"address {s.peer_address}  locality {s.locality or '-'}  peers known {s.peers_known}")
-    table = render(["job", "state", "phase", "step", "round", "epoch", "loss", "lr", "batch", "samples/s",
-                    "partners", "accuracy", "restarts"],
+    table = render(["job", "state", "phase", "step", "round", "epoch", "loss", "lr", "global batch", "batch",
+                    "share", "samples/s", "partners", "accuracy", "restarts"],
                    [_progress_row(j) for j in s.jobs])
     return s, head + ("\n\n" + table if s.jobs else "\n\nno jobs (peerctl join JOB.toml)")
 
@@ -42,10 +43,16 @@ def cmd_peers(client: ControlClient, args) -> tuple[object, str]:
     for p in reply.peers:
         head = [p.peer_id, p.state, p.address, p.locality or "-", p.last_seen_s]
         for j in p.job_states or [None]:
-            job = [j.name, j.state, j.phase or "-", j.round, j.lr, j.global_batch or "-"] if j else ["-"] * 6
+            job = [j.name, j.state, j.phase or "-", j.round, j.lr, j.global_batch or "-", j.samples_per_s,
+                   j.local_batch or "-", _percent(j.share)] if j else ["-"] * 9
             rows.append(head + job)
     return reply, render(["peer", "state", "address", "locality", "seen (s)", "job", "job state", "phase",
-                          "round", "lr", "batch"], rows)
+                          "round", "lr", "global batch", "samples/s", "batch", "share"], rows)
+
+
+def _percent(share: float) -> str:
+    """A DBS share as a percentage; '-' with fixed batches (NaN) or before the first step."""
+    return "-" if not share or share != share else f"{100 * share:.1f}%"
 
 
 def cmd_jobs(client: ControlClient, args) -> tuple[object, str]:

@@ -22,6 +22,9 @@ class JobEntry:
     phase: str = ""
     lr: float = float("nan")
     global_batch: int = 0
+    speed: float = float("nan")  # samples/s its worker measured (DBS)
+    local_batch: int = 0
+    share: float = float("nan")
 
     @property
     def serving(self) -> bool:
@@ -84,6 +87,12 @@ class Membership:
     def job_members(self, job: str, spec_fingerprint: str) -> list[str]:
         """Ids of the other peers in `job` with the same spec, serving or not yet."""
         return self.jobs().get((job, spec_fingerprint), [])
+
+    def job_speeds(self, job: str, spec_fingerprint: str) -> dict[str, float]:
+        """peer id -> published speed of every other peer in `job` with the same spec."""
+        return {record.peer_id: entry.speed for record in self.peers() for entry in record.jobs
+                if entry.name == job and entry.spec_fingerprint == spec_fingerprint
+                and entry.state in ACTIVE_STATES}
 
     def jobs(self) -> dict[tuple[str, str], list[str]]:
         """(job name, spec fingerprint) -> ids of the peers running it."""

@@ -202,7 +202,8 @@ class Daemon:
             self._forget_address(peer_id)
             return
         jobs = tuple(
-            JobEntry(j.name, j.spec_fingerprint, j.worker_address, j.round, j.state, j.phase, j.lr, j.global_batch)
+            JobEntry(j.name, j.spec_fingerprint, j.worker_address, j.round, j.state, j.phase, j.lr, j.global_batch,
+                     j.samples_per_s, j.local_batch, j.share)
             for j in reply.jobs
         )
         record = PeerRecord(reply.peer_id, address, reply.locality, reply.version, jobs, time.monotonic())
@@ -215,7 +216,9 @@ class Daemon:
             jobs=[
                 peer_pb2.JobAd(name=j.spec.name, spec_fingerprint=j.spec.fingerprint,
                                worker_address=j.worker_address, round=j.progress.round, state=j.state,
-                               phase=j.progress.phase, lr=j.progress.lr, global_batch=j.progress.global_batch)
+                               phase=j.progress.phase, lr=j.progress.lr, global_batch=j.progress.global_batch,
+                               samples_per_s=j.progress.samples_per_s, local_batch=j.progress.local_batch,
+                               share=j.progress.share)
                 for j in self.jobs.values()
             ],
         )
@@ -307,9 +310,8 @@ class Daemon:
         launch = WorkerLaunch(
             control_address=f"unix:{self.config.control_socket}", peer_id=self.peer_id,
             host=self.config.host, threads=self.config.worker_threads, device=self.config.worker_device,
-            spec_path=spec_path,
-            spec_dir=spec_dir, log_path=job_dir / "worker.log",
-            secret_file=secret_file, tls=self.config.tls,
+            spec_path=spec_path, spec_dir=spec_dir, log_path=job_dir / "worker.log",
+            secret_file=secret_file, tls=self.config.tls, slowdown=self.config.slowdown,
         )
         job = LocalJob(spec, launch, self.config.restart_backoff_s, self.config.restart_backoff_max_s)
         self.jobs[spec.name] = job
@@ -343,7 +345,10 @@ class Daemon:
                 peer_id=self.peer_id, address=job.worker_address, locality=self.config.locality))
         members = [*self.membership.job_members(job.spec.name, job.spec.fingerprint), self.peer_id]
         settled = time.monotonic() - self.started >= self.config.peer_timeout_s
-        return control_pb2.WorkerView(peers=peers, members=members, stop=job.stop_requested, settled=settled)
+        speeds = [control_pb2.MemberSpeed(peer_id=p, samples_per_s=v)
+                  for p, v in self.membership.job_speeds(job.spec.name, job.spec.fingerprint).items()]
+        return control_pb2.WorkerView(peers=peers, members=members, speeds=speeds, stop=job.stop_requested,
+                                      settled=settled)
 
     # ---- control API -------------------------------------------------------
 
@@ -371,7 +376,8 @@ class Daemon:
                 jobs=[j.name for j in r.jobs], last_seen_s=now - r.last_seen,
                 state="suspected" if now - r.last_seen > suspect_after else "alive",
                 job_states=[control_pb2.PeerJob(name=j.name, state=j.state, phase=j.phase, round=j.round,
-                                                lr=j.lr, global_batch=j.global_batch) for j in r.jobs],
+                                                lr=j.lr, global_batch=j.global_batch, samples_per_s=j.speed,
+                                                local_batch=j.local_batch, share=j.share) for j in r.jobs],
             )
             for r in self.membership.peers()
         ])

@@ -53,6 +53,7 @@ class WorkerLaunch:
     device: str = "cpu"  # the torch device it trains on ([worker] device)
     secret_file: Path | None = None  # the job secret: the worker reads it (never on its command line)
     tls: TlsSettings | None = None
+    slowdown: float = 1.0  # testing knob (DaemonConfig.slowdown)
 
     def argv(self) -> list[str]:
         args = [
@@ -60,7 +61,7 @@ class WorkerLaunch:
             "--control", self.control_address, "--spec", str(self.spec_path),
             "--spec-dir", self.spec_dir, "--peer-id", self.peer_id,
             "--host", self.host, "--threads", str(self.threads), "--device", self.device,
-            "--out-dir", str(self.log_path.parent),
+            "--out-dir", str(self.log_path.parent), "--slowdown", repr(self.slowdown),
         ]
         if self.secret_file is not None:
             args += ["--secret-file", str(self.secret_file)]

@@ -31,6 +31,7 @@ class SupervisorLink:
         self.view: dict[str, str] = {}  # serving workers: peer id -> exchange address
         self.localities: dict[str, str] = {}  # peer id -> its rack/subnet label
         self.members: list[str] = []  # every peer in the job, for the data split
+        self.speeds: dict[str, float] = {}  # the other members' published speeds (DBS)
         self.stop = False
         self.settled = False  # the daemon's view can be trusted to show a running job
 
@@ -52,6 +53,7 @@ class SupervisorLink:
         self.view = {p.peer_id: p.address for p in reply.peers}
         self.localities = {p.peer_id: p.locality for p in reply.peers}
         self.members = list(reply.members)
+        self.speeds = {s.peer_id: s.samples_per_s for s in reply.speeds}
         self.stop = self.stop or reply.stop
         self.settled = reply.settled
         return True

@@ -23,6 +23,7 @@ from peerd.core.deadline import DeadlineEstimator
 from peerd.core.groups import plan_hierarchical
 from peerd.core.robust import PullClipper
 from peerd.core.segments import split_even
+from peerd.core.shares import BatchPlan, Rebalancer
 from peerd.core.suspicion import Suspicion
 from peerd.core.topology import plan_round
 from peerd.errors import ConfigError, PeerdError
@@ -94,6 +95,8 @@ class Worker:
         self.round = 0
         self.misses = 0
         self.accuracy = math.nan
+        self.rebalancer = Rebalancer(spec.global_batch, spec.min_local_batch, spec.rebalance_rounds,
+                                     spec.rebalance_threshold) if spec.global_batch else None
 
     async def run(self) -> None:
         chunk_elems = self.spec.gossip.chunk_kib * 1024 // 4
@@ -151,8 +154,9 @@ class Worker:
             # Split the data among every member, also those still starting: they
             # will read their shares once they serve.
             members = sorted({*self.link.members, *view})
+            plan = self._plan(members)
             for _ in range(self.spec.gossip.period_steps):
-                await asyncio.to_thread(self.trainer.step, members, len(view))
+                await asyncio.to_thread(self.trainer.step, members, len(view), plan)
             self.round += 1
             await self.store.publish(self.round, self.trainer.flat.vector)
             if self.board.wanted:  # a newcomer asked for our state: copy it between steps
@@ -170,6 +174,17 @@ class Worker:
         )
         log.info("finished: %d steps, %d rounds, test accuracy %.4f; model saved to %s",
                  self.trainer.step_count, self.round, self.accuracy, path)
+
+    def _plan(self, members: list[str]) -> BatchPlan | None:
+        """DBS: the batch plan for this round from the members' published speeds
+        (this worker's own is fresher here than the one its daemon relays)."""
+        if self.rebalancer is None:
+            return None
+        speeds = {**self.link.speeds, self.me: self.trainer.speed_ema}
+        if self.rebalancer.update(self.round, members, speeds):
+            log.info("round %d: batches %s (global %d)", self.round,
+                     " ".join(f"{p}={b}" for p, b in self.rebalancer.plan.batches), self.rebalancer.plan.total)
+        return self.rebalancer.plan
 
     async def _gossip(self, view: dict[str, str]) -> RoundResult | None:
         now = time.monotonic()
@@ -248,6 +263,7 @@ class Worker:
             segment_misses=self.misses, finished=finished, disagreement=math.nan, exchange_s=math.nan, lr=t.lr,
             phase="finished" if finished else self.phase, global_batch=t.ramp.batch,
             rejected=dict(self.rejections.counts),
+            local_batch=t.local_batch, share=t.share, compute_s=t.compute_s,
         )
         if result is not None:
             p.partners_reached = len(result.reached)
@@ -282,6 +298,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tls-key", type=Path, help="its private key (PEM)")
     parser.add_argument("--tls-ca", type=Path, help="the CA that signed every peer's certificate (PEM)")
     parser.add_argument("--tls-server-name", default="", help="name to check peer certificates against")
+    parser.add_argument("--slowdown", type=float, default=1.0,
+                        help="testing knob: after each step sleep (SLOWDOWN − 1) × its compute time (default 1: none)")
     return parser.parse_args(argv)
 
 
@@ -298,7 +316,7 @@ async def amain(args: argparse.Namespace) -> int:
     spec = parse_job(args.spec.read_text(), str(args.spec))
     security = load_security(args)
     torch.set_num_threads(args.threads)
-    trainer = Trainer(spec, args.peer_id, args.spec_dir, args.device)
+    trainer = Trainer(spec, args.peer_id, args.spec_dir, args.slowdown, args.device)
     link = SupervisorLink(args.control, spec.name, trainer.flat.fingerprint(spec.fingerprint))
     worker = Worker(spec, trainer, link, args.host, args.out_dir, security)
     loop = asyncio.get_running_loop()

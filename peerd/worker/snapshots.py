@@ -42,9 +42,16 @@ def check_identity(identity: Identity, job: str, fingerprint: str) -> None:
 
 
 async def wait_until(changed: asyncio.Condition, predicate, wait_s: float) -> None:
-    """Wait (holding `changed`) until predicate() or wait_s passed, whichever is first."""
+    """Wait (holding `changed`) until predicate() or wait_s passed, whichever is first.
+
+    asyncio.timeout, not wait_for: wait_for runs the wait in another task, and a
+    caller cancelled (a gRPC client giving up) while that task re-acquires the lock
+    left the `async with` without it ("Lock is not acquired"), after which the task
+    took the lock for good and the worker hung at its next publish (seen under load
+    in bench/dbs.py). In one task, Condition.wait re-acquires before anything leaves."""
     try:
-        await asyncio.wait_for(changed.wait_for(predicate), timeout=max(wait_s, 0.0))
+        async with asyncio.timeout(max(wait_s, 0.0)):
+            await changed.wait_for(predicate)
     except TimeoutError:
         pass
 

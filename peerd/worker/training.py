@@ -21,6 +21,7 @@ from torch.utils.data import Dataset, TensorDataset, default_collate
 
 from peerd.core.lr import ScaleRamp, cosine
 from peerd.core.partition import my_shard
+from peerd.core.shares import BatchPlan
 from peerd.core.rng import derive_seed
 from peerd.errors import ConfigError
 from peerd.jobspec import JobSpec
@@ -70,9 +71,14 @@ def init_seed(spec: JobSpec, peer_id: str) -> int:
 
 
 class Trainer:
-    def __init__(self, spec: JobSpec, peer_id: str, spec_dir: str = "", device: str = "cpu") -> None:
+    def __init__(
+        self, spec: JobSpec, peer_id: str, spec_dir: str = "", slowdown: float = 1.0, device: str = "cpu"
+    ) -> None:
+        if not (math.isfinite(slowdown) and slowdown >= 1.0):
+            raise ConfigError(f"slowdown must be a number ≥ 1, got {slowdown}")
         self.spec = spec
         self.peer_id = peer_id
+        self.slowdown = slowdown  # testing knob: sleep (slowdown − 1) × compute after each step
         self.device = resolve_device(device)
         torch.manual_seed(init_seed(spec, peer_id))  # the same model on every device type: built on the CPU
         make_model, make_data = load_entry(spec.model, spec_dir), load_entry(spec.data, spec_dir)
@@ -100,7 +106,11 @@ class Trainer:
         self._started = False
         self._resume_at = 0.0  # fraction of the first shard already read (after adopting a state)
         self.loss_ema = math.nan
-        self.speed_ema = math.nan  # samples/s of compute only
+        self.speed_ema = math.nan  # samples/s of compute (with the slowdown's sleep), no network wait
+        self._ema_samples = self._ema_seconds = 0.0
+        self.local_batch = spec.local_batch  # of the last step
+        self.share = math.nan  # this peer's part of the current epoch's data (DBS), NaN when equal
+        self.compute_s = 0.0  # total time in steps, the slowdown's sleep included
         self.ramp = ScaleRamp(opt.reference_batch, opt.ramp_steps)
         self.lr = math.nan
 
@@ -113,59 +123,89 @@ class Trainer:
     def done(self) -> bool:
         return self.progress >= self.spec.epochs
 
-    def _lr(self, trainers: int) -> float:
+    def _lr(self, global_batch: int) -> float:
         """Schedule × linear-scaling multiplier, ramped when the global batch changes."""
         opt = self.spec.optimizer
-        if self.ramp.set_batch(self.spec.local_batch * trainers, self.step_count):
+        if self.ramp.set_batch(global_batch, self.step_count):
             log.info("global batch now %d: LR scale ramps to %.3f", self.ramp.batch,
                      self.ramp.batch / opt.reference_batch)
         decay = cosine(self.progress / self.spec.epochs) if opt.schedule == "cosine" else 1.0
         return opt.lr * decay * self.ramp.scale(self.step_count)
 
-    def _next_indices(self, members: Sequence[str]) -> list[int]:
+    def _next_indices(self, members: Sequence[str], plan: BatchPlan | None) -> list[int]:
         while self._pos >= len(self._shard):
             if self._started:  # the shard is used up: the next epoch begins
                 self.epoch += 1
                 self._shard, self._pos = [], 0
             if self.done:
                 return []
-            # The view at the start of an epoch decides the split for that epoch;
-            # a shard may be empty when peers outnumber samples.
-            self._shard = my_shard(len(self.train_set), self.spec.name, self.epoch, members, self.peer_id)
+            # The view (and DBS plan) at the start of an epoch decides the split for
+            # that epoch; a shard may be empty when peers outnumber samples.
+            shares = plan.shares() if plan is not None else None
+            self.share = shares[self.peer_id] if shares else math.nan
+            self._shard = my_shard(len(self.train_set), self.spec.name, self.epoch,
+                                   plan.ids if plan is not None else members, self.peer_id, shares)
             self._pos, self._started = int(self._resume_at * len(self._shard)), True
             self._resume_at = 0.0
-        batch = self._shard[self._pos : self._pos + self.spec.local_batch]
+        size = plan.batch(self.peer_id) if plan is not None else self.spec.local_batch
+        batch = self._shard[self._pos : self._pos + size]
         self._pos += len(batch)
         return batch
 
-    def step(self, members: Sequence[str], trainers: int = 0) -> float:
+    def step(self, members: Sequence[str], trainers: int = 0, plan: BatchPlan | None = None) -> float:
         """One optimizer step on the next local batch; returns the loss.
 
-        `members` (every peer in the job) split the data; `trainers` (the peers
-        that train now, default: the members) make the global batch the LR is
-        scaled for: a peer that is still starting adds no samples yet."""
+        Without a plan: `members` (every peer in the job) split the data equally,
+        every peer takes `local_batch` samples, and `trainers` (the peers that
+        train now, default: the members) make the global batch the LR is scaled
+        for: a peer that is still starting adds no samples yet.
+
+        With a DBS plan (over the members): this peer takes its planned batch b_i,
+        epochs are split in proportion to the plan's shares, the global batch is
+        Σb, and the LR is scaled by b_i / mean(b), so that unweighted averaging of
+        the models gives the large-batch step on the union of the samples."""
         started = time.perf_counter()
-        indices = self._next_indices(members)
+        indices = self._next_indices(members, plan)
         if not indices:
             return math.nan
-        x, y = self._to_device(_batch(self.train_set, indices))
-        self.lr = self._lr(trainers or len(set(members)))
+        if plan is not None:
+            global_batch, scale = plan.total, plan.lr_scale(self.peer_id)
+        else:
+            global_batch, scale = self.spec.local_batch * (trainers or len(set(members))), 1.0
+        self.lr = self._lr(global_batch) * scale
         for group in self.optimizer.param_groups:  # momentum buffers are kept as they are
             group["lr"] = self.lr
+        value = self._accumulate(indices)
+        compute = time.perf_counter() - started
+        if self.slowdown > 1.0:  # emulate a slower device without using the CPU
+            time.sleep((self.slowdown - 1.0) * compute)
+        elapsed = time.perf_counter() - started
+        self.compute_s += elapsed
+        self.step_count += 1
+        self.samples += len(indices)
+        self.local_batch = len(indices)
+        self.loss_ema = value if math.isnan(self.loss_ema) else 0.9 * self.loss_ema + 0.1 * value
+        # A ratio of two EMAs (samples, seconds), not an EMA of per-step ratios: a
+        # step that happened to be slow weighs by its time, so noise moves it less.
+        self._ema_samples = 0.9 * self._ema_samples + 0.1 * len(indices)
+        self._ema_seconds = 0.9 * self._ema_seconds + 0.1 * max(elapsed, 1e-9)
+        self.speed_ema = self._ema_samples / self._ema_seconds
+        return value
+
+    def _accumulate(self, indices: Sequence[int]) -> float:
+        """Gradient of the mean loss over `indices`, in micro-batches of at most
+        max_local_batch, then one optimizer step; returns the mean loss."""
+        micro = self.spec.max_local_batch or len(indices)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        loss = nn.functional.cross_entropy(self.model(x), y)
-        loss.backward()
+        total = 0.0
+        for start in range(0, len(indices), micro):
+            x, y = self._to_device(_batch(self.train_set, indices[start : start + micro]))
+            loss = nn.functional.cross_entropy(self.model(x), y, reduction="sum") / len(indices)
+            loss.backward()
+            total += loss.item()
         self.optimizer.step()
-        loss = loss.detach()
-        elapsed = time.perf_counter() - started
-        self.step_count += 1
-        self.samples += len(y)
-        value = loss.item()
-        self.loss_ema = value if math.isnan(self.loss_ema) else 0.9 * self.loss_ema + 0.1 * value
-        speed = len(y) / max(elapsed, 1e-9)
-        self.speed_ema = speed if math.isnan(self.speed_ema) else 0.9 * self.speed_ema + 0.1 * speed
-        return value
+        return total
 
     @torch.no_grad()
     def evaluate(self, batch: int = 500) -> float:

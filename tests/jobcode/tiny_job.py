@@ -21,3 +21,14 @@ def broken_model() -> nn.Module:
 
 def no_params_model() -> nn.Module:
     return nn.Identity()
+
+
+def small_model() -> nn.Module:
+    """Non-linear, for the large-batch equivalence test."""
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
+
+
+def small_data():
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randn(240, 4, generator=gen, dtype=torch.float64).float(), torch.arange(240) % 3
+    return TensorDataset(x, y), TensorDataset(x[:30], y[:30])

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19peerd/proto/v1/peer.proto\x12\x08peerd.v1\"\x1e\n\x0eJobSpecRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"I\n\x0cJobSpecReply\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tspec_toml\x18\x02 \x01(\t\x12\x18\n\x10spec_fingerprint\x18\x03 \x01(\t\"P\n\x0cHelloRequest\x12\x0f\n\x07peer_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\r\n\x05realm\x18\x04 \x01(\t\"\x96\x01\n\x05JobAd\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x18\n\x10spec_fingerprint\x18\x02 \x01(\t\x12\x16\n\x0eworker_address\x18\x03 \x01(\t\x12\r\n\x05round\x18\x04 \x01(\x04\x12\r\n\x05state\x18\x05 \x01(\t\x12\r\n\x05phase\x18\x06 \x01(\t\x12\n\n\x02lr\x18\x07 \x01(\x01\x12\x14\n\x0cglobal_batch\x18\x08 \x01(\r\"n\n\nHelloReply\x12\x0f\n\x07peer_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x10\n\x08locality\x18\x03 \x01(\t\x12\x1d\n\x04jobs\x18\x04 \x03(\x0b\x32\x0f.peerd.v1.JobAd\x12\r\n\x05realm\x18\x05 \x01(\t\"0\n\x0cLanesRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\"\x1f\n\nLanesReply\x12\x11\n\tbulk_port\x18\x01 \x01(\r\"\x82\x01\n\x0eSegmentRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\r\n\x05round\x18\x03 \x01(\x04\x12\x0f\n\x07segment\x18\x04 \x01(\r\x12\x0f\n\x07peer_id\x18\x05 \x01(\t\x12\x0e\n\x06wait_s\x18\x06 \x01(\x02\x12\r\n\x05stage\x18\x07 \x01(\r\"[\n\x0cSegmentChunk\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0f\n\x07segment\x18\x02 \x01(\r\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\r\n\x05total\x18\x04 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\"q\n\x0cStateRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\x0f\n\x07peer_id\x18\x03 \x01(\t\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x0e\n\x06length\x18\x05 \x01(\x04\x12\x0e\n\x06wait_s\x18\x06 \x01(\x02\"\x88\x01\n\nStateChunk\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\r\n\x05total\x18\x04 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\x12\x10\n\x08progress\x18\x06 \x01(\x01\x12\x0e\n\x06sha256\x18\x07 \x01(\x0c\x12\x0e\n\x06params\x18\x08 \x01(\x04\x32}\n\x04Peer\x12\x35\n\x05Hello\x12\x16.peerd.v1.HelloRequest\x1a\x14.peerd.v1.HelloReply\x12>\n\nGetJobSpec\x12\x18.peerd.v1.JobSpecRequest\x1a\x16.peerd.v1.JobSpecReply2\xc3\x01\n\x08\x45xchange\x12\x42\n\x0c\x46\x65tchSegment\x12\x18.peerd.v1.SegmentRequest\x1a\x16.peerd.v1.SegmentChunk0\x01\x12<\n\nFetchState\x12\x16.peerd.v1.StateRequest\x1a\x14.peerd.v1.StateChunk0\x01\x12\x35\n\x05Lanes\x12\x16.peerd.v1.LanesRequest\x1a\x14.peerd.v1.LanesReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19peerd/proto/v1/peer.proto\x12\x08peerd.v1\"\x1e\n\x0eJobSpecRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"I\n\x0cJobSpecReply\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tspec_toml\x18\x02 \x01(\t\x12\x18\n\x10spec_fingerprint\x18\x03 \x01(\t\"P\n\x0cHelloRequest\x12\x0f\n\x07peer_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\r\n\x05realm\x18\x04 \x01(\t\"\xd1\x01\n\x05JobAd\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x18\n\x10spec_fingerprint\x18\x02 \x01(\t\x12\x16\n\x0eworker_address\x18\x03 \x01(\t\x12\r\n\x05round\x18\x04 \x01(\x04\x12\r\n\x05state\x18\x05 \x01(\t\x12\r\n\x05phase\x18\x06 \x01(\t\x12\n\n\x02lr\x18\x07 \x01(\x01\x12\x14\n\x0cglobal_batch\x18\x08 \x01(\r\x12\x15\n\rsamples_per_s\x18\t \x01(\x01\x12\x13\n\x0blocal_batch\x18\n \x01(\r\x12\r\n\x05share\x18\x0b \x01(\x01\"n\n\nHelloReply\x12\x0f\n\x07peer_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x10\n\x08locality\x18\x03 \x01(\t\x12\x1d\n\x04jobs\x18\x04 \x03(\x0b\x32\x0f.peerd.v1.JobAd\x12\r\n\x05realm\x18\x05 \x01(\t\"0\n\x0cLanesRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\"\x1f\n\nLanesReply\x12\x11\n\tbulk_port\x18\x01 \x01(\r\"\x82\x01\n\x0eSegmentRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\r\n\x05round\x18\x03 \x01(\x04\x12\x0f\n\x07segment\x18\x04 \x01(\r\x12\x0f\n\x07peer_id\x18\x05 \x01(\t\x12\x0e\n\x06wait_s\x18\x06 \x01(\x02\x12\r\n\x05stage\x18\x07 \x01(\r\"[\n\x0cSegmentChunk\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0f\n\x07segment\x18\x02 \x01(\r\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\r\n\x05total\x18\x04 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\"q\n\x0cStateRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\x0f\n\x07peer_id\x18\x03 \x01(\t\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x0e\n\x06length\x18\x05 \x01(\x04\x12\x0e\n\x06wait_s\x18\x06 \x01(\x02\"\x88\x01\n\nStateChunk\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\r\n\x05total\x18\x04 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\x12\x10\n\x08progress\x18\x06 \x01(\x01\x12\x0e\n\x06sha256\x18\x07 \x01(\x0c\x12\x0e\n\x06params\x18\x08 \x01(\x04\x32}\n\x04Peer\x12\x35\n\x05Hello\x12\x16.peerd.v1.HelloRequest\x1a\x14.peerd.v1.HelloReply\x12>\n\nGetJobSpec\x12\x18.peerd.v1.JobSpecRequest\x1a\x16.peerd.v1.JobSpecReply2\xc3\x01\n\x08\x45xchange\x12\x42\n\x0c\x46\x65tchSegment\x12\x18.peerd.v1.SegmentRequest\x1a\x16.peerd.v1.SegmentChunk0\x01\x12<\n\nFetchState\x12\x16.peerd.v1.StateRequest\x1a\x14.peerd.v1.StateChunk0\x01\x12\x35\n\x05Lanes\x12\x16.peerd.v1.LanesRequest\x1a\x14.peerd.v1.LanesReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,23 +38,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HELLOREQUEST']._serialized_start=146
   _globals['_HELLOREQUEST']._serialized_end=226
   _globals['_JOBAD']._serialized_start=229
-  _globals['_JOBAD']._serialized_end=379
-  _globals['_HELLOREPLY']._serialized_start=381
-  _globals['_HELLOREPLY']._serialized_end=491
-  _globals['_LANESREQUEST']._serialized_start=493
-  _globals['_LANESREQUEST']._serialized_end=541
-  _globals['_LANESREPLY']._serialized_start=543
-  _globals['_LANESREPLY']._serialized_end=574
-  _globals['_SEGMENTREQUEST']._serialized_start=577
-  _globals['_SEGMENTREQUEST']._serialized_end=707
-  _globals['_SEGMENTCHUNK']._serialized_start=709
-  _globals['_SEGMENTCHUNK']._serialized_end=800
-  _globals['_STATEREQUEST']._serialized_start=802
-  _globals['_STATEREQUEST']._serialized_end=915
-  _globals['_STATECHUNK']._serialized_start=918
-  _globals['_STATECHUNK']._serialized_end=1054
-  _globals['_PEER']._serialized_start=1056
-  _globals['_PEER']._serialized_end=1181
-  _globals['_EXCHANGE']._serialized_start=1184
-  _globals['_EXCHANGE']._serialized_end=1379
+  _globals['_JOBAD']._serialized_end=438
+  _globals['_HELLOREPLY']._serialized_start=440
+  _globals['_HELLOREPLY']._serialized_end=550
+  _globals['_LANESREQUEST']._serialized_start=552
+  _globals['_LANESREQUEST']._serialized_end=600
+  _globals['_LANESREPLY']._serialized_start=602
+  _globals['_LANESREPLY']._serialized_end=633
+  _globals['_SEGMENTREQUEST']._serialized_start=636
+  _globals['_SEGMENTREQUEST']._serialized_end=766
+  _globals['_SEGMENTCHUNK']._serialized_start=768
+  _globals['_SEGMENTCHUNK']._serialized_end=859
+  _globals['_STATEREQUEST']._serialized_start=861
+  _globals['_STATEREQUEST']._serialized_end=974
+  _globals['_STATECHUNK']._serialized_start=977
+  _globals['_STATECHUNK']._serialized_end=1113
+  _globals['_PEER']._serialized_start=1115
+  _globals['_PEER']._serialized_end=1240
+  _globals['_EXCHANGE']._serialized_start=1243
+  _globals['_EXCHANGE']._serialized_end=1438
 # @@protoc_insertion_point(module_scope)
