@@ -269,7 +269,8 @@ def test_hierarchical_crossover_across_two_racks_reaches_consensus(local_cluster
     cluster = local_cluster(4, localities=["rack-a", "rack-a", "rack-b", "rack-b"])
     wait_for(lambda: all(cluster.client(p).status().peers_known == 3 for p in cluster.peers),
              30, "every daemon to see the other three")
-    text = example_job(job={"name": "hier", "epochs": 2, "eval_every_rounds": 20},
+    # 8 epochs: the first worker must not finish before the others have started.
+    text = example_job(job={"name": "hier", "epochs": 8, "eval_every_rounds": 20},
                        gossip={"mode": "hierarchical", "group_size": 2, "wire": "bf16"})
     job_file = cluster.out / "job.toml"
     job_file.write_text(text)
