@@ -362,3 +362,22 @@ async def test_a_partner_that_went_away_is_a_miss_not_a_crash():
     finally:
         await transport.aclose()
         await server.stop(None)
+
+
+async def test_donors_far_apart_in_rounds_are_not_pieced_together(grpc_pair):
+    """After a partition one donor may have trained alone for many rounds: ranges of
+    its model and of the others' would make no model at all. All from one donor."""
+    a, b, addresses, (ta, _) = grpc_pair
+    joiner = GrpcTransport(Identity("job", "fp", "j"))
+    try:
+        tasks = [await donate(a, 5, 50, 1.0), await donate(b, 500, 5000, 9.0)]
+        vector, meta, used = await pull_state(joiner, addresses, 2 * NUMEL, 5.0)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await joiner.aclose()
+    assert len(used) == 1
+    source = a if used == ["a"] else b
+    torch.testing.assert_close(vector[:NUMEL], source.vector)
+    assert meta.round == (5 if used == ["a"] else 500)

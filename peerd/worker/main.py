@@ -225,11 +225,17 @@ class Worker:
         return result
 
     async def _catch_up(self, result: RoundResult, view: dict[str, str]) -> None:
-        """A partner is rounds ahead: step up to its round, or take the job's state when far behind."""
+        """A partner is rounds ahead: step up to its round, keeping this model.
+
+        Never by taking its state: being ahead in rounds says nothing about being
+        right. A peer cut off by a partition races ahead in rounds (nobody to wait
+        for) on a model that diverged; taking "the state of whoever is ahead"
+        after the heal spread that model, pieced with others, to every peer and
+        sent the job to chance accuracy (found by peerd soak). Gossip merges the
+        models from here on, as it merges any two."""
         if result.ahead_round - self.round > CATCH_UP_ROUNDS:
-            donors = {p: a for p, a in view.items() if p != self.me}
-            if await self._take_state(donors, f"{result.ahead_round - self.round} rounds behind"):
-                return
+            log.info("round %d: %s is in round %d; stepping up to it", self.round, result.ahead_peer,
+                     result.ahead_round)
         self.round = max(self.round, result.ahead_round - 1)
 
     async def _take_state(self, donors: dict[str, str], why: str) -> bool:

@@ -147,11 +147,15 @@ def verify_part(part: StatePart, sha256: bytes) -> None:
         raise InvalidMessage(f"state range came with a bad progress value {part.meta.progress}", "bad_progress")
 
 
-async def pull_state(transport, donors: dict[str, str], numel: int, timeout_s: float) -> tuple[torch.Tensor, StateMeta, list[str]]:
+async def pull_state(
+    transport, donors: dict[str, str], numel: int, timeout_s: float, max_round_spread: int = 10,
+) -> tuple[torch.Tensor, StateMeta, list[str]]:
     """The state vector assembled from ranges pulled from `donors` in parallel.
 
     Returns the vector, the newest meta among the ranges, and the donors used.
-    A range whose donor fails is retried once with each other donor.
+    A range whose donor fails is retried once with each other donor. Ranges
+    whose rounds differ by more than `max_round_spread` are not pieced
+    together: the whole state is then taken from one donor.
     """
     if not donors:
         raise PeerUnavailable("no donor to take the state from")
@@ -171,5 +175,13 @@ async def pull_state(transport, donors: dict[str, str], numel: int, timeout_s: f
         raise PeerUnavailable(f"state range {span.start}..{span.stop}: " + "; ".join(errors))
 
     results = await asyncio.gather(*(one(k, span) for k, span in enumerate(spans)))
+    rounds = sorted(meta.round for meta, _ in results)
+    if len(donors) > 1 and rounds[-1] - rounds[0] > max_round_spread:
+        # The donors disagree (e.g. one was cut off by a partition and trained
+        # alone): ranges of different models pieced together are no model at all.
+        # Take everything from one donor, the one in the middle of the rounds.
+        median = rounds[len(rounds) // 2]
+        donor = next(d for meta, d in results if meta.round == median)
+        return await pull_state(transport, {donor: donors[donor]}, numel, timeout_s)
     newest = max((meta for meta, _ in results), key=lambda m: (m.round, m.step))
     return out, newest, sorted({donor for _, donor in results})
