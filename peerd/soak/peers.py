@@ -110,11 +110,19 @@ class SoakPeer:
 
     def stop(self) -> None:
         """SIGTERM, then kill -9 after STOP_TIMEOUT_S; then any worker still left."""
+        self.terminate()
+        self.reap(time.monotonic() + STOP_TIMEOUT_S)
+
+    def terminate(self) -> None:
         self.expected_up = False
         if self.alive:
             self.process.send_signal(signal.SIGTERM)
+
+    def reap(self, deadline: float) -> None:
+        """Wait for the daemon until `deadline`, kill -9 it after; then kill -9 its workers."""
+        if self.process is not None:
             try:
-                self.process.wait(timeout=STOP_TIMEOUT_S)
+                self.process.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=STOP_TIMEOUT_S)

@@ -8,11 +8,13 @@ Ctrl-C or SIGTERM (turned into KeyboardInterrupt by the command).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import math
 import secrets
 import shutil
+import signal
 import tempfile
 import threading
 import time
@@ -25,7 +27,7 @@ from peerd.jobspec import JobSpec, parse_job
 from peerd.soak import schedule as sch
 from peerd.soak.checks import EventRecord, Sample
 from peerd.soak.netns import Loopback, Namespaces, NetworkUnsupported, namespaces_unavailable
-from peerd.soak.peers import SoakPeer, slowdown_table
+from peerd.soak.peers import STOP_TIMEOUT_S, SoakPeer, slowdown_table
 
 log = logging.getLogger("peerd.soak")
 SETUP_TIMEOUT_S = 240.0  # every peer started, discovered and training
@@ -302,14 +304,18 @@ class Soak:
         return found
 
     def close(self) -> list[str]:
-        """Stop every daemon and worker this run started, then remove its network and sockets."""
+        """Stop every daemon and worker this run started (all at once, bounded),
+        then remove its network and sockets."""
         errors = []
         with self._lock:
             peers = list(self.peers.values())
         for peer in peers:
+            peer.terminate()
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for peer in peers:
             try:
-                peer.stop()
-            except (OSError, PeerdError, Exception) as exc:  # keep cleaning up the rest
+                peer.reap(deadline)
+            except Exception as exc:  # keep cleaning up the rest
                 errors.append(f"{peer.peer_id}: {exc}")
         errors += self.net.close()
         shutil.rmtree(self._sockets, ignore_errors=True)
@@ -353,10 +359,24 @@ def run_soak(settings: SoakSettings, job_path: Path, say=print) -> Run:
     except PeerdError as exc:
         run.interrupted = f"stopped: {exc}"
     finally:
-        errors = soak.close()
+        with _signals_held():  # a second Ctrl-C must not cut the cleanup short
+            errors = soak.close()
         if errors:
             run.interrupted += ("; " if run.interrupted else "") + "cleanup: " + "; ".join(errors)
     return run
+
+
+@contextlib.contextmanager
+def _signals_held():
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _kinds(soak: Soak) -> tuple[str, ...]:
