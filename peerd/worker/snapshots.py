@@ -42,9 +42,16 @@ def check_identity(identity: Identity, job: str, fingerprint: str) -> None:
 
 
 async def wait_until(changed: asyncio.Condition, predicate, wait_s: float) -> None:
-    """Wait (holding `changed`) until predicate() or wait_s passed, whichever is first."""
+    """Wait (holding `changed`) until predicate() or wait_s passed, whichever is first.
+
+    asyncio.timeout, not asyncio.wait_for: wait_for runs the wait in another task,
+    and when the caller is cancelled (a partner gave up on its RPC) while that task
+    still re-acquires the lock after the timeout, the caller leaves without the lock
+    and the orphaned task takes it for good: the next publish() then hangs forever
+    (found by the soak harness: workers stuck at one round)."""
     try:
-        await asyncio.wait_for(changed.wait_for(predicate), timeout=max(wait_s, 0.0))
+        async with asyncio.timeout(max(wait_s, 0.0)):
+            await changed.wait_for(predicate)
     except TimeoutError:
         pass
 
