@@ -201,6 +201,26 @@ def test_partition_heals_only_when_views_merge_and_exchanges_resume():
     assert split.verdict == "fail" and "views did not merge" in split.details[0]
 
 
+def test_heal_followed_by_another_event_on_the_peer_is_not_judged_past_it():
+    def change(t, p):  # peer-2 healed at 20 s, then drained out at 22 s before any exchange
+        if 10 <= t < 22 and p == "peer-2":
+            return {"linked": t >= 20, "view": frozenset({"peer-2"}), "reached": 0}
+        if t >= 22:
+            if p == "peer-2":
+                return {"in_job": False, "state": "", "phase": "", "view": frozenset(PEERS[:2])}
+            return {"view": frozenset(PEERS[:2])}
+        return {"view": frozenset(PEERS[:2])} if 10 <= t < 22 else {}
+    events = [EventRecord(10.0, 20.0, sch.PARTITION, "peer-2"), EventRecord(22.0, 23.0, sch.LEAVE, "peer-2")]
+    check = ck.partitions_healed(run_of(40, change), events, bound_s=10)
+    assert check.verdict == "pass" and "not judged, the next event on it came 2s later" in check.details[0]
+
+
+def test_a_stall_is_reported_once_with_its_length():
+    stalled = run_of(60, lambda t, p: {"round": 99} if p == "peer-2" and t >= 20 else {})
+    check = ck.rounds_within_deadline(stalled, ceiling_s=10, stall_s=20)
+    assert check.details == ("peer-2: round 99 stood still from 20s to 59s",)
+
+
 def test_checkpoint_check_skips_without_support_and_fails_bad_files():
     assert ck.checkpoints_valid(None).evidence == "skipped: no checkpoints in this build"
     assert ck.checkpoints_valid([]).verdict == "fail"
@@ -309,7 +329,7 @@ def test_soak_cleans_up_when_terminated(tmp_path):
 
     before = _soak_namespaces()
     out = tmp_path / "report"
-    proc = subprocess.Popen([sys.executable, "-m", "peerd.soak", "--peers", "2", "--duration", "300",
+    proc = subprocess.Popen([sys.executable, "-u", "-m", "peerd.soak", "--peers", "2", "--duration", "300",
                              "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         lines = []

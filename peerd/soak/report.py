@@ -73,7 +73,7 @@ def _markdown(run: Run, checks: list[Check]) -> str:
     lines += ["", "## Events", "", "| at (s) | event | peer | took (s) | views converged after (s) | result |",
               "|---|---|---|---|---|---|"]
     for e, t in zip(run.events, convergence_times(run.samples, run.events)):
-        lines.append(f"| {e.at_s - run.t_training:.0f} | {e.kind} | {e.peer} | {e.done_s - e.at_s:.1f} | "
+        lines.append(f"| {e.at_s:.0f} | {e.kind} | {e.peer} | {e.done_s - e.at_s:.1f} | "
                      f"{'never' if math.isnan(t) else f'{t:.1f}'} | {e.detail} |")
     lines += ["", "Times are seconds from the start of churn (every peer training).", "", "## Peers at the end", "",
               "| peer | state | round | loss | test accuracy | restarts | deadline misses | sent (MB) |",
@@ -96,18 +96,17 @@ def _plots(run: Run, out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    t0 = run.t_training
-    series = _series(run.samples, t0)
+    series = _series(run.samples)
 
     def figure(name: str, panels: list[tuple[str, str, bool]], value) -> None:
         fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
         for ax, (key, label, log) in zip(axes[0], panels):
             for peer, rows in series.items():
-                xs, ys = zip(*[(r.t - t0, value(key, r)) for r in rows]) if rows else ((), ())
+                xs, ys = zip(*[(r.t, value(key, r)) for r in rows]) if rows else ((), ())
                 ax.plot(xs, ys, label=peer, lw=1)
             for e in run.events:
-                ax.axvline(e.at_s - t0, color=COLORS.get(e.kind, "k"), ls="--", lw=0.8, alpha=0.7)
-                ax.text(e.at_s - t0, 1.0, f"{e.kind.replace('_', ' ')} {e.peer.split('-')[1]}", rotation=90,
+                ax.axvline(e.at_s, color=COLORS.get(e.kind, "k"), ls="--", lw=0.8, alpha=0.7)
+                ax.text(e.at_s, 1.0, f"{e.kind.replace('_', ' ')} {e.peer.split('-')[1]}", rotation=90,
                         fontsize=6, va="top", ha="right", color=COLORS.get(e.kind, "k"),
                         transform=ax.get_xaxis_transform())
             ax.set(xlabel="seconds from the start of churn", ylabel=label, yscale="log" if log else "linear")
@@ -141,7 +140,7 @@ def _plots(run: Run, out: Path) -> None:
            lambda key, r: rates.get((r.peer, r.t, key), nan))
 
 
-def _series(samples: list[Sample], t0: float) -> dict[str, list[Sample]]:
+def _series(samples: list[Sample]) -> dict[str, list[Sample]]:
     out: dict[str, list[Sample]] = {}
     for s in sorted(samples, key=lambda s: (int(s.peer.split("-")[1]), s.t)):
         out.setdefault(s.peer, []).append(s)

@@ -19,13 +19,13 @@ import tempfile
 import threading
 import time
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from peerd.errors import PeerdError
 from peerd.jobspec import JobSpec, parse_job
 from peerd.soak import schedule as sch
-from peerd.soak.checks import EventRecord, Sample
+from peerd.soak.checks import EventRecord, Sample, converged_at
 from peerd.soak.netns import Loopback, Namespaces, NetworkUnsupported, namespaces_unavailable
 from peerd.soak.peers import STOP_TIMEOUT_S, SoakPeer, slowdown_table
 
@@ -69,7 +69,7 @@ class Run:
     skipped: list[str] = field(default_factory=list)
     checkpoints: list[tuple[str, bool, str]] | None = None
     interrupted: str = ""
-    t_training: float = 0.0  # when every first peer trained (events count from here)
+    t_training: float = 0.0  # seconds of setup: times count from when every first peer trained
 
 
 def soak_job_text(path: Path, epochs: float) -> str:
@@ -146,7 +146,11 @@ class Soak:
         for peer in self.peers.values():
             self._join(peer)
         self._wait(lambda: all(s.training for s in self.sample()), "every peer to train")
-        self.run.t_training = self.now()
+        # From here on, times count from the start of churn; setup samples go negative.
+        shift = self.now()
+        self._t0 += shift
+        self.run.t_training = shift
+        self.run.samples = [replace(s, t=round(s.t - shift, 2)) for s in self.run.samples]
 
     def _wait(self, predicate, what: str, timeout_s: float = SETUP_TIMEOUT_S) -> None:
         deadline = time.monotonic() + timeout_s
@@ -182,6 +186,8 @@ class Soak:
 
     def carry_out(self, event: sch.Event) -> EventRecord:
         at = self.now()
+        if event.kind == sch.JOIN and event.peer < 0:  # a new peer: the next free index
+            event = replace(event, peer=max(self.peers) + 1)
         try:
             detail = self._act(event)
             ok = True
@@ -191,7 +197,7 @@ class Soak:
         except (PeerdError, OSError) as exc:
             detail, ok = f"failed: {exc}", False
         record = EventRecord(at, self.now(), event.kind, f"peer-{event.peer}", detail, ok)
-        self.say(f"[{record.at_s - self.run.t_training:5.0f}s] {event.describe()}: {detail}")
+        self.say(f"[{record.at_s:5.0f}s] {event.describe()}: {detail}")
         return record
 
     def _act(self, e: sch.Event) -> str:
@@ -252,7 +258,7 @@ class Soak:
         """Sample every poll_s; start each event when due (after the previous one ended)."""
         s = self.s
         self.run.planned = events
-        start = self.run.t_training
+        start = 0.0
         pending = list(events)
         current: tuple[threading.Thread, list, float, sch.Event] | None = None
         last_print = -math.inf
@@ -277,7 +283,10 @@ class Soak:
             current[0].join(timeout=max(0.0, current[2] - self.now()))
             if current[1]:
                 self.run.events.append(current[1][0])
-        self.sample()
+        # An event that ended late still gets its chance to converge before the checks.
+        last_done = max((e.done_s for e in self.run.events), default=-math.inf)
+        while not converged_at(self.sample()) and self.now() < last_done + s.converge_s:
+            time.sleep(s.poll_s)
 
     def find_checkpoints(self) -> list[tuple[str, bool, str]] | None:
         """Check every checkpoint with this build's verifier; None when it has none."""
