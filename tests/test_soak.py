@@ -14,7 +14,7 @@ from peerd.errors import ConfigError
 from peerd.soak import checks as ck
 from peerd.soak import schedule as sch
 from peerd.soak.checks import EventRecord, Sample
-from peerd.soak.netns import Loopback, NetworkUnsupported, namespaces_unavailable
+from peerd.soak.netns import Loopback, Unsupported, namespaces_unavailable
 
 # ---- schedules ----------------------------------------------------------------
 
@@ -90,6 +90,8 @@ def test_seeded_schedule_is_reproducible_and_bounded():
             if e.kind == sch.LEAVE:
                 members.remove(e.peer)
         assert len(members) >= 4
+    targets = [e.peer for e in a if e.kind != sch.JOIN]
+    assert all(x != y for x, y in zip(targets, targets[1:]))  # never the same peer twice in a row
     assert all(e.down_s == 10.0 for e in a if e.kind in (sch.KILL_DAEMON, sch.PARTITION))
 
 
@@ -163,6 +165,9 @@ def test_restarted_peer_must_resume_from_the_job_and_reach_its_loss():
     assert lagging.verdict == "fail" and "never reached the others'" in lagging.details[0]
     never = ck.restarted_resumed(_restarted(99, 300, 0.03), event)
     assert never.verdict == "fail" and "never trained again" in never.details[0]
+    cut = ck.restarted_resumed(_restarted(30, 1, 0.03), [*event, EventRecord(25.0, 35.0, sch.PARTITION, "peer-1")])
+    assert cut.verdict == "pass" and cut.evidence == "0/0 restarted peers resumed (1 not judged)"
+    assert "not judged, the next event on it came 5s later" in cut.details[0]
     assert ck.restarted_resumed(run_of(10), []).verdict == "skip"
 
 
@@ -238,7 +243,7 @@ def test_target_accuracy_uses_the_peers_in_the_job_at_the_end():
 def test_loopback_has_no_partitions():
     net = Loopback("t")
     assert net.add_peer(3, 10.0).address == "127.0.0.1"
-    with pytest.raises(NetworkUnsupported):
+    with pytest.raises(Unsupported):
         net.set_link(3, up=False)
 
 

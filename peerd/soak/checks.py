@@ -143,8 +143,13 @@ def restarted_resumed(samples: list[Sample], events: list[EventRecord], round_sl
     for e in subjects:
         rows = [s for s in peers.get(e.peer, []) if s.t >= e.done_s]
         back = next((s for s in rows if s.training and s.step > 0), None)
-        if back is None:
-            failures.append(f"{e.kind} {e.peer} at {e.at_s:.0f}s: never trained again")
+        cut = min((x.at_s for x in events if x.peer == e.peer and x.at_s > e.done_s), default=math.inf)
+        if back is None or back.t > cut:
+            if cut < math.inf:  # e.g. cut off by a partition while still starting: judged by that event
+                notes.append(f"{e.kind} {e.peer} at {e.at_s:.0f}s: not judged, the next event on it came "
+                             f"{cut - e.done_s:.0f}s later, before it trained again")
+            else:
+                failures.append(f"{e.kind} {e.peer} at {e.at_s:.0f}s: never trained again")
             continue
         others = [s.round for s in samples if s.t == back.t and s.peer != e.peer and s.training]
         floor = statistics.median(others) - round_slack if others else 0
@@ -161,7 +166,9 @@ def restarted_resumed(samples: list[Sample], events: list[EventRecord], round_sl
         notes.append(f"{e.kind} {e.peer} at {e.at_s:.0f}s: training at {back.t - e.done_s:.0f}s after, round "
                      f"{back.round}; loss {level.loss:.3f} at the others' level {level.t - e.done_s:.0f}s after")
     verdict = FAIL if failures else PASS
-    return Check(name, verdict, f"{len(subjects) - len(failures)}/{len(subjects)} restarted peers resumed",
+    judged = len(subjects) - sum("not judged" in n for n in notes)
+    return Check(name, verdict, f"{judged - len(failures)}/{judged} restarted peers resumed"
+                 + (f" ({len(subjects) - judged} not judged)" if judged < len(subjects) else ""),
                  tuple(failures + notes))
 
 

@@ -24,8 +24,8 @@ IP_TIMEOUT_S = 10.0
 MAX_PEERS = 240
 
 
-class NetworkUnsupported(PeerdError):
-    """The action needs network namespaces, and this run has none."""
+class Unsupported(PeerdError):
+    """The event needs something this run lacks (namespaces, a slowdown setting)."""
 
 
 @dataclass(frozen=True)
@@ -192,7 +192,7 @@ class Loopback:
         return self.peers[index]
 
     def set_link(self, index: int, up: bool) -> None:
-        raise NetworkUnsupported("partitions need network namespaces (this run is on 127.0.0.1)")
+        raise Unsupported("partitions need network namespaces (this run is on 127.0.0.1)")
 
     def counters(self) -> dict[int, tuple[int, int]]:
         return {}

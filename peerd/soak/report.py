@@ -163,7 +163,8 @@ def summary(run: Run, checks: list[Check], report: Path) -> str:
     failed = [c for c in checks if c.verdict == FAIL]
     lines = [f"peerd soak: {'FAIL' if failed or run.interrupted else 'PASS'}"
              + (f" ({run.interrupted})" if run.interrupted else ""),
-             f"  {len(run.events)} events, {len({s.peer for s in run.samples})} peers, network: {run.network}"]
+             f"  {len(run.events)} events ({sum(not e.ok for e in run.events)} failed or skipped), "
+             f"{len({s.peer for s in run.samples})} peers, network: {run.network}"]
     lines += [f"  {c.verdict.upper():4}  {c.name}: {c.evidence}" for c in checks]
     for c in failed:
         lines += [f"        {d}" for d in c.details[:5]]

@@ -26,7 +26,7 @@ from peerd.errors import PeerdError
 from peerd.jobspec import JobSpec, parse_job
 from peerd.soak import schedule as sch
 from peerd.soak.checks import EventRecord, Sample, converged_at
-from peerd.soak.netns import Loopback, Namespaces, NetworkUnsupported, namespaces_unavailable
+from peerd.soak.netns import Loopback, Namespaces, Unsupported, namespaces_unavailable
 from peerd.soak.peers import STOP_TIMEOUT_S, SoakPeer, slowdown_table
 
 log = logging.getLogger("peerd.soak")
@@ -191,8 +191,9 @@ class Soak:
         try:
             detail = self._act(event)
             ok = True
-        except NetworkUnsupported as exc:
+        except Unsupported as exc:
             self.run.skipped.append(f"{event.describe()}: {exc}")
+            self.say(f"[{at:5.0f}s] {event.describe()}: skipped: {exc}")
             return EventRecord(at, self.now(), event.kind, f"peer-{event.peer}", f"skipped: {exc}", ok=False)
         except (PeerdError, OSError) as exc:
             detail, ok = f"failed: {exc}", False
@@ -230,7 +231,7 @@ class Soak:
             return "left after draining"
         if e.kind == sch.SLOWDOWN:
             if not self.slowdown_key:
-                raise NetworkUnsupported("this build's daemon config has no `slowdown`")
+                raise Unsupported("this build's daemon config has no `slowdown`")
             peer.stop()
             peer.slowdown = e.factor
             peer.write_config(self.realm, self.slowdown_key)
@@ -283,9 +284,9 @@ class Soak:
             current[0].join(timeout=max(0.0, current[2] - self.now()))
             if current[1]:
                 self.run.events.append(current[1][0])
-        # An event that ended late still gets its chance to converge before the checks.
+        # A late event still gets its chance: views to converge, restarted peers to train.
         last_done = max((e.done_s for e in self.run.events), default=-math.inf)
-        while not converged_at(self.sample()) and self.now() < last_done + s.converge_s:
+        while not _settled(self.sample()) and self.now() < last_done + s.converge_s:
             time.sleep(s.poll_s)
 
     def find_checkpoints(self) -> list[tuple[str, bool, str]] | None:
@@ -329,6 +330,11 @@ class Soak:
         errors += self.net.close()
         shutil.rmtree(self._sockets, ignore_errors=True)
         return errors
+
+
+def _settled(rows: list[Sample]) -> bool:
+    """Views agree and every connected peer in the job trains."""
+    return converged_at(rows) and all(r.training for r in rows if r.in_job and r.expected_up and r.linked)
 
 
 def _sees_any(peer: SoakPeer) -> bool:

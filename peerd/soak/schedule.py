@@ -44,7 +44,8 @@ def seeded(seed: int, peers: int, duration_s: float, interval_s: float, settle_s
            kinds: tuple[str, ...] = KINDS, down_s: float = 10.0) -> list[Event]:
     """One event every `interval_s` until `duration_s - settle_s`, kinds taken
     in shuffled rounds so that each appears; never fewer than max(2, peers // 2)
-    peers stay in the job, and a peer that left is the first to join again."""
+    peers stay in the job, a peer that left is the first to join again, and the
+    target of an event is not one of the two before it when another can be chosen."""
     _check_kinds(kinds, "kinds")
     rng = random.Random(seed)
     members, left, next_new = list(range(peers)), [], peers
@@ -63,8 +64,9 @@ def seeded(seed: int, peers: int, duration_s: float, interval_s: float, settle_s
             next_new += peer == next_new
             members.append(peer)
             events.append(Event(t, JOIN, peer))
-        else:
-            peer = rng.choice(members)
+        else:  # not one of the last two targets when others remain: each event judged alone
+            recent = {e.peer for e in events[-2:]}
+            peer = rng.choice([m for m in members if m not in recent] or members)
             if kind == LEAVE:
                 members.remove(peer)
                 left.append(peer)
