@@ -82,7 +82,10 @@ def _markdown(run: Run, checks: list[Check]) -> str:
         last = [x for x in run.samples if x.peer == p][-1]
         lines.append(f"| {p} | {last.state or 'not in the job'} | {last.round} | {_f(last.loss, 3)} | "
                      f"{_f(last.accuracy, 4)} | {last.restarts} | {last.misses} | {_f(last.tx_bytes / 1e6, 1)} |")
-    lines += ["", "## Plots", ""] + [f"![{what}]({name})" for name, what in PLOTS.items()]
+    shown = {n: w for n, w in PLOTS.items() if n != "bytes.png" or run.network == "namespaces"}
+    lines += ["", "## Plots", ""] + [f"![{what}]({name})" for name, what in shown.items()]
+    if len(shown) < len(PLOTS):
+        lines.append("\nNo bytes per peer: they are read at the bridge ports, and this run had no namespaces.")
     return "\n".join(lines) + "\n"
 
 
@@ -136,6 +139,8 @@ def _plots(run: Run, out: Path) -> None:
     figure("exchange.png", [("exchange_s", "exchange time of the last round (s)", True),
                             ("misses", "segments skipped at the deadline (total)", False)], value)
     rates = _rates(series)
+    if run.network != "namespaces":
+        return
     figure("bytes.png", [("tx_bytes", "sent (MB/s)", False), ("rx_bytes", "received (MB/s)", False)],
            lambda key, r: rates.get((r.peer, r.t, key), nan))
 

@@ -9,8 +9,8 @@ Ctrl-C or SIGTERM (turned into KeyboardInterrupt by the command).
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
-import logging
 import math
 import secrets
 import shutil
@@ -29,7 +29,6 @@ from peerd.soak.checks import EventRecord, Sample, converged_at
 from peerd.soak.netns import Loopback, Namespaces, Unsupported, namespaces_unavailable
 from peerd.soak.peers import STOP_TIMEOUT_S, SoakPeer, slowdown_table
 
-log = logging.getLogger("peerd.soak")
 SETUP_TIMEOUT_S = 240.0  # every peer started, discovered and training
 EVENT_SLACK_S = 150.0  # an event's actions may take down_s plus this
 
@@ -66,7 +65,6 @@ class Run:
     planned: list[sch.Event] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
     events: list[EventRecord] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)
     checkpoints: list[tuple[str, bool, str]] | None = None
     interrupted: str = ""
     t_training: float = 0.0  # seconds of setup: times count from when every first peer trained
@@ -93,7 +91,7 @@ def _toml(value: object) -> str:
 
 
 class Soak:
-    def __init__(self, settings: SoakSettings, job_path: Path, say=print) -> None:
+    def __init__(self, settings: SoakSettings, job_path: Path, say) -> None:
         self.s = settings
         self.say = say
         self.tag = secrets.token_hex(2)
@@ -192,7 +190,6 @@ class Soak:
             detail = self._act(event)
             ok = True
         except Unsupported as exc:
-            self.run.skipped.append(f"{event.describe()}: {exc}")
             self.say(f"[{at:5.0f}s] {event.describe()}: skipped: {exc}")
             return EventRecord(at, self.now(), event.kind, f"peer-{event.peer}", f"skipped: {exc}", ok=False)
         except (PeerdError, OSError) as exc:
@@ -353,8 +350,9 @@ def _line(t: float, rows: list[Sample]) -> str:
             f"accuracy {max(accs, default=math.nan):.3f}")
 
 
-def run_soak(settings: SoakSettings, job_path: Path, say=print) -> Run:
+def run_soak(settings: SoakSettings, job_path: Path, say=None) -> Run:
     """Set up, run the schedule, tear down (always). Returns what happened."""
+    say = say or functools.partial(print, flush=True)  # progress shows at once, also into a file
     soak = Soak(settings, job_path, say)
     run = soak.run
     if soak.slowdown_key is None:
