@@ -14,6 +14,7 @@ import importlib
 import math
 import secrets
 import shutil
+import subprocess
 import signal
 import tempfile
 import threading
@@ -192,7 +193,7 @@ class Soak:
         except Unsupported as exc:
             self.say(f"[{at:5.0f}s] {event.describe()}: skipped: {exc}")
             return EventRecord(at, self.now(), event.kind, f"peer-{event.peer}", f"skipped: {exc}", ok=False)
-        except (PeerdError, OSError) as exc:
+        except (PeerdError, OSError, subprocess.SubprocessError) as exc:
             detail, ok = f"failed: {exc}", False
         record = EventRecord(at, self.now(), event.kind, f"peer-{event.peer}", detail, ok)
         self.say(f"[{record.at_s:5.0f}s] {event.describe()}: {detail}")
@@ -256,31 +257,27 @@ class Soak:
         """Sample every poll_s; start each event when due (after the previous one ended)."""
         s = self.s
         self.run.planned = events
-        start = 0.0
         pending = list(events)
-        current: tuple[threading.Thread, list, float, sch.Event] | None = None
+        current: _Running | None = None
         last_print = -math.inf
-        while self.now() - start < s.duration_s:
+        while self.now() < s.duration_s:
             rows = self.sample()
-            if current is not None and not current[0].is_alive():
-                self.run.events.append(current[1][0])
+            if current is not None and current.done:
+                self.run.events.append(current.record(self.now()))
                 current = None
-            elif current is not None and self.now() > current[2]:
-                raise PeerdError(f"event `{current[3].describe()}` did not finish in time")
-            if current is None and pending and self.now() - start >= pending[0].at_s:
+            elif current is not None and self.now() > current.limit_s:
+                raise PeerdError(f"event `{current.event.describe()}` did not finish in time")
+            if current is None and pending and self.now() >= pending[0].at_s:
                 event = pending.pop(0)
-                box: list[EventRecord] = []
-                thread = threading.Thread(target=lambda e=event, b=box: b.append(self.carry_out(e)), daemon=True)
-                thread.start()
-                current = (thread, box, self.now() + event.down_s + EVENT_SLACK_S, event)
+                current = _Running(event, self.now(), self.now() + event.down_s + EVENT_SLACK_S)
+                current.start(self.carry_out)
             if self.now() - last_print >= 15:
                 last_print = self.now()
-                self.say(_line(self.now() - start, rows))
+                self.say(_line(self.now(), rows))
             time.sleep(s.poll_s)
         if current is not None:
-            current[0].join(timeout=max(0.0, current[2] - self.now()))
-            if current[1]:
-                self.run.events.append(current[1][0])
+            current.thread.join(timeout=max(0.0, current.limit_s - self.now()))
+            self.run.events.append(current.record(self.now()))
         # A late event still gets its chance: views to converge, restarted peers to train.
         last_done = max((e.done_s for e in self.run.events), default=-math.inf)
         while not _settled(self.sample()) and self.now() < last_done + s.converge_s:
@@ -327,6 +324,31 @@ class Soak:
         errors += self.net.close()
         shutil.rmtree(self._sockets, ignore_errors=True)
         return errors
+
+
+@dataclass
+class _Running:
+    """An event being carried out in its own thread, so sampling goes on meanwhile."""
+
+    event: sch.Event
+    started_s: float
+    limit_s: float
+    thread: threading.Thread | None = None
+    result: list[EventRecord] = field(default_factory=list)
+
+    def start(self, carry_out) -> None:
+        self.thread = threading.Thread(target=lambda: self.result.append(carry_out(self.event)), daemon=True)
+        self.thread.start()
+
+    @property
+    def done(self) -> bool:
+        return not self.thread.is_alive()
+
+    def record(self, now: float) -> EventRecord:
+        if self.result:
+            return self.result[0]
+        what = "did not finish" if self.thread.is_alive() else "crashed"
+        return EventRecord(self.started_s, now, self.event.kind, f"peer-{self.event.peer}", f"failed: {what}", False)
 
 
 def _settled(rows: list[Sample]) -> bool:
