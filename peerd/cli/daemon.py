@@ -3,6 +3,7 @@
     peerd [--config FILE]              run the daemon (what systemd starts)
     peerd check-config [--config FILE] validate the config and exit
     peerd cluster [--peers N]          run a local cluster of N daemons on 127.0.0.1
+    peerd soak [--peers N ...]         soak a cluster in network namespaces with churn; report
 """
 
 from __future__ import annotations
@@ -35,6 +36,12 @@ def build_parser() -> argparse.ArgumentParser:
     from peerd.cluster import add_arguments
 
     add_arguments(cluster)
+    from peerd.soak.cli import DESCRIPTION
+    from peerd.soak.cli import add_arguments as add_soak_arguments
+
+    soak = sub.add_parser("soak", help="soak a cluster of daemons in network namespaces under churn; writes a report",
+                          description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_soak_arguments(soak)
     return parser
 
 
@@ -67,6 +74,10 @@ def main(argv: list[str] | None = None) -> int:
         from peerd.cluster import run_cluster
 
         return run_cluster(args)
+    if args.command == "soak":
+        from peerd.soak.cli import run as run_soak
+
+        return run_soak(args)
     try:
         config = load_config(args.config)
         if args.command == "check-config":

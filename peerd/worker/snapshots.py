@@ -48,7 +48,8 @@ async def wait_until(changed: asyncio.Condition, predicate, wait_s: float) -> No
     caller cancelled (a gRPC client giving up) while that task re-acquires the lock
     left the `async with` without it ("Lock is not acquired"), after which the task
     took the lock for good and the worker hung at its next publish (seen under load
-    in bench/dbs.py). In one task, Condition.wait re-acquires before anything leaves."""
+    in bench/dbs.py and by the soak harness; tests/test_snapshot_locks.py). In one
+    task, Condition.wait re-acquires before anything leaves."""
     try:
         async with asyncio.timeout(max(wait_s, 0.0)):
             await changed.wait_for(predicate)

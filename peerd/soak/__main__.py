@@ -1,0 +1,5 @@
+import sys
+
+from peerd.soak.cli import main
+
+sys.exit(main())
