@@ -196,9 +196,27 @@ class BulkClient:
     def __init__(self, wire: str = "fp32") -> None:
         self._wire = wire
         self._idle: dict[tuple[str, int], list[socket.socket]] = {}
+        # One transfer at a time per partner and stage: concurrent streams from one
+        # peer share the same link anyway, and their receive threads fight over the
+        # GIL (8 at once took ~2x as long as 1 after another: docs/benchmarks.md).
+        # Per stage, because a hierarchical stage-2 fetch waits for the partner to
+        # finish stage 1, which may need this peer's stage-1 fetch to go through.
+        self._busy: dict[tuple[str, int, int], asyncio.Lock] = {}
 
     async def fetch(self, host: str, port: int, request, out: torch.Tensor, timeout: float) -> None:
         key = (host, port)
+        try:
+            async with asyncio.timeout(timeout):
+                await self._busy.setdefault((*key, request.stage), asyncio.Lock()).acquire()
+        except TimeoutError:
+            raise PeerUnavailable(f"{host}:{port}: deadline exceeded waiting for the partner's lane") from None
+        try:
+            await self._fetch(key, request, out, max(timeout, 0.0))
+        finally:
+            self._busy[(*key, request.stage)].release()
+
+    async def _fetch(self, key: tuple[str, int], request, out: torch.Tensor, timeout: float) -> None:
+        host, port = key
         idle = self._idle.get(key)
         sock = idle.pop() if idle else None
         reusable = False
