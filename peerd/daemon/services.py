@@ -35,7 +35,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
 
     async def Hello(self, request, context):
         if request.peer_id and request.address and request.realm == self._daemon.config.realm:
-            self._daemon.learn_address(request.peer_id, request.address)
+            self._daemon.learn_address(request.peer_id, request.address, via="hello")
         return self._daemon.hello_reply()
 
     async def GetJobSpec(self, request, context):
