@@ -156,9 +156,8 @@ class Daemon:
                 log.warning("zeroconf did not close in %.1fs", SHUTDOWN_RESERVE_S / 2)
         if self._metrics is not None:
             await self._metrics.aclose()
-        for server in (self._peer_server, self._control_server):
-            if server is not None:
-                await server.stop(grace=1.0)
+        await asyncio.gather(*(server.stop(grace=1.0) for server in (self._peer_server, self._control_server)
+                               if server is not None))
         await asyncio.gather(*self._closing, *(c.close() for c in self._channels.values()), return_exceptions=True)
         if self._control_server is not None:  # only remove a socket this daemon made
             self.config.control_socket.unlink(missing_ok=True)
