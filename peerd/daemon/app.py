@@ -67,6 +67,7 @@ class Daemon:
         self._control_server: grpc.aio.Server | None = None
         self._discovery: Discovery | None = None
         self._metrics: MetricsServer | None = None
+        self._status = ""  # last STATUS= sent to systemd
         self._heard_of: dict[str, float] = {}  # peer id -> when a Hello (not zeroconf) told us its address
         self._tasks: list[asyncio.Task] = []
         self._announced: dict[str, str] = {}
@@ -220,6 +221,14 @@ class Daemon:
                 self._heard_of.pop(peer_id)
                 self._forget_address(peer_id)  # heard of, but silent: not tried forever
         await self._announce_if_changed()
+        self._notify_status()
+
+    def _notify_status(self) -> None:
+        jobs = ", ".join(f"{n} {j.state}" for n, j in sorted(self.jobs.items())) or "none"
+        status = f"serving as {self.peer_id} on {self.peer_address}: {len(self.membership.peers())} peers; jobs: {jobs}"
+        if status != self._status:
+            self._status = status
+            sd_notify(f"STATUS={status}")
 
     def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
