@@ -156,3 +156,27 @@ def test_peerctl_says_permission_denied_for_a_socket_it_may_not_use():
         for p in tmp.iterdir():
             p.unlink()
         tmp.rmdir()
+
+
+async def test_systemd_hears_ready_status_and_stopping_in_order(tmp_path, monkeypatch):
+    path = tempfile.mktemp(prefix="peerd-notify-", dir="/tmp")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(path)
+        sock.setblocking(False)
+        monkeypatch.setenv("NOTIFY_SOCKET", path)
+        daemon = Daemon(config(tmp_path, "alpha", f"notify-{tmp_path.name}", zeroconf=False))
+        await daemon.start()
+        await asyncio.sleep(0.5)  # a Hello round or two
+        await daemon.aclose()
+        messages = []
+        while True:
+            try:
+                messages.append(sock.recv(4096).decode())
+            except BlockingIOError:
+                break
+    os.unlink(path)
+    ready = next(i for i, m in enumerate(messages) if "READY=1" in m)
+    stopping = next(i for i, m in enumerate(messages) if "STOPPING=1" in m)
+    assert ready < stopping
+    assert "STATUS=serving as alpha" in messages[ready]
+    assert any("STATUS=serving as alpha" in m and "0 peers; jobs: none" in m for m in messages[ready:stopping])
