@@ -24,7 +24,6 @@ from peerd.core.topology import plan_round
 from peerd.errors import ConfigError, PeerdError
 from peerd.jobspec import JobSpec, parse_job
 from peerd.logs import setup_logging
-from peerd.progress import EXCHANGE_BUCKETS_S
 from peerd.proto.v1 import control_pb2
 from peerd.worker.checkpoint import CheckpointDir
 from peerd.worker.gossip import RoundResult, gossip_round
@@ -32,7 +31,13 @@ from peerd.worker.link import SupervisorLink
 from peerd.worker.snapshots import Identity, SegmentServer, SnapshotStore
 from peerd.worker.training import Trainer
 from peerd.worker.state import StateBoard, StateMeta, StateServer, pull_state
-from peerd.worker.traffic import CountingSegmentServer, CountingStateServer, CountingTransport, Traffic
+from peerd.worker.traffic import (
+    CountingSegmentServer,
+    CountingStateServer,
+    CountingTransport,
+    ExchangeTimes,
+    Traffic,
+)
 from peerd.worker.transport import GrpcTransport, start_exchange_server
 
 log = logging.getLogger("peerd.worker")
@@ -66,10 +71,7 @@ class Worker:
         self._checkpoint_at = (0, time.monotonic())  # round and time of the last checkpoint
         self.checkpoint_round = 0
         self.checkpoints_written = 0
-        self.rounds_done = 0
-        self.exchange_buckets = [0] * len(EXCHANGE_BUCKETS_S)
-        self.exchange_sum_s = 0.0
-        self.exchange_count = 0
+        self.exchange_times = ExchangeTimes()  # one per gossip round this process completed
         self.stop_signal = False  # SIGTERM/SIGINT: finish the round, checkpoint, exit
         self.deadline = DeadlineEstimator(spec.gossip.deadline_floor_s, spec.gossip.deadline_ceiling_s)
         self.suspicion = Suspicion()
@@ -116,7 +118,8 @@ class Worker:
         checkpoint = await asyncio.to_thread(self.checkpoints.load_newest)
         donors = {p: a for p, a in self.link.view.items() if p != self.me}
         if donors and await self._take_state(donors, "joining"):
-            if checkpoint is None or (checkpoint.meta.round, checkpoint.meta.step) <= (self.round, self.trainer.step_count):
+            ours = (self.round, self.trainer.step_count)
+            if checkpoint is None or (checkpoint.meta.round, checkpoint.meta.step) <= ours:
                 return
             log.info("the checkpoint of round %d is ahead of the peers' state: using it", checkpoint.meta.round)
         if checkpoint is not None:
@@ -195,7 +198,7 @@ class Worker:
             self.deadline.deadline(),
         )
         self.misses += result.misses
-        self._observe_exchange(result.seconds)
+        self.exchange_times.observe(result.seconds)
         if result.misses == 0:
             self.deadline.observe(result.seconds)
         elif result.errors:
@@ -208,14 +211,6 @@ class Worker:
         if result.ahead_round > self.round:
             await self._catch_up(result, view)
         return result
-
-    def _observe_exchange(self, seconds: float) -> None:
-        self.rounds_done += 1
-        self.exchange_sum_s += seconds
-        self.exchange_count += 1
-        for k, bound in enumerate(EXCHANGE_BUCKETS_S):
-            if seconds <= bound:
-                self.exchange_buckets[k] += 1
 
     async def _catch_up(self, result: RoundResult, view: dict[str, str]) -> None:
         """A partner is rounds ahead: step up to its round, or take the job's state when far behind."""
@@ -250,9 +245,10 @@ class Worker:
             samples_per_s=t.speed_ema, test_accuracy=self.accuracy, samples=t.samples,
             segment_misses=self.misses, finished=finished, disagreement=math.nan, exchange_s=math.nan, lr=t.lr,
             phase="finished" if finished else self.phase, global_batch=t.ramp.batch,
-            rounds_done=self.rounds_done, bytes_sent=self.traffic.sent, bytes_received=self.traffic.received,
-            exchange_buckets=self.exchange_buckets, exchange_sum_s=self.exchange_sum_s,
-            exchange_count=self.exchange_count, local_batch=getattr(t, "local_batch", self.spec.local_batch),
+            rounds_done=self.exchange_times.count, bytes_sent=self.traffic.sent,
+            bytes_received=self.traffic.received, exchange_buckets=self.exchange_times.buckets,
+            exchange_sum_s=self.exchange_times.sum_s, exchange_count=self.exchange_times.count,
+            local_batch=getattr(t, "local_batch", self.spec.local_batch),
             checkpoint_round=self.checkpoint_round, checkpoints_written=self.checkpoints_written,
         )
         if result is not None:

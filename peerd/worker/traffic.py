@@ -1,4 +1,5 @@
-"""Byte counters around the exchange, kept outside the transport and servers.
+"""Counters of the exchange for the metrics endpoint: bytes, kept outside the
+transport and servers, and a histogram of exchange times.
 
 `CountingTransport` wraps a Transport and counts what partners sent; the
 `Counting*Server` wrappers count what this worker served. Only payload bytes
@@ -13,6 +14,7 @@ from contextlib import aclosing
 import torch
 
 from peerd.core.segments import Span
+from peerd.progress import EXCHANGE_BUCKETS_S
 from peerd.worker.state import StatePart
 
 
@@ -20,6 +22,22 @@ class Traffic:
     def __init__(self) -> None:
         self.sent = 0
         self.received = 0
+
+
+class ExchangeTimes:
+    """Cumulative histogram of round exchange times over EXCHANGE_BUCKETS_S."""
+
+    def __init__(self) -> None:
+        self.buckets = [0] * len(EXCHANGE_BUCKETS_S)
+        self.sum_s = 0.0
+        self.count = 0
+
+    def observe(self, seconds: float) -> None:
+        self.sum_s += seconds
+        self.count += 1
+        for k, bound in enumerate(EXCHANGE_BUCKETS_S):
+            if seconds <= bound:
+                self.buckets[k] += 1
 
 
 class CountingTransport:
