@@ -74,12 +74,19 @@ def test_a_checkpoint_of_another_job_fingerprint_or_size_is_skipped(tmp_path, jo
     assert CheckpointDir(tmp_path, "job", "fp-1", N).load_newest() is None
 
 
-def test_non_finite_values_are_never_loaded():
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_values_are_never_loaded(bad):
     vector = state(1)
-    vector[17] = float("nan")
+    vector[17] = bad
     data = encode("job", "fp-1", StateMeta(1, 1, 0.0), vector)  # a valid checksum over bad values
     with pytest.raises(CheckpointError, match="non-finite"):
         decode(data, "job", "fp-1", N)
+
+
+def test_huge_finite_values_whose_sum_overflows_still_load(ckpts):
+    vector = torch.full((N,), 3e38)
+    ckpts.save(StateMeta(1, 1, 0.0), vector)
+    assert torch.equal(ckpts.load_newest().vector, vector)
 
 
 def test_garbage_and_foreign_files_are_ignored_or_skipped(ckpts):

@@ -29,7 +29,6 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from peerd.worker.state import StateMeta
@@ -59,16 +58,29 @@ def _digest(header: dict, payload: bytes | memoryview) -> str:
     return h.hexdigest()
 
 
-def encode(job: str, fingerprint: str, meta: StateMeta, vector: torch.Tensor) -> bytes:
-    payload = vector.detach().to(torch.float32).contiguous().numpy().astype("<f4", copy=False).tobytes()
+def _payload(vector: torch.Tensor) -> memoryview:
+    """The values as little-endian fp32 bytes, without a copy on a little-endian host."""
+    values = vector.detach().to(torch.float32).contiguous().numpy().astype("<f4", copy=False)
+    return memoryview(values).cast("B")
+
+
+def _head(job: str, fingerprint: str, meta: StateMeta, payload: memoryview) -> bytes:
     header = {"job": job, "fingerprint": fingerprint, "round": meta.round, "step": meta.step,
-              "progress": meta.progress, "numel": vector.numel()}
+              "progress": meta.progress, "numel": len(payload) // 4}
     header["sha256"] = _digest(header, payload)
-    return MAGIC + json.dumps(header, sort_keys=True).encode() + b"\n" + payload
+    return MAGIC + json.dumps(header, sort_keys=True).encode() + b"\n"
 
 
-def decode(data: bytes, job: str, fingerprint: str, numel: int) -> tuple[StateMeta, torch.Tensor]:
-    """The state in `data`, or CheckpointError saying what is wrong with it."""
+def encode(job: str, fingerprint: str, meta: StateMeta, vector: torch.Tensor) -> bytes:
+    payload = _payload(vector)
+    return _head(job, fingerprint, meta, payload) + payload.tobytes()
+
+
+def decode(data: bytes | bytearray, job: str, fingerprint: str, numel: int) -> tuple[StateMeta, torch.Tensor]:
+    """The state in `data`, or CheckpointError saying what is wrong with it.
+    The tensor returned shares the memory of `data` when it is a bytearray."""
+    if not isinstance(data, bytearray):
+        data = bytearray(data)  # torch wants a writable buffer
     if not data.startswith(MAGIC):
         raise CheckpointError("not a peerd checkpoint (bad magic)")
     end = data.find(b"\n", len(MAGIC), len(MAGIC) + _MAX_HEADER)
@@ -93,8 +105,8 @@ def decode(data: bytes, job: str, fingerprint: str, numel: int) -> tuple[StateMe
         raise CheckpointError("checksum mismatch (the file is corrupt)")
     if not math.isfinite(meta.progress) or meta.progress < 0 or meta.round < 0 or meta.step < 0:
         raise CheckpointError("bad round, step or progress")
-    vector = torch.from_numpy(np.frombuffer(payload, dtype="<f4").astype(np.float32))
-    if not torch.isfinite(vector).all():
+    vector = torch.frombuffer(payload, dtype=torch.float32)
+    if not _all_finite(vector):
         raise CheckpointError("holds non-finite values")
     return meta, vector
 
@@ -121,11 +133,13 @@ class CheckpointDir:
         if vector.numel() != self.numel:
             raise ValueError(f"state of {vector.numel()} values, expected {self.numel}")
         self.path.mkdir(parents=True, exist_ok=True)
-        data = encode(self.job, self.fingerprint, meta, vector)
+        payload = _payload(vector)
+        head = _head(self.job, self.fingerprint, meta, payload)
         final = self.path / f"ckpt-{meta.round:010d}.peerd"
         tmp = self.path / f".{final.name}.tmp"
         with open(tmp, "wb") as f:
-            f.write(data)
+            f.write(head)
+            f.write(payload)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, final)
@@ -138,7 +152,7 @@ class CheckpointDir:
         """The newest valid checkpoint; bad ones are logged and skipped."""
         for path in self.files():
             try:
-                meta, vector = decode(path.read_bytes(), self.job, self.fingerprint, self.numel)
+                meta, vector = decode(_read(path), self.job, self.fingerprint, self.numel)
             except OSError as exc:
                 log.warning("checkpoint %s unreadable (%s); skipped", path, exc.strerror)
                 continue
@@ -147,6 +161,19 @@ class CheckpointDir:
                 continue
             return Checkpoint(path, meta, vector)
         return None
+
+
+def _all_finite(vector: torch.Tensor) -> bool:
+    # A NaN or an infinity makes the sum non-finite, so a finite sum settles it
+    # without a 1-byte mask per value; a sum that overflowed is checked in full.
+    return bool(torch.isfinite(vector.sum())) or bool(torch.isfinite(vector).all())
+
+
+def _read(path: Path) -> bytearray:
+    with open(path, "rb") as f:
+        data = bytearray(os.fstat(f.fileno()).st_size)
+        got = f.readinto(data)
+    return data[:got] if got < len(data) else data
 
 
 def _fsync_dir(path: Path) -> None:
