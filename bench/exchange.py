@@ -4,7 +4,9 @@
 Three ways, in one invocation, each with its own pair of freshly spawned processes:
 
   peerd  the real path: SnapshotStore + SegmentServer served by start_exchange_server,
-         then per repeat publish(round) + plan_round + gossip_round over GrpcTransport
+         then per repeat publish(round) + plan_round + gossip_round over GrpcTransport,
+         segments over the bulk lane (raw TCP beside gRPC)
+  peerd-grpc  the same with the bulk lane off: segments as gRPC streams
   tcp    one plain loopback socket, both directions at once (a sender thread does
          sendall of a memoryview, the main thread recv_into a preallocated bytearray),
          then an in-place torch average
@@ -50,7 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-METHODS = ("peerd", "tcp", "gloo")
+METHODS = ("peerd", "peerd-grpc", "tcp", "gloo")
 BARRIER_TIMEOUT_S = 120.0  # a partner that died must not leave the other one waiting forever
 PEER_IDS = ("a", "b")
 JOB = "bench"
@@ -116,8 +118,9 @@ def _peerd(rank: int, cfg: dict, barrier, conn) -> dict:
         store = SnapshotStore(numel)
         server = SegmentServer(identity, store, segments, chunk_elems)
         state = StateServer(identity, StateBoard(numel), store, chunk_elems)  # newcomers' service, idle here
-        grpc_server, address = await start_exchange_server(server, state, "127.0.0.1")
-        transport = GrpcTransport(identity)
+        bulk = cfg["bulk"]
+        grpc_server, address = await start_exchange_server(server, state, "127.0.0.1", bulk=bulk)
+        transport = GrpcTransport(identity, bulk=bulk)
         try:
             conn.send(address)
             if not await asyncio.to_thread(conn.poll, BARRIER_TIMEOUT_S):
@@ -276,7 +279,9 @@ def _worker(method: str, rank: int, cfg: dict, barrier, results, conn) -> None:
         import torch
 
         torch.set_num_threads(1)
-        out = {"peerd": _peerd, "tcp": _tcp, "gloo": _gloo}[method](rank, cfg, barrier, conn)
+        if method.startswith("peerd"):
+            cfg = {**cfg, "bulk": method == "peerd"}
+        out = {"peerd": _peerd, "peerd-grpc": _peerd, "tcp": _tcp, "gloo": _gloo}[method](rank, cfg, barrier, conn)
         results.put({"rank": rank, "ok": True, **out})
     except Exception:
         barrier.abort()  # wake the partner now instead of at its timeout

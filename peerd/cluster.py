@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -59,6 +59,7 @@ class Peer:
     dir: Path
     socket: Path
     process: subprocess.Popen | None = None
+    locality: str = ""  # rack label, for hierarchical grouping
 
     @property
     def peer_id(self) -> str:
@@ -71,7 +72,8 @@ Settings = Callable[["Peer"], dict[str, dict[str, object]]]
 def _write_config(peer: Peer, realm: str, settings: Settings | None = None) -> None:
     tables: dict[str, dict[str, object]] = {
         "daemon": {"state_dir": str(peer.dir / "state"), "control_socket": str(peer.socket),
-                   "peer_id": peer.peer_id, "host": "127.0.0.1"},
+                   "peer_id": peer.peer_id, "locality": peer.locality,
+                   "host": "127.0.0.1"},
         # mDNS stays on loopback; the realm hides other local clusters on this machine.
         "discovery": {"interfaces": ["127.0.0.1"], "realm": realm},
     }
@@ -95,17 +97,21 @@ def _toml(value: object) -> str:
 class LocalCluster:
     """N daemons as subprocesses; always stopped, by PID, on exit."""
 
-    def __init__(self, n: int, out: Path, settings: Settings | None = None) -> None:
+    def __init__(self, n: int, out: Path, localities: Sequence[str] = (), settings: Settings | None = None) -> None:
         """`settings(peer)` adds or replaces config values per peer, e.g.
         {"metrics": {"port": 9464}}."""
         if n < 1:
             raise PeerdError("--peers must be at least 1")
+        if localities and len(localities) != n:
+            raise PeerdError(f"{len(localities)} localities for {n} peers")
         self.out = out
         self._settings = settings
         # Unix socket paths are limited to ~107 bytes, so they live in a short temp dir.
         self._sockets = Path(tempfile.mkdtemp(prefix="peerd-"))
         self.realm = f"local-{secrets.token_hex(4)}"
         self.peers = [Peer(i, out / f"peer-{i}", self._sockets / f"peer-{i}.sock") for i in range(n)]
+        for peer, locality in zip(self.peers, localities):
+            peer.locality = locality
 
     def __enter__(self) -> LocalCluster:
         try:

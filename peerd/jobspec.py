@@ -30,9 +30,18 @@ class OptimizerSpec:
     ramp_steps: int = 8  # T of Dynamic mini-batch SGD: ramp over T·max(k, 1/k) steps
 
 
+GOSSIP_MODES = ("crossover", "hierarchical", "whole")
+WIRE_DTYPES = ("fp32", "fp16", "bf16")
+
+
 @dataclass(frozen=True)
 class GossipSpec:
     period_steps: int = 1  # local optimizer steps between gossip rounds
+    # "crossover": flat, segment by segment (DESIGN §1.2); "hierarchical":
+    # locality groups of ≤ group_size (§1.3); "whole": the whole model from one partner.
+    mode: str = "crossover"
+    group_size: int = 4
+    wire: str = "fp32"  # segment values on the wire; averaging is fp32 whatever this is
     segments: int = 8
     chunk_kib: int = 1024  # streamed chunk size; ~1 MiB is the fast spot for gRPC
     deadline_floor_s: float = 0.5
@@ -103,6 +112,12 @@ def parse_job(text: str, source: str) -> JobSpec:
         ),
         gossip=GossipSpec(
             period_steps=gossip.get("period_steps", int, 1, **positive),
+            mode=gossip.get("mode", str, "crossover", check=lambda v: v in GOSSIP_MODES,
+                            expect=" or ".join(repr(m) for m in GOSSIP_MODES)),
+            group_size=gossip.get("group_size", int, 4, check=lambda v: 1 <= v <= 1024,
+                                  expect="an integer in 1..1024"),
+            wire=gossip.get("wire", str, "fp32", check=lambda v: v in WIRE_DTYPES,
+                            expect=" or ".join(repr(w) for w in WIRE_DTYPES)),
             segments=gossip.get("segments", int, 8, check=lambda v: 1 <= v <= 4096, expect="an integer in 1..4096"),
             chunk_kib=gossip.get("chunk_kib", int, 1024, check=lambda v: 4 <= v <= 16384, expect="an integer in 4..16384"),
             deadline_floor_s=gossip.get("deadline_floor_s", float, 0.5, **positive),

@@ -50,8 +50,8 @@ def local_cluster(tmp_path):
     """Factory: start n daemons; all are stopped (by PID) when the test ends."""
     clusters: list[LocalCluster] = []
 
-    def start(n: int, settings=None) -> LocalCluster:
-        cluster = LocalCluster(n, tmp_path / f"cluster-{len(clusters)}", settings).__enter__()
+    def start(n: int, **options) -> LocalCluster:
+        cluster = LocalCluster(n, tmp_path / f"cluster-{len(clusters)}", **options).__enter__()
         clusters.append(cluster)
         cluster.wait_ready()
         return cluster

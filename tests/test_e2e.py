@@ -263,3 +263,36 @@ def test_a_daemon_killed_and_restarted_resumes_its_job_from_the_peers(local_clus
     cluster.wait_ready()
     time.sleep(5)  # past the resume delay
     assert cluster.client(victim).status().jobs == []
+
+
+def test_hierarchical_crossover_across_two_racks_reaches_consensus(local_cluster):
+    cluster = local_cluster(4, localities=["rack-a", "rack-a", "rack-b", "rack-b"])
+    wait_for(lambda: all(cluster.client(p).status().peers_known == 3 for p in cluster.peers),
+             30, "every daemon to see the other three")
+    text = example_job(job={"name": "hier", "epochs": 2, "eval_every_rounds": 20},
+                       gossip={"mode": "hierarchical", "group_size": 2, "wire": "bf16"})
+    job_file = cluster.out / "job.toml"
+    job_file.write_text(text)
+    for peer in cluster.peers:
+        out = peerctl(cluster, peer, "join", str(job_file))
+        assert out.returncode == 0, out.stderr
+
+    seen_partners = set()
+
+    def all_finished():
+        rows = {p.peer_id: cluster.client(p).status().jobs[0] for p in cluster.peers}
+        assert all(j.state not in ("failed", "restarting") for j in rows.values()), rows
+        seen_partners.update(j.progress.partners_reached for j in rows.values())
+        return all(j.state == "finished" for j in rows.values()) and rows
+
+    final = wait_for(all_finished, 300, "all four workers to finish the job")
+    for job in final.values():
+        assert "hierarchical gossip in groups of ≤ 2, bf16 on the wire" in open(job.log_path).read()
+    # Group of 2 plus the partner group's owner: 2 partners in a full round.
+    assert max(seen_partners) >= 2, seen_partners
+    for job in final.values():
+        assert job.progress.test_accuracy > 0.8, job
+    trained = [flat_params(torch.load(p.dir / "state" / "jobs" / "hier" / "model.pt", weights_only=True)["state_dict"])
+               for p in cluster.peers]
+    spread = max(rel_distance(a, b) for a in trained for b in trained)
+    assert spread < 0.05, spread

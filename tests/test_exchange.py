@@ -57,16 +57,20 @@ async def test_round_in_memory_gives_both_the_average():
     torch.testing.assert_close(b.vector, expected)
 
 
-@pytest.fixture
-async def grpc_pair():
+@pytest.fixture(params=["bulk", "grpc"])
+async def grpc_pair(request):
+    """Two peers serving over real sockets; segments go over the bulk lane, or
+    over gRPC alone."""
+    bulk = request.param == "bulk"
     a, b = two_peers()
     servers, addresses = [], {}
     for peer in (a, b):
-        server, address = await start_exchange_server(peer.server, peer.state, "127.0.0.1")
+        server, address = await start_exchange_server(peer.server, peer.state, "127.0.0.1", bulk=bulk)
         servers.append(server)
         addresses[peer.identity.peer_id] = address
         assert address.startswith("127.0.0.1:")
-    transports = [GrpcTransport(a.identity), GrpcTransport(b.identity)]
+        assert (server.bulk is not None) == bulk
+    transports = [GrpcTransport(a.identity, bulk=bulk), GrpcTransport(b.identity, bulk=bulk)]
     yield a, b, addresses, transports
     for t in transports:
         await t.aclose()
@@ -201,6 +205,7 @@ async def test_a_client_that_gives_up_mid_stream_releases_the_snapshot(grpc_pair
         server, StateServer(server.identity, StateBoard(big), store, CHUNK), "127.0.0.1")
     try:
         await store.publish(1, torch.ones(big))
+        await ta.fetch_segment(address, 1, 0, torch.empty(big), timeout=10.0)  # the lane is known now
         for _ in range(3):
             with pytest.raises(PeerUnavailable):
                 await ta.fetch_segment(address, 1, 0, torch.empty(big), timeout=0.02)
@@ -222,3 +227,51 @@ async def test_publishing_over_a_round_still_being_read_keeps_the_reader_consist
         assert bool((held == 1.0).all())  # the reader still sees round 1
     async with store.hold(3, 0.0) as held:
         assert bool((held == 3.0).all())
+
+
+async def test_the_bulk_lane_carries_segments_and_survives_garbage():
+    a, b = two_peers()
+    server, address = await start_exchange_server(b.server, b.state, "127.0.0.1")
+    transport = GrpcTransport(a.identity)
+    try:
+        await b.store.publish(1, b.vector)
+        out = torch.empty(a.layout[2].size)
+        await transport.fetch_segment(address, 1, 2, out, timeout=5.0)
+        span = a.layout[2]
+        torch.testing.assert_close(out, b.vector[span.start : span.stop])
+        assert transport._lanes[address] == server.bulk._sock.getsockname()[1]
+        # Junk on the lane: oversized lengths, undecodable requests, a half frame.
+        host, port = "127.0.0.1", transport._lanes[address]
+        for junk in (b"\xff\xff\xff\xff", b"\x05\x00\x00\x00\xff\xff\xff\xff\xff", b"\x10\x00"):
+            reader, writer = await asyncio.open_connection(host, port)
+            writer.write(junk)
+            await writer.drain()
+            writer.close()
+        # A refusal comes back as the same error as over gRPC, with the round.
+        for r in (2, 3):
+            await b.store.publish(r, b.vector)
+        with pytest.raises(RoundMismatch) as info:
+            await transport.fetch_segment(address, 1, 0, torch.empty(a.layout[0].size), timeout=2.0)
+        assert info.value.current_round == 3
+        with pytest.raises(JobMismatch, match="expected"):
+            await transport.fetch_segment(address, 3, 0, torch.empty(7), timeout=2.0)
+        await transport.fetch_segment(address, 3, 2, out, timeout=5.0)  # still serving
+        torch.testing.assert_close(out, b.vector[span.start : span.stop])
+    finally:
+        await transport.aclose()
+        await server.stop(None)
+
+
+async def test_a_partner_without_a_bulk_lane_is_served_over_grpc():
+    a, b = two_peers()
+    server, address = await start_exchange_server(b.server, b.state, "127.0.0.1", bulk=False)
+    transport = GrpcTransport(a.identity, wire="fp32", bulk=True)
+    try:
+        await b.store.publish(1, b.vector)
+        out = torch.empty(a.layout[0].size)
+        await transport.fetch_segment(address, 1, 0, out, timeout=5.0)
+        assert transport._lanes[address] == 0
+        torch.testing.assert_close(out, b.vector[: a.layout[0].size])
+    finally:
+        await transport.aclose()
+        await server.stop(None)

@@ -46,7 +46,7 @@ def job_of(cluster, peer):
 
 
 def test_sigterm_mid_round_checkpoints_and_a_lone_restart_resumes_from_it(local_cluster):
-    cluster = local_cluster(2, lambda peer: {"daemon": {"stop_timeout_s": STOP_TIMEOUT_S}})
+    cluster = local_cluster(2, settings=lambda peer: {"daemon": {"stop_timeout_s": STOP_TIMEOUT_S}})
     steady, victim = cluster.peers
     wait_for(lambda: all(cluster.client(p).status().peers_known == 1 for p in cluster.peers), 30, "discovery")
     text = example_job(job={"name": "sigterm", "epochs": 50}, checkpoint={"every_rounds": 10})
@@ -97,7 +97,7 @@ def scrape(port: int) -> dict[tuple[str, tuple], float]:
 
 def test_metrics_are_served_and_move_as_rounds_complete(local_cluster):
     ports = {0: free_port(), 1: free_port()}
-    cluster = local_cluster(2, lambda peer: {"metrics": {"port": ports[peer.index]}})
+    cluster = local_cluster(2, settings=lambda peer: {"metrics": {"port": ports[peer.index]}})
     wait_for(lambda: all(cluster.client(p).status().peers_known == 1 for p in cluster.peers), 30, "discovery")
     port = ports[0]
     before = scrape(port)

@@ -384,10 +384,13 @@ class Daemon:
     def worker_heartbeat(self, report: control_pb2.WorkerReport) -> control_pb2.WorkerView:
         job = self._job(report.job)
         job.on_heartbeat(report)
-        peers = [control_pb2.PeerEndpoint(peer_id=p, address=a)
-                 for p, a in self.membership.job_view(job.spec.name, job.spec.fingerprint)]
+        peers = []
+        for p, a in self.membership.job_view(job.spec.name, job.spec.fingerprint):
+            record = self.membership.get(p)
+            peers.append(control_pb2.PeerEndpoint(peer_id=p, address=a, locality=record.locality if record else ""))
         if job.worker_address:
-            peers.append(control_pb2.PeerEndpoint(peer_id=self.peer_id, address=job.worker_address))
+            peers.append(control_pb2.PeerEndpoint(
+                peer_id=self.peer_id, address=job.worker_address, locality=self.config.locality))
         members = [*self.membership.job_members(job.spec.name, job.spec.fingerprint), self.peer_id]
         return control_pb2.WorkerView(peers=peers, members=members, stop=job.stop_requested)
 

@@ -11,6 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+import torch
+
+from peerd.errors import JobMismatch, PeerUnavailable
+
 _VARINT, _FIXED64, _LENGTH, _FIXED32 = 0, 1, 2, 5
 
 
@@ -87,3 +92,26 @@ def _read_varint(view: memoryview, pos: int) -> tuple[int, int]:
         if not byte & 0x80:
             return result, pos
         shift += 7
+
+
+_WIRE_NUMPY = {"fp32": "<f4", "fp16": "<f2", "bf16": "<u2"}
+
+
+def fill_values(out: torch.Tensor, offset: int, total: int, data: bytes, filled: int, wire: str = "fp32") -> int:
+    """Copy one received chunk into `out` at `offset`, widened to fp32; returns
+    the elements filled so far. Chunks must come in order."""
+    if total != out.numel():
+        raise JobMismatch(f"partner sent a segment of {total} elements, expected {out.numel()}")
+    dtype = np.dtype(_WIRE_NUMPY[wire])
+    nbytes = memoryview(data).nbytes
+    if nbytes % dtype.itemsize:
+        raise PeerUnavailable(f"partner sent {nbytes} bytes, not whole {wire} values")
+    values = np.frombuffer(data, dtype=dtype)
+    if offset != filled or offset + values.size > total:
+        raise PeerUnavailable(f"partner sent chunk at {offset}+{values.size}, expected {filled}")
+    target = out[offset : offset + values.size]
+    if wire == "bf16":  # numpy has no bfloat16; its bits are the top half of a float32's
+        target.numpy().view(np.uint32)[:] = values.astype(np.uint32) << 16
+    else:
+        target.numpy()[:] = values  # the one copy (and widening), into the preallocated buffer
+    return filled + values.size

@@ -36,7 +36,19 @@ class RoundResult:
 DISAGREEMENT_SAMPLE = 64  # the metric reads 1/64 of every segment: the full norm cost as much as averaging
 
 
-def _relative_gap(own: torch.Tensor, theirs: torch.Tensor) -> float:
+def record_failure(result: RoundResult, source: str, round_: int, exc: BaseException) -> None:
+    """Count a fetch that failed; re-raise what is a bug rather than a partner's fault."""
+    if not isinstance(exc, (PeerdError, TimeoutError)):
+        raise exc
+    result.misses += 1
+    if isinstance(exc, RoundMismatch) and exc.current_round > max(round_, result.ahead_round):
+        result.ahead_round, result.ahead_peer = exc.current_round, source
+    if isinstance(exc, (PeerUnavailable, TimeoutError)):
+        result.unreachable.add(source)
+    result.errors[source] = str(exc) or type(exc).__name__
+
+
+def relative_gap(own: torch.Tensor, theirs: torch.Tensor) -> float:
     """||own − theirs|| / ||own|| estimated on a contiguous sample of the segment."""
     n = max(1, own.numel() // DISAGREEMENT_SAMPLE)
     a, b = own[:n], theirs[:n]
@@ -76,18 +88,11 @@ async def gossip_round(
         exc = None if task in done and not task.cancelled() else TimeoutError("deadline")
         exc = exc or task.exception()
         if exc is not None:
-            result.misses += 1
-            if isinstance(exc, RoundMismatch) and exc.current_round > max(plan.round, result.ahead_round):
-                result.ahead_round, result.ahead_peer = exc.current_round, source
-            if not isinstance(exc, (PeerdError, TimeoutError)):
-                raise exc
-            if isinstance(exc, (PeerUnavailable, TimeoutError)):
-                result.unreachable.add(source)
-            result.errors[source] = str(exc) or type(exc).__name__
+            record_failure(result, source, plan.round, exc)
             continue
         span = layout[s]
         own, theirs = vector[span.start : span.stop], recv[span.start : span.stop]
-        gaps.append(_relative_gap(own, theirs))
+        gaps.append(relative_gap(own, theirs))
         # (own + theirs)·½, not lerp: addition commutes exactly in IEEE arithmetic,
         # so both partners of a pair end with bit-identical values.
         own.add_(theirs).mul_(0.5)

@@ -29,6 +29,7 @@ class SupervisorLink:
         self.address = ""
         self.progress = empty_progress()
         self.view: dict[str, str] = {}  # serving workers: peer id -> exchange address
+        self.localities: dict[str, str] = {}  # peer id -> its rack/subnet label
         self.members: list[str] = []  # every peer in the job, for the data split
         self.stop = False
 
@@ -48,6 +49,7 @@ class SupervisorLink:
             return False
         self._last_ok = time.monotonic()
         self.view = {p.peer_id: p.address for p in reply.peers}
+        self.localities = {p.peer_id: p.locality for p in reply.peers}
         self.members = list(reply.members)
         self.stop = self.stop or reply.stop
         return True

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from peerd.core.deadline import DeadlineEstimator
+from peerd.core.groups import plan_hierarchical
 from peerd.core.segments import split_even
 from peerd.core.suspicion import Suspicion
 from peerd.core.topology import plan_round
@@ -27,8 +28,9 @@ from peerd.logs import setup_logging
 from peerd.proto.v1 import control_pb2
 from peerd.worker.checkpoint import CheckpointDir
 from peerd.worker.gossip import RoundResult, gossip_round
+from peerd.worker.hierarchy import hierarchical_round
 from peerd.worker.link import SupervisorLink
-from peerd.worker.snapshots import Identity, SegmentServer, SnapshotStore
+from peerd.worker.snapshots import Identity, SegmentServer, SnapshotStore, StageStore
 from peerd.worker.training import Trainer
 from peerd.worker.state import StateBoard, StateMeta, StateServer, pull_state
 from peerd.worker.traffic import (
@@ -61,12 +63,15 @@ class Worker:
         self.me = trainer.peer_id
         self.identity = Identity(spec.name, trainer.flat.fingerprint(spec.fingerprint), self.me)
         numel = trainer.flat.numel
-        self.layout = split_even(numel, min(spec.gossip.segments, numel))
+        segments = 1 if spec.gossip.mode == "whole" else min(spec.gossip.segments, numel)
+        self.layout = split_even(numel, segments)
         self.store = SnapshotStore(numel)
+        self.stages = StageStore()
         self.board = StateBoard(numel)
         self.recv = torch.empty(numel, dtype=torch.float32)
         self.traffic = Traffic()
-        self.transport = CountingTransport(GrpcTransport(self.identity), self.traffic)
+        wire_bytes = 4 if spec.gossip.wire == "fp32" else 2
+        self.transport = CountingTransport(GrpcTransport(self.identity, spec.gossip.wire), self.traffic, wire_bytes)
         self.checkpoints = CheckpointDir(out_dir / "checkpoints", spec.name, self.identity.fingerprint, 2 * numel)
         self._checkpoint_at = (0, time.monotonic())  # round and time of the last checkpoint
         self.checkpoint_round = 0
@@ -83,11 +88,14 @@ class Worker:
     async def run(self) -> None:
         chunk_elems = self.spec.gossip.chunk_kib * 1024 // 4
         server = CountingSegmentServer(
-            SegmentServer(self.identity, self.store, len(self.layout), chunk_elems), self.traffic)
+            SegmentServer(self.identity, self.store, len(self.layout), chunk_elems, self.stages, self.spec.gossip.wire),
+            self.traffic)
         state = CountingStateServer(StateServer(self.identity, self.board, self.store, chunk_elems), self.traffic)
         grpc_server, address = await start_exchange_server(server, state, self.host)
-        log.info("serving exchange on %s; %d parameters in %d segments",
-                 address, self.trainer.flat.numel, len(self.layout))
+        g = self.spec.gossip
+        log.info("serving exchange on %s; %d parameters in %d segments; %s gossip%s, %s on the wire",
+                 address, self.trainer.flat.numel, len(self.layout), g.mode,
+                 f" in groups of ≤ {g.group_size}" if g.mode == "hierarchical" else "", g.wire)
         # The first beat, without our address, shows the view without putting us
         # in it: partners do not wait for a worker that is still taking the state.
         await self.link.beat()
@@ -102,6 +110,7 @@ class Worker:
             await self._train()
         finally:
             await self.store.finish()
+            await self.stages.finish()
             await self.board.finish()
             self._report(None, finished=self.trainer.done)
             beats.cancel()
@@ -190,13 +199,19 @@ class Worker:
 
     async def _gossip(self, view: dict[str, str]) -> RoundResult | None:
         now = time.monotonic()
-        plan = plan_round(self.spec.name, self.round, self.suspicion.keep(view, now), self.me, len(self.layout))
-        if plan is None:
+        peers = self.suspicion.keep(view, now)
+        if len(peers) < 2:
             return None
-        result = await gossip_round(
-            plan, view, self.trainer.flat.vector, self.recv, self.layout, self.transport,
-            self.deadline.deadline(),
-        )
+        vector, deadline = self.trainer.flat.vector, self.deadline.deadline()
+        if self.spec.gossip.mode == "hierarchical":
+            localities = {p: (self.link.localities.get(p, ""), _host(view[p])) for p in peers}
+            plan = plan_hierarchical(self.spec.name, self.round, localities, self.me, len(self.layout),
+                                     self.spec.gossip.group_size)
+            result = await hierarchical_round(plan, self.me, view, vector, self.recv, self.layout,
+                                              self.transport, self.stages, deadline)
+        else:
+            plan = plan_round(self.spec.name, self.round, peers, self.me, len(self.layout))
+            result = await gossip_round(plan, view, vector, self.recv, self.layout, self.transport, deadline)
         self.misses += result.misses
         self.exchange_times.observe(result.seconds)
         if result.misses == 0:
@@ -204,7 +219,7 @@ class Worker:
         elif result.errors:
             log.debug("round %d: %d segment(s) missed: %s", self.round, result.misses,
                       "; ".join(f"{p}: {e}" for p, e in sorted(result.errors.items())))
-        for partner in plan.partners:
+        for partner in result.planned:
             if self.suspicion.record(partner, partner not in result.unreachable, now):
                 log.info("round %d: suspecting %s (no answer in %d rounds): %s", self.round, partner,
                          self.suspicion.threshold, result.errors.get(partner, ""))
@@ -261,6 +276,11 @@ class Worker:
             p.partners_reached, p.partners_planned = old.partners_reached, old.partners_planned
             p.disagreement, p.exchange_s = old.disagreement, old.exchange_s
         self.link.progress = p
+
+
+def _host(address: str) -> str:
+    """The host part of "host:port" or "[v6]:port": workers on one host group first."""
+    return address.rpartition(":")[0].strip("[]")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -10,7 +10,7 @@ starts round r+1.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -108,25 +108,103 @@ class SnapshotStore:
             slot.readers -= 1  # no lock needed: the event loop runs one task at a time
 
 
-class SegmentServer:
-    """Serves this worker's snapshots, chunked. Transport-independent: the gRPC
-    servicer and the in-memory twin both call it."""
+class StageStore:
+    """What an owner computes in a hierarchical round (peerd.core.groups): stage 1
+    is its in-group average of a segment it owns, stage 2 that average mixed
+    with the partner group's. Kept two rounds, like snapshots."""
 
-    def __init__(self, identity: Identity, store: SnapshotStore, segments: int, chunk_elems: int) -> None:
+    def __init__(self, keep: int = KEEP_ROUNDS) -> None:
+        self._keep = keep
+        self._owned: dict[int, frozenset[int]] = {}  # round -> segments this worker owns in it
+        self._values: dict[tuple[int, int, int], torch.Tensor] = {}  # (round, stage, segment)
+        self._changed = asyncio.Condition()
+        self.current_round = -1
+        self.finished = False
+
+    async def begin(self, round_: int, owned: Iterable[int]) -> None:
+        async with self._changed:
+            self._owned[round_] = frozenset(owned)
+            self.current_round = max(self.current_round, round_)
+            oldest = self.current_round - self._keep + 1
+            self._owned = {r: o for r, o in self._owned.items() if r >= oldest}
+            self._values = {k: v for k, v in self._values.items() if k[0] >= oldest}
+            self._changed.notify_all()
+
+    async def put(self, round_: int, stage: int, segment: int, value: torch.Tensor) -> None:
+        async with self._changed:
+            if round_ in self._owned:
+                self._values[round_, stage, segment] = value
+                self._changed.notify_all()
+
+    async def finish(self) -> None:
+        async with self._changed:
+            self.finished = True
+            self._changed.notify_all()
+
+    async def get(self, round_: int, stage: int, segment: int, wait_s: float) -> torch.Tensor:
+        """The value, waited for up to wait_s. A value that will never come (this
+        worker is past the round, or does not own the segment) is refused at once."""
+        key = (round_, stage, segment)
+
+        def settled() -> bool:
+            return key in self._values or self.finished or round_ < self.current_round - self._keep + 1 or (
+                round_ in self._owned and segment not in self._owned[round_])
+
+        async with self._changed:
+            await wait_until(self._changed, settled, wait_s)
+            value = self._values.get(key)
+            if value is None:
+                owns = segment in self._owned.get(round_, (segment,))
+                why = f"stage {stage} of segment {segment} not ready" if owns else f"segment {segment} not owned here"
+                raise RoundMismatch(f"round {round_}: {why} (peer in round {self.current_round})", self.current_round)
+            return value
+
+
+WIRE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def to_wire(values: torch.Tensor, wire: str) -> np.ndarray:
+    """Little-endian bytes of `values` in the job's wire dtype (a view for fp32)."""
+    if wire == "fp32":
+        return values.numpy()
+    narrow = values.to(WIRE_DTYPES[wire])
+    return narrow.view(torch.int16).numpy() if wire == "bf16" else narrow.numpy()
+
+
+class SegmentServer:
+    """Serves this worker's snapshots and stage values, chunked.
+    Transport-independent: the gRPC servicer and the in-memory twin both call it."""
+
+    def __init__(
+        self, identity: Identity, store: SnapshotStore, segments: int, chunk_elems: int,
+        stages: StageStore | None = None, wire: str = "fp32",
+    ) -> None:
         self.identity = identity
         self.store = store
+        self.stages = stages or StageStore()
         self.chunk_elems = chunk_elems
+        self.wire = wire
         self.layout: list[Span] = split_even(store.numel, segments)
 
     async def segment(
-        self, job: str, fingerprint: str, round_: int, segment: int, wait_s: float
+        self, job: str, fingerprint: str, round_: int, segment: int, wait_s: float, stage: int = 0,
+        chunk_elems: int = 0,
     ) -> AsyncIterator[tuple[int, int, np.ndarray]]:
-        """(offset, total, data) chunks of one segment of one round; data is a view
-        into the snapshot, valid until the next chunk is asked for."""
+        """(offset, total, data) chunks of one segment of one round, of
+        `chunk_elems` (default: the server's) elements; data is a view into the
+        snapshot (fp32 on the wire), valid until the next chunk is asked for."""
+        chunk_elems = chunk_elems or self.chunk_elems
         check_identity(self.identity, job, fingerprint)
         if not 0 <= segment < len(self.layout):
             raise JobMismatch(f"segment {segment} out of range 0..{len(self.layout) - 1}")
+        if stage not in (0, 1, 2):
+            raise JobMismatch(f"stage {stage} out of range 0..2")
         span = self.layout[segment]
+        if stage:
+            value = await self.stages.get(round_, stage, segment, wait_s)
+            for piece in chunk_spans(span.size, chunk_elems):
+                yield piece.start, span.size, to_wire(value[piece.start : piece.stop], self.wire)
+            return
         async with self.store.hold(round_, wait_s) as vector:
-            for piece in chunk_spans(span.size, self.chunk_elems):
-                yield piece.start, span.size, vector[span.start + piece.start : span.start + piece.stop].numpy()
+            for piece in chunk_spans(span.size, chunk_elems):
+                yield piece.start, span.size, to_wire(vector[span.start + piece.start : span.start + piece.stop], self.wire)

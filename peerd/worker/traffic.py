@@ -41,13 +41,19 @@ class ExchangeTimes:
 
 
 class CountingTransport:
-    def __init__(self, inner, traffic: Traffic) -> None:
+    """Counts segments at `wire_bytes` per value (the job's wire dtype, as the
+    serving side counts them) and state ranges at 4."""
+
+    def __init__(self, inner, traffic: Traffic, wire_bytes: int = 4) -> None:
         self._inner = inner
         self._traffic = traffic
+        self._wire_bytes = wire_bytes
 
-    async def fetch_segment(self, address: str, round_: int, segment: int, out: torch.Tensor, timeout: float) -> None:
-        await self._inner.fetch_segment(address, round_, segment, out, timeout)
-        self._traffic.received += out.numel() * out.element_size()
+    async def fetch_segment(
+        self, address: str, round_: int, segment: int, out: torch.Tensor, timeout: float, stage: int = 0
+    ) -> None:
+        await self._inner.fetch_segment(address, round_, segment, out, timeout, stage)
+        self._traffic.received += out.numel() * self._wire_bytes
 
     async def fetch_state(self, address: str, span: Span, timeout: float) -> StatePart:
         part = await self._inner.fetch_state(address, span, timeout)

@@ -17,8 +17,9 @@ import torch
 from peerd.errors import JobMismatch, PeerUnavailable, RoundMismatch
 from peerd.proto.v1 import peer_pb2, peer_pb2_grpc
 from peerd.core.segments import Span
-from peerd.worker.codec import decode_segment_chunk, encode_segment_chunk
-from peerd.worker.snapshots import Identity, SegmentServer
+from peerd.worker.bulk import BulkClient, BulkServer, split_address
+from peerd.worker.codec import decode_segment_chunk, encode_segment_chunk, fill_values
+from peerd.worker.snapshots import Identity, SegmentServer, check_identity
 from peerd.worker.state import StateMeta, StatePart, StateServer, verify_part
 
 # Streams of ~1 MiB chunks; allow some headroom over the largest chunk.
@@ -37,24 +38,15 @@ FETCH_SEGMENT = f"/{EXCHANGE_SERVICE}/FetchSegment"
 
 class Transport(Protocol):
     async def fetch_segment(
-        self, address: str, round_: int, segment: int, out: torch.Tensor, timeout: float
+        self, address: str, round_: int, segment: int, out: torch.Tensor, timeout: float, stage: int = 0
     ) -> None:
-        """Fill `out` with the partner's segment of `round_` or raise a PeerdError."""
+        """Fill `out` with the partner's segment of `round_` (at `stage`, see
+        SegmentRequest) or raise a PeerdError."""
 
     async def fetch_state(self, address: str, span: Span, timeout: float) -> StatePart:
         """A verified range of the partner's training state."""
 
     async def aclose(self) -> None: ...
-
-
-def _fill(out: torch.Tensor, offset: int, total: int, data: bytes, filled: int) -> int:
-    if total != out.numel():
-        raise JobMismatch(f"partner sent a segment of {total} elements, expected {out.numel()}")
-    values = np.frombuffer(data, dtype="<f4")
-    if offset != filled or offset + values.size > total:
-        raise PeerUnavailable(f"partner sent chunk at {offset}+{values.size}, expected {filled}")
-    out[offset : offset + values.size].numpy()[:] = values  # the one copy, into the preallocated buffer
-    return filled + values.size
 
 
 class _StateAssembly:
@@ -70,7 +62,7 @@ class _StateAssembly:
     def add(self, meta: StateMeta, offset: int, sha: bytes, data: bytes) -> None:
         if self.meta is None:
             self.meta, self.sha = meta, sha
-        self.filled = _fill(self.values, offset - self.span.start, self.span.size, data, self.filled)
+        self.filled = fill_values(self.values, offset - self.span.start, self.span.size, data, self.filled)
 
     def result(self, address: str) -> StatePart:
         if self.meta is None or self.filled != self.span.size:
@@ -81,9 +73,15 @@ class _StateAssembly:
 
 
 class GrpcTransport:
-    def __init__(self, identity: Identity) -> None:
+    """Segments over the partner's bulk lane when it has one, else over gRPC;
+    state and lane lookups over gRPC."""
+
+    def __init__(self, identity: Identity, wire: str = "fp32", bulk: bool = True) -> None:
         self._identity = identity
+        self._wire = wire
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._bulk = BulkClient(wire) if bulk else None
+        self._lanes: dict[str, int] = {}  # exchange address -> its bulk port (0: none)
 
     def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
@@ -104,23 +102,49 @@ class GrpcTransport:
         )
 
     async def fetch_segment(
-        self, address: str, round_: int, segment: int, out: torch.Tensor, timeout: float
+        self, address: str, round_: int, segment: int, out: torch.Tensor, timeout: float, stage: int = 0
     ) -> None:
         request = peer_pb2.SegmentRequest(
             job=self._identity.job, fingerprint=self._identity.fingerprint, round=round_,
-            segment=segment, peer_id=self._identity.peer_id, wait_s=timeout,
+            segment=segment, peer_id=self._identity.peer_id, wait_s=timeout, stage=stage,
         )
+        port = await self._lane(address, timeout)
+        if port:
+            host = split_address(address)[0]
+            try:
+                await self._bulk.fetch(host, port, request, out, timeout)
+            except PeerUnavailable:
+                self._lanes.pop(address, None)  # look the lane up again next time: the worker may have restarted
+                raise
+            return
         filled = 0
         call = self._fetch_segment(address)(request, timeout=timeout)
         try:
             async for chunk in call:
-                filled = _fill(out, chunk.offset, chunk.total, chunk.data, filled)
+                filled = fill_values(out, chunk.offset, chunk.total, chunk.data, filled, self._wire)
         except grpc.aio.AioRpcError as exc:
             raise _translate(exc, address) from None
         finally:
             call.cancel()  # a bad chunk ends the stream here, so the partner stops sending (no-op when done)
         if filled != out.numel():
             raise PeerUnavailable(f"{address} ended segment {segment} after {filled}/{out.numel()} elements")
+
+    async def _lane(self, address: str, timeout: float) -> int:
+        """The partner's bulk port, asked once per address; 0 when it has none."""
+        if self._bulk is None:
+            return 0
+        port = self._lanes.get(address)
+        if port is None:
+            request = peer_pb2.LanesRequest(job=self._identity.job, fingerprint=self._identity.fingerprint)
+            try:
+                reply = await self._stub(address).Lanes(request, timeout=timeout)
+                port = reply.bulk_port
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    raise _translate(exc, address) from None
+                port = 0  # a peer from before bulk lanes
+            self._lanes[address] = port
+        return port
 
     async def fetch_state(self, address: str, span: Span, timeout: float) -> StatePart:
         request = peer_pb2.StateRequest(
@@ -141,6 +165,8 @@ class GrpcTransport:
     async def aclose(self) -> None:
         channels, self._channels = list(self._channels.values()), {}
         await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
+        if self._bulk is not None:
+            self._bulk.close()
 
 
 def _translate(exc: grpc.aio.AioRpcError, address: str) -> Exception:
@@ -156,16 +182,25 @@ def _translate(exc: grpc.aio.AioRpcError, address: str) -> Exception:
 class ExchangeServicer(peer_pb2_grpc.ExchangeServicer):
     """gRPC edge of a SegmentServer: peerd errors become status codes here only."""
 
-    def __init__(self, server: SegmentServer, state: StateServer) -> None:
+    def __init__(self, server: SegmentServer, state: StateServer, bulk_port: int = 0) -> None:
         self._server = server
         self._state = state
+        self.bulk_port = bulk_port
+
+    async def Lanes(self, request, context):
+        try:
+            check_identity(self._server.identity, request.job, request.fingerprint)
+        except JobMismatch as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        return peer_pb2.LanesReply(bulk_port=self.bulk_port)
 
     async def FetchSegment(self, request, context):
         try:
             # aclosing: a client that goes away (deadline, crash) must release the
             # snapshot it read at once, not whenever the generator is collected.
             async with aclosing(self._server.segment(
-                request.job, request.fingerprint, request.round, request.segment, request.wait_s
+                request.job, request.fingerprint, request.round, request.segment, request.wait_s,
+                request.stage,
             )) as chunks:
                 async for offset, total, data in chunks:
                     yield encode_segment_chunk(request.round, request.segment, offset, total, data)
@@ -191,12 +226,27 @@ class ExchangeServicer(peer_pb2_grpc.ExchangeServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
 
 
+class ExchangeServer:
+    """The gRPC server and the bulk lane of one worker, stopped together."""
+
+    def __init__(self, grpc_server: grpc.aio.Server, bulk: BulkServer | None) -> None:
+        self.grpc = grpc_server
+        self.bulk = bulk
+
+    async def stop(self, grace: float | None) -> None:
+        if self.bulk is not None:
+            await self.bulk.close()
+        await self.grpc.stop(grace)
+
+
 async def start_exchange_server(
-    server: SegmentServer, state: StateServer, host: str, port: int = 0
-) -> tuple[grpc.aio.Server, str]:
-    """Serve segments and state on host:port (0: any free port); returns the server and its address."""
+    server: SegmentServer, state: StateServer, host: str, port: int = 0, bulk: bool = True
+) -> tuple[ExchangeServer, str]:
+    """Serve segments and state on host:port (0: any free port), and segments on a
+    bulk lane beside it unless `bulk` is off; returns the server and its gRPC address."""
     grpc_server = grpc.aio.server(options=CHANNEL_OPTIONS)
-    servicer = ExchangeServicer(server, state)
+    lane = BulkServer(server) if bulk else None
+    servicer = ExchangeServicer(server, state, await lane.start(host) if lane else 0)
     # Registered by hand, not with add_ExchangeServicer_to_server: FetchSegment
     # yields chunks already encoded by peerd.worker.codec.
     handlers = {
@@ -205,13 +255,18 @@ async def start_exchange_server(
         "FetchState": grpc.unary_stream_rpc_method_handler(
             servicer.FetchState, request_deserializer=peer_pb2.StateRequest.FromString,
             response_serializer=peer_pb2.StateChunk.SerializeToString),
+        "Lanes": grpc.unary_unary_rpc_method_handler(
+            servicer.Lanes, request_deserializer=peer_pb2.LanesRequest.FromString,
+            response_serializer=peer_pb2.LanesReply.SerializeToString),
     }
     grpc_server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(EXCHANGE_SERVICE, handlers),))
     bound = grpc_server.add_insecure_port(_join(host, port))
     if bound == 0:
+        if lane:
+            await lane.close()
         raise PeerUnavailable(f"cannot bind the exchange service to {host}:{port}")
     await grpc_server.start()
-    return grpc_server, _join(host, bound)
+    return ExchangeServer(grpc_server, lane), _join(host, bound)
 
 
 def _join(host: str, port: int) -> str:
@@ -223,9 +278,11 @@ class MemoryTransport:
     logic without a network."""
 
     def __init__(
-        self, identity: Identity, servers: dict[str, SegmentServer], state_servers: dict[str, StateServer] | None = None
+        self, identity: Identity, servers: dict[str, SegmentServer],
+        state_servers: dict[str, StateServer] | None = None, wire: str = "fp32",
     ) -> None:
         self._identity = identity
+        self._wire = wire
         self._servers = servers
         self._state_servers = state_servers or {}
 
@@ -236,16 +293,16 @@ class MemoryTransport:
         return server
 
     async def fetch_segment(
-        self, address: str, round_: int, segment: int, out: torch.Tensor, timeout: float
+        self, address: str, round_: int, segment: int, out: torch.Tensor, timeout: float, stage: int = 0
     ) -> None:
         async def pull() -> None:
             filled = 0
             chunks = self._server(address).segment(
-                self._identity.job, self._identity.fingerprint, round_, segment, timeout
+                self._identity.job, self._identity.fingerprint, round_, segment, timeout, stage
             )
             async with aclosing(chunks):
                 async for offset, total, data in chunks:
-                    filled = _fill(out, offset, total, data, filled)
+                    filled = fill_values(out, offset, total, data, filled, self._wire)
 
         try:
             await asyncio.wait_for(pull(), timeout)

@@ -75,12 +75,14 @@ class WorkerReport(_message.Message):
     def __init__(self, job: _Optional[str] = ..., pid: _Optional[int] = ..., address: _Optional[str] = ..., fingerprint: _Optional[str] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ...) -> None: ...
 
 class PeerEndpoint(_message.Message):
-    __slots__ = ("peer_id", "address")
+    __slots__ = ("peer_id", "address", "locality")
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    LOCALITY_FIELD_NUMBER: _ClassVar[int]
     peer_id: str
     address: str
-    def __init__(self, peer_id: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
+    locality: str
+    def __init__(self, peer_id: _Optional[str] = ..., address: _Optional[str] = ..., locality: _Optional[str] = ...) -> None: ...
 
 class WorkerView(_message.Message):
     __slots__ = ("peers", "stop", "members")

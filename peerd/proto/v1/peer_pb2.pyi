@@ -78,21 +78,37 @@ class KnownPeer(_message.Message):
     address: str
     def __init__(self, peer_id: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
 
+class LanesRequest(_message.Message):
+    __slots__ = ("job", "fingerprint")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    fingerprint: str
+    def __init__(self, job: _Optional[str] = ..., fingerprint: _Optional[str] = ...) -> None: ...
+
+class LanesReply(_message.Message):
+    __slots__ = ("bulk_port",)
+    BULK_PORT_FIELD_NUMBER: _ClassVar[int]
+    bulk_port: int
+    def __init__(self, bulk_port: _Optional[int] = ...) -> None: ...
+
 class SegmentRequest(_message.Message):
-    __slots__ = ("job", "fingerprint", "round", "segment", "peer_id", "wait_s")
+    __slots__ = ("job", "fingerprint", "round", "segment", "peer_id", "wait_s", "stage")
     JOB_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_FIELD_NUMBER: _ClassVar[int]
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
     job: str
     fingerprint: str
     round: int
     segment: int
     peer_id: str
     wait_s: float
-    def __init__(self, job: _Optional[str] = ..., fingerprint: _Optional[str] = ..., round: _Optional[int] = ..., segment: _Optional[int] = ..., peer_id: _Optional[str] = ..., wait_s: _Optional[float] = ...) -> None: ...
+    stage: int
+    def __init__(self, job: _Optional[str] = ..., fingerprint: _Optional[str] = ..., round: _Optional[int] = ..., segment: _Optional[int] = ..., peer_id: _Optional[str] = ..., wait_s: _Optional[float] = ..., stage: _Optional[int] = ...) -> None: ...
 
 class SegmentChunk(_message.Message):
     __slots__ = ("round", "segment", "offset", "total", "data")

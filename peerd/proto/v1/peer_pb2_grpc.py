@@ -169,6 +169,11 @@ class ExchangeStub:
                 request_serializer=peerd_dot_proto_dot_v1_dot_peer__pb2.StateRequest.SerializeToString,
                 response_deserializer=peerd_dot_proto_dot_v1_dot_peer__pb2.StateChunk.FromString,
                 _registered_method=True)
+        self.Lanes = channel.unary_unary(
+                '/peerd.v1.Exchange/Lanes',
+                request_serializer=peerd_dot_proto_dot_v1_dot_peer__pb2.LanesRequest.SerializeToString,
+                response_deserializer=peerd_dot_proto_dot_v1_dot_peer__pb2.LanesReply.FromString,
+                _registered_method=True)
 
 
 class ExchangeServicer:
@@ -196,6 +201,14 @@ class ExchangeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Lanes(self, request, context):
+        """Where the callee's bulk lane listens: a plain TCP port on the same host
+        that serves SegmentRequests with raw values (docs/protocol.md). 0: none.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ExchangeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -208,6 +221,11 @@ def add_ExchangeServicer_to_server(servicer, server):
                     servicer.FetchState,
                     request_deserializer=peerd_dot_proto_dot_v1_dot_peer__pb2.StateRequest.FromString,
                     response_serializer=peerd_dot_proto_dot_v1_dot_peer__pb2.StateChunk.SerializeToString,
+            ),
+            'Lanes': grpc.unary_unary_rpc_method_handler(
+                    servicer.Lanes,
+                    request_deserializer=peerd_dot_proto_dot_v1_dot_peer__pb2.LanesRequest.FromString,
+                    response_serializer=peerd_dot_proto_dot_v1_dot_peer__pb2.LanesReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -267,6 +285,33 @@ class Exchange:
             '/peerd.v1.Exchange/FetchState',
             peerd_dot_proto_dot_v1_dot_peer__pb2.StateRequest.SerializeToString,
             peerd_dot_proto_dot_v1_dot_peer__pb2.StateChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Lanes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/peerd.v1.Exchange/Lanes',
+            peerd_dot_proto_dot_v1_dot_peer__pb2.LanesRequest.SerializeToString,
+            peerd_dot_proto_dot_v1_dot_peer__pb2.LanesReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,153 @@
+"""Hierarchical crossover rounds between in-process workers, and over gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from peerd.core.groups import plan_hierarchical
+from peerd.core.segments import split_even
+from peerd.worker.hierarchy import hierarchical_round
+from peerd.worker.snapshots import Identity, SegmentServer, SnapshotStore, StageStore
+from peerd.worker.transport import GrpcTransport, MemoryTransport, start_exchange_server
+from peerd.worker.state import StateBoard, StateServer
+
+NUMEL = 5_003
+SEGMENTS = 6
+CHUNK = 700
+# Two racks: 3 + 3 peers, groups of at most 3.
+VIEW = {p: ("rack-a", "h") for p in ("a1", "a2", "a3")} | {p: ("rack-b", "h") for p in ("b1", "b2", "b3")}
+
+
+class Peer:
+    def __init__(self, peer_id: str, vector: torch.Tensor, wire: str = "fp32") -> None:
+        self.id = peer_id
+        self.identity = Identity("job", "fp", peer_id)
+        self.vector = vector.clone()
+        self.store = SnapshotStore(NUMEL)
+        self.stages = StageStore()
+        self.server = SegmentServer(self.identity, self.store, SEGMENTS, CHUNK, self.stages, wire)
+        self.layout = split_even(NUMEL, SEGMENTS)
+        self.recv = torch.empty(NUMEL)
+
+    async def round(self, round_, view, addresses, transport, deadline_s=5.0):
+        await self.store.publish(round_, self.vector)
+        plan = plan_hierarchical("job", round_, view, self.id, SEGMENTS, 3)
+        return await hierarchical_round(
+            plan, self.id, addresses, self.vector, self.recv, self.layout, transport, self.stages, deadline_s)
+
+
+def make_peers(view, wire="fp32"):
+    gen = torch.Generator().manual_seed(1)
+    return {p: Peer(p, torch.randn(NUMEL, generator=gen), wire) for p in sorted(view)}
+
+
+def expected_after(peers, view, round_):
+    """What the round should give, from the plans alone: in-group means mixed
+    with the partner group's mean by the plan's weight."""
+    out = {}
+    for p, peer in peers.items():
+        plan = plan_hierarchical("job", round_, view, p, SEGMENTS, 3)
+        value = torch.empty(NUMEL)
+        for s, span in enumerate(peer.layout):
+            def mean(group):
+                return torch.stack([peers[q].vector[span.start : span.stop] for q in group]).mean(0)
+            mixed = mean(plan.group)
+            source = plan_hierarchical("job", round_, view, plan.owners[s], SEGMENTS, 3).sources[s]
+            if source is not None:
+                partner = next(g for g in plan.groups if source in g)
+                mixed = (1 - plan.weight) * mixed + plan.weight * mean(partner)
+            value[span.start : span.stop] = mixed
+        out[p] = value
+    return out
+
+
+async def run_round(peers, view, round_, alive=None):
+    alive = set(alive or peers)
+    servers = {f"mem-{p}": peers[p].server for p in alive}
+    addresses = {p: f"mem-{p}" for p in view}
+    return dict(zip(sorted(alive), await asyncio.gather(*(
+        peers[p].round(round_, view, addresses, MemoryTransport(peers[p].identity, servers))
+        for p in sorted(alive)))))
+
+
+async def test_round_applies_the_planned_mixing_and_keeps_the_mean():
+    peers = make_peers(VIEW)
+    mean_before = torch.stack([p.vector for p in peers.values()]).mean(0)
+    expected = expected_after(peers, VIEW, 4)
+    results = await run_round(peers, VIEW, 4)
+    assert all(r.misses == 0 for r in results.values())
+    for p, peer in peers.items():
+        torch.testing.assert_close(peer.vector, expected[p])
+    torch.testing.assert_close(torch.stack([p.vector for p in peers.values()]).mean(0), mean_before)
+
+
+async def test_unequal_groups_keep_the_mean():
+    view = {f"p{k}": () for k in range(7)}  # groups of 3, 2, 2 at random
+    peers = make_peers(view)
+    mean_before = torch.stack([p.vector for p in peers.values()]).mean(0)
+    for round_ in range(3):
+        await run_round(peers, view, round_)
+    torch.testing.assert_close(torch.stack([p.vector for p in peers.values()]).mean(0), mean_before)
+    spread = torch.stack([p.vector for p in peers.values()]).std(0).mean()
+    assert spread < 0.3  # started at ~1: the rounds mixed
+
+
+async def test_a_dead_member_costs_only_its_own_segments():
+    peers = make_peers(VIEW)
+    before = {p: peer.vector.clone() for p, peer in peers.items()}
+    dead = "a2"
+    results = await run_round(peers, VIEW, 2, alive=set(VIEW) - {dead}, )
+    plan = plan_hierarchical("job", 2, VIEW, "a1", SEGMENTS, 3)
+    lost = set(plan.owned_by(dead))
+    assert lost
+    for p in plan.group:
+        if p == dead:
+            continue
+        assert dead in results[p].unreachable
+        for s, span in enumerate(peers[p].layout):
+            same = torch.equal(peers[p].vector[span.start : span.stop], before[p][span.start : span.stop])
+            assert same == (s in lost), (p, s)
+
+
+async def test_round_over_grpc_with_bf16_on_the_wire():
+    peers = make_peers(VIEW, wire="bf16")
+    expected = expected_after(peers, VIEW, 1)
+    servers, addresses = [], {}
+    try:
+        for p, peer in peers.items():
+            state = StateServer(peer.identity, StateBoard(NUMEL), peer.store, CHUNK)
+            server, address = await start_exchange_server(peer.server, state, "127.0.0.1")
+            servers.append(server)
+            addresses[p] = address
+        transports = {p: GrpcTransport(peers[p].identity, wire="bf16") for p in peers}
+        results = await asyncio.gather(*(peers[p].round(1, VIEW, addresses, transports[p]) for p in peers))
+        assert all(r.misses == 0 for r in results)
+        for p, peer in peers.items():
+            # bf16 keeps 8 bits of mantissa: ~0.4 % relative error per value sent
+            torch.testing.assert_close(peer.vector, expected[p], atol=0.05, rtol=0.02)
+        await asyncio.gather(*(t.aclose() for t in transports.values()))
+    finally:
+        await asyncio.gather(*(s.stop(None) for s in servers))
+
+
+@pytest.mark.parametrize("wire", ["fp16", "bf16"])
+async def test_narrow_wire_rounds_values_but_averages_in_fp32(wire):
+    view = {"x": (), "y": ()}
+    peers = make_peers(view, wire=wire)
+    results = await run_round_with_wire(peers, view, wire)
+    assert all(r.misses == 0 for r in results.values())
+    assert peers["x"].vector.dtype == torch.float32
+    diff = (peers["x"].vector - peers["y"].vector).abs().max()
+    assert 0 < diff < 0.05  # each kept its own fp32 value and got the other's rounded one
+
+
+async def run_round_with_wire(peers, view, wire):
+    servers = {f"mem-{p}": peers[p].server for p in peers}
+    addresses = {p: f"mem-{p}" for p in view}
+    results = await asyncio.gather(*(
+        peers[p].round(0, view, addresses, MemoryTransport(peers[p].identity, servers, wire=wire))
+        for p in sorted(peers)))
+    return dict(zip(sorted(peers), results))
