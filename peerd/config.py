@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ ENV_OVERRIDES = {
     "PEERD_METRICS_PORT": ("metrics", "port", int),
     "PEERD_SEEDS": ("discovery", "seeds", list),  # comma-separated host:port
 }
+_DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d{1,3})?")
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,7 @@ class DaemonConfig:
     hello_interval_s: float = 1.0
     peer_timeout_s: float = 6.0
     worker_threads: int = 1
+    worker_device: str = "auto"  # torch device the worker trains on; "auto": cuda if present, else cpu
     restart_backoff_s: float = 1.0
     restart_backoff_max_s: float = 30.0
     stop_timeout_s: float = 30.0  # SIGTERM/SIGINT: the whole ordered shutdown takes at most this
@@ -69,6 +72,8 @@ def parse_config(data: dict, source: str) -> DaemonConfig:
         hello_interval_s=discovery.get("hello_interval_s", float, d.hello_interval_s, **positive),
         peer_timeout_s=discovery.get("peer_timeout_s", float, d.peer_timeout_s, **positive),
         worker_threads=worker.get("threads", int, 1, check=lambda v: 1 <= v <= 256, expect="an integer 1..256"),
+        worker_device=worker.get("device", str, d.worker_device, check=_DEVICE.fullmatch,
+                                 expect='"auto", "cpu", "cuda", "cuda:N" or "mps"'),
         restart_backoff_s=worker.get("restart_backoff_s", float, d.restart_backoff_s, **positive),
         restart_backoff_max_s=worker.get("restart_backoff_max_s", float, d.restart_backoff_max_s, **positive),
         stop_timeout_s=daemon.get("stop_timeout_s", float, d.stop_timeout_s, **positive),

@@ -42,6 +42,7 @@ class GossipSpec:
     mode: str = "crossover"
     group_size: int = 4
     wire: str = "fp32"  # segment values on the wire; averaging is fp32 whatever this is
+    clip_factor: float = 0.0  # > 0: clip a partner's pull to k × the recent median (peerd.core.robust)
     segments: int = 8
     chunk_kib: int = 1024  # streamed chunk size; ~1 MiB is the fast spot for gRPC
     deadline_floor_s: float = 0.5
@@ -118,6 +119,8 @@ def parse_job(text: str, source: str) -> JobSpec:
                                   expect="an integer in 1..1024"),
             wire=gossip.get("wire", str, "fp32", check=lambda v: v in WIRE_DTYPES,
                             expect=" or ".join(repr(w) for w in WIRE_DTYPES)),
+            clip_factor=gossip.get("clip_factor", float, 0.0, check=lambda v: v == 0 or 1 <= v <= 1e6,
+                                   expect="0 (off) or a number in 1..1e6"),
             segments=gossip.get("segments", int, 8, check=lambda v: 1 <= v <= 4096, expect="an integer in 1..4096"),
             chunk_kib=gossip.get("chunk_kib", int, 1024, check=lambda v: 4 <= v <= 16384, expect="an integer in 4..16384"),
             deadline_floor_s=gossip.get("deadline_floor_s", float, 0.5, **positive),

@@ -129,6 +129,8 @@ def test_config_is_frozen():
         ('[discovery]\ninterfaces = ["::1", "127.0.0.1"]', "interfaces", ("::1", "127.0.0.1")),
         ("[worker]\nthreads = 256", "worker_threads", 256),
         ("[worker]\nthreads = 1", "worker_threads", 1),
+        ('[worker]\ndevice = "cuda:1"', "worker_device", "cuda:1"),
+        ('[worker]\ndevice = "cpu"', "worker_device", "cpu"),
     ],
 )
 def test_boundary_values_accepted(text, field, value):
@@ -238,6 +240,8 @@ def test_wrong_types_raise_naming_file_and_key(text, key):
         ("[worker]\nrestart_backoff_s = 0", "worker.restart_backoff_s"),
         ("[worker]\nrestart_backoff_max_s = -0.5", "worker.restart_backoff_max_s"),
         ("[worker]\nthreads = 0", "worker.threads"),
+        ('[worker]\ndevice = "gpu"', "worker.device"),
+        ('[worker]\ndevice = "cuda:x"', "worker.device"),
         ("[worker]\nthreads = 257", "worker.threads"),
         ("[daemon]\nstop_timeout_s = 0", "daemon.stop_timeout_s"),
         ('[discovery]\nseeds = ["10.0.0.1"]', "discovery.seeds"),

@@ -275,3 +275,72 @@ async def test_a_partner_without_a_bulk_lane_is_served_over_grpc():
     finally:
         await transport.aclose()
         await server.stop(None)
+
+
+class LyingStateServer(StateServer):
+    """Serves a range whose bytes do not match the checksum it sends."""
+
+    async def state(self, *args, **kwargs):
+        async for meta, offset, total, sha, data in super().state(*args, **kwargs):
+            yield meta, offset, total, sha, bytes([data[0] ^ 0xFF]) + data[1:]
+
+
+async def test_a_joiner_refuses_corrupt_and_mismatched_states_and_uses_a_good_donor():
+    gen = torch.Generator().manual_seed(3)
+    good = Peer("a", torch.randn(NUMEL, generator=gen))
+    nan = Peer("b", torch.randn(NUMEL, generator=gen))
+    nan.vector[NUMEL - 5] = float("nan")  # lands in every range the joiner may ask b for
+    nan.vector[5] = float("inf")
+    other = Peer("c", torch.randn(NUMEL, generator=gen), fingerprint="another-model")
+    liar = Peer("d", torch.randn(NUMEL, generator=gen))
+    liar.state = LyingStateServer(liar.identity, liar.board, liar.store, CHUNK)
+    servers, donors, tasks = [], {}, []
+    joiner = GrpcTransport(Identity("job", "fp", "j"))
+    try:
+        for peer in (good, nan, other, liar):
+            server, address = await start_exchange_server(peer.server, peer.state, "127.0.0.1")
+            servers.append(server)
+            donors[peer.identity.peer_id] = address
+            tasks.append(await donate(peer, 5, 50, 1.5))
+        vector, meta, used = await pull_state(joiner, donors, 2 * NUMEL, 5.0)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await joiner.aclose()
+        await asyncio.gather(*(s.stop(None) for s in servers))
+    assert used == ["a"]  # every range refused by the others came from the good donor
+    torch.testing.assert_close(vector[:NUMEL], good.vector)
+    assert meta.round == 5
+
+
+@pytest.mark.parametrize("factor", [0.0, 3.0])
+async def test_clipping_bounds_what_a_poisoner_does_to_honest_peers(factor):
+    from peerd.core.robust import PullClipper
+
+    gen = torch.Generator().manual_seed(5)
+    peers = {p: Peer(p, torch.randn(NUMEL, generator=gen)) for p in ("a", "b", "c", "evil")}
+    servers = {f"mem-{p}": peer.server for p, peer in peers.items()}
+    addresses = {p: f"mem-{p}" for p in peers}
+    clippers = {p: PullClipper(factor) for p in peers}
+    clipped = 0
+
+    async def one(p, r):
+        peer = peers[p]
+        if p == "evil" and r >= 4:
+            peer.vector.fill_(1e4)  # publishes garbage every round from round 4 on
+        await peer.store.publish(r, peer.vector)
+        plan = plan_round("job", r, list(addresses), p, SEGMENTS)
+        return await gossip_round(plan, addresses, peer.vector, peer.recv, peer.layout,
+                                  MemoryTransport(peer.identity, servers), 5.0, clippers[p])
+
+    for r in range(12):
+        results = await asyncio.gather(*(one(p, r) for p in peers))
+        clipped += sum(res.clipped for res, p in zip(results, peers) if p != "evil")
+    worst = max(float(peers[p].vector.abs().max()) for p in ("a", "b", "c"))
+    if factor:
+        assert clipped > 0
+        assert worst < 50, worst  # honest values started ~N(0, 1): moved by honest-sized pulls only
+    else:
+        assert clipped == 0
+        assert worst > 1000, worst  # without the defence the garbage spreads

@@ -151,3 +151,23 @@ async def run_round_with_wire(peers, view, wire):
         peers[p].round(0, view, addresses, MemoryTransport(peers[p].identity, servers, wire=wire))
         for p in sorted(peers)))
     return dict(zip(sorted(peers), results))
+
+
+async def test_views_that_differ_by_one_peer_finish_within_the_deadline():
+    """Half the peers still count a peer that left; nobody waits past the deadline."""
+    full = {f"p{k}": () for k in range(6)}
+    smaller = {p: loc for p, loc in full.items() if p != "p5"}
+    peers = make_peers(full)
+    servers = {f"mem-{p}": peers[p].server for p in smaller}  # p5 is gone
+    addresses = {p: f"mem-{p}" for p in full}
+    deadline = 1.0
+
+    async def one(p, view):
+        transport = MemoryTransport(peers[p].identity, servers)
+        return await asyncio.wait_for(peers[p].round(7, view, addresses, transport, deadline), 3 * deadline)
+
+    views = {p: (full if p in ("p0", "p1") else smaller) for p in smaller}
+    results = await asyncio.gather(*(one(p, v) for p, v in views.items()))
+    assert all(r.seconds <= deadline + 0.5 for r in results)
+    for p in smaller:  # every value is still a convex mix: nothing blew up or went missing
+        assert torch.isfinite(peers[p].vector).all()

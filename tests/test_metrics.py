@@ -22,7 +22,7 @@ from conftest import example_job
 
 def job(tmp_path: Path) -> LocalJob:
     spec = parse_job(example_job(job={"name": "m"}), "job")
-    launch = WorkerLaunch("unix:x", "me", "127.0.0.1", 1, tmp_path / "job.toml", "", tmp_path / "worker.log")
+    launch = WorkerLaunch("unix:x", "me", "127.0.0.1", 1, "cpu", tmp_path / "job.toml", "", tmp_path / "worker.log")
     j = LocalJob(spec, launch, 1.0, 2.0, state="running", restarts=2)
     p = empty_progress()
     p.MergeFrom(control_pb2.Progress(

@@ -89,3 +89,19 @@ def test_every_epoch_of_the_job_is_trained():
         steps += 1
     assert t.samples == 3 * 3  # 3 epochs of a 3-sample shard
     assert t.progress == 3.0
+
+
+def test_device_names_are_resolved_or_refused_clearly():
+    from peerd.errors import ConfigError
+    from peerd.worker.training import resolve_device
+
+    assert resolve_device("cpu").type == "cpu"
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="no CUDA device"):
+            resolve_device("cuda:0")
+    t = Trainer(spec(epochs=1), "a", JOBCODE, device="auto")
+    assert t.flat.vector.device == t.device
+    assert t.momentum.device == t.device
+    t.step(["a"])
+    assert t.loss_ema == t.loss_ema  # a number: the step ran on that device

@@ -357,8 +357,8 @@ class Daemon:
         (job_dir / ENDED).unlink(missing_ok=True)
         launch = WorkerLaunch(
             control_address=f"unix:{self.config.control_socket}", peer_id=self.peer_id,
-            host=self.config.host, threads=self.config.worker_threads, spec_path=spec_path,
-            spec_dir=spec_dir, log_path=job_dir / "worker.log", log_format=self.config.log_format,
+            host=self.config.host, threads=self.config.worker_threads, device=self.config.worker_device,
+            spec_path=spec_path, spec_dir=spec_dir, log_path=job_dir / "worker.log", log_format=self.config.log_format,
         )
         job = LocalJob(spec, launch, self.config.restart_backoff_s, self.config.restart_backoff_max_s,
                        stop_grace_s=max(1.0, self.config.stop_timeout_s - SHUTDOWN_RESERVE_S))

@@ -47,6 +47,7 @@ class WorkerLaunch:
     peer_id: str
     host: str
     threads: int
+    device: str
     spec_path: Path
     spec_dir: str
     log_path: Path
@@ -57,8 +58,8 @@ class WorkerLaunch:
             sys.executable, "-m", "peerd.worker",
             "--control", self.control_address, "--spec", str(self.spec_path),
             "--spec-dir", self.spec_dir, "--peer-id", self.peer_id,
-            "--host", self.host, "--threads", str(self.threads), "--out-dir", str(self.log_path.parent),
-            "--log-format", self.log_format,
+            "--host", self.host, "--threads", str(self.threads), "--device", self.device,
+            "--out-dir", str(self.log_path.parent), "--log-format", self.log_format,
         ]
 
 

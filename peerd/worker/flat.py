@@ -20,9 +20,11 @@ class FlatParams:
             raise ValueError("the model has no trainable parameters")
         if any(p.dtype != torch.float32 for p in params):
             raise ValueError("peerd gossips fp32 parameters; cast the model with .float()")
+        if len({p.device for p in params}) > 1:
+            raise ValueError("all trainable parameters must be on one device")
         self.params = params
         self.shapes = [tuple(p.shape) for p in params]
-        self.vector = torch.empty(sum(p.numel() for p in params), dtype=torch.float32)
+        self.vector = torch.empty(sum(p.numel() for p in params), dtype=torch.float32, device=params[0].device)
         offset = 0
         with torch.no_grad():
             for p in params:

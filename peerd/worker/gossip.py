@@ -8,11 +8,13 @@ segment whose source misses it keeps this peer's own value.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from dataclasses import dataclass, field
 
 import torch
 
+from peerd.core.robust import PullClipper
 from peerd.core.segments import Span
 from peerd.core.topology import RoundPlan
 from peerd.errors import PeerdError, PeerUnavailable, RoundMismatch
@@ -31,6 +33,7 @@ class RoundResult:
     ahead_peer: str = ""  # the partner that said so
     errors: dict[str, str] = field(default_factory=dict)
     unreachable: set[str] = field(default_factory=set)  # no answer in time: counts toward suspicion
+    clipped: int = 0  # segments whose pull was clipped (peerd.core.robust)
 
 
 DISAGREEMENT_SAMPLE = 64  # the metric reads 1/64 of every segment: the full norm cost as much as averaging
@@ -48,6 +51,17 @@ def record_failure(result: RoundResult, source: str, round_: int, exc: BaseExcep
     result.errors[source] = str(exc) or type(exc).__name__
 
 
+def clip_pull(own: torch.Tensor, theirs: torch.Tensor, clipper: PullClipper | None) -> float:
+    """Scale `theirs` towards `own` in place if its pull is too large; returns the scale."""
+    if clipper is None or not clipper.enabled:
+        return 1.0
+    pull = float(torch.linalg.vector_norm(theirs - own)) / math.sqrt(max(1, own.numel()))
+    scale = clipper.scale(pull) if math.isfinite(pull) else 0.0
+    if scale < 1.0:
+        theirs.sub_(own).mul_(scale).add_(own)
+    return scale
+
+
 def relative_gap(own: torch.Tensor, theirs: torch.Tensor) -> float:
     """||own − theirs|| / ||own|| estimated on a contiguous sample of the segment."""
     n = max(1, own.numel() // DISAGREEMENT_SAMPLE)
@@ -63,6 +77,7 @@ async def gossip_round(
     layout: list[Span],
     transport: Transport,
     deadline_s: float,
+    clipper: PullClipper | None = None,
 ) -> RoundResult:
     """Average `vector` (this peer's state at the start of the round) with the
     plan's sources, segment by segment, in place."""
@@ -93,6 +108,7 @@ async def gossip_round(
         span = layout[s]
         own, theirs = vector[span.start : span.stop], recv[span.start : span.stop]
         gaps.append(relative_gap(own, theirs))
+        result.clipped += clip_pull(own, theirs, clipper) < 1.0
         # (own + theirs)·½, not lerp: addition commutes exactly in IEEE arithmetic,
         # so both partners of a pair end with bit-identical values.
         own.add_(theirs).mul_(0.5)

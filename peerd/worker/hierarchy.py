@@ -21,9 +21,10 @@ import time
 import torch
 
 from peerd.core.groups import GroupPlan
+from peerd.core.robust import PullClipper
 from peerd.core.segments import Span
 from peerd.errors import PeerdError, PeerUnavailable
-from peerd.worker.gossip import RoundResult, record_failure, relative_gap
+from peerd.worker.gossip import RoundResult, clip_pull, record_failure, relative_gap
 from peerd.worker.snapshots import StageStore
 from peerd.worker.transport import Transport
 
@@ -38,6 +39,7 @@ async def hierarchical_round(
     transport: Transport,
     stages: StageStore,
     deadline_s: float,
+    clipper: PullClipper | None = None,
 ) -> RoundResult:
     """Run this peer's part of the round; `vector` (its state at the start of
     the round, already published as its snapshot) is updated in place."""
@@ -72,6 +74,7 @@ async def hierarchical_round(
         total = mine.clone()
         for ok, buffer in zip(got, buffers):
             if ok:
+                result.clipped += clip_pull(mine, buffer, clipper) < 1.0
                 total.add_(buffer)
         total.div_(1 + sum(got))
         await stages.put(plan.round, 1, s, total)
@@ -80,6 +83,7 @@ async def hierarchical_round(
         if source is not None:
             theirs = buffers[0] if buffers else torch.empty(span.size)
             if await fetch(source, s, theirs, 1, 2 / 3):
+                result.clipped += clip_pull(total, theirs, clipper) < 1.0
                 mixed = total.mul(1 - plan.weight).add_(theirs, alpha=plan.weight)
         await stages.put(plan.round, 2, s, mixed)
         mine.copy_(mixed)
@@ -90,6 +94,7 @@ async def hierarchical_round(
         if await fetch(plan.owners[s], s, out, 2, 1.0):
             mine = vector[span.start : span.stop]
             gaps.append(relative_gap(mine, out))
+            result.clipped += clip_pull(mine, out, clipper) < 1.0
             mine.copy_(out)
 
     gaps: list[float] = []

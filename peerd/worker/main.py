@@ -19,6 +19,7 @@ import torch
 
 from peerd.core.deadline import DeadlineEstimator
 from peerd.core.groups import plan_hierarchical
+from peerd.core.robust import PullClipper
 from peerd.core.segments import split_even
 from peerd.core.suspicion import Suspicion
 from peerd.core.topology import plan_round
@@ -69,6 +70,11 @@ class Worker:
         self.stages = StageStore()
         self.board = StateBoard(numel)
         self.recv = torch.empty(numel, dtype=torch.float32)
+        # Averaging runs on the CPU, where the network buffers are: a model on a GPU
+        # is copied here for the round and back after it (two copies per round).
+        vector = trainer.flat.vector
+        self.work = vector if vector.device.type == "cpu" else torch.empty(
+            numel, dtype=torch.float32, pin_memory=vector.device.type == "cuda")
         self.traffic = Traffic()
         wire_bytes = 4 if spec.gossip.wire == "fp32" else 2
         self.transport = CountingTransport(GrpcTransport(self.identity, spec.gossip.wire), self.traffic, wire_bytes)
@@ -80,6 +86,8 @@ class Worker:
         self.stop_signal = False  # SIGTERM/SIGINT: finish the round, checkpoint, exit
         self.deadline = DeadlineEstimator(spec.gossip.deadline_floor_s, spec.gossip.deadline_ceiling_s)
         self.suspicion = Suspicion()
+        self.clipper = PullClipper(spec.gossip.clip_factor)
+        self.clipped = 0
         self.phase = "joining"
         self.round = 0
         self.misses = 0
@@ -147,7 +155,8 @@ class Worker:
 
     async def checkpoint(self, why: str) -> None:
         meta = StateMeta(self.round, self.trainer.step_count, self.trainer.progress)
-        vector = torch.cat([p.reshape(-1) for p in self.trainer.state_parts()])  # a copy: training goes on
+        # A copy on the CPU (the model may live on a GPU): training goes on meanwhile.
+        vector = torch.cat([p.detach().reshape(-1).cpu() for p in self.trainer.state_parts()])
         path = await asyncio.to_thread(self.checkpoints.save, meta, vector)
         self._checkpoint_at = (self.round, time.monotonic())
         self.checkpoint_round = self.round
@@ -202,18 +211,27 @@ class Worker:
         peers = self.suspicion.keep(view, now)
         if len(peers) < 2:
             return None
-        vector, deadline = self.trainer.flat.vector, self.deadline.deadline()
+        vector, deadline = self.work, self.deadline.deadline()
+        if vector is not self.trainer.flat.vector:
+            vector.copy_(self.trainer.flat.vector)
         if self.spec.gossip.mode == "hierarchical":
             localities = {p: (self.link.localities.get(p, ""), _host(view[p])) for p in peers}
             plan = plan_hierarchical(self.spec.name, self.round, localities, self.me, len(self.layout),
                                      self.spec.gossip.group_size)
             result = await hierarchical_round(plan, self.me, view, vector, self.recv, self.layout,
-                                              self.transport, self.stages, deadline)
+                                              self.transport, self.stages, deadline, self.clipper)
         else:
             plan = plan_round(self.spec.name, self.round, peers, self.me, len(self.layout))
-            result = await gossip_round(plan, view, vector, self.recv, self.layout, self.transport, deadline)
+            result = await gossip_round(plan, view, vector, self.recv, self.layout, self.transport, deadline,
+                                        self.clipper)
+        if vector is not self.trainer.flat.vector:
+            self.trainer.flat.vector.copy_(vector, non_blocking=True)
         self.misses += result.misses
         self.exchange_times.observe(result.seconds)
+        if result.clipped:
+            self.clipped += result.clipped
+            log.warning("round %d: clipped %d oversized pull(s) (%d so far; gossip.clip_factor = %g)",
+                        self.round, result.clipped, self.clipped, self.spec.gossip.clip_factor)
         if result.misses == 0:
             self.deadline.observe(result.seconds)
         elif result.errors:
@@ -292,6 +310,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1", help="address to serve the exchange on")
     parser.add_argument("--out-dir", type=Path, default=Path("."), help="where the trained model is written")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--device", default="cpu", help='torch device to train on: "auto", "cpu", "cuda", "cuda:N", "mps"')
     parser.add_argument("--log-format", default="text", choices=["text", "json"], help="log record format")
     return parser.parse_args(argv)
 
@@ -300,7 +319,7 @@ async def amain(args: argparse.Namespace) -> int:
     spec = parse_job(args.spec.read_text(), str(args.spec))
     setup_logging("INFO", args.log_format, job=spec.name, peer=args.peer_id)
     torch.set_num_threads(args.threads)
-    trainer = Trainer(spec, args.peer_id, args.spec_dir)
+    trainer = Trainer(spec, args.peer_id, args.spec_dir, args.device)
     link = SupervisorLink(args.control, spec.name, trainer.flat.fingerprint(spec.fingerprint))
     worker = Worker(spec, trainer, link, args.host, args.out_dir)
     loop = asyncio.get_running_loop()

@@ -69,7 +69,10 @@ class StateBoard:
         async with self._changed:
             if self._capture.readers:
                 self._capture = _Capture(self.numel)
-            torch.cat([p.reshape(-1) for p in parts], out=self._capture.buffer)
+            offset = 0
+            for part in parts:  # slice by slice: the parts may live on a GPU, the buffer does not
+                self._capture.buffer[offset : offset + part.numel()].copy_(part.reshape(-1))
+                offset += part.numel()
             self._capture.meta = meta
             self._changed.notify_all()
 

@@ -47,6 +47,20 @@ def load_entry(entry: str, spec_dir: str = ""):
         raise ConfigError(f"module {module_name!r} has no {attr!r} (from {entry!r})") from None
 
 
+def resolve_device(name: str) -> torch.device:
+    """The torch device for a worker: "auto" is the first GPU if there is one."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"worker.device = {name!r}, but torch sees no CUDA device here")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ConfigError(f"worker.device = {name!r}, but torch sees {torch.cuda.device_count()} CUDA device(s)")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"worker.device = {name!r}, but MPS is not available here")
+    return device
+
+
 def init_seed(spec: JobSpec, peer_id: str) -> int:
     """The seed of the initial model: shared by the job, or this peer's own."""
     if spec.init == "shared":
@@ -55,13 +69,14 @@ def init_seed(spec: JobSpec, peer_id: str) -> int:
 
 
 class Trainer:
-    def __init__(self, spec: JobSpec, peer_id: str, spec_dir: str = "") -> None:
+    def __init__(self, spec: JobSpec, peer_id: str, spec_dir: str = "", device: str = "cpu") -> None:
         self.spec = spec
         self.peer_id = peer_id
-        torch.manual_seed(init_seed(spec, peer_id))
+        self.device = resolve_device(device)
+        torch.manual_seed(init_seed(spec, peer_id))  # the same model on every device type: built on the CPU
         make_model, make_data = load_entry(spec.model, spec_dir), load_entry(spec.data, spec_dir)
         try:
-            self.model: nn.Module = make_model().float()
+            self.model: nn.Module = make_model().float().to(self.device)
             self.flat = FlatParams(self.model)
             self.train_set, self.test_set = make_data()
         except Exception as exc:  # the job's own code: it will fail the same way on a restart
@@ -132,7 +147,7 @@ class Trainer:
         indices = self._next_indices(members)
         if not indices:
             return math.nan
-        x, y = _batch(self.train_set, indices)
+        x, y = self._to_device(_batch(self.train_set, indices))
         self.lr = self._lr(trainers or len(set(members)))
         for group in self.optimizer.param_groups:  # momentum buffers are kept as they are
             group["lr"] = self.lr
@@ -156,15 +171,22 @@ class Trainer:
         self.model.eval()
         correct = 0
         for start in range(0, len(self.test_set), batch):
-            x, y = _batch(self.test_set, range(start, min(start + batch, len(self.test_set))))
+            x, y = self._to_device(_batch(self.test_set, range(start, min(start + batch, len(self.test_set)))))
             correct += int((self.model(x).argmax(1) == y).sum())
         return correct / len(self.test_set)
 
+    def _to_device(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.device.type == "cpu":
+            return batch
+        return tuple(t.to(self.device, non_blocking=True) for t in batch)
+
     def save(self, path: Path, **meta: object) -> None:
-        """Write the model atomically: a crash mid-write leaves the old file."""
+        """Write the model atomically: a crash mid-write leaves the old file.
+        Tensors are saved from the CPU, so the file loads on any machine."""
         tmp = path.with_name(path.name + ".tmp")
+        state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
         with open(tmp, "wb") as f:
-            torch.save({"state_dict": self.model.state_dict(), "step": self.step_count, **meta}, f)
+            torch.save({"state_dict": state, "step": self.step_count, **meta}, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
