@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -80,29 +80,45 @@ class Peer:
         return f"peer-{self.index}"
 
 
-def _write_config(peer: Peer, realm: str) -> None:
-    path = peer.dir / "peerd.toml"
-    path.write_text(
-        "[daemon]\n"
-        f'state_dir = "{peer.dir / "state"}"\n'
-        f'control_socket = "{peer.socket}"\n'
-        f'peer_id = "{peer.peer_id}"\n'
-        f'locality = "{peer.locality}"\n'
-        'host = "127.0.0.1"\n\n'
-        "[discovery]\n"
-        'interfaces = ["127.0.0.1"]  # mDNS stays on loopback\n'
-        f'realm = "{realm}"  # unseen by other local clusters on this machine\n'
-        + (f"\n[worker]\nslowdown = {peer.slowdown!r}  # testing knob: emulates a slower device\n"
-           if peer.slowdown != 1.0 else "")
-    )
+Settings = Callable[["Peer"], dict[str, dict[str, object]]]
+
+
+def _write_config(peer: Peer, realm: str, settings: Settings | None = None) -> None:
+    tables: dict[str, dict[str, object]] = {
+        "daemon": {"state_dir": str(peer.dir / "state"), "control_socket": str(peer.socket),
+                   "peer_id": peer.peer_id, "locality": peer.locality,
+                   "host": "127.0.0.1"},
+        # mDNS stays on loopback; the realm hides other local clusters on this machine.
+        "discovery": {"interfaces": ["127.0.0.1"], "realm": realm},
+    }
+    if peer.slowdown != 1.0:  # testing knob: emulates a slower device
+        tables["worker"] = {"slowdown": peer.slowdown}
+    for table, values in (settings(peer) if settings else {}).items():
+        tables.setdefault(table, {}).update(values)
+    (peer.dir / "peerd.toml").write_text("".join(
+        f"[{table}]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in values.items()) + "\n"
+        for table, values in tables.items()))
+
+
+def _toml(value: object) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return repr(value)
 
 
 class LocalCluster:
     """N daemons as subprocesses; always stopped, by PID, on exit."""
 
     def __init__(
-        self, n: int, out: Path, localities: Sequence[str] = (), slowdowns: tuple[float, ...] | None = None
+        self, n: int, out: Path, localities: Sequence[str] = (), slowdowns: tuple[float, ...] | None = None,
+        settings: Settings | None = None,
     ) -> None:
+        """`settings(peer)` adds or replaces config values per peer, e.g.
+        {"metrics": {"port": 9464}}."""
         if n < 1:
             raise PeerdError("--peers must be at least 1")
         if localities and len(localities) != n:
@@ -111,6 +127,7 @@ class LocalCluster:
         if len(slowdowns) != n:
             raise PeerdError(f"{len(slowdowns)} slowdowns given for {n} peers")
         self.out = out
+        self._settings = settings
         # Unix socket paths are limited to ~107 bytes, so they live in a short temp dir.
         self._sockets = Path(tempfile.mkdtemp(prefix="peerd-"))
         self.realm = f"local-{secrets.token_hex(4)}"
@@ -123,7 +140,7 @@ class LocalCluster:
         try:
             for peer in self.peers:
                 peer.dir.mkdir(parents=True, exist_ok=True)
-                _write_config(peer, self.realm)
+                _write_config(peer, self.realm, self._settings)
                 self.start(peer)
         except BaseException:
             self.close()

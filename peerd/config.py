@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,6 +14,17 @@ from peerd.tls import TlsSettings
 from peerd.tomlconf import Table, read_toml_file
 
 DEFAULT_PATH = Path("/etc/peerd/peerd.toml")
+LOG_FORMATS = ("text", "json")
+# Per-machine settings an operator may set in the environment instead of the
+# file (e.g. in /etc/peerd/peerd.env, read by the systemd unit). They win over
+# the file. PEERD_CONFIG names the file itself (peerd.cli.daemon).
+ENV_OVERRIDES = {
+    "PEERD_PEER_ID": ("daemon", "peer_id", str),
+    "PEERD_HOST": ("daemon", "host", str),
+    "PEERD_LOCALITY": ("daemon", "locality", str),
+    "PEERD_METRICS_PORT": ("metrics", "port", int),
+    "PEERD_SEEDS": ("discovery", "seeds", list),  # comma-separated host:port
+}
 _DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d{1,3})?")
 
 
@@ -36,12 +49,19 @@ class DaemonConfig:
     job_secret_file: Path | None = None  # for jobs whose spec names no secret_file
     tls: TlsSettings | None = None  # mutual TLS for every connection between machines
     slowdown: float = 1.0  # testing only: workers sleep (slowdown − 1) × each step's compute time
+    stop_timeout_s: float = 30.0  # SIGTERM/SIGINT: the whole ordered shutdown takes at most this
+    zeroconf: bool = True  # announce and browse with mDNS
+    seeds: tuple[str, ...] = ()  # host:port of Peer services to Hello, for peers beyond this subnet
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 0  # Prometheus endpoint; 0: off
+    log_format: str = "text"  # "text" (logfmt-like) or "json", one record per line
 
 
 def parse_config(data: dict, source: str) -> DaemonConfig:
     root = Table(data, source, "")
     daemon, discovery, worker = root.sub("daemon"), root.sub("discovery"), root.sub("worker")
     auth, tls = root.sub("auth"), root.sub("tls")
+    metrics, logging_ = root.sub("metrics"), root.sub("log")
     d = DaemonConfig()
     positive = dict(check=lambda v: v > 0, expect="a number > 0")
     config = DaemonConfig(
@@ -68,8 +88,16 @@ def parse_config(data: dict, source: str) -> DaemonConfig:
         tls=_tls(tls, source),
         slowdown=worker.get("slowdown", float, 1.0, check=lambda v: 1 <= v <= 1000,
                             expect="a number in 1..1000 (a testing knob: 1 is full speed)"),
+        stop_timeout_s=daemon.get("stop_timeout_s", float, d.stop_timeout_s, **positive),
+        zeroconf=discovery.get("zeroconf", bool, True),
+        seeds=tuple(discovery.get("seeds", list, [], check=lambda v: all(_is_host_port(x) for x in v),
+                                  expect='a list of "host:port" (an IP address, or "[v6]:port")')),
+        metrics_host=metrics.get("host", str, d.metrics_host, check=_is_ip, expect="an IP address"),
+        metrics_port=metrics.get("port", int, 0, check=lambda v: 0 <= v < 65536, expect="a port 0..65535 (0: off)"),
+        log_format=logging_.get("format", str, "text", check=lambda v: v in LOG_FORMATS,
+                                expect="'text' or 'json'"),
     )
-    for table in (daemon, discovery, worker, auth, tls, root):
+    for table in (daemon, discovery, worker, auth, tls, metrics, logging_, root):
         table.finish()
     if config.restart_backoff_s > config.restart_backoff_max_s:
         raise ConfigError(f"{source}: worker.restart_backoff_s must not exceed worker.restart_backoff_max_s")
@@ -100,13 +128,47 @@ def _tls(table: Table, source: str) -> TlsSettings | None:
     return TlsSettings(files["cert_file"], files["key_file"], files["ca_file"], server_name)
 
 
-def load_config(path: Path | None) -> DaemonConfig:
-    """Settings from `path`; defaults when path is None and the default file is absent."""
-    if path is None:
-        if not DEFAULT_PATH.exists():
-            return DaemonConfig()
-        path = DEFAULT_PATH
-    return parse_config(read_toml_file(path), str(path))
+def config_path(path: Path | None, env: Mapping[str, str] | None = None) -> Path | None:
+    """The file to read: the argument, else $PEERD_CONFIG, else the default if it exists."""
+    env = os.environ if env is None else env
+    if path is not None:
+        return path
+    if env.get("PEERD_CONFIG"):
+        return Path(env["PEERD_CONFIG"])
+    return DEFAULT_PATH if DEFAULT_PATH.exists() else None
+
+
+def load_config(path: Path | None, env: Mapping[str, str] | None = None) -> DaemonConfig:
+    """Settings from `path` (see config_path) with the environment overrides
+    applied; defaults when there is no file."""
+    env = os.environ if env is None else env
+    path = config_path(path, env)
+    data = read_toml_file(path) if path is not None else {}
+    return parse_config(apply_env(data, env), str(path) if path else "built-in defaults")
+
+
+def apply_env(data: dict, env: Mapping[str, str]) -> dict:
+    """`data` with the PEERD_* overrides set in `env` put in; each value is
+    checked on its own first, so a bad one is reported by its variable's name."""
+    data = {table: dict(values) if isinstance(values, dict) else values for table, values in data.items()}
+    for name, (table, key, kind) in ENV_OVERRIDES.items():
+        raw = env.get(name)
+        if raw is None or raw == "":
+            continue
+        if kind is int:
+            try:
+                value: object = int(raw)
+            except ValueError:
+                raise ConfigError(f"environment: {name}={raw!r}: expected an integer") from None
+        elif kind is list:
+            value = [x.strip() for x in raw.split(",") if x.strip()]
+        else:
+            value = raw
+        parse_config({table: {key: value}}, f"environment {name}")  # raises naming the variable
+        if not isinstance(data.get(table, {}), dict):
+            continue  # the file's own error is reported by parse_config
+        data.setdefault(table, {})[key] = value
+    return data
 
 
 def _is_ip(value: str) -> bool:
@@ -117,6 +179,15 @@ def _is_ip(value: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _is_host_port(value: object) -> bool:
+    if not isinstance(value, str) or ":" not in value:
+        return False
+    host, _, port = value.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return _is_ip(host) and port.isdigit() and 0 < int(port) < 65536
 
 
 def _valid_peer_id(value: str) -> bool:

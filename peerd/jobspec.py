@@ -50,6 +50,12 @@ class GossipSpec:
 
 
 @dataclass(frozen=True)
+class CheckpointSpec:
+    every_rounds: int = 0  # write one every this many rounds (0: not by rounds)
+    every_s: float = 60.0  # ... and/or when this many seconds passed since the last (0: not by time)
+
+
+@dataclass(frozen=True)
 class JobSpec:
     name: str
     model: str  # "module:callable" returning a torch.nn.Module
@@ -72,12 +78,16 @@ class JobSpec:
     # here, never the secret, and it is left out of the fingerprint: each machine
     # may keep the file in its own place.
     secret_file: str = ""
+    checkpoint: CheckpointSpec = CheckpointSpec()
 
     @property
     def fingerprint(self) -> str:
-        """sha256 of the canonical spec: two peers train together only if equal."""
+        """sha256 of the canonical spec: two peers train together only if equal.
+        The secret's path and the checkpoint settings are each peer's own business
+        and are left out."""
         fields = asdict(self)
         del fields["secret_file"]
+        del fields["checkpoint"]
         canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:32]
 
@@ -100,6 +110,7 @@ def parse_job(text: str, source: str) -> JobSpec:
     job = root.sub("job")
     opt = root.sub("optimizer")
     gossip = root.sub("gossip")
+    ckpt = root.sub("checkpoint")
     positive = dict(check=lambda v: v > 0, expect="a number > 0")
     spec = JobSpec(
         name=job.get("name", str, check=_NAME.fullmatch, expect="a name of letters, digits, '_', '.', '-' (≤ 63)"),
@@ -151,8 +162,12 @@ def parse_job(text: str, source: str) -> JobSpec:
             deadline_floor_s=gossip.get("deadline_floor_s", float, 0.5, **positive),
             deadline_ceiling_s=gossip.get("deadline_ceiling_s", float, 10.0, **positive),
         ),
+        checkpoint=CheckpointSpec(
+            every_rounds=ckpt.get("every_rounds", int, 0, check=lambda v: v >= 0, expect="an integer ≥ 0 (0: off)"),
+            every_s=ckpt.get("every_s", float, 60.0, check=lambda v: v >= 0, expect="a number ≥ 0 (0: off)"),
+        ),
     )
-    for table in (job, opt, gossip, root):
+    for table in (job, opt, gossip, ckpt, root):
         table.finish()
     if spec.global_batch and spec.global_batch < spec.min_local_batch:
         raise ConfigError(f"{source}: job.global_batch must be at least job.min_local_batch")

@@ -6,6 +6,10 @@ import math
 
 from peerd.proto.v1 import control_pb2
 
+# Upper bounds (seconds) of the exchange-time histogram a worker keeps and the
+# daemon exports (peerd_exchange_seconds); the worker and daemon share them here.
+EXCHANGE_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
 
 def empty_progress() -> control_pb2.Progress:
     nan = math.nan

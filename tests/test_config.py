@@ -61,16 +61,26 @@ peer_id = "lab-box-7"
 host = "10.1.2.3"
 peer_port = 7070
 locality = "rack-b"
+stop_timeout_s = 45
 
 [discovery]
 interfaces = ["10.1.2.3", "192.168.0.9"]
 hello_interval_s = 2.5
 peer_timeout_s = 12.0
+zeroconf = false
+seeds = ["10.9.0.1:7070", "[fd00::5]:7070"]
 
 [worker]
 threads = 4
 restart_backoff_s = 0.25
 restart_backoff_max_s = 8.0
+
+[metrics]
+host = "127.0.0.1"
+port = 9464
+
+[log]
+format = "json"
 """
 
 
@@ -89,6 +99,12 @@ def test_every_key_is_read():
         worker_threads=4,
         restart_backoff_s=0.25,
         restart_backoff_max_s=8.0,
+        stop_timeout_s=45.0,
+        zeroconf=False,
+        seeds=("10.9.0.1:7070", "[fd00::5]:7070"),
+        metrics_host="127.0.0.1",
+        metrics_port=9464,
+        log_format="json",
     )
     assert isinstance(config.state_dir, Path) and isinstance(config.control_socket, Path)
     assert isinstance(config.interfaces, tuple)
@@ -231,6 +247,15 @@ def test_wrong_types_raise_naming_file_and_key(text, key):
         ("[worker]\nthreads = 257", "worker.threads"),
         ("[worker]\nslowdown = 0.5", "worker.slowdown"),
         ('[worker]\nslowdown = "2"', "worker.slowdown"),
+        ("[daemon]\nstop_timeout_s = 0", "daemon.stop_timeout_s"),
+        ('[discovery]\nseeds = ["10.0.0.1"]', "discovery.seeds"),
+        ('[discovery]\nseeds = ["host.example:80"]', "discovery.seeds"),
+        ('[discovery]\nseeds = ["10.0.0.1:0"]', "discovery.seeds"),
+        ('[discovery]\nseeds = ["10.0.0.1:70000"]', "discovery.seeds"),
+        ("[discovery]\nseeds = [7070]", "discovery.seeds"),
+        ("[metrics]\nport = 65536", "metrics.port"),
+        ('[metrics]\nhost = "localhost"', "metrics.host"),
+        ('[log]\nformat = "xml"', "log.format"),
     ],
 )
 def test_bad_values_raise_naming_file_and_key(text, key):
@@ -417,3 +442,44 @@ def test_check_config_without_file_does_not_claim_absent_file_valid(cli):
     result, path = cli["no config"]
     assert result.returncode == 0
     assert f"{path}: valid" not in result.stdout
+
+
+# --- environment overrides -------------------------------------------------------------
+
+
+def test_environment_overrides_the_file(tmp_path):
+    path = write(tmp_path, FULL)
+    env = {"PEERD_PEER_ID": "box-9", "PEERD_HOST": "10.0.0.9", "PEERD_LOCALITY": "rack-z",
+           "PEERD_METRICS_PORT": "0", "PEERD_SEEDS": "10.0.0.1:7070, 10.0.0.2:7070"}
+    config = load_config(path, env)
+    assert (config.peer_id, config.host, config.locality, config.metrics_port) == ("box-9", "10.0.0.9", "rack-z", 0)
+    assert config.seeds == ("10.0.0.1:7070", "10.0.0.2:7070")
+    assert config.hello_interval_s == 2.5  # the rest still comes from the file
+    assert load_config(path, {"PEERD_PEER_ID": ""}).peer_id == "lab-box-7"  # empty: not set
+
+
+def test_peerd_config_names_the_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(config_mod, "DEFAULT_PATH", tmp_path / "absent.toml")
+    path = write(tmp_path, "[daemon]\npeer_port = 7071\n", "other.toml")
+    assert load_config(None, {"PEERD_CONFIG": str(path)}).peer_port == 7071
+    assert load_config(None, {}).peer_port == 0
+    assert load_config(write(tmp_path, "", "explicit.toml"), {"PEERD_CONFIG": str(path)}).peer_port == 0
+
+
+@pytest.mark.parametrize("name, value", [
+    ("PEERD_PEER_ID", "has space"), ("PEERD_HOST", "localhost"), ("PEERD_METRICS_PORT", "x"),
+    ("PEERD_METRICS_PORT", "70000"), ("PEERD_SEEDS", "10.0.0.1"),
+])
+def test_a_bad_environment_value_names_the_variable(name, value):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, {name: value, "PEERD_CONFIG": ""})
+    assert name in str(info.value) and "expected" in str(info.value)
+
+
+def test_check_config_reads_peerd_config(tmp_path):
+    path = write(tmp_path, "[daemon]\npeer_port = 99999\n")
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PEERD_")}, "PEERD_CONFIG": str(path)}
+    out = subprocess.run([sys.executable, "-m", "peerd.cli.daemon", "check-config"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.startswith(f"peerd: {path}: daemon.peer_port = 99999")

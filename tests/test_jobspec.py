@@ -186,7 +186,7 @@ def test_inconsistent_batch_bounds_are_refused(extra, message):
 
 
 def test_every_field_is_covered_by_changes():
-    fields = {f"job.{k}" for k in JobSpec.__dataclass_fields__ if k not in ("optimizer", "gossip")}
+    fields = {f"job.{k}" for k in JobSpec.__dataclass_fields__ if k not in ("optimizer", "gossip", "checkpoint")}
     fields |= {f"optimizer.{k}" for k in OptimizerSpec.__dataclass_fields__}
     fields |= {f"gossip.{k}" for k in GossipSpec.__dataclass_fields__}
     covered = {f"{t}.{k}" for t, k, _ in CHANGES}
@@ -206,6 +206,16 @@ def test_secret_file_is_not_in_the_fingerprint_and_resolves_next_to_the_job_file
         spec.secret_path("")
     with pytest.raises(ConfigError, match="secret_file"):
         parse_job(changed("job", "secret_file", ""), SRC)
+
+
+def test_checkpoint_settings_are_read_and_left_out_of_the_fingerprint():
+    base = parse_job(MNIST_TEXT, SRC)
+    other = parse_job(MNIST_TEXT + "\n[checkpoint]\nevery_rounds = 25\nevery_s = 0\n", SRC)
+    assert (other.checkpoint.every_rounds, other.checkpoint.every_s) == (25, 0.0)
+    assert (base.checkpoint.every_rounds, base.checkpoint.every_s) == (0, 60.0)
+    assert other.fingerprint == base.fingerprint
+    with pytest.raises(ConfigError, match="checkpoint.every_rounds"):
+        parse_job(MNIST_TEXT + "\n[checkpoint]\nevery_rounds = -1\n", SRC)
 
 
 # --- required keys, names, entry points -------------------------------------------------------

@@ -4,19 +4,24 @@
     peerd check-config [--config FILE] validate the config and exit
     peerd cluster [--peers N]          run a local cluster of N daemons on 127.0.0.1
     peerd soak [--peers N ...]         soak a cluster in network namespaces with churn; report
+
+Environment: PEERD_CONFIG (the config file when --config is not given), and
+PEERD_PEER_ID, PEERD_HOST, PEERD_LOCALITY, PEERD_METRICS_PORT, PEERD_SEEDS
+(comma-separated host:port), which override the file.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
 
-from peerd.config import DEFAULT_PATH, load_config
+from peerd.config import DEFAULT_PATH, config_path, load_config
 from peerd.errors import ConfigError, PeerdError
+from peerd.logs import setup_logging
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,10 +29,16 @@ def build_parser() -> argparse.ArgumentParser:
         prog="peerd",
         description="peerd daemon: finds other peers on the LAN and trains the jobs this machine joined "
                     "(peerctl join JOB.toml). With no command, runs the daemon.",
+        epilog="Environment: PEERD_CONFIG names the config file when --config is absent; PEERD_PEER_ID, "
+               "PEERD_HOST, PEERD_LOCALITY, PEERD_METRICS_PORT and PEERD_SEEDS (comma-separated host:port) "
+               "override the file's values.",
     )
     parser.add_argument("--config", type=Path, default=None,
-                        help=f"daemon config (default: {DEFAULT_PATH} if present, else built-in defaults)")
+                        help=f"daemon config (default: $PEERD_CONFIG, else {DEFAULT_PATH} if present, "
+                             "else built-in defaults)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.add_argument("--log-format", default=None, choices=["text", "json"],
+                        help="one-line log records as logfmt-like text or JSON (default: [log] format, text)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     check = sub.add_parser("check-config", help="validate the config file and exit (0: valid, 2: not)")
     # Also accepted after the command; SUPPRESS keeps a top-level --config when absent here.
@@ -69,7 +80,7 @@ def _check_files(config) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    setup_logging(args.log_level, args.log_format or "text")
     if args.command == "cluster":
         from peerd.cluster import run_cluster
 
@@ -82,11 +93,16 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(args.config)
         if args.command == "check-config":
             _check_files(config)
-            if args.config is None and not DEFAULT_PATH.exists():
+            path = config_path(args.config)
+            if path is None:
                 print(f"no config file ({DEFAULT_PATH} is absent): the built-in defaults apply")
             else:
-                print(f"{args.config or DEFAULT_PATH}: valid")
+                print(f"{path}: valid")
             return 0
+        if args.log_format is None and config.log_format != "text":
+            setup_logging(args.log_level, config.log_format)
+        if args.log_format is not None:
+            config = replace(config, log_format=args.log_format)  # the workers log the same way
         import uvloop
 
         uvloop.run(_run_daemon(config))

@@ -4,6 +4,7 @@ gRPC services, with a fixed start and stop order."""
 from __future__ import annotations
 
 import asyncio
+import grp
 import importlib.machinery
 import importlib.util
 import json
@@ -24,6 +25,7 @@ from peerd.config import DaemonConfig
 from peerd.core.membership import ACTIVE_STATES, JobEntry, Membership, PeerRecord
 from peerd.daemon.discovery import Discovery
 from peerd.daemon.jobs import ENDED, JOINED, LocalJob, WorkerLaunch
+from peerd.daemon.metrics import MetricsServer, make_registry
 from peerd.daemon.notify import sd_notify, watchdog_interval_s
 from peerd.auth import Authenticator, load_secret
 from peerd.daemon.services import (
@@ -37,6 +39,8 @@ from peerd.tls import load_tls
 
 log = logging.getLogger("peerd")
 HELLO_TIMEOUT_S = 2.0
+SOCKET_GROUP = "peerd"
+SHUTDOWN_RESERVE_S = 5.0  # of daemon.stop_timeout_s, kept for unannouncing and stopping the servers
 
 
 def load_peer_id(config: DaemonConfig) -> str:
@@ -67,6 +71,9 @@ class Daemon:
         self._peer_server: grpc.aio.Server | None = None
         self._control_server: grpc.aio.Server | None = None
         self._discovery: Discovery | None = None
+        self._metrics: MetricsServer | None = None
+        self._status = ""  # last STATUS= sent to systemd
+        self._heard_of: dict[str, float] = {}  # peer id -> when a Hello (not zeroconf) told us its address
         self._tasks: list[asyncio.Task] = []
         self._announced: dict[str, str] = {}
         self._closed = False
@@ -85,13 +92,20 @@ class Daemon:
         self.config.state_dir.mkdir(parents=True, exist_ok=True)
         await self._start_peer_server()
         await self._start_control_server()
-        host, port = self.peer_address.rsplit(":", 1)
-        self._discovery = Discovery(
-            self.peer_id, self.config.realm, self.config.host, int(port), self.config.interfaces,
-            on_found=self.learn_address, on_lost=self._lost,
-        )
+        if self.config.metrics_port:
+            self._metrics = MetricsServer(make_registry(self), self.config.metrics_host, self.config.metrics_port)
+            await self._metrics.start()
+            log.info("metrics on http://%s/metrics", self._metrics.address)
         self._announced = self._txt()
-        await self._discovery.start(self._announced)
+        if self.config.zeroconf:
+            host, port = self.peer_address.rsplit(":", 1)
+            self._discovery = Discovery(
+                self.peer_id, self.config.realm, self.config.host, int(port), self.config.interfaces,
+                on_found=self.learn_address, on_lost=self._lost,
+            )
+            await self._discovery.start(self._announced)
+        if self.config.seeds:
+            log.info("seed peers: %s", ", ".join(self.config.seeds))
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         self._tasks.append(asyncio.create_task(self._hello_loop(), name="hello"))
         self._tasks.append(asyncio.create_task(self._resume_jobs(), name="resume"))
@@ -120,28 +134,39 @@ class Daemon:
             raise ConfigError(f"cannot bind the control socket {path}")
         await server.start()
         os.chmod(path, 0o660)
+        _give_to_group(path, SOCKET_GROUP)
         self._control_server = server
 
     async def aclose(self) -> None:
-        """Stop in order: not serving, jobs stopped, unannounced, servers down."""
+        """Stop in order, within daemon.stop_timeout_s: health NOT_SERVING; each
+        job's worker ends its round, checkpoints and exits (killed if it overruns);
+        unannounced from zeroconf; servers down. Jobs stay joined: the next start
+        resumes them."""
         if self._closed:
             return
         self._closed = True
-        sd_notify("STOPPING=1")
+        started = time.monotonic()
+        sd_notify("STOPPING=1\nSTATUS=stopping: finishing rounds and checkpointing")
+        log.info("stopping: health NOT_SERVING, then %d job(s), zeroconf, servers", len(self.jobs))
         await self._health.enter_graceful_shutdown()
         await asyncio.gather(*(job.stop(drain=False) for job in self.jobs.values()))
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        sd_notify("STATUS=stopping: leaving zeroconf")
         if self._discovery is not None:
-            await self._discovery.aclose()
-        for server in (self._peer_server, self._control_server):
-            if server is not None:
-                await server.stop(grace=1.0)
+            try:
+                await asyncio.wait_for(self._discovery.aclose(), SHUTDOWN_RESERVE_S / 2)
+            except TimeoutError:
+                log.warning("zeroconf did not close in %.1fs", SHUTDOWN_RESERVE_S / 2)
+        if self._metrics is not None:
+            await self._metrics.aclose()
+        await asyncio.gather(*(server.stop(grace=1.0) for server in (self._peer_server, self._control_server)
+                               if server is not None))
         await asyncio.gather(*self._closing, *(c.close() for c in self._channels.values()), return_exceptions=True)
         if self._control_server is not None:  # only remove a socket this daemon made
             self.config.control_socket.unlink(missing_ok=True)
-        log.info("peerd %s stopped", self.peer_id)
+        log.info("peerd %s stopped in %.1fs", self.peer_id, time.monotonic() - started)
 
     async def _watchdog(self, interval: float) -> None:
         while True:  # pinged from the loop itself: a hung loop stops the pings
@@ -150,9 +175,18 @@ class Daemon:
 
     # ---- membership --------------------------------------------------------
 
-    def learn_address(self, peer_id: str, address: str) -> None:
-        if peer_id != self.peer_id and self._addresses.get(peer_id) != address:
-            log.info("found peer %s at %s", peer_id, address)
+    def learn_address(self, peer_id: str, address: str, via: str = "zeroconf") -> None:
+        """A peer's address from zeroconf, or (via="hello") from a Hello: its own
+        request, or a reply listing the peers the replier knows. Addresses heard
+        of by Hello are dropped again when the peer stops answering."""
+        if peer_id == self.peer_id:
+            return
+        if via == "zeroconf":
+            self._heard_of.pop(peer_id, None)
+        elif peer_id not in self._addresses or peer_id in self._heard_of:
+            self._heard_of[peer_id] = time.monotonic()
+        if self._addresses.get(peer_id) != address:
+            log.info("found peer %s at %s (%s)", peer_id, address, via)
             self._forget_address(peer_id)  # a restarted peer comes back on another port
             self._addresses[peer_id] = address
 
@@ -179,10 +213,26 @@ class Daemon:
             await asyncio.sleep(self.config.hello_interval_s)
 
     async def _hello_all(self) -> None:
-        await asyncio.gather(*(self._hello(p, a) for p, a in list(self._addresses.items())))
-        for peer_id in self.membership.expire(time.monotonic()):
+        known = set(self._addresses.values())
+        seeds = [a for a in self.config.seeds if a not in known and a != self.peer_address]
+        await asyncio.gather(*(self._hello(p, a) for p, a in list(self._addresses.items())),
+                             *(self._hello("", a) for a in seeds))
+        now = time.monotonic()
+        for peer_id in self.membership.expire(now):
             log.warning("peer %s timed out", peer_id)
+        for peer_id, since in list(self._heard_of.items()):
+            if self.membership.get(peer_id) is None and now - since > self.config.peer_timeout_s:
+                self._heard_of.pop(peer_id)
+                self._forget_address(peer_id)  # heard of, but silent: not tried forever
         await self._announce_if_changed()
+        self._notify_status()
+
+    def _notify_status(self) -> None:
+        jobs = ", ".join(f"{n} {j.state}" for n, j in sorted(self.jobs.items())) or "none"
+        status = f"serving as {self.peer_id} on {self.peer_address}: {len(self.membership.peers())} peers; jobs: {jobs}"
+        if status != self._status:
+            self._status = status
+            sd_notify(f"STATUS={status}")
 
     def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
@@ -199,8 +249,16 @@ class Daemon:
             log.debug("hello to %s at %s failed: %s", peer_id, address, exc)
             return  # silence counts against it through the membership timeout
         if reply.realm != self.config.realm:
-            self._forget_address(peer_id)
+            if peer_id:
+                self._forget_address(peer_id)
             return
+        if not peer_id:  # a seed: now we know who answers there
+            if reply.peer_id == self.peer_id or not reply.peer_id:
+                return
+            self.learn_address(reply.peer_id, address, via="hello")
+        for known in reply.known:  # passed onward: discovery reaches beyond the seeds
+            if known.peer_id and known.address and known.peer_id not in self._addresses:
+                self.learn_address(known.peer_id, known.address, via="hello")
         jobs = tuple(
             JobEntry(j.name, j.spec_fingerprint, j.worker_address, j.round, j.state, j.phase, j.lr, j.global_batch,
                      j.samples_per_s, j.local_batch, j.share)
@@ -213,6 +271,7 @@ class Daemon:
     def hello_reply(self) -> peer_pb2.HelloReply:
         return peer_pb2.HelloReply(
             peer_id=self.peer_id, version=__version__, locality=self.config.locality, realm=self.config.realm,
+            known=[peer_pb2.KnownPeer(peer_id=r.peer_id, address=r.address) for r in self.membership.peers()],
             jobs=[
                 peer_pb2.JobAd(name=j.spec.name, spec_fingerprint=j.spec.fingerprint,
                                worker_address=j.worker_address, round=j.progress.round, state=j.state,
@@ -312,8 +371,10 @@ class Daemon:
             host=self.config.host, threads=self.config.worker_threads, device=self.config.worker_device,
             spec_path=spec_path, spec_dir=spec_dir, log_path=job_dir / "worker.log",
             secret_file=secret_file, tls=self.config.tls, slowdown=self.config.slowdown,
+            log_format=self.config.log_format,
         )
-        job = LocalJob(spec, launch, self.config.restart_backoff_s, self.config.restart_backoff_max_s)
+        job = LocalJob(spec, launch, self.config.restart_backoff_s, self.config.restart_backoff_max_s,
+                       stop_grace_s=max(1.0, self.config.stop_timeout_s - SHUTDOWN_RESERVE_S))
         self.jobs[spec.name] = job
         job.start()
         log.info("joined job %s (fingerprint %s)", spec.name, spec.fingerprint)
@@ -367,14 +428,21 @@ class Daemon:
             ],
         )
 
-    def list_peers(self) -> control_pb2.ListPeersReply:
+    def peer_states(self) -> dict[str, str]:
+        """Peer id -> "alive", or "suspected" when it missed the last two Hellos."""
         now = time.monotonic()
         suspect_after = 2 * self.config.hello_interval_s + HELLO_TIMEOUT_S
+        return {r.peer_id: "suspected" if now - r.last_seen > suspect_after else "alive"
+                for r in self.membership.peers()}
+
+    def list_peers(self) -> control_pb2.ListPeersReply:
+        now = time.monotonic()
+        states = self.peer_states()
         return control_pb2.ListPeersReply(peers=[
             control_pb2.PeerInfo(
                 peer_id=r.peer_id, address=r.address, locality=r.locality, version=r.version,
                 jobs=[j.name for j in r.jobs], last_seen_s=now - r.last_seen,
-                state="suspected" if now - r.last_seen > suspect_after else "alive",
+                state=states.get(r.peer_id, "alive"),
                 job_states=[control_pb2.PeerJob(name=j.name, state=j.state, phase=j.phase, round=j.round,
                                                 lr=j.lr, global_batch=j.global_batch, samples_per_s=j.speed,
                                                 local_batch=j.local_batch, share=j.share) for j in r.jobs],
@@ -392,6 +460,19 @@ class Daemon:
                                 local=self.peer_id in peers)
             for (name, fp), peers in sorted(jobs.items())
         ])
+
+
+def _give_to_group(path: Path, group: str) -> None:
+    """Make `group` the socket's group, so its members may use peerctl."""
+    try:
+        gid = grp.getgrnam(group).gr_gid
+    except KeyError:
+        log.info("no group %r on this machine: %s keeps its group (gid %d)", group, path, path.stat().st_gid)
+        return
+    try:
+        os.chown(path, -1, gid)
+    except OSError as exc:
+        log.warning("cannot give %s to group %r: %s", path, group, exc.strerror)
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -27,6 +27,7 @@ EXIT_CONFIG = 2
 JOINED = "joined.json"  # in the job's directory while this peer is in the job: resumed on restart
 ENDED = "ended"  # the job finished or failed here: not resumed
 STOP_GRACE_S = 10.0
+RELAY_LINE_LIMIT = 1 << 20
 DRAIN_TIMEOUT_S = 120.0
 _PR_SET_PDEATHSIG = 1
 
@@ -54,6 +55,7 @@ class WorkerLaunch:
     secret_file: Path | None = None  # the job secret: the worker reads it (never on its command line)
     tls: TlsSettings | None = None
     slowdown: float = 1.0  # testing knob (DaemonConfig.slowdown)
+    log_format: str = "text"
 
     def argv(self) -> list[str]:
         args = [
@@ -62,6 +64,7 @@ class WorkerLaunch:
             "--spec-dir", self.spec_dir, "--peer-id", self.peer_id,
             "--host", self.host, "--threads", str(self.threads), "--device", self.device,
             "--out-dir", str(self.log_path.parent), "--slowdown", repr(self.slowdown),
+            "--log-format", self.log_format,
         ]
         if self.secret_file is not None:
             args += ["--secret-file", str(self.secret_file)]
@@ -74,6 +77,7 @@ class LocalJob:
     launch: WorkerLaunch
     backoff_s: float
     backoff_max_s: float
+    stop_grace_s: float = STOP_GRACE_S  # after SIGTERM, how long the worker may take to checkpoint and exit
     state: str = "starting"
     restarts: int = 0
     worker_address: str = ""
@@ -129,11 +133,13 @@ class LocalJob:
         self.launch.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.launch.log_path, "ab") as out:
             self._process = await asyncio.create_subprocess_exec(
-                *self.launch.argv(), stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out,
-                preexec_fn=_die_with_parent, start_new_session=True,
+                *self.launch.argv(), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT, preexec_fn=_die_with_parent, start_new_session=True,
+                limit=RELAY_LINE_LIMIT,
             )
-        log.info("job %s: worker pid %d started", self.spec.name, self._process.pid)
-        return await self._process.wait()
+            log.info("job %s: worker pid %d started", self.spec.name, self._process.pid)
+            await _relay(self._process.stdout, out)
+            return await self._process.wait()
 
     def on_heartbeat(self, report: control_pb2.WorkerReport) -> None:
         self.worker_address = report.address
@@ -163,10 +169,29 @@ class LocalJob:
         process = self._process
         if process is None or process.returncode is not None:
             return
-        process.send_signal(signal.SIGTERM)
+        process.send_signal(signal.SIGTERM)  # the worker ends its round, checkpoints and exits
         try:
-            await asyncio.wait_for(process.wait(), STOP_GRACE_S)
+            await asyncio.wait_for(process.wait(), self.stop_grace_s)
         except TimeoutError:
             log.warning("worker pid %d ignored SIGTERM; killing it", process.pid)
             process.kill()
             await process.wait()
+
+
+async def _relay(stream: asyncio.StreamReader, out) -> None:
+    """Copy the worker's output, line by line, to its log file and to the
+    daemon's stderr (journald under systemd), until the worker closes it."""
+    while True:
+        try:
+            line = await stream.readline()
+        except ValueError:  # a line over the limit: pass on what is buffered
+            line = await stream.read(RELAY_LINE_LIMIT)
+        if not line:
+            return
+        out.write(line)
+        out.flush()
+        try:
+            sys.stderr.write(line.decode(errors="replace"))
+            sys.stderr.flush()
+        except OSError:
+            pass  # nobody reads the daemon's stderr: the file still has the line

@@ -91,7 +91,7 @@ class PeerServicer:
             if not (valid_peer_id(request.peer_id) and valid_address(request.address)):
                 await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, "bad_request",
                                    "Hello needs a peer_id of 1-63 letters, digits or '-' and an IP:port address")
-            self._daemon.learn_address(request.peer_id, request.address)
+            self._daemon.learn_address(request.peer_id, request.address, via="hello")
         return self._answer(context, reply, self._daemon.hello_reply())
 
     async def GetJobSpec(self, raw: bytes, context) -> bytes:

@@ -28,15 +28,24 @@ from peerd.core.suspicion import Suspicion
 from peerd.core.topology import plan_round
 from peerd.errors import ConfigError, PeerdError
 from peerd.jobspec import JobSpec, parse_job
+from peerd.logs import setup_logging
 from peerd.proto.v1 import control_pb2
 from peerd.rejections import Rejections
 from peerd.tls import TlsMaterial, TlsSettings, load_tls
+from peerd.worker.checkpoint import CheckpointDir
 from peerd.worker.gossip import RoundResult, gossip_round
 from peerd.worker.hierarchy import hierarchical_round
 from peerd.worker.link import SupervisorLink
 from peerd.worker.snapshots import Identity, SegmentServer, SnapshotStore, StageStore
 from peerd.worker.training import Trainer
 from peerd.worker.state import StateBoard, StateMeta, StateServer, pull_state
+from peerd.worker.traffic import (
+    CountingSegmentServer,
+    CountingStateServer,
+    CountingTransport,
+    ExchangeTimes,
+    Traffic,
+)
 from peerd.worker.transport import GrpcTransport, start_exchange_server
 
 log = logging.getLogger("peerd.worker")
@@ -85,8 +94,17 @@ class Worker:
             numel, dtype=torch.float32, pin_memory=vector.device.type == "cuda")
         self.security = security
         self.rejections = Rejections(log)
-        self.transport = GrpcTransport(self.identity, security.auth, security.tls, self.rejections,
-                                       wire=spec.gossip.wire)
+        self.traffic = Traffic()
+        wire_bytes = 4 if spec.gossip.wire == "fp32" else 2
+        self.transport = CountingTransport(
+            GrpcTransport(self.identity, security.auth, security.tls, self.rejections, wire=spec.gossip.wire),
+            self.traffic, wire_bytes)
+        self.checkpoints = CheckpointDir(out_dir / "checkpoints", spec.name, self.identity.fingerprint, 2 * numel)
+        self._checkpoint_at = (0, time.monotonic())  # round and time of the last checkpoint
+        self.checkpoint_round = 0
+        self.checkpoints_written = 0
+        self.exchange_times = ExchangeTimes()  # one per gossip round this process completed
+        self.stop_signal = False  # SIGTERM/SIGINT: finish the round, checkpoint, exit
         self.deadline = DeadlineEstimator(spec.gossip.deadline_floor_s, spec.gossip.deadline_ceiling_s)
         self.suspicion = Suspicion()
         self.clipper = PullClipper(spec.gossip.clip_factor)
@@ -100,9 +118,10 @@ class Worker:
 
     async def run(self) -> None:
         chunk_elems = self.spec.gossip.chunk_kib * 1024 // 4
-        server = SegmentServer(self.identity, self.store, len(self.layout), chunk_elems, self.stages,
-                               self.spec.gossip.wire)
-        state = StateServer(self.identity, self.board, self.store, chunk_elems)
+        server = CountingSegmentServer(
+            SegmentServer(self.identity, self.store, len(self.layout), chunk_elems, self.stages, self.spec.gossip.wire),
+            self.traffic)
+        state = CountingStateServer(StateServer(self.identity, self.board, self.store, chunk_elems), self.traffic)
         grpc_server, address = await start_exchange_server(
             server, state, self.host, auth=self.security.auth, tls=self.security.tls, rejections=self.rejections)
         g = self.spec.gossip
@@ -118,9 +137,7 @@ class Worker:
         while not self.link.settled and not self.link.view.keys() - {self.me} and time.monotonic() < settle_by:
             await asyncio.sleep(HEARTBEAT_S)
             await self.link.beat()
-        donors = {p: a for p, a in self.link.view.items() if p != self.me}
-        if donors:  # the job is running: continue from its state, not from scratch
-            await self._take_state(donors, "joining")
+        await self._resume()
         self.phase = "training"
         log.info("training from round %d, step %d", self.round, self.trainer.step_count)
         await self.store.publish(self.round, self.trainer.flat.vector)
@@ -141,11 +158,54 @@ class Worker:
             await self.transport.aclose()
             await self.link.aclose()
 
+    async def _resume(self) -> None:
+        """Continue the job: from the running peers if there are any (their state
+        is the job's), else from this peer's newest valid checkpoint, else from
+        scratch. A checkpoint further along than the peers' state wins."""
+        checkpoint = await asyncio.to_thread(self.checkpoints.load_newest)
+        donors = {p: a for p, a in self.link.view.items() if p != self.me}
+        if donors and await self._take_state(donors, "joining"):
+            ours = (self.round, self.trainer.step_count)
+            if checkpoint is None or (checkpoint.meta.round, checkpoint.meta.step) <= ours:
+                return
+            log.info("the checkpoint of round %d is ahead of the peers' state: using it", checkpoint.meta.round)
+        if checkpoint is not None:
+            meta = checkpoint.meta
+            self.trainer.adopt_state(checkpoint.vector, meta.step, meta.progress)
+            self.round = self.checkpoint_round = meta.round
+            self._checkpoint_at = (meta.round, time.monotonic())
+            log.info("resumed from checkpoint %s: round %d, step %d, epoch %.2f",
+                     checkpoint.path.name, meta.round, meta.step, meta.progress)
+
+    def request_stop(self) -> bool:
+        """A signal asked the worker to stop. True: it will stop after its round
+        (and checkpoint); False: it holds no training state worth keeping yet."""
+        self.stop_signal = True
+        return self.phase == "training"
+
+    async def checkpoint(self, why: str) -> None:
+        meta = StateMeta(self.round, self.trainer.step_count, self.trainer.progress)
+        # A copy on the CPU (the model may live on a GPU): training goes on meanwhile.
+        vector = torch.cat([p.detach().reshape(-1).cpu() for p in self.trainer.state_parts()])
+        path = await asyncio.to_thread(self.checkpoints.save, meta, vector)
+        self._checkpoint_at = (self.round, time.monotonic())
+        self.checkpoint_round = self.round
+        self.checkpoints_written += 1
+        log.info("checkpoint of round %d written (%s): %s", self.round, why, path.name)
+
+    def _checkpoint_due(self) -> bool:
+        every = self.spec.checkpoint
+        last_round, last_time = self._checkpoint_at
+        return ((every.every_rounds > 0 and self.round - last_round >= every.every_rounds)
+                or (every.every_s > 0 and time.monotonic() - last_time >= every.every_s))
+
     async def _train(self) -> None:
         while not self.trainer.done:
-            if self.link.stop:
+            if self.link.stop or self.stop_signal:
                 self.phase = "draining"
-                log.info("leaving at round %d: the operator asked", self.round)
+                why = "the operator asked" if self.link.stop else "stopped by signal"
+                log.info("leaving at round %d: %s", self.round, why)
+                await self.checkpoint(why)
                 return
             if self.link.orphaned:
                 raise PeerdError("lost the daemon: no heartbeat answer; stopping")
@@ -163,6 +223,8 @@ class Worker:
                 meta = StateMeta(self.round, self.trainer.step_count, self.trainer.progress)
                 await self.board.capture(self.trainer.state_parts(), meta)
             result = await self._gossip(view)
+            if self._checkpoint_due():
+                await self.checkpoint("periodic")
             if self.round % self.spec.eval_every_rounds == 0:
                 self.accuracy = await asyncio.to_thread(self.trainer.evaluate)
             self._report(result)
@@ -207,6 +269,7 @@ class Worker:
         if vector is not self.trainer.flat.vector:
             self.trainer.flat.vector.copy_(vector, non_blocking=True)
         self.misses += result.misses
+        self.exchange_times.observe(result.seconds)
         if result.clipped:
             self.clipped += result.clipped
             log.warning("round %d: clipped %d oversized pull(s) (%d so far; gossip.clip_factor = %g)",
@@ -270,6 +333,10 @@ class Worker:
             phase="finished" if finished else self.phase, global_batch=t.ramp.batch,
             rejected=dict(self.rejections.counts),
             local_batch=t.local_batch, share=t.share, compute_s=t.compute_s,
+            rounds_done=self.exchange_times.count, bytes_sent=self.traffic.sent,
+            bytes_received=self.traffic.received, exchange_buckets=self.exchange_times.buckets,
+            exchange_sum_s=self.exchange_times.sum_s, exchange_count=self.exchange_times.count,
+            checkpoint_round=self.checkpoint_round, checkpoints_written=self.checkpoints_written,
         )
         if result is not None:
             p.partners_reached = len(result.reached)
@@ -306,6 +373,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tls-server-name", default="", help="name to check peer certificates against")
     parser.add_argument("--slowdown", type=float, default=1.0,
                         help="testing knob: after each step sleep (SLOWDOWN − 1) × its compute time (default 1: none)")
+    parser.add_argument("--log-format", default="text", choices=["text", "json"], help="log record format")
     return parser.parse_args(argv)
 
 
@@ -320,6 +388,7 @@ def load_security(args: argparse.Namespace) -> Security:
 
 async def amain(args: argparse.Namespace) -> int:
     spec = parse_job(args.spec.read_text(), str(args.spec))
+    setup_logging("INFO", args.log_format, job=spec.name, peer=args.peer_id)
     security = load_security(args)
     torch.set_num_threads(args.threads)
     trainer = Trainer(spec, args.peer_id, args.spec_dir, args.slowdown, args.device)
@@ -327,22 +396,32 @@ async def amain(args: argparse.Namespace) -> int:
     worker = Worker(spec, trainer, link, args.host, args.out_dir, security)
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
+
+    def on_signal() -> None:
+        # The first signal stops after the current round, with a checkpoint;
+        # a second one (or one before training began) stops at once.
+        if worker.stop_signal or not worker.request_stop():
+            task.cancel()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, task.cancel)
+        loop.add_signal_handler(sig, on_signal)
     try:
         await worker.run()
     except asyncio.CancelledError:
+        log.info("stopped by signal at round %d", worker.round)
+        return EXIT_STOPPED
+    if worker.stop_signal and not trainer.done:
         log.info("stopped by signal at round %d", worker.round)
         return EXIT_STOPPED
     return EXIT_FINISHED if trainer.done else EXIT_LEFT
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    args = parse_args(argv)
+    setup_logging("INFO", args.log_format, peer=args.peer_id)
     if sys.byteorder != "little":
         print("peerd: big-endian hosts are not supported (segments travel as little-endian fp32)", file=sys.stderr)
         return 2
-    args = parse_args(argv)
     try:
         import uvloop
 

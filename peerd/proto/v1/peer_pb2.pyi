@@ -61,18 +61,28 @@ class JobAd(_message.Message):
     def __init__(self, name: _Optional[str] = ..., spec_fingerprint: _Optional[str] = ..., worker_address: _Optional[str] = ..., round: _Optional[int] = ..., state: _Optional[str] = ..., phase: _Optional[str] = ..., lr: _Optional[float] = ..., global_batch: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., local_batch: _Optional[int] = ..., share: _Optional[float] = ...) -> None: ...
 
 class HelloReply(_message.Message):
-    __slots__ = ("peer_id", "version", "locality", "jobs", "realm")
+    __slots__ = ("peer_id", "version", "locality", "jobs", "realm", "known")
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     LOCALITY_FIELD_NUMBER: _ClassVar[int]
     JOBS_FIELD_NUMBER: _ClassVar[int]
     REALM_FIELD_NUMBER: _ClassVar[int]
+    KNOWN_FIELD_NUMBER: _ClassVar[int]
     peer_id: str
     version: str
     locality: str
     jobs: _containers.RepeatedCompositeFieldContainer[JobAd]
     realm: str
-    def __init__(self, peer_id: _Optional[str] = ..., version: _Optional[str] = ..., locality: _Optional[str] = ..., jobs: _Optional[_Iterable[_Union[JobAd, _Mapping]]] = ..., realm: _Optional[str] = ...) -> None: ...
+    known: _containers.RepeatedCompositeFieldContainer[KnownPeer]
+    def __init__(self, peer_id: _Optional[str] = ..., version: _Optional[str] = ..., locality: _Optional[str] = ..., jobs: _Optional[_Iterable[_Union[JobAd, _Mapping]]] = ..., realm: _Optional[str] = ..., known: _Optional[_Iterable[_Union[KnownPeer, _Mapping]]] = ...) -> None: ...
+
+class KnownPeer(_message.Message):
+    __slots__ = ("peer_id", "address")
+    PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    peer_id: str
+    address: str
+    def __init__(self, peer_id: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
 
 class LanesRequest(_message.Message):
     __slots__ = ("job", "fingerprint")

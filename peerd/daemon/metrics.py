@@ -1,0 +1,188 @@
+"""Prometheus metrics of the daemon and its workers, served over HTTP.
+
+Nothing is mirrored: on every scrape the collector reads the daemon's
+membership and the last Progress each worker sent in its heartbeat. Worker
+counters count since that worker process started; a restarted worker starts
+them at 0 again, which Prometheus treats as a counter reset.
+
+The endpoint is a small HTTP/1.0 server on the daemon's event loop
+(`GET /metrics`), bound to `[metrics] host:port` (loopback by default).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+
+from peerd import __version__
+from peerd.errors import ConfigError
+from peerd.progress import EXCHANGE_BUCKETS_S
+from peerd.proto.v1 import control_pb2
+
+if TYPE_CHECKING:
+    from peerd.daemon.app import Daemon
+
+log = logging.getLogger("peerd.metrics")
+_HAS_REJECTED = "rejected" in control_pb2.Progress.DESCRIPTOR.fields_by_name
+READ_TIMEOUT_S = 5.0
+MAX_REQUEST_BYTES = 8192
+
+# name (without _total), help, Progress field
+_COUNTERS = (
+    ("peerd_rounds", "Gossip rounds the job's worker completed.", "rounds_done"),
+    ("peerd_bytes_sent", "Payload bytes (segments and state) the worker served to partners.", "bytes_sent"),
+    ("peerd_bytes_received", "Payload bytes (segments and state) the worker fetched from partners.",
+     "bytes_received"),
+    ("peerd_deadline_misses", "Segments skipped because a partner missed the exchange deadline.",
+     "segment_misses"),
+    ("peerd_samples", "Training samples processed.", "samples"),
+    ("peerd_steps", "Optimizer steps taken (the job's step count).", "step"),
+    ("peerd_checkpoints_written", "Checkpoints the worker wrote.", "checkpoints_written"),
+)
+_GAUGES = (
+    ("peerd_round", "The round the worker is in.", "round"),
+    ("peerd_epoch", "Epochs done.", "epoch"),
+    ("peerd_local_batch", "Samples per optimizer step on this peer.", "local_batch"),
+    ("peerd_global_batch", "Global batch the learning rate is scaled for.", "global_batch"),
+    ("peerd_learning_rate", "Learning rate of the last step.", "lr"),
+    ("peerd_loss", "Training loss (EMA).", "loss"),
+    ("peerd_samples_per_second", "Training throughput (EMA, compute time only).", "samples_per_s"),
+    ("peerd_test_accuracy", "Test accuracy at the last evaluation.", "test_accuracy"),
+    ("peerd_disagreement", "Relative distance to partners' segments in the last round.", "disagreement"),
+    ("peerd_checkpoint_round", "Round of the last checkpoint written or resumed from.", "checkpoint_round"),
+)
+
+
+class DaemonCollector:
+    def __init__(self, daemon: Daemon) -> None:
+        self._daemon = daemon
+
+    def collect(self) -> Iterator[Metric]:
+        d = self._daemon
+        info = InfoMetricFamily("peerd_build", "This daemon.")
+        info.add_metric([], {"version": __version__, "peer_id": d.peer_id, "realm": d.config.realm})
+        yield info
+        yield GaugeMetricFamily("peerd_uptime_seconds", "Seconds since the daemon started.",
+                                value=time.monotonic() - d.started)
+        states = d.peer_states()
+        yield GaugeMetricFamily("peerd_peers_known", "Peers in this daemon's view.", value=len(states))
+        yield GaugeMetricFamily("peerd_peers_suspected", "Known peers that missed recent Hellos.",
+                                value=sum(1 for s in states.values() if s == "suspected"))
+        jobs = list(d.jobs.items())
+        yield from self._jobs(jobs)
+
+    def _jobs(self, jobs) -> Iterator[Metric]:
+        d = self._daemon
+        labels = ["job"]
+        state = GaugeMetricFamily("peerd_job_state", "1 for the job's current state on this peer.",
+                                  labels=["job", "state"])
+        members = GaugeMetricFamily("peerd_membership_size", "Workers of the job this daemon knows, itself included.",
+                                    labels=labels)
+        restarts = CounterMetricFamily("peerd_worker_restarts", "Times the job's worker was restarted.",
+                                       labels=labels)
+        counters = {name: CounterMetricFamily(name, text, labels=labels) for name, text, _ in _COUNTERS}
+        gauges = {name: GaugeMetricFamily(name, text, labels=labels) for name, text, _ in _GAUGES}
+        exchange = HistogramMetricFamily("peerd_exchange_seconds", "Wall time of a gossip round's exchange.",
+                                         labels=labels)
+        rejected = CounterMetricFamily("peerd_rejected_messages", "Data-plane messages refused, by reason.",
+                                       labels=["job", "reason"])
+        for name, job in jobs:
+            p = job.progress
+            state.add_metric([name, job.state], 1)
+            members.add_metric([name], len(d.membership.job_view(name, job.spec.fingerprint)) + 1)
+            restarts.add_metric([name], job.restarts)
+            for metric, _, field in _COUNTERS:
+                counters[metric].add_metric([name], getattr(p, field))
+            for metric, _, field in _GAUGES:
+                gauges[metric].add_metric([name], float(getattr(p, field)))
+            exchange.add_metric([name], _buckets(p), sum_value=p.exchange_sum_s)
+            if _HAS_REJECTED:
+                for reason, count in sorted(p.rejected.items()):
+                    rejected.add_metric([name, reason], count)
+        yield state
+        yield members
+        yield restarts
+        yield from counters.values()
+        yield from gauges.values()
+        yield exchange
+        if _HAS_REJECTED:
+            yield rejected
+
+
+def _buckets(p: control_pb2.Progress) -> list[tuple[str, float]]:
+    counts = list(p.exchange_buckets)
+    if len(counts) != len(EXCHANGE_BUCKETS_S):  # not reported yet (or an older worker)
+        counts = [0] * len(EXCHANGE_BUCKETS_S)
+    return [(_bound(b), c) for b, c in zip(EXCHANGE_BUCKETS_S, counts)] + [("+Inf", p.exchange_count)]
+
+
+def _bound(value: float) -> str:
+    return "+Inf" if math.isinf(value) else repr(float(value))
+
+
+def make_registry(daemon: Daemon) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(DaemonCollector(daemon))
+    ProcessCollector(registry=registry)  # process_* (CPU, memory, open files) of the daemon
+    return registry
+
+
+class MetricsServer:
+    """`GET /metrics` on host:port, served from the event loop."""
+
+    def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
+        self._registry = registry
+        self._host = host
+        self._port = port
+        self._server: asyncio.Server | None = None
+        self.address = ""
+
+    async def start(self) -> None:
+        try:
+            self._server = await asyncio.start_server(self._handle, self._host, self._port)
+        except OSError as exc:
+            raise ConfigError(f"cannot serve metrics on {self._host}:{self._port}: {exc.strerror}") from None
+        sock = self._server.sockets[0].getsockname()
+        host = f"[{sock[0]}]" if ":" in sock[0] else sock[0]
+        self.address = f"{host}:{sock[1]}"
+
+    async def aclose(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_TIMEOUT_S)
+            if len(head) > MAX_REQUEST_BYTES:
+                raise ValueError("request too large")
+            method, path, *_ = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ")
+            if method != "GET":
+                status, body, kind = "405 Method Not Allowed", b"only GET\n", "text/plain"
+            elif path.split("?", 1)[0] in ("/metrics", "/"):
+                status, body, kind = "200 OK", generate_latest(self._registry), CONTENT_TYPE_LATEST
+            else:
+                status, body, kind = "404 Not Found", b"see /metrics\n", "text/plain"
+            writer.write(f"HTTP/1.0 {status}\r\nContent-Type: {kind}\r\nContent-Length: {len(body)}\r\n"
+                         "Connection: close\r\n\r\n".encode() + body)
+            await writer.drain()
+        except (TimeoutError, ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
+                ConnectionError):
+            pass  # a scraper that went away or spoke something else
+        except Exception:  # never let a scrape take the loop down
+            log.exception("metrics request failed")
+        finally:
+            writer.close()
