@@ -180,8 +180,10 @@ def run_variant(args: argparse.Namespace, variant: str, out: Path) -> tuple[list
                 if all(r["state"] in DONE_STATES for r in polled):
                     break
                 if t > args.time_limit:
-                    raise PeerdError(f"{variant}: not finished after {args.time_limit:.0f}s (--time-limit); "
-                                     f"logs in {out}")
+                    # Recorded as incomplete, not fatal: the other variants still run.
+                    print(f"  [{variant}] not finished after {args.time_limit:.0f}s (--time-limit); stopping it; "
+                          f"logs in {out}", flush=True)
+                    break
                 time.sleep(args.poll)
             # t = 0 for the figures: the first poll at which a worker had trained, so
             # that the time the daemons take to start their workers (10-20 s on a
@@ -195,13 +197,16 @@ def run_variant(args: argparse.Namespace, variant: str, out: Path) -> tuple[list
                 c.close()
     models = [p.dir / "state" / "jobs" / JOB / "model.pt" for p in cluster.peers]
     last = rows[-n:]
+    complete = all(r["state"] == "finished" for r in last)
     summary = {
-        "variant": variant, "gossip": VARIANTS[variant], "train_t0": train_t0, "finish_t": finish_t,
+        "variant": variant, "gossip": VARIANTS[variant], "complete": complete,
+        "finished": [r["peer"] for r in last if r["state"] == "finished"],
+        "train_t0": train_t0, "finish_t": finish_t,
         "steps": [r["step"] for r in last], "rounds": [r["round"] for r in last],
         "misses": [r["misses"] for r in last],
         "took_state": [p.peer_id for p in cluster.peers if _took_state(p.dir)],
-        "final_accuracy": [r["accuracy"] for r in last],
-        **consensus(models),
+        "final_accuracy": [r["accuracy"] for r in last if r["state"] == "finished"],
+        **consensus([m for m in models if m.exists()]),
     }
     return rows, summary
 
@@ -237,6 +242,9 @@ def _took_state(peer_dir: Path) -> bool:
 def consensus(paths: list[Path]) -> dict:
     """Mean distance of the peers' final parameters from their average, relative to its norm."""
     import torch
+
+    if len(paths) < 2:
+        return {"consensus_distance": math.nan, "numel": 0, "saved_rounds": []}
 
     vectors = []
     for path in paths:
@@ -348,7 +356,7 @@ def plot(history: list[dict], summaries: list[dict], settings: dict, paths: list
 
 
 def table(history: list[dict], summaries: list[dict], traffic: dict[str, dict]) -> str:
-    t_common = min(s["finish_t"] for s in summaries)
+    t_common = min(s["finish_t"] for s in summaries if s.get("complete", True))
     base = next((s for s in summaries if s["variant"] == "crossover"), summaries[0])
     lines = [
         f"| variant | steps (per peer) | rounds | trained s | final accuracy, mean (min–max) | accuracy at {t_common:.0f} s "
@@ -364,14 +372,20 @@ def table(history: list[dict], summaries: list[dict], traffic: dict[str, dict]) 
         tr = traffic.get(s["variant"])
         tr_text = "-" if tr is None else (f"{tr['mean'] / 1024:.0f} KiB" + (
             "" if tr["min"] == tr["max"] else f" ({tr['min'] / 1024:.0f}–{tr['max'] / 1024:.0f})"))
+        name = s["variant"] if s.get("complete", True) else (
+            f"{s['variant']} (**incomplete**: finished {', '.join(s['finished']) or 'none'})")
         lines.append(
-            f"| {s['variant']} | {min(s['steps'])}–{max(s['steps'])} | {min(s['rounds'])}–{max(s['rounds'])} "
+            f"| {name} | {min(s['steps'])}–{max(s['steps'])} | {min(s['rounds'])}–{max(s['rounds'])} "
             f"| {s['finish_t']:.0f} "
-            f"| {statistics.fmean(acc):.4f} ({min(acc):.4f}–{max(acc):.4f}) | {accuracy_at(rows, t_common):.4f} "
+            f"| {_mean_range(acc)} | {accuracy_at(rows, t_common):.4f} "
             f"| {s['consensus_distance']:.2e} | {s['consensus_distance'] / base['consensus_distance']:.2f} "
             f"| {statistics.fmean(late) if late else math.nan:.2e} | {tr_text} | {sum(s['misses'])} "
             f"| {len(s['rounds']) - len(s['took_state'])} of {len(s['rounds'])} |")
     return "\n".join(lines)
+
+
+def _mean_range(xs: list[float]) -> str:
+    return f"{statistics.fmean(xs):.4f} ({min(xs):.4f}–{max(xs):.4f})" if xs else "-"
 
 
 def write_history(history: list[dict], path: Path) -> None:
@@ -433,10 +447,16 @@ def main(argv: list[str] | None = None) -> int:
         if history:
             write_history(history, out / "history.csv")
             (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    summary["traffic"] = bytes_per_round(args, summary["runs"][0]["numel"])
+    from peerd.examples.mnist import make_model
+
+    summary["traffic"] = bytes_per_round(args, sum(t.numel() for t in make_model().parameters()))
     summary["seconds"] = time.monotonic() - started
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     report(args, out, history, summary)
+    incomplete = [r["variant"] for r in summary["runs"] if not r["complete"]]
+    if incomplete:
+        print(f"incomplete (some worker did not finish): {', '.join(incomplete)}; see their logs", file=sys.stderr)
+        return 1
     return 0
 
 
