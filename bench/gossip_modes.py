@@ -191,7 +191,7 @@ def run_variant(args: argparse.Namespace, variant: str, out: Path) -> tuple[list
             train_t0 = min((r["t"] for r in rows if r["step"] > 0), default=0.0)
             for r in rows:
                 r["t"] = round(r["t"] - train_t0, 3)
-            finish_t = max(r["t"] for r in rows if r["state"] != "finished")
+            finish_t = max((r["t"] for r in rows if r["state"] != "finished"), default=0.0)
         finally:
             for c in clients:
                 c.close()
