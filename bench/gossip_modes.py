@@ -97,9 +97,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--localities", default="rack-a,rack-a,rack-b,rack-b",
                    help="one rack label per daemon (their number is the number of peers)")
     p.add_argument("--group-size", type=int, default=2, help="gossip.group_size of the hierarchical variants")
-    p.add_argument("--epochs", type=float, default=6,
-                   help="job.epochs (the example has 12; 6 keeps 4 variants near 8 minutes on a 2-core machine "
-                        "shared with other clusters): the fixed work per variant")
+    p.add_argument("--epochs", type=float, default=12,
+                   help="job.epochs, the fixed work per variant (the example's 12: with per-peer init the first "
+                        "50-110 steps sit on a plateau, and 6 epochs leave too little after it)")
     p.add_argument("--init", choices=("per-peer", "shared"), default="per-peer",
                    help="job.init: per-peer makes consensus matter; peers whose worker starts after others serve "
                         "take the running state instead (peerd's joining rule)")
