@@ -1,0 +1,464 @@
+#!/usr/bin/env python
+"""Gossip modes on the example job: whole-model gossip, flat crossover,
+hierarchical crossover, and hierarchical with bf16 on the wire (issue 4).
+
+One invocation trains the built-in MNIST example job (peerd/examples/mnist.toml)
+once per variant, each on a fresh local cluster of real `peerd` daemons on
+127.0.0.1 (default 4, with rack labels rack-a, rack-a, rack-b, rack-b), with
+`init = "per-peer"` so that every peer starts from its own model and consensus
+has to be reached by gossip:
+
+  whole          gossip.mode = "whole": the whole model from one partner per round
+  crossover      gossip.mode = "crossover": every segment from its own partner
+  hierarchical   gossip.mode = "hierarchical", group_size 2: with these racks the
+                 groups are the racks (reduce-scatter, cross-group mix, all-gather)
+  hier-bf16      the same with gossip.wire = "bf16"
+
+Same seeds for all: one job name (the data order, the per-peer initial models and
+the gossip partners all derive from it and from job.seed), the same job apart
+from the [gossip] keys above.
+
+Fixed work, not fixed time: every variant trains the same number of epochs, so
+every peer makes the same number of local steps and gossip rounds (period_steps
+= 1). On a shared 2-core machine the wall time of a run depends as much on what
+else runs as on the algorithm, so a time budget would compare machine load; the
+same rounds compare the algorithms, and wall time is still recorded (curves
+against seconds, and the accuracy every variant had reached when the fastest
+one finished). It also lets every worker finish and write its model.pt, from
+which the final consensus distance is computed exactly.
+
+Recorded, per poll (--poll s) and peer: round, loss EMA, test accuracy (every
+--eval-every rounds), the worker's own disagreement metric (Progress.disagreement,
+a sampled relative gap ||own − received|| / ||own|| of the round's segments; in
+flat modes "received" is the partner's snapshot, in hierarchical mode the
+group's mixed value, so it reads about √2 lower there for the same spread), and
+misses. At the end, from every peer's model.pt:
+
+  consensus distance = mean_i ||θ_i − θ̄|| / ||θ̄||,  θ̄ the mean of the peers' θ
+
+Bytes per round are measured by bench/traffic.py's counting transport in real
+in-process rounds of the example model's size (payload only).
+
+Outputs under --out: history.csv, summary.json, gossip_modes.png and each
+cluster's logs; --png also writes the figure elsewhere (docs/img/gossip_modes.png).
+
+    .venv/bin/python bench/gossip_modes.py --png docs/img/gossip_modes.png
+    .venv/bin/python bench/gossip_modes.py --variants crossover,hierarchical --epochs 4
+    .venv/bin/python bench/gossip_modes.py --from runs/gossip-modes-X        # figure and table again
+
+Every daemon is stopped by PID (LocalCluster.close) at the end of each run,
+also on errors, Ctrl+C and SIGTERM; every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import json
+import math
+import signal
+import statistics
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+for path in (ROOT, ROOT / "bench"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+from peerd.client import ControlClient  # noqa: E402
+from peerd.cluster import LocalCluster, default_job  # noqa: E402
+from peerd.errors import DaemonNotRunning, PeerdError  # noqa: E402
+
+JOB = "gossip-modes"
+# name -> [gossip] keys that differ from the example job's
+VARIANTS: dict[str, dict[str, object]] = {
+    "whole": {"mode": "whole"},
+    "crossover": {"mode": "crossover"},
+    "hierarchical": {"mode": "hierarchical"},
+    "hier-bf16": {"mode": "hierarchical", "wire": "bf16"},
+}
+DONE_STATES = {"finished", "failed", "stopped"}
+DISCOVERY_S = 30.0
+FIELDS = ["variant", "t", "peer", "state", "step", "round", "epoch", "loss", "accuracy", "disagreement", "exchange_s",
+          "misses", "partners"]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0] + " " + __doc__.splitlines()[1],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        epilog="The module docstring (bench/gossip_modes.py) explains the method; docs/benchmarks.md has a run.")
+    p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, run in this order; from: "
+                   + ", ".join(VARIANTS))
+    p.add_argument("--localities", default="rack-a,rack-a,rack-b,rack-b",
+                   help="one rack label per daemon (their number is the number of peers)")
+    p.add_argument("--group-size", type=int, default=2, help="gossip.group_size of the hierarchical variants")
+    p.add_argument("--epochs", type=float, default=12,
+                   help="job.epochs, the fixed work per variant (the example's 12: with per-peer init the first "
+                        "50-110 steps sit on a plateau, and 6 epochs leave too little after it)")
+    p.add_argument("--init", choices=("per-peer", "shared"), default="per-peer",
+                   help="job.init: per-peer makes consensus matter; peers whose worker starts after others serve "
+                        "take the running state instead (peerd's joining rule)")
+    p.add_argument("--eval-every", type=int, default=10, help="job.eval_every_rounds")
+    p.add_argument("--seed", type=int, default=0, help="job.seed (per-peer initial models derive from it)")
+    p.add_argument("--poll", type=float, default=0.5, help="seconds between status polls")
+    p.add_argument("--time-limit", type=float, default=300.0, help="seconds one variant may train before it is stopped")
+    p.add_argument("--out", type=Path, default=None, help="output folder (default runs/gossip-modes-TIMESTAMP)")
+    p.add_argument("--png", type=Path, default=None, help="also write the figure here")
+    p.add_argument("--from", dest="source", type=Path, default=None,
+                   help="start nothing: read history.csv and summary.json of an earlier --out and redo figure and table")
+    args = p.parse_args(argv)
+    args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if not args.variants or any(v not in VARIANTS for v in args.variants):
+        p.error(f"--variants: choose from {', '.join(VARIANTS)}")
+    args.localities = [x.strip() for x in args.localities.split(",")]
+    if len(args.localities) < 2:
+        p.error("--localities: at least two daemons")
+    if args.group_size < 1 or args.eval_every < 1 or args.epochs <= 0 or args.poll <= 0:
+        p.error("--group-size and --eval-every must be ≥ 1, --epochs and --poll > 0")
+    return args
+
+
+def job_text(args: argparse.Namespace, variant: str) -> str:
+    """The example job with this benchmark's values (same idea as tests/conftest.example_job)."""
+    data = tomllib.loads(default_job().read_text())
+    data["job"].update(name=JOB, seed=args.seed, init=args.init, epochs=float(args.epochs),
+                       eval_every_rounds=args.eval_every)
+    data["gossip"].update(group_size=args.group_size, **VARIANTS[variant])
+    lines = []
+    for table, values in data.items():
+        lines.append(f"[{table}]")
+        lines += [f"{k} = {_toml(v)}" for k, v in values.items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _toml(value: object) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a valid TOML basic string
+    return repr(value)
+
+
+# ---------------------------------------------------------------- one run
+
+
+def run_variant(args: argparse.Namespace, variant: str, out: Path) -> tuple[list[dict], dict]:
+    """Train the job on a fresh cluster; returns the polled rows and the run's summary."""
+    text = job_text(args, variant)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "job.toml").write_text(text)
+    n = len(args.localities)
+    rows: list[dict] = []
+    with LocalCluster(n, out, localities=args.localities) as cluster:
+        cluster.wait_ready()
+        clients = [ControlClient(p.socket, timeout_s=3.0) for p in cluster.peers]
+        try:
+            _wait(lambda: _alive(cluster) and all(c.status().peers_known == n - 1 for c in clients),
+                  DISCOVERY_S, f"every daemon to discover the other {n - 1}")
+            started = time.monotonic()
+            for c in clients:
+                c.join(text)
+            last_print = -10.0
+            while True:
+                t = round(time.monotonic() - started, 3)
+                polled = poll(clients, variant, t)
+                rows += polled
+                if t - last_print >= 10.0:
+                    last_print = t
+                    print(f"  [{variant} {t:5.0f}s] " + " | ".join(
+                        f"{r['peer']} {r['state']} r{r['round']} loss {r['loss']:.3f} acc {r['accuracy']:.3f}"
+                        for r in polled), flush=True)
+                if any(r["state"] == "failed" for r in polled):
+                    raise PeerdError(f"{variant}: a worker failed; see the logs in {out}")
+                _alive(cluster)
+                if all(r["state"] in DONE_STATES for r in polled):
+                    break
+                if t > args.time_limit:
+                    # Recorded as incomplete, not fatal: the other variants still run.
+                    print(f"  [{variant}] not finished after {args.time_limit:.0f}s (--time-limit); stopping it; "
+                          f"logs in {out}", flush=True)
+                    break
+                time.sleep(args.poll)
+            # t = 0 for the figures: the first poll at which a worker had trained, so
+            # that the time the daemons take to start their workers (10-20 s on a
+            # loaded 2-core machine, varying) does not count against a variant.
+            train_t0 = min((r["t"] for r in rows if r["step"] > 0), default=0.0)
+            for r in rows:
+                r["t"] = round(r["t"] - train_t0, 3)
+            finish_t = max((r["t"] for r in rows if r["state"] != "finished"), default=0.0)
+        finally:
+            for c in clients:
+                c.close()
+    models = [p.dir / "state" / "jobs" / JOB / "model.pt" for p in cluster.peers]
+    last = rows[-n:]
+    complete = all(r["state"] == "finished" for r in last)
+    summary = {
+        "variant": variant, "gossip": VARIANTS[variant], "complete": complete,
+        "finished": [r["peer"] for r in last if r["state"] == "finished"],
+        "train_t0": train_t0, "finish_t": finish_t,
+        "steps": [r["step"] for r in last], "rounds": [r["round"] for r in last],
+        "misses": [r["misses"] for r in last],
+        "took_state": [p.peer_id for p in cluster.peers if _took_state(p.dir)],
+        "final_accuracy": [r["accuracy"] for r in last if r["state"] == "finished"],
+        **consensus([m for m in models if m.exists()]),
+    }
+    return rows, summary
+
+
+def poll(clients: list[ControlClient], variant: str, t: float) -> list[dict]:
+    rows = []
+    for i, c in enumerate(clients):
+        row = {"variant": variant, "t": t, "peer": f"peer-{i}", "state": "down", "step": 0, "round": 0, "epoch": 0,
+               "loss": math.nan, "accuracy": math.nan, "disagreement": math.nan, "exchange_s": math.nan,
+               "misses": 0, "partners": ""}
+        try:
+            jobs = {j.name: j for j in c.status().jobs}
+        except PeerdError:
+            rows.append(row)
+            continue
+        j = jobs.get(JOB)
+        if j is not None:
+            p = j.progress
+            row.update(state=j.state, step=p.step, round=p.round, epoch=p.epoch, loss=p.loss, accuracy=p.test_accuracy,
+                       disagreement=p.disagreement, exchange_s=p.exchange_s, misses=p.segment_misses,
+                       partners=f"{p.partners_reached}/{p.partners_planned}")
+        rows.append(row)
+    return rows
+
+
+def _took_state(peer_dir: Path) -> bool:
+    """The worker started while others trained, so it continued from their state
+    instead of its own initial model (peerd's joining rule)."""
+    log = peer_dir / "state" / "jobs" / JOB / "worker.log"
+    return log.exists() and "joining: took the state" in log.read_text(errors="replace")
+
+
+def consensus(paths: list[Path]) -> dict:
+    """Mean distance of the peers' final parameters from their average, relative to its norm."""
+    import torch
+
+    if len(paths) < 2:
+        return {"consensus_distance": math.nan, "numel": 0, "saved_rounds": []}
+
+    vectors = []
+    for path in paths:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        vectors.append(torch.cat([v.flatten().float() for v in saved["state_dict"].values()]))
+    stack = torch.stack(vectors)
+    mean = stack.mean(0)
+    distances = torch.linalg.vector_norm(stack - mean, dim=1) / torch.linalg.vector_norm(mean)
+    return {"consensus_distance": float(distances.mean()), "numel": int(mean.numel()),
+            "saved_rounds": [int(torch.load(p, map_location="cpu", weights_only=True)["round"]) for p in paths]}
+
+
+def _wait(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if predicate():
+                return
+        except DaemonNotRunning:
+            pass
+        time.sleep(0.2)
+    raise PeerdError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+def _alive(cluster: LocalCluster) -> bool:
+    for peer in cluster.peers:
+        if peer.process.poll() is not None:
+            raise PeerdError(f"{peer.peer_id}'s daemon exited with {peer.process.returncode}; "
+                             f"see {peer.dir / 'daemon.log'}")
+    return True
+
+
+# ---------------------------------------------------------------- traffic
+
+
+def bytes_per_round(args: argparse.Namespace, numel: int) -> dict[str, dict]:
+    """Payload bytes received per peer per round, counted in 2 real in-process rounds
+    of each variant's gossip at the example model's size (bench/traffic.py)."""
+    from traffic import Setup, measure
+
+    data = tomllib.loads(default_job().read_text())
+    segments = data["gossip"]["segments"]
+    n = len(args.localities)
+    out = {}
+    for variant in args.variants:
+        g = VARIANTS[variant]
+        setup = Setup(g["mode"], n, numel, segments, args.group_size, g.get("wire", "fp32"), tuple(args.localities))
+        t = asyncio.run(measure(setup, rounds=2))
+        received = [b for rnd in t.received for b in rnd.values()]
+        out[variant] = {"mean": statistics.fmean(received), "min": min(received), "max": max(received)}
+    return out
+
+
+# ---------------------------------------------------------------- figures and table
+
+
+def mean_series(rows: list[dict], key: str, x: str = "t") -> list[tuple[float, float]]:
+    """(x, mean of `key` over the peers that have trained) at every poll; x is the
+    poll's time, or with x = "step" the mean step of those peers."""
+    by_t: dict[float, list[dict]] = {}
+    for r in rows:
+        if r["state"] in ("running", "finished") and r["step"] > 0 and not math.isnan(r[key]):
+            by_t.setdefault(r["t"], []).append(r)
+    return [(t if x == "t" else statistics.fmean(r["step"] for r in rs), statistics.fmean(r[key] for r in rs))
+            for t, rs in sorted(by_t.items())]
+
+
+def accuracy_at(rows: list[dict], t: float) -> float:
+    """Mean over peers of the last test accuracy each had reported by time t."""
+    last: dict[str, float] = {}
+    for r in rows:
+        if r["t"] <= t and not math.isnan(r["accuracy"]):
+            last[r["peer"]] = r["accuracy"]
+    return statistics.fmean(last.values()) if last else math.nan
+
+
+def plot(history: list[dict], summaries: list[dict], settings: dict, paths: list[Path]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+    for s in summaries:
+        rows = [r for r in history if r["variant"] == s["variant"]]
+        label = f"{s['variant']} (final consensus {s['consensus_distance']:.1e})"
+        for row, x in zip(axes, ("t", "step")):
+            for ax, key in zip(row, ("accuracy", "disagreement", "loss")):
+                series = mean_series(rows, key, x)
+                ax.plot([p for p, _ in series], [q for _, q in series], label=label,
+                        marker="." if key == "accuracy" else None, markersize=3)
+    for row, xlabel in zip(axes, ("seconds since the first worker trained", "local steps (= rounds), mean of peers")):
+        ax_acc, ax_dis, ax_loss = row
+        ax_acc.set(xlabel=xlabel, ylabel="test accuracy (mean of peers)", title="accuracy", ylim=(0.5, 1.0))
+        ax_dis.set(xlabel=xlabel, ylabel="Progress.disagreement (mean of peers)",
+                   title="per-round gap to what was received", yscale="log")
+        ax_loss.set(xlabel=xlabel, ylabel="training loss EMA (mean of peers)", title="loss", yscale="log")
+        for ax in row:
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(f"example job, {len(summaries[0]['rounds'])} peers on racks {settings.get('localities', '?')}, "
+                 f"init {settings.get('init', 'per-peer')}, {settings.get('epochs', '?')} epochs, "
+                 "same seeds and steps", fontsize=10)
+    fig.tight_layout()
+    for path in paths:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def table(history: list[dict], summaries: list[dict], traffic: dict[str, dict]) -> str:
+    t_common = min(s["finish_t"] for s in summaries if s.get("complete", True))
+    base = next((s for s in summaries if s["variant"] == "crossover"), summaries[0])
+    lines = [
+        f"| variant | steps (per peer) | rounds | trained s | final accuracy, mean (min–max) | accuracy at {t_common:.0f} s "
+        f"| consensus distance (model.pt) | × {base['variant']} | mean disagreement, last 20 rounds "
+        "| received per peer per round | misses | started from own init |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in summaries:
+        rows = [r for r in history if r["variant"] == s["variant"]]
+        acc = s["final_accuracy"]
+        late = [r["disagreement"] for r in rows if r["round"] >= min(s["rounds"]) - 20
+                and not math.isnan(r["disagreement"]) and r["state"] == "running"]
+        tr = traffic.get(s["variant"])
+        tr_text = "-" if tr is None else (f"{tr['mean'] / 1024:.0f} KiB" + (
+            "" if tr["min"] == tr["max"] else f" ({tr['min'] / 1024:.0f}–{tr['max'] / 1024:.0f})"))
+        name = s["variant"] if s.get("complete", True) else (
+            f"{s['variant']} (**incomplete**: finished {', '.join(s['finished']) or 'none'})")
+        lines.append(
+            f"| {name} | {min(s['steps'])}–{max(s['steps'])} | {min(s['rounds'])}–{max(s['rounds'])} "
+            f"| {s['finish_t']:.0f} "
+            f"| {_mean_range(acc)} | {accuracy_at(rows, t_common):.4f} "
+            f"| {s['consensus_distance']:.2e} | {s['consensus_distance'] / base['consensus_distance']:.2f} "
+            f"| {statistics.fmean(late) if late else math.nan:.2e} | {tr_text} | {sum(s['misses'])} "
+            f"| {len(s['rounds']) - len(s['took_state'])} of {len(s['rounds'])} |")
+    return "\n".join(lines)
+
+
+def _mean_range(xs: list[float]) -> str:
+    return f"{statistics.fmean(xs):.4f} ({min(xs):.4f}–{max(xs):.4f})" if xs else "-"
+
+
+def write_history(history: list[dict], path: Path) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=FIELDS)
+        writer.writeheader()
+        writer.writerows(history)
+
+
+def read_history(path: Path) -> list[dict]:
+    rows = []
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            for k in ("t", "loss", "accuracy", "disagreement", "exchange_s", "epoch"):
+                r[k] = float(r[k])
+            r["step"], r["round"], r["misses"] = int(r["step"]), int(r["round"]), int(r["misses"])
+            rows.append(r)
+    return rows
+
+
+def report(args: argparse.Namespace, out: Path, history: list[dict], summary: dict) -> None:
+    pngs = [out / "gossip_modes.png"] + ([args.png] if args.png else [])
+    plot(history, summary["runs"], summary.get("args", {}), pngs)
+    text = table(history, summary["runs"], summary.get("traffic", {}))
+    (out / "table.md").write_text(text + "\n")
+    print("\n" + text)
+    print(f"\nfigure: {', '.join(map(str, pngs))}; history: {out / 'history.csv'}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.source is not None:
+        summary = json.loads((args.source / "summary.json").read_text())
+        report(args, args.source, read_history(args.source / "history.csv"), summary)
+        return 0
+    out = args.out or ROOT / "runs" / time.strftime("gossip-modes-%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    history: list[dict] = []
+    settings = {k: (",".join(v) if isinstance(v, list) else str(v)) for k, v in vars(args).items()}
+    summary: dict = {"args": settings, "runs": []}
+    started = time.monotonic()
+    try:
+        for variant in args.variants:
+            print(f"{variant}: {VARIANTS[variant]} on {len(args.localities)} daemons", flush=True)
+            rows, run = run_variant(args, variant, out / variant)
+            history += rows
+            summary["runs"].append(run)
+            print(f"{variant}: {run['finish_t']:.0f}s, rounds {run['rounds']}, accuracy {run['final_accuracy']}, "
+                  f"consensus distance {run['consensus_distance']:.3e}", flush=True)
+    except KeyboardInterrupt:
+        print("interrupted: every daemon is stopped", file=sys.stderr)
+        return 130
+    except PeerdError as exc:
+        print(f"gossip_modes: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if history:
+            write_history(history, out / "history.csv")
+            (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    from peerd.examples.mnist import make_model
+
+    summary["traffic"] = bytes_per_round(args, sum(t.numel() for t in make_model().parameters()))
+    summary["seconds"] = time.monotonic() - started
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    report(args, out, history, summary)
+    incomplete = [r["variant"] for r in summary["runs"] if not r["complete"]]
+    if incomplete:
+        print(f"incomplete (some worker did not finish): {', '.join(incomplete)}; see their logs", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
