@@ -176,12 +176,16 @@ def test_a_late_joiner_takes_the_state_from_the_running_peers(local_cluster):
         return jobs[0].progress.round if jobs else 0
 
     wait_for(lambda: min(round_of(first), round_of(second)) >= 40, 120, "the first two peers to train 40 rounds")
-    # peerctl peers shows each peer's state and, per job, its phase, round, LR and global batch.
-    peers = json.loads(peerctl(cluster, first, "peers", "--json").stdout)["peers"]
-    other = next(p for p in peers if p["peer_id"] == "peer-1")
-    assert other["state"] == "alive"
-    [job] = other["job_states"]
-    assert (job["name"], job["phase"], job["global_batch"]) == ("elastic", "training", 64), job
+    # peerctl peers shows each peer's state and, per job, its phase, round, LR and global
+    # batch, as of that peer's last Hello (which may be a second behind: polled).
+    def peer_1_seen():
+        peers = json.loads(peerctl(cluster, first, "peers", "--json").stdout)["peers"]
+        other = next(p for p in peers if p["peer_id"] == "peer-1")
+        [job] = other["job_states"]
+        return other["state"] == "alive" and job["global_batch"] == 64 and job
+
+    job = wait_for(peer_1_seen, 30, "peerctl peers to show peer-1 training with a global batch of 2 × 32")
+    assert (job["name"], job["phase"]) == ("elastic", "training"), job
     assert float(job["lr"]) > 0 and int(job["round"]) > 0  # as of its last Hello
     assert "training" in peerctl(cluster, first, "status").stdout
     cluster.client(late).join_by_name("elastic")
