@@ -171,3 +171,23 @@ async def test_views_that_differ_by_one_peer_finish_within_the_deadline():
     assert all(r.seconds <= deadline + 0.5 for r in results)
     for p in smaller:  # every value is still a convex mix: nothing blew up or went missing
         assert torch.isfinite(peers[p].vector).all()
+
+
+async def test_with_a_narrow_wire_a_group_agrees_exactly():
+    """Owners keep their mixed value rounded like the one their members receive."""
+    view = {"x": (), "y": ()}  # one group of 2: the round is an all-reduce
+    peers = make_peers(view, wire="bf16")
+    servers = {f"mem-{p}": peers[p].server for p in peers}
+    addresses = {p: f"mem-{p}" for p in view}
+
+    async def one(p):
+        peer = peers[p]
+        await peer.store.publish(0, peer.vector)
+        plan = plan_hierarchical("job", 0, view, p, SEGMENTS, 3)
+        return await hierarchical_round(plan, p, addresses, peer.vector, peer.recv, peer.layout,
+                                        MemoryTransport(peer.identity, servers, wire="bf16"), peer.stages, 5.0,
+                                        wire_dtype=torch.bfloat16)
+
+    results = await asyncio.gather(one("x"), one("y"))
+    assert all(r.misses == 0 for r in results)
+    assert torch.equal(peers["x"].vector, peers["y"].vector)

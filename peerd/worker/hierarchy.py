@@ -40,6 +40,7 @@ async def hierarchical_round(
     stages: StageStore,
     deadline_s: float,
     clipper: PullClipper | None = None,
+    wire_dtype: torch.dtype = torch.float32,
 ) -> RoundResult:
     """Run this peer's part of the round; `vector` (its state at the start of
     the round, already published as its snapshot) is updated in place."""
@@ -85,6 +86,10 @@ async def hierarchical_round(
             if await fetch(source, s, theirs, 1, 2 / 3):
                 result.clipped += clip_pull(total, theirs, clipper) < 1.0
                 mixed = total.mul(1 - plan.weight).add_(theirs, alpha=plan.weight)
+        if wire_dtype != torch.float32:
+            # The members get this value rounded to the wire type: the owner keeps the
+            # same rounding, or the group could never agree closer than the rounding.
+            mixed = mixed.to(wire_dtype).float()
         await stages.put(plan.round, 2, s, mixed)
         mine.copy_(mixed)
 

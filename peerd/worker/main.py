@@ -36,7 +36,7 @@ from peerd.worker.checkpoint import CheckpointDir
 from peerd.worker.gossip import RoundResult, gossip_round
 from peerd.worker.hierarchy import hierarchical_round
 from peerd.worker.link import SupervisorLink
-from peerd.worker.snapshots import Identity, SegmentServer, SnapshotStore, StageStore
+from peerd.worker.snapshots import WIRE_DTYPES, Identity, SegmentServer, SnapshotStore, StageStore
 from peerd.worker.training import Trainer
 from peerd.worker.state import StateBoard, StateMeta, StateServer, pull_state
 from peerd.worker.traffic import (
@@ -260,8 +260,11 @@ class Worker:
             localities = {p: (self.link.localities.get(p, ""), _host(view[p])) for p in peers}
             plan = plan_hierarchical(self.spec.name, self.round, localities, self.me, len(self.layout),
                                      self.spec.gossip.group_size)
+            # Three transfers one after another: the floor holds for each of them.
+            deadline = max(deadline, 3 * self.spec.gossip.deadline_floor_s)
             result = await hierarchical_round(plan, self.me, view, vector, self.recv, self.layout,
-                                              self.transport, self.stages, deadline, self.clipper)
+                                              self.transport, self.stages, deadline, self.clipper,
+                                              WIRE_DTYPES[self.spec.gossip.wire])
         else:
             plan = plan_round(self.spec.name, self.round, peers, self.me, len(self.layout))
             result = await gossip_round(plan, view, vector, self.recv, self.layout, self.transport, deadline,
