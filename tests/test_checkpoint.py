@@ -101,3 +101,18 @@ def test_garbage_and_foreign_files_are_ignored_or_skipped(ckpts):
 
 def test_no_directory_means_no_checkpoint(tmp_path):
     assert CheckpointDir(tmp_path / "absent", "job", "fp", N).load_newest() is None
+
+
+def test_a_checkpoint_is_verified_from_its_own_header(ckpts):
+    from peerd.worker.checkpoint import verify_checkpoint
+
+    path = ckpts.save(StateMeta(7, 70, 1.5), state(1))
+    assert verify_checkpoint(path) == StateMeta(7, 70, 1.5)
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x40
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="checksum"):
+        verify_checkpoint(path)
+    path.write_bytes(b"not a checkpoint at all")
+    with pytest.raises(CheckpointError, match="not a peerd checkpoint"):
+        verify_checkpoint(path)

@@ -299,7 +299,9 @@ class Soak:
         found = []
         for peer in self.peers.values():
             for path in sorted((peer.dir / "state").rglob("*")):
-                if path.is_file() and ("ckpt" in path.name or path.name.startswith("checkpoint")):
+                # Dot-files are writes in progress (or cut off by a kill): never loaded.
+                if path.is_file() and not path.name.startswith(".") and (
+                        "ckpt" in path.name or path.name.startswith("checkpoint")):
                     try:
                         verify(path)
                         found.append((str(path), True, ""))

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from peerd.worker.codec import all_finite
 from peerd.worker.state import StateMeta
 
 log = logging.getLogger("peerd.worker.checkpoint")
@@ -106,7 +107,7 @@ def decode(data: bytes | bytearray, job: str, fingerprint: str, numel: int) -> t
     if not math.isfinite(meta.progress) or meta.progress < 0 or meta.round < 0 or meta.step < 0:
         raise CheckpointError("bad round, step or progress")
     vector = torch.frombuffer(payload, dtype=torch.float32)
-    if not _all_finite(vector):
+    if not all_finite(vector):
         raise CheckpointError("holds non-finite values")
     return meta, vector
 
@@ -163,10 +164,18 @@ class CheckpointDir:
         return None
 
 
-def _all_finite(vector: torch.Tensor) -> bool:
-    # A NaN or an infinity makes the sum non-finite, so a finite sum settles it
-    # without a 1-byte mask per value; a sum that overflowed is checked in full.
-    return bool(torch.isfinite(vector.sum())) or bool(torch.isfinite(vector).all())
+def verify_checkpoint(path: Path) -> StateMeta:
+    """Check a checkpoint file against its own header (job, fingerprint, size,
+    checksum, finite values), for tools that do not know the job: the soak
+    harness, an operator's script. Raises CheckpointError; returns its meta."""
+    data = _read(path)
+    end = data.find(b"\n", len(MAGIC), len(MAGIC) + _MAX_HEADER)
+    try:
+        header = json.loads(data[len(MAGIC) : end]) if data.startswith(MAGIC) and end > 0 else {}
+        job, fingerprint, numel = str(header["job"]), str(header["fingerprint"]), int(header["numel"])
+    except (ValueError, KeyError, TypeError):
+        raise CheckpointError("not a peerd checkpoint, or a malformed header") from None
+    return decode(data, job, fingerprint, numel)[0]
 
 
 def _read(path: Path) -> bytearray:
