@@ -68,36 +68,58 @@ def _recv_blocking(sock: socket.socket, view: memoryview) -> None:
         got += n
 
 
-async def _recv_payload(sock: socket.socket, view: memoryview, timeout: float) -> None:
-    """Receive a segment's values in a thread of its own: one blocking recv loop
-    costs far less than an event-loop wake-up per socket read
+def _read_reply(sock: socket.socket, into: memoryview | None, expected: int, itemsize: int):
+    """One whole reply frame, read with blocking calls: ("error", kind, round,
+    message), ("length", total) for a segment of the wrong size (its values left
+    unread), or ("ok", raw) with the values in `into` (raw is None) or in raw."""
+    head = bytearray(_OK.size)
+    _recv_blocking(sock, memoryview(head)[:1])
+    if head[0] != 0:
+        rest = bytearray(_ERROR.size - 1)
+        _recv_blocking(sock, memoryview(rest))
+        _, current, size = _ERROR.unpack(bytes(head[:1]) + rest)
+        message = bytearray(min(size, 4096))
+        _recv_blocking(sock, memoryview(message))
+        return "error", head[0], current, message.decode(errors="replace")
+    _recv_blocking(sock, memoryview(head)[1:])
+    _, total = _OK.unpack(head)
+    if total != expected:
+        return "length", total
+    raw = None if into is not None else bytearray(total * itemsize)
+    _recv_blocking(sock, into if into is not None else memoryview(raw))
+    return "ok", raw
+
+
+async def _in_thread(sock: socket.socket, work, timeout: float):
+    """Run `work()` (blocking reads on `sock`) in a thread of its own: one
+    blocking loop costs far less than an event-loop wake-up per socket read
     (docs/benchmarks.md), and the training step (in the default executor) never
     waits behind it. The thread is a daemon with the fetch's timeout on its
     socket, so it can neither outlive the deadline nor hold the process at exit;
     if the caller gives up first, the socket is shut down so the thread stops
-    writing into `view` before this returns."""
+    writing into the caller's buffer before this returns."""
     loop = asyncio.get_running_loop()
     done = loop.create_future()
 
-    def settle(exc: BaseException | None) -> None:
+    def settle(value, exc: BaseException | None) -> None:
         if not done.done():
-            done.set_exception(exc) if exc else done.set_result(None)
+            done.set_exception(exc) if exc else done.set_result(value)
 
     def run() -> None:
-        exc = None
+        value, exc = None, None
         try:
-            _recv_blocking(sock, view)
+            value = work()
         except BaseException as e:  # handed to the awaiting task
             exc = e
         try:
-            loop.call_soon_threadsafe(settle, exc)
+            loop.call_soon_threadsafe(settle, value, exc)
         except RuntimeError:
             pass  # the loop is gone: nobody waits any more
 
     sock.settimeout(max(timeout, 0.001))
     threading.Thread(target=run, name="peerd-bulk-recv", daemon=True).start()
     try:
-        await asyncio.shield(done)
+        return await asyncio.shield(done)
     except asyncio.CancelledError:
         try:
             sock.shutdown(socket.SHUT_RDWR)
@@ -259,26 +281,23 @@ class BulkClient:
         loop = asyncio.get_running_loop()
         body = request.SerializeToString()
         await loop.sock_sendall(sock, _LENGTH.pack(len(body)) + body)
-        kind = (await _recv_bytes(loop, sock, 1))[0]
-        if kind != 0:
-            rest = await _recv_bytes(loop, sock, _ERROR.size - 1)
-            _, current, size = _ERROR.unpack(bytes([kind]) + rest)
-            message = (await _recv_bytes(loop, sock, min(size, 4096))).decode(errors="replace")
+        into = memoryview(out.numpy()).cast("B") if self._wire == "fp32" else None  # straight into the tensor
+        reply = await _in_thread(sock, lambda: _read_reply(sock, into, out.numel(), _ITEMSIZE[self._wire]), timeout)
+        if reply[0] == "error":
+            _, kind, current, message = reply
             if kind == 2:
                 raise RoundMismatch(message, current)
             raise (JobMismatch if kind == 1 else PeerUnavailable)(message)
-        total, = struct.unpack("<Q", await _recv_bytes(loop, sock, 8))
-        if total != out.numel():
+        if reply[0] == "length":
             # The values that follow are not read: the connection is dropped (returns not reached).
-            raise InvalidMessage(f"partner sent a segment of {total} elements, expected {out.numel()}", "wrong_length")
-        if self._wire == "fp32":
-            await _recv_payload(sock, memoryview(out.numpy()).cast("B"), timeout)  # straight into the tensor
+            raise InvalidMessage(f"partner sent a segment of {reply[1]} elements, expected {out.numel()}",
+                                 "wrong_length")
+        raw = reply[1]
+        if raw is None:
             if not all_finite(out):
                 raise InvalidMessage("partner sent non-finite values", "non_finite")
         else:
-            raw = bytearray(total * _ITEMSIZE[self._wire])
-            await _recv_payload(sock, memoryview(raw), timeout)
-            fill_values(out, 0, total, raw, 0, self._wire)
+            fill_values(out, 0, out.numel(), raw, 0, self._wire)
         return True
 
     def close(self) -> None:

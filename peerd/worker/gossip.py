@@ -84,12 +84,20 @@ async def gossip_round(
     result = RoundResult(plan.round, plan.partners)
     started = time.monotonic()
 
-    async def fetch(s: int) -> int:
+    gaps: list[float] = []
+
+    async def fetch(s: int) -> None:
         span = layout[s]
-        await transport.fetch_segment(
-            addresses[plan.sources[s]], plan.round, s, recv[span.start : span.stop], deadline_s
-        )
-        return s
+        own, theirs = vector[span.start : span.stop], recv[span.start : span.stop]
+        await transport.fetch_segment(addresses[plan.sources[s]], plan.round, s, theirs, deadline_s)
+        # Averaged as soon as it is here, while the next segment is still arriving
+        # (no await below: a deadline cannot cut an average in half).
+        gaps.append(relative_gap(own, theirs))
+        result.clipped += clip_pull(own, theirs, clipper) < 1.0
+        # (own + theirs)·½, not lerp: addition commutes exactly in IEEE arithmetic,
+        # so both partners of a pair end with bit-identical values.
+        own.add_(theirs).mul_(0.5)
+        result.reached.add(plan.sources[s])
 
     tasks = {asyncio.ensure_future(fetch(s)): s for s in range(len(layout))}
     done, pending = await asyncio.wait(tasks, timeout=deadline_s)
@@ -97,22 +105,11 @@ async def gossip_round(
         task.cancel()
     await asyncio.gather(*pending, return_exceptions=True)
 
-    gaps = []
     for task, s in tasks.items():
-        source = plan.sources[s]
         exc = None if task in done and not task.cancelled() else TimeoutError("deadline")
         exc = exc or task.exception()
         if exc is not None:
-            record_failure(result, source, plan.round, exc)
-            continue
-        span = layout[s]
-        own, theirs = vector[span.start : span.stop], recv[span.start : span.stop]
-        gaps.append(relative_gap(own, theirs))
-        result.clipped += clip_pull(own, theirs, clipper) < 1.0
-        # (own + theirs)·½, not lerp: addition commutes exactly in IEEE arithmetic,
-        # so both partners of a pair end with bit-identical values.
-        own.add_(theirs).mul_(0.5)
-        result.reached.add(source)
+            record_failure(result, plan.sources[s], plan.round, exc)
     if gaps:
         result.disagreement = sum(gaps) / len(gaps)
     result.seconds = time.monotonic() - started
