@@ -221,7 +221,7 @@ def run_peerd(args: argparse.Namespace, variant: str) -> dict:
     if kind not in ("fixed", "dbs"):
         raise SystemExit(f"unknown variant {variant!r}: sync, fixed[@N] or dbs[@N]")
     text = job_text(args, dbs=kind == "dbs", period=int(period or args.period_steps))
-    with LocalCluster(len(args.slowdown_list), args.out / variant, args.slowdown_list) as cluster:
+    with LocalCluster(len(args.slowdown_list), args.out / variant, slowdowns=args.slowdown_list) as cluster:
         cluster.wait_ready()
         _until(lambda: all(cluster.client(p).status().peers_known == len(cluster.peers) - 1 for p in cluster.peers),
                30, "discovery")

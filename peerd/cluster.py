@@ -287,7 +287,7 @@ def run_cluster(args: argparse.Namespace) -> int:
     started = time.monotonic()
     previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
-        with LocalCluster(args.peers, out, args.slowdowns) as cluster:
+        with LocalCluster(args.peers, out, slowdowns=args.slowdowns) as cluster:
             cluster.wait_ready()
             cluster.wait_discovery(console)
             for peer in cluster.peers:
