@@ -18,7 +18,7 @@ def test_a_slowed_peer_gets_a_smaller_batch_and_share(local_cluster):
     cluster = local_cluster(3, slowdowns=(1.0, 1.0, 3.0))
     wait_for(lambda: all(cluster.client(p).status().peers_known == 2 for p in cluster.peers),
              30, "every daemon to see the other two")
-    text = example_job(job={"name": "dbs", "epochs": 4, "eval_every_rounds": 1000, "global_batch": 96,
+    text = example_job(job={"name": "dbs", "epochs": 12, "eval_every_rounds": 1000, "global_batch": 96,
                             "min_local_batch": 4, "rebalance_rounds": 5, "rebalance_threshold": 0.1})
     for peer in cluster.peers:
         with cluster.client(peer) as c:
@@ -38,14 +38,15 @@ def test_a_slowed_peer_gets_a_smaller_batch_and_share(local_cluster):
         # Epoch ≥ 1 everywhere: the split was made from measured speeds, not the equal
         # start. On a loaded machine the speeds may reach the others an epoch late, so
         # wait for the split to show them (it must, within the limit).
+        # local_batch is the last step's: the tail of an epoch may be short, so this
+        # is polled too rather than read once.
+        batches = [rows[f"peer-{i}"].local_batch for i in range(3)]
         return (all(r.epoch >= 1 for r in rows.values()) and all(s == s for s in shares)
-                and shares[2] * 1.5 < min(shares[:2]) and rows)
+                and shares[2] * 1.5 < min(shares[:2]) and batches[2] * 1.5 < min(batches[:2]) and rows)
 
     rows = wait_for(rebalanced, 240, "every peer to start an epoch split by measured speeds")
     fast, slow = [rows["peer-0"], rows["peer-1"]], rows["peer-2"]
     assert slow.samples_per_s < min(p.samples_per_s for p in fast)
-    assert slow.local_batch * 1.5 < min(p.local_batch for p in fast), rows
-    assert slow.share * 1.5 < min(p.share for p in fast), rows
     # Every peer's plan adds up to the job's global batch, which its LR is scaled for.
     assert all(r.global_batch == 96 for r in rows.values()), rows
 
