@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import tomllib
 from collections.abc import Callable
@@ -43,6 +44,15 @@ def wait_for(predicate: Callable[[], object], timeout_s: float, what: str, inter
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what}")
         time.sleep(interval_s)
+
+
+async def until(predicate: Callable[[], object], timeout_s: float = 20.0) -> None:
+    """The in-process twin of wait_for: poll without blocking the event loop."""
+    async def poll():
+        while not predicate():
+            await asyncio.sleep(0.05)
+
+    await asyncio.wait_for(poll(), timeout_s)
 
 
 @pytest.fixture

@@ -28,6 +28,8 @@ from peerd.worker.transport import FETCH_SEGMENT, GrpcTransport, start_exchange_
 from certs import make_ca, material, needs_openssl, settings
 from test_exchange import NUMEL, SEGMENTS, Peer, two_peers
 
+from conftest import until
+
 SECRET = b"0123456789abcdef-the-job-secret"
 OTHER = b"0123456789abcdef-another-secret"
 
@@ -278,13 +280,6 @@ def daemon_config(tmp_path, name: str, realm: str, **security) -> DaemonConfig:
         interfaces=("127.0.0.1",), hello_interval_s=0.2, peer_timeout_s=1.5, realm=realm, **security,
     )
 
-
-async def until(predicate, timeout_s: float = 15.0) -> None:
-    async def poll():
-        while not predicate():
-            await asyncio.sleep(0.05)
-
-    await asyncio.wait_for(poll(), timeout_s)
 
 
 @needs_openssl

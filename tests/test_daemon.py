@@ -17,6 +17,8 @@ from peerd.daemon.app import Daemon
 from peerd.errors import ConfigError, UnknownJob
 from peerd.proto.v1 import peer_pb2, peer_pb2_grpc
 
+from conftest import until
+
 
 def config(tmp_path, name: str, realm: str = "") -> DaemonConfig:
     return DaemonConfig(
@@ -39,13 +41,6 @@ async def daemons(tmp_path):
     for daemon in started:
         await daemon.aclose()
 
-
-async def until(predicate, timeout_s: float = 15.0) -> None:
-    async def poll():
-        while not predicate():
-            await asyncio.sleep(0.05)
-
-    await asyncio.wait_for(poll(), timeout_s)
 
 
 async def test_two_daemons_find_each_other_and_answer_hello_and_health(daemons, tmp_path):

@@ -21,6 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from peerd.config import DaemonConfig
 from peerd.daemon.app import Daemon, _give_to_group
 
+from conftest import until
+
 
 def config(tmp_path, name: str, realm: str, **changes) -> DaemonConfig:
     base = DaemonConfig(
@@ -44,13 +46,6 @@ async def daemons(tmp_path):
     for daemon in started:
         await daemon.aclose()
 
-
-async def until(predicate, timeout_s: float = 20.0) -> None:
-    async def poll():
-        while not predicate():
-            await asyncio.sleep(0.05)
-
-    await asyncio.wait_for(poll(), timeout_s)
 
 
 def free_port() -> int:
