@@ -18,9 +18,12 @@ Frames, little-endian (docs/protocol.md):
 from __future__ import annotations
 
 import asyncio
+import os
+import queue
 import socket
 import struct
 import threading
+import time
 from contextlib import aclosing
 
 import torch
@@ -37,6 +40,7 @@ _ERROR = struct.Struct("<BqI")
 _KIND = {JobMismatch: 1, RoundMismatch: 2, PeerUnavailable: 3}
 MAX_REQUEST_BYTES = 4096  # a SegmentRequest is ~100 bytes; anything bigger is not one
 MAX_WAIT_S = 120.0  # a caller cannot hold a server's snapshot longer than this
+IDLE_S = 60.0  # a connection unused this long is closed (its reader thread ends)
 _ITEMSIZE = {"fp32": 4, "fp16": 2, "bf16": 2}
 
 
@@ -88,47 +92,6 @@ def _read_reply(sock: socket.socket, into: memoryview | None, expected: int, ite
     raw = None if into is not None else bytearray(total * itemsize)
     _recv_blocking(sock, into if into is not None else memoryview(raw))
     return "ok", raw
-
-
-async def _in_thread(sock: socket.socket, work, timeout: float):
-    """Run `work()` (blocking reads on `sock`) in a thread of its own: one
-    blocking loop costs far less than an event-loop wake-up per socket read
-    (docs/benchmarks.md), and the training step (in the default executor) never
-    waits behind it. The thread is a daemon with the fetch's timeout on its
-    socket, so it can neither outlive the deadline nor hold the process at exit;
-    if the caller gives up first, the socket is shut down so the thread stops
-    writing into the caller's buffer before this returns."""
-    loop = asyncio.get_running_loop()
-    done = loop.create_future()
-
-    def settle(value, exc: BaseException | None) -> None:
-        if not done.done():
-            done.set_exception(exc) if exc else done.set_result(value)
-
-    def run() -> None:
-        value, exc = None, None
-        try:
-            value = work()
-        except BaseException as e:  # handed to the awaiting task
-            exc = e
-        try:
-            loop.call_soon_threadsafe(settle, value, exc)
-        except RuntimeError:
-            pass  # the loop is gone: nobody waits any more
-
-    sock.settimeout(max(timeout, 0.001))
-    threading.Thread(target=run, name="peerd-bulk-recv", daemon=True).start()
-    try:
-        return await asyncio.shield(done)
-    except asyncio.CancelledError:
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        await asyncio.gather(done, return_exceptions=True)
-        raise
-    finally:
-        sock.setblocking(False)
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -212,96 +175,193 @@ class BulkServer:
             await loop.sock_sendall(conn, _ERROR.pack(kind, current, len(message)) + message)
 
 
+class _Fetch:
+    """One segment asked over a pipe: where its values go and who waits for them."""
+
+    __slots__ = ("frame", "out", "into", "deadline", "future")
+
+    def __init__(self, frame: bytes, out: torch.Tensor, into: memoryview | None, deadline: float,
+                 future: asyncio.Future) -> None:
+        self.frame, self.out, self.into, self.deadline, self.future = frame, out, into, deadline, future
+
+
+def _settle(future: asyncio.Future, exc: BaseException | None) -> None:
+    if not future.done():
+        future.set_exception(exc) if exc else future.set_result(None)
+
+
+class _Pipe:
+    """One connection to a partner's lane for one stage, with requests pipelined.
+
+    Requests go out as soon as they are asked for, so the partner never waits a
+    round trip between segments; one reader thread takes the replies in order,
+    straight into each caller's tensor, and checks them. A blocking loop in a
+    thread costs far less than an event-loop wake-up per socket read, the
+    training step (in the default executor) never waits behind it, and one
+    thread per connection saves a thread start per segment. The thread ends
+    when the connection breaks or stays idle for IDLE_S.
+    """
+
+    def __init__(self, sock: socket.socket, wire: str) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._wire = wire
+        self._sender = sock  # non-blocking, used by the event loop
+        # The reader's own socket object on a duplicate descriptor: its timeout is
+        # its own (both leave the shared descriptor non-blocking).
+        self._reader = socket.socket(sock.family, sock.type, fileno=os.dup(sock.fileno()))
+        self._queue: queue.SimpleQueue[_Fetch | None] = queue.SimpleQueue()  # None: stop
+        self._guard = threading.Lock()  # `broken` and queueing decide together
+        self.broken = False
+        self._sending = asyncio.Lock()  # whole frames, in queue order
+        self.stopped = self._loop.create_future()
+        threading.Thread(target=self._read_loop, name="peerd-bulk-recv", daemon=True).start()
+
+    async def fetch(self, request, out: torch.Tensor, timeout: float) -> None:
+        body = request.SerializeToString()
+        into = memoryview(out.numpy()).cast("B") if self._wire == "fp32" else None  # straight into the tensor
+        item = _Fetch(_LENGTH.pack(len(body)) + body, out, into, time.monotonic() + timeout,
+                      self._loop.create_future())
+        try:
+            async with self._sending:
+                with self._guard:
+                    if self.broken:
+                        raise ConnectionError("connection closed")
+                    self._queue.put(item)
+                await self._loop.sock_sendall(self._sender, item.frame)
+            await asyncio.shield(item.future)
+        except BaseException:
+            if not item.future.done():
+                # Given up (deadline, cancel) or failed to send with the reply still owed:
+                # the connection is out of step, and the thread must stop writing into
+                # `out` before the caller gets it back.
+                await self.close()
+            raise
+
+    def _read_loop(self) -> None:
+        item, error = None, None
+        try:
+            while True:
+                try:
+                    item = self._queue.get(timeout=IDLE_S)
+                except queue.Empty:
+                    return
+                if item is None:
+                    return
+                self._reader.settimeout(max(item.deadline - time.monotonic(), 0.001))
+                failure = self._receive(item)
+                self._loop.call_soon_threadsafe(_settle, item.future, failure)
+                item = None
+        except BaseException as exc:  # the connection is gone or out of step
+            error = exc
+        finally:
+            with self._guard:
+                self.broken = True
+            left = [item] if item is not None else []
+            while not self._queue.empty():
+                left.append(self._queue.get_nowait())
+            left = [pending for pending in left if pending is not None]
+            reason = ConnectionError(f"bulk lane closed: {error}") if error else ConnectionError("bulk lane closed")
+            try:
+                for pending in left:
+                    self._loop.call_soon_threadsafe(_settle, pending.future, reason)
+                self._loop.call_soon_threadsafe(_settle, self.stopped, None)
+            except RuntimeError:
+                pass  # the loop is gone: nobody waits any more
+            self._reader.close()
+
+    def _receive(self, item: _Fetch) -> BaseException | None:
+        """Read one reply into `item`: None if it holds the values, else the error to
+        raise. Raises if the connection cannot carry another reply."""
+        reply = _read_reply(self._reader, item.into, item.out.numel(), _ITEMSIZE[self._wire])
+        if reply[0] == "error":
+            _, kind, current, message = reply
+            if kind == 2:
+                return RoundMismatch(message, current)
+            return (JobMismatch if kind == 1 else PeerUnavailable)(message)
+        if reply[0] == "length":
+            # The values that follow are not read: the connection is dropped.
+            self._loop.call_soon_threadsafe(_settle, item.future, InvalidMessage(
+                f"partner sent a segment of {reply[1]} elements, expected {item.out.numel()}", "wrong_length"))
+            raise ConnectionError("reply of the wrong length")
+        raw = reply[1]
+        try:
+            if raw is None:
+                if not all_finite(item.out):
+                    return InvalidMessage("partner sent non-finite values", "non_finite")
+            else:
+                fill_values(item.out, 0, item.out.numel(), raw, 0, self._wire)
+        except InvalidMessage as exc:
+            return exc
+        return None
+
+    async def close(self) -> None:
+        with self._guard:
+            self.broken = True
+        try:
+            self._sender.shutdown(socket.SHUT_RDWR)  # wakes the reader, whatever it waits on
+        except OSError:
+            pass
+        self._queue.put(None)  # wakes an idle reader
+        await asyncio.shield(self.stopped)
+        self._sender.close()
+
+
 class BulkClient:
-    """Fetches segments over bulk lanes, keeping idle connections for reuse."""
+    """Fetches segments over bulk lanes: one pipelined connection per partner and
+    stage. Per stage, because a hierarchical stage-2 fetch waits for the partner
+    to finish stage 1, which may need this peer's stage-1 fetch to go through."""
 
     def __init__(self, wire: str = "fp32") -> None:
         self._wire = wire
-        self._idle: dict[tuple[str, int], list[socket.socket]] = {}
-        # One transfer at a time per partner and stage: concurrent streams from one
-        # peer share the same link anyway, and their receive threads fight over the
-        # GIL (8 at once took ~2x as long as 1 after another: docs/benchmarks.md).
-        # Per stage, because a hierarchical stage-2 fetch waits for the partner to
-        # finish stage 1, which may need this peer's stage-1 fetch to go through.
-        self._busy: dict[tuple[str, int, int], asyncio.Lock] = {}
+        self._pipes: dict[tuple[str, int, int], _Pipe] = {}
+        self._connecting: dict[tuple[str, int, int], asyncio.Future] = {}
 
     async def fetch(self, host: str, port: int, request, out: torch.Tensor, timeout: float) -> None:
-        key = (host, port)
         try:
             async with asyncio.timeout(timeout):
-                await self._busy.setdefault((*key, request.stage), asyncio.Lock()).acquire()
+                pipe = await self._pipe((host, port, request.stage))
         except TimeoutError:
-            raise PeerUnavailable(f"{host}:{port}: deadline exceeded waiting for the partner's lane") from None
+            raise PeerUnavailable(f"{host}:{port}: deadline exceeded connecting") from None
+        except OSError as exc:
+            raise PeerUnavailable(f"{host}:{port}: {exc}") from None
         try:
-            await self._fetch(key, request, out, max(timeout, 0.0))
-        finally:
-            self._busy[(*key, request.stage)].release()
-
-    async def _fetch(self, key: tuple[str, int], request, out: torch.Tensor, timeout: float) -> None:
-        host, port = key
-        idle = self._idle.get(key)
-        sock = idle.pop() if idle else None
-        reusable = False
-        try:
-            async with asyncio.timeout(timeout):
-                if sock is not None:
-                    try:
-                        reusable = await self._exchange(sock, request, out, timeout)
-                        return
-                    except ConnectionError:  # the partner closed this idle connection (it went away): once more, fresh
-                        sock.close()
-                sock = await self._connect(host, port)
-                reusable = await self._exchange(sock, request, out, timeout)
+            async with asyncio.timeout(timeout):  # the reader's socket timeout is per read, not per reply
+                await pipe.fetch(request, out, max(timeout, 0.0))
         except TimeoutError:
             raise PeerUnavailable(f"{host}:{port}: deadline exceeded") from None
         except (ConnectionError, OSError) as exc:
             raise PeerUnavailable(f"{host}:{port}: {exc}") from None
-        finally:
-            if sock is not None:
-                if reusable:
-                    self._idle.setdefault(key, []).append(sock)
-                else:
-                    sock.close()
 
-    async def _connect(self, host: str, port: int) -> socket.socket:
+    async def _pipe(self, key: tuple[str, int, int]) -> _Pipe:
+        pipe = self._pipes.get(key)
+        if pipe is not None:
+            if not pipe.broken:
+                return pipe
+            del self._pipes[key]
+            await pipe.close()  # ended by the partner or by idleness: its socket is still open here
+        pending = self._connecting.get(key)
+        if pending is None:  # the first caller connects; the others wait for it
+            pending = asyncio.ensure_future(self._connect(key))
+            self._connecting[key] = pending
+            pending.add_done_callback(lambda _: self._connecting.pop(key, None))
+        pipe = await asyncio.shield(pending)
+        self._pipes[key] = pipe
+        return pipe
+
+    async def _connect(self, key: tuple[str, int, int]) -> _Pipe:
+        host, port, _ = key
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             await asyncio.get_running_loop().sock_connect(sock, (host, port))
+            return _Pipe(sock, self._wire)
         except BaseException:
             sock.close()
             raise
-        return sock
 
-    async def _exchange(self, sock: socket.socket, request, out: torch.Tensor, timeout: float) -> bool:
-        """One request and its whole reply; True if the connection is clean for
-        another request. A refusal is raised after its frame is read."""
-        loop = asyncio.get_running_loop()
-        body = request.SerializeToString()
-        await loop.sock_sendall(sock, _LENGTH.pack(len(body)) + body)
-        into = memoryview(out.numpy()).cast("B") if self._wire == "fp32" else None  # straight into the tensor
-        reply = await _in_thread(sock, lambda: _read_reply(sock, into, out.numel(), _ITEMSIZE[self._wire]), timeout)
-        if reply[0] == "error":
-            _, kind, current, message = reply
-            if kind == 2:
-                raise RoundMismatch(message, current)
-            raise (JobMismatch if kind == 1 else PeerUnavailable)(message)
-        if reply[0] == "length":
-            # The values that follow are not read: the connection is dropped (returns not reached).
-            raise InvalidMessage(f"partner sent a segment of {reply[1]} elements, expected {out.numel()}",
-                                 "wrong_length")
-        raw = reply[1]
-        if raw is None:
-            if not all_finite(out):
-                raise InvalidMessage("partner sent non-finite values", "non_finite")
-        else:
-            fill_values(out, 0, out.numel(), raw, 0, self._wire)
-        return True
-
-    def close(self) -> None:
-        for sockets in self._idle.values():
-            for sock in sockets:
-                sock.close()
-        self._idle.clear()
+    async def aclose(self) -> None:
+        pipes = list(self._pipes.values())
+        self._pipes.clear()
+        await asyncio.gather(*(pipe.close() for pipe in pipes), return_exceptions=True)

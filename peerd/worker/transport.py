@@ -264,7 +264,7 @@ class GrpcTransport:
         channels, self._channels = list(self._channels.values()), {}
         await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
         if self._bulk is not None:
-            self._bulk.close()
+            await self._bulk.aclose()
 
 
 def _peer_host(context) -> str:
