@@ -22,7 +22,7 @@ import statistics
 import sys
 import tempfile
 import time
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,13 +44,13 @@ eval_every_rounds = 1000000
 [optimizer]
 lr = 0.01
 """
-STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
+STAMP = re.compile(r"^ts=(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3})Z ")  # peerd.logs, text format, UTC
 
 
 def stamp_of(log: str, needle: str) -> float:
     for line in log.splitlines():
         if needle in line and (m := STAMP.match(line)):
-            return datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            return datetime.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S.%f").replace(tzinfo=timezone.utc).timestamp()
     raise PeerdError(f"no {needle!r} in the newcomer's log")
 
 
@@ -63,10 +63,15 @@ def wait_for(predicate, timeout_s: float, what: str):
     raise PeerdError(f"timed out waiting for {what}")
 
 
-def one_case(donors: int, out: Path) -> dict[str, float]:
-    with LocalCluster(donors + 1, out) as cluster:
+def one_case(donors: int, standby: bool, out: Path) -> dict[str, float]:
+    # Only the newcomer may keep a standby worker: the donors' would only load the machine.
+    settings = lambda peer: {"worker": {"standby": standby and peer.index == donors}}  # noqa: E731
+    with LocalCluster(donors + 1, out, settings=settings) as cluster:
         cluster.wait_ready()
         *givers, newcomer = cluster.peers
+        if standby:
+            daemon_log = newcomer.dir / "daemon.log"
+            wait_for(lambda: "standby worker pid" in daemon_log.read_text(), 30, "the newcomer's standby")
         wait_for(lambda: all(cluster.client(p).status().peers_known == donors for p in cluster.peers), 30, "discovery")
         for peer in givers:
             cluster.client(peer).join(JOB)
@@ -85,11 +90,13 @@ def one_case(donors: int, out: Path) -> dict[str, float]:
         pulled = re.search(r"took the state of round \d+ .* from (.*) in ([\d.]+)s", log)
         if pulled is None or len(pulled.group(1).split(", ")) != donors:
             raise PeerdError(f"the newcomer did not take the state from {donors} donors:\n{log}")
+        loading = stamp_of(log, "loading job")
         serving = stamp_of(log, "serving exchange on")
         training = stamp_of(log, "training from round")
         return {
             "total_s": training - started,
-            "startup_s": serving - started,
+            "process_s": loading - started,
+            "load_s": serving - loading,
             "pull_s": float(pulled.group(2)),
         }
 
@@ -98,22 +105,30 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--donors", type=int, nargs="+", default=[1, 3], help="donor counts to measure")
-    parser.add_argument("--repeats", type=int, default=2, help="clusters per donor count")
+    parser.add_argument("--repeats", type=int, default=2, help="clusters per donor count and variant")
+    parser.add_argument("--standby", choices=["both", "on", "off"], default="both",
+                        help="the newcomer's daemon keeps a standby worker ([worker] standby), or not, or both in turn")
     args = parser.parse_args(argv)
     # The job's model code must be importable on every machine, the newcomer's
     # included (it joins by name, without a job file next to the code).
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(JOBS), os.environ.get("PYTHONPATH", "")]))
-    results: dict[int, list[dict[str, float]]] = {}
+    variants = {"both": (False, True), "on": (True,), "off": (False,)}[args.standby]
+    results: dict[tuple[int, bool], list[dict[str, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="peerd-join-") as tmp:
         for donors in args.donors:
             for k in range(args.repeats):
-                case = one_case(donors, Path(tmp) / f"d{donors}-{k}")
-                print(f"donors {donors} run {k}: " + ", ".join(f"{n} {v:.2f}" for n, v in case.items()), flush=True)
-                results.setdefault(donors, []).append(case)
-    print("\ndonors  join→first step s  of which: process start→serving s  state pull s   (median)")
-    for donors, cases in results.items():
+                for standby in variants:  # interleaved, so load drifts hit both alike
+                    case = one_case(donors, standby, Path(tmp) / f"d{donors}-{k}-{int(standby)}")
+                    print(f"donors {donors} standby {'on' if standby else 'off'} run {k}: "
+                          + ", ".join(f"{n} {v:.2f}" for n, v in case.items()), flush=True)
+                    results.setdefault((donors, standby), []).append(case)
+    print("\nmedians, s: join→first step; of which the worker process up (spawn, imports), job loaded"
+          " (data, model, servers), state pulled")
+    print("donors  standby    total  process     load     pull")
+    for (donors, standby), cases in results.items():
         med = {n: statistics.median(c[n] for c in cases) for n in cases[0]}
-        print(f"{donors:>6}  {med['total_s']:>17.2f}  {med['startup_s']:>32.2f}  {med['pull_s']:>12.2f}")
+        print(f"{donors:>6}  {'on' if standby else 'off':>7} {med['total_s']:>8.2f} {med['process_s']:>8.2f}"
+              f" {med['load_s']:>8.2f} {med['pull_s']:>8.2f}")
     return 0
 
 

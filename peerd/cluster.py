@@ -91,8 +91,11 @@ def _write_config(peer: Peer, realm: str, settings: Settings | None = None) -> N
         # mDNS stays on loopback; the realm hides other local clusters on this machine.
         "discovery": {"interfaces": ["127.0.0.1"], "realm": realm},
     }
+    # No standby worker: every daemon here starts at once, on one machine, and a
+    # spare importing torch each would only slow the others (settings can turn it on).
+    tables["worker"] = {"standby": False}
     if peer.slowdown != 1.0:  # testing knob: emulates a slower device
-        tables["worker"] = {"slowdown": peer.slowdown}
+        tables["worker"]["slowdown"] = peer.slowdown
     for table, values in (settings(peer) if settings else {}).items():
         tables.setdefault(table, {}).update(values)
     (peer.dir / "peerd.toml").write_text("".join(

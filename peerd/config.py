@@ -42,6 +42,7 @@ class DaemonConfig:
     peer_timeout_s: float = 6.0
     worker_threads: int = 1
     worker_device: str = "auto"  # torch device the worker trains on; "auto": cuda if present, else cpu
+    worker_standby: bool = True  # keep a worker process with torch imported, ready for the next join
     restart_backoff_s: float = 1.0
     restart_backoff_max_s: float = 30.0
     # Security (docs/operations.md). Without secrets the services are open to the LAN.
@@ -81,6 +82,7 @@ def parse_config(data: dict, source: str) -> DaemonConfig:
         worker_threads=worker.get("threads", int, 1, check=lambda v: 1 <= v <= 256, expect="an integer 1..256"),
         worker_device=worker.get("device", str, d.worker_device, check=_DEVICE.fullmatch,
                                  expect='"auto", "cpu", "cuda", "cuda:N" or "mps"'),
+        worker_standby=worker.get("standby", bool, d.worker_standby),
         restart_backoff_s=worker.get("restart_backoff_s", float, d.restart_backoff_s, **positive),
         restart_backoff_max_s=worker.get("restart_backoff_max_s", float, d.restart_backoff_max_s, **positive),
         realm_secret_file=_path(auth, "realm_secret_file", source),

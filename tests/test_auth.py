@@ -277,7 +277,7 @@ async def test_mutual_tls_accepts_the_labs_ca_and_refuses_another(serve, tmp_pat
 def daemon_config(tmp_path, name: str, realm: str, **security) -> DaemonConfig:
     return DaemonConfig(
         state_dir=tmp_path / name, control_socket=tmp_path / f"{name}.sock", peer_id=name,
-        interfaces=("127.0.0.1",), hello_interval_s=0.2, peer_timeout_s=1.5, realm=realm, **security,
+        interfaces=("127.0.0.1",), hello_interval_s=0.2, peer_timeout_s=1.5, worker_standby=False, realm=realm, **security,
     )
 
 

@@ -23,7 +23,7 @@ from conftest import until
 def config(tmp_path, name: str, realm: str = "") -> DaemonConfig:
     return DaemonConfig(
         state_dir=tmp_path / name, control_socket=tmp_path / f"{name}.sock", peer_id=name,
-        interfaces=("127.0.0.1",), hello_interval_s=0.2, peer_timeout_s=1.5, realm=realm or tmp_path.name,
+        interfaces=("127.0.0.1",), hello_interval_s=0.2, peer_timeout_s=1.5, worker_standby=False, realm=realm or tmp_path.name,
     )
 
 

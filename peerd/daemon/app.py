@@ -27,6 +27,7 @@ from peerd.daemon.discovery import Discovery
 from peerd.daemon.jobs import ENDED, JOINED, LocalJob, WorkerLaunch
 from peerd.daemon.metrics import MetricsServer, make_registry
 from peerd.daemon.notify import sd_notify, watchdog_interval_s
+from peerd.daemon.standby import Standby
 from peerd.auth import Authenticator, load_secret
 from peerd.daemon.services import (
     GET_JOB_SPEC, HELLO, ControlServicer, PeerClient, PeerServicer, SupervisorServicer, hello_request,
@@ -63,6 +64,7 @@ class Daemon:
         self.peer_id = load_peer_id(config)
         self.started = time.monotonic()
         self.membership = Membership(self.peer_id, config.peer_timeout_s)
+        self.standby = Standby() if config.worker_standby else None
         self.jobs: dict[str, LocalJob] = {}
         self.peer_address = ""
         self._addresses: dict[str, str] = {}  # peer id -> Peer service address
@@ -107,6 +109,8 @@ class Daemon:
         if self.config.seeds:
             log.info("seed peers: %s", ", ".join(self.config.seeds))
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
+        if self.standby is not None:
+            await self.standby.start()
         self._tasks.append(asyncio.create_task(self._hello_loop(), name="hello"))
         self._tasks.append(asyncio.create_task(self._resume_jobs(), name="resume"))
         interval = watchdog_interval_s()
@@ -150,6 +154,8 @@ class Daemon:
         log.info("stopping: health NOT_SERVING, then %d job(s), zeroconf, servers", len(self.jobs))
         await self._health.enter_graceful_shutdown()
         await asyncio.gather(*(job.stop(drain=False) for job in self.jobs.values()))
+        if self.standby is not None:
+            await self.standby.aclose()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -374,7 +380,7 @@ class Daemon:
             log_format=self.config.log_format,
         )
         job = LocalJob(spec, launch, self.config.restart_backoff_s, self.config.restart_backoff_max_s,
-                       stop_grace_s=max(1.0, self.config.stop_timeout_s - SHUTDOWN_RESERVE_S))
+                       stop_grace_s=max(1.0, self.config.stop_timeout_s - SHUTDOWN_RESERVE_S), standby=self.standby)
         self.jobs[spec.name] = job
         job.start()
         log.info("joined job %s (fingerprint %s)", spec.name, spec.fingerprint)

@@ -8,13 +8,14 @@ daemon never shares a process with torch, so a crashing job cannot take it down.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import logging
 import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from peerd.daemon.process import RELAY_LINE_LIMIT, die_with_parent
+from peerd.daemon.standby import Standby
 from peerd.jobspec import JobSpec
 from peerd.progress import empty_progress
 from peerd.proto.v1 import control_pb2
@@ -27,17 +28,7 @@ EXIT_CONFIG = 2
 JOINED = "joined.json"  # in the job's directory while this peer is in the job: resumed on restart
 ENDED = "ended"  # the job finished or failed here: not resumed
 STOP_GRACE_S = 10.0
-RELAY_LINE_LIMIT = 1 << 20
 DRAIN_TIMEOUT_S = 120.0
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    # Linux: the worker gets SIGTERM when the daemon dies, even by kill -9.
-    try:
-        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass
 
 
 @dataclass(frozen=True)
@@ -84,6 +75,7 @@ class LocalJob:
     worker_fingerprint: str = ""
     progress: control_pb2.Progress = field(default_factory=empty_progress)
     stop_requested: bool = False  # drain: the worker leaves after its current round
+    standby: Standby | None = None  # a spare process to start the worker in ([worker] standby)
     _process: asyncio.subprocess.Process | None = None
     _task: asyncio.Task | None = None
     _stopping: bool = False
@@ -132,12 +124,17 @@ class LocalJob:
     async def _run_once(self) -> int:
         self.launch.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.launch.log_path, "ab") as out:
-            self._process = await asyncio.create_subprocess_exec(
-                *self.launch.argv(), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT, preexec_fn=_die_with_parent, start_new_session=True,
-                limit=RELAY_LINE_LIMIT,
-            )
-            log.info("job %s: worker pid %d started", self.spec.name, self._process.pid)
+            argv = self.launch.argv()
+            self._process = await self.standby.launch(argv) if self.standby is not None else None
+            how = "from the standby"
+            if self._process is None:
+                how = "new"
+                self._process = await asyncio.create_subprocess_exec(
+                    *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.STDOUT, preexec_fn=die_with_parent, start_new_session=True,
+                    limit=RELAY_LINE_LIMIT,
+                )
+            log.info("job %s: worker pid %d started (%s)", self.spec.name, self._process.pid, how)
             await _relay(self._process.stdout, out)
             return await self._process.wait()
 

@@ -392,6 +392,7 @@ def load_security(args: argparse.Namespace) -> Security:
 async def amain(args: argparse.Namespace) -> int:
     spec = parse_job(args.spec.read_text(), str(args.spec))
     setup_logging("INFO", args.log_format, job=spec.name, peer=args.peer_id)
+    log.info("loading job %s on %s", spec.name, args.device)
     security = load_security(args)
     torch.set_num_threads(args.threads)
     trainer = Trainer(spec, args.peer_id, args.spec_dir, args.slowdown, args.device)
