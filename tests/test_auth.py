@@ -168,10 +168,12 @@ async def test_peers_with_the_same_secret_average(serve):
     a, b = two_peers()
     addresses = {"a": await start(a, SECRET), "b": await start(b, SECRET)}
     expected = (a.vector + b.vector) / 2
-    ra, rb = await _rounds(a, b, addresses, client("a", SECRET), client("b", SECRET))
+    ta, tb = client("a", SECRET), client("b", SECRET)
+    ra, rb = await _rounds(a, b, addresses, ta, tb)
     assert ra.misses == rb.misses == 0
     torch.testing.assert_close(a.vector, expected)
     torch.testing.assert_close(b.vector, expected)
+    assert ta._lanes[addresses["b"]] > 0 and tb._lanes[addresses["a"]] > 0  # with proofs, over the bulk lane
 
 
 @pytest.mark.parametrize("intruder_secret, reason", [(OTHER, "bad_mac"), (None, "missing")])

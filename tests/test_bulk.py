@@ -1,16 +1,20 @@
-"""The bulk lane's pipelined client against a real BulkServer on 127.0.0.1."""
+"""The bulk lane's pipelined client against a real BulkServer on 127.0.0.1, with and
+without proofs of the job secret."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 
 import pytest
 import torch
 
 from peerd.core.segments import split_even
-from peerd.errors import PeerUnavailable
+from peerd.auth import Authenticator, ReplyMac
+from peerd.errors import PeerUnavailable, RoundMismatch, Unauthenticated
 from peerd.proto.v1 import peer_pb2
+from peerd.rejections import Rejections
 from peerd.worker import bulk
 from peerd.worker.bulk import BulkClient, BulkServer
 from peerd.worker.snapshots import Identity, SegmentServer, SnapshotStore
@@ -167,3 +171,74 @@ async def test_narrow_wire_values_are_widened_in_the_reader(wire):
     finally:
         await client.aclose()
         await server.close()
+
+
+# ---- proofs of the job secret on the lane ------------------------------------------------
+
+SECRET = b"bulk-lane-secret-0123456789"
+
+
+class SecretLane(Lane):
+    def __init__(self, auth) -> None:
+        super().__init__()
+        self.rejections = Rejections(logging.getLogger("test"))
+        self.server = BulkServer(SegmentServer(Identity("job", "fp", "srv"), self.store, SEGMENTS, 1000),
+                                 auth, self.rejections)
+        self.server.audience = "127.0.0.1:1"  # the exchange address callers' proofs name
+
+
+async def test_with_the_secret_segments_travel_with_proofs():
+    async with SecretLane(Authenticator(SECRET)) as lane:
+        client = BulkClient(auth=Authenticator(SECRET))
+        try:
+            await lane.store.publish(1, lane.vector)
+            outs = [torch.empty(span.size) for span in lane.layout]
+            await asyncio.gather(*(client.fetch("127.0.0.1", lane.port, _request(1, s), outs[s], 5.0,
+                                                audience="127.0.0.1:1") for s in range(SEGMENTS)))
+            assert all(torch.equal(outs[s], lane.segment(s)) for s in range(SEGMENTS))
+            # A refusal is proved too, and still carries the round.
+            with pytest.raises(RoundMismatch):
+                await client.fetch("127.0.0.1", lane.port, _request(0, 0), outs[0], 5.0, audience="127.0.0.1:1")
+            assert lane.connections() == 1 and not lane.rejections.counts
+        finally:
+            await client.aclose()
+
+
+@pytest.mark.parametrize("who", ["no secret", "another secret", "another audience"])
+async def test_a_request_without_valid_proof_is_refused(who):
+    async with SecretLane(Authenticator(SECRET)) as lane:
+        auth = {"no secret": None, "another secret": Authenticator(b"x" * 32)}.get(who, Authenticator(SECRET))
+        audience = "127.0.0.1:2" if who == "another audience" else "127.0.0.1:1"
+        client = BulkClient(auth=auth)
+        try:
+            await lane.store.publish(1, lane.vector)
+            out = torch.full((lane.layout[0].size,), -1.0)
+            with pytest.raises(PeerUnavailable):  # Unauthenticated; without a secret, no answer at all
+                await client.fetch("127.0.0.1", lane.port, _request(1, 0), out, 1.0, audience=audience)
+            assert bool((out == -1.0).all())
+            if who != "no secret":  # (that one never sent a proof's length: the lane still waits for it)
+                assert lane.rejections.counts.get("bad_mac") == 1, lane.rejections.counts
+        finally:
+            await client.aclose()
+
+
+class _Forger:
+    """A server that takes any request and answers with a key it made up: it
+    cannot know the secret, so its replies cannot carry a valid proof."""
+
+    def verify(self, method, body, header, audience):
+        return ReplyMac(b"k" * 32, "forged")
+
+
+async def test_a_reply_without_valid_proof_is_not_believed():
+    async with SecretLane(_Forger()) as lane:
+        client = BulkClient(auth=Authenticator(SECRET))
+        try:
+            await lane.store.publish(1, lane.vector)
+            with pytest.raises(Unauthenticated) as info:
+                await client.fetch("127.0.0.1", lane.port, _request(1, 0), torch.empty(lane.layout[0].size), 5.0)
+            assert info.value.reason == "reply_bad_mac"
+            with pytest.raises(Unauthenticated):  # a refusal's proof is checked as well
+                await client.fetch("127.0.0.1", lane.port, _request(0, 0), torch.empty(lane.layout[0].size), 5.0)
+        finally:
+            await client.aclose()

@@ -10,14 +10,17 @@ fallback for a partner without a lane.
 
 Frames, little-endian (docs/protocol.md):
   request:      u32 n, n bytes of SegmentRequest (protobuf)
+                [with a job secret: u32 m, m bytes of proof, as in gRPC's peerd-auth]
   reply, ok:    u8 0, u64 elements, then the values in the job's wire dtype
-  reply, error: u8 kind (1 job mismatch, 2 round mismatch, 3 unavailable),
-                i64 the server's round, u32 n, n bytes of UTF-8 message
+  reply, error: u8 kind (1 job mismatch, 2 round mismatch, 3 unavailable,
+                4 unauthenticated), i64 the server's round, u32 n, n bytes of UTF-8 message
+                [with a job secret, either reply ends in the 32-byte reply proof]
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import os
 import queue
 import socket
@@ -29,7 +32,8 @@ from contextlib import aclosing
 import torch
 from google.protobuf.message import DecodeError
 
-from peerd.errors import InvalidMessage, JobMismatch, PeerdError, PeerUnavailable, RoundMismatch
+from peerd.auth import Authenticator, ReplyMac
+from peerd.errors import InvalidMessage, JobMismatch, PeerdError, PeerUnavailable, RoundMismatch, Unauthenticated
 from peerd.proto.v1 import peer_pb2
 from peerd.worker.codec import all_finite, fill_values
 from peerd.worker.snapshots import SegmentServer
@@ -38,6 +42,10 @@ _LENGTH = struct.Struct("<I")
 _OK = struct.Struct("<BQ")
 _ERROR = struct.Struct("<BqI")
 _KIND = {JobMismatch: 1, RoundMismatch: 2, PeerUnavailable: 3}
+_UNAUTHENTICATED = 4
+MAC_BYTES = 32  # a reply proof (HMAC-SHA256)
+BULK_METHOD = "bulk:FetchSegment"  # what a lane request's proof names: not valid for a gRPC call
+MAX_PROOF_BYTES = 256
 MAX_REQUEST_BYTES = 4096  # a SegmentRequest is ~100 bytes; anything bigger is not one
 MAX_WAIT_S = 120.0  # a caller cannot hold a server's snapshot longer than this
 IDLE_S = 60.0  # a connection unused this long is closed (its reader thread ends)
@@ -72,26 +80,46 @@ def _recv_blocking(sock: socket.socket, view: memoryview) -> None:
         got += n
 
 
-def _read_reply(sock: socket.socket, into: memoryview | None, expected: int, itemsize: int):
+def _read_reply(sock: socket.socket, into: memoryview | None, expected: int, itemsize: int, mac_bytes: int):
     """One whole reply frame, read with blocking calls: ("error", kind, round,
-    message), ("length", total) for a segment of the wrong size (its values left
-    unread), or ("ok", raw) with the values in `into` (raw is None) or in raw."""
+    message, mac), ("length", total) for a segment of the wrong size (its values
+    left unread), or ("ok", raw, total, mac) with the values in `into` (raw is
+    None) or in raw. `mac` is the reply proof (b"" when mac_bytes is 0)."""
     head = bytearray(_OK.size)
     _recv_blocking(sock, memoryview(head)[:1])
     if head[0] != 0:
         rest = bytearray(_ERROR.size - 1)
         _recv_blocking(sock, memoryview(rest))
         _, current, size = _ERROR.unpack(bytes(head[:1]) + rest)
-        message = bytearray(min(size, 4096))
+        if size > 4096:
+            raise ConnectionError(f"error message of {size} bytes")
+        message = bytearray(size)
         _recv_blocking(sock, memoryview(message))
-        return "error", head[0], current, message.decode(errors="replace")
+        mac = _recv_mac(sock, mac_bytes if head[0] != _UNAUTHENTICATED else 0)  # a refused proof gets none back
+        return "error", head[0], current, message.decode(errors="replace"), mac
     _recv_blocking(sock, memoryview(head)[1:])
     _, total = _OK.unpack(head)
     if total != expected:
         return "length", total
     raw = None if into is not None else bytearray(total * itemsize)
     _recv_blocking(sock, into if into is not None else memoryview(raw))
-    return "ok", raw
+    return "ok", raw, total, _recv_mac(sock, mac_bytes)
+
+
+def _recv_mac(sock: socket.socket, n: int) -> bytes:
+    mac = bytearray(n)
+    _recv_blocking(sock, memoryview(mac))
+    return bytes(mac)
+
+
+def _reply_fields(request, total: int, itemsize: int) -> tuple:
+    """What an ok reply's proof covers: the values by their count and length, as
+    gRPC's reply proof covers its chunks (docs/protocol.md)."""
+    return (request.round, request.segment, 0, total, total * itemsize)
+
+
+def _mac_ok(expected_hex: str, received: bytes) -> bool:
+    return len(received) == MAC_BYTES and hmac.compare_digest(bytes.fromhex(expected_hex), received)
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -101,10 +129,16 @@ def split_address(address: str) -> tuple[str, int]:
 
 
 class BulkServer:
-    """Serves a SegmentServer's segments on a plain TCP port."""
+    """Serves a SegmentServer's segments on a plain TCP port. With `auth`, every
+    request must carry proof of the job secret made for `audience` (the worker's
+    gRPC exchange address, which callers dial), and every reply carries one."""
 
-    def __init__(self, segments: SegmentServer) -> None:
+    def __init__(self, segments: SegmentServer, auth: Authenticator | None = None,
+                 rejections=None) -> None:
         self._segments = segments
+        self._auth = auth
+        self._rejections = rejections
+        self.audience = ""
         self._sock: socket.socket | None = None
         self._accepting: asyncio.Task | None = None
         self._connections: set[asyncio.Task] = set()
@@ -145,14 +179,37 @@ class BulkServer:
                 size, = _LENGTH.unpack(await _recv_bytes(loop, conn, _LENGTH.size))
                 if not 0 < size <= MAX_REQUEST_BYTES:
                     return  # not our protocol: drop the connection
-                request = peer_pb2.SegmentRequest.FromString(await _recv_bytes(loop, conn, size))
-                await self._answer(loop, conn, request)
+                body = await _recv_bytes(loop, conn, size)
+                reply = None
+                if self._auth is not None:
+                    proof_size, = _LENGTH.unpack(await _recv_bytes(loop, conn, _LENGTH.size))
+                    if proof_size > MAX_PROOF_BYTES:
+                        return
+                    proof = (await _recv_bytes(loop, conn, proof_size)).decode(errors="replace")
+                    try:
+                        reply = self._auth.verify(BULK_METHOD, body, proof, self.audience)
+                    except Unauthenticated as exc:
+                        self._reject(conn, exc.reason, str(exc))
+                        message = str(exc).encode()[:4096]
+                        await loop.sock_sendall(conn, _ERROR.pack(_UNAUTHENTICATED, -1, len(message)) + message)
+                        return  # no proof to answer with: the connection ends here
+                request = peer_pb2.SegmentRequest.FromString(body)
+                await self._answer(loop, conn, request, reply)
         except (_Closed, ConnectionError, OSError, DecodeError):
             pass  # the client went away or spoke garbage: nothing to answer
         finally:
             conn.close()
 
-    async def _answer(self, loop: asyncio.AbstractEventLoop, conn: socket.socket, request) -> None:
+    def _reject(self, conn: socket.socket, reason: str, detail: str) -> None:
+        if self._rejections is not None:
+            try:
+                host = conn.getpeername()[0]
+            except OSError:
+                host = "unknown"
+            self._rejections.record(host, reason, detail)
+
+    async def _answer(self, loop: asyncio.AbstractEventLoop, conn: socket.socket, request,
+                      reply: ReplyMac | None) -> None:
         wait_s = min(max(float(request.wait_s), 0.0), MAX_WAIT_S)  # NaN → 0
         chunks = self._segments.segment(
             request.job, request.fingerprint, request.round, request.segment, wait_s, request.stage,
@@ -165,24 +222,30 @@ class BulkServer:
                     started = True
                     # Sends stay on the event loop: a thread blocked on a full send
                     # buffer could hold the threads the partner's reads need.
-                    await loop.sock_sendall(conn, memoryview(data).cast("B"))
+                    values = memoryview(data).cast("B")
+                    await loop.sock_sendall(conn, values)
+                    if reply is not None:
+                        reply.update_fields(request.round, request.segment, 0, total, values.nbytes)
+                        await loop.sock_sendall(conn, bytes.fromhex(reply.digest()))
         except PeerdError as exc:
             if started:
                 raise ConnectionError("failed mid-segment") from exc
             kind = next((k for cls, k in _KIND.items() if isinstance(exc, cls)), 3)
             message = str(exc).encode()[:4096]
             current = getattr(exc, "current_round", -1)
-            await loop.sock_sendall(conn, _ERROR.pack(kind, current, len(message)) + message)
+            mac = bytes.fromhex(reply.digest(f"{kind}:{current}")) if reply is not None else b""
+            await loop.sock_sendall(conn, _ERROR.pack(kind, current, len(message)) + message + mac)
 
 
 class _Fetch:
     """One segment asked over a pipe: where its values go and who waits for them."""
 
-    __slots__ = ("frame", "out", "into", "deadline", "future")
+    __slots__ = ("request", "frame", "out", "into", "deadline", "future", "reply")
 
-    def __init__(self, frame: bytes, out: torch.Tensor, into: memoryview | None, deadline: float,
-                 future: asyncio.Future) -> None:
-        self.frame, self.out, self.into, self.deadline, self.future = frame, out, into, deadline, future
+    def __init__(self, request, frame: bytes, out: torch.Tensor, into: memoryview | None, deadline: float,
+                 future: asyncio.Future, reply: ReplyMac | None) -> None:
+        self.request, self.frame, self.out, self.into = request, frame, out, into
+        self.deadline, self.future, self.reply = deadline, future, reply
 
 
 def _settle(future: asyncio.Future, exc: BaseException | None) -> None:
@@ -202,9 +265,10 @@ class _Pipe:
     when the connection breaks or stays idle for IDLE_S.
     """
 
-    def __init__(self, sock: socket.socket, wire: str) -> None:
+    def __init__(self, sock: socket.socket, wire: str, auth: Authenticator | None) -> None:
         self._loop = asyncio.get_running_loop()
         self._wire = wire
+        self._auth = auth
         self._sender = sock  # non-blocking, used by the event loop
         # The reader's own socket object on a duplicate descriptor: its timeout is
         # its own (both leave the shared descriptor non-blocking).
@@ -216,11 +280,14 @@ class _Pipe:
         self.stopped = self._loop.create_future()
         threading.Thread(target=self._read_loop, name="peerd-bulk-recv", daemon=True).start()
 
-    async def fetch(self, request, out: torch.Tensor, timeout: float) -> None:
+    async def fetch(self, request, out: torch.Tensor, timeout: float, audience: str) -> None:
         body = request.SerializeToString()
+        frame, reply = _LENGTH.pack(len(body)) + body, None
+        if self._auth is not None:
+            (_, proof), reply = self._auth.sign(BULK_METHOD, body, audience=audience)
+            frame += _LENGTH.pack(len(proof)) + proof.encode()
         into = memoryview(out.numpy()).cast("B") if self._wire == "fp32" else None  # straight into the tensor
-        item = _Fetch(_LENGTH.pack(len(body)) + body, out, into, time.monotonic() + timeout,
-                      self._loop.create_future())
+        item = _Fetch(request, frame, out, into, time.monotonic() + timeout, self._loop.create_future(), reply)
         try:
             async with self._sending:
                 with self._guard:
@@ -272,9 +339,17 @@ class _Pipe:
     def _receive(self, item: _Fetch) -> BaseException | None:
         """Read one reply into `item`: None if it holds the values, else the error to
         raise. Raises if the connection cannot carry another reply."""
-        reply = _read_reply(self._reader, item.into, item.out.numel(), _ITEMSIZE[self._wire])
+        itemsize = _ITEMSIZE[self._wire]
+        mac_bytes = MAC_BYTES if item.reply is not None else 0
+        reply = _read_reply(self._reader, item.into, item.out.numel(), itemsize, mac_bytes)
         if reply[0] == "error":
-            _, kind, current, message = reply
+            _, kind, current, message, mac = reply
+            if kind == _UNAUTHENTICATED:  # the partner closes the connection after this
+                self._loop.call_soon_threadsafe(_settle, item.future, Unauthenticated(
+                    f"partner refused this peer's proof: {message}", "refused"))
+                raise ConnectionError("proof refused")
+            if item.reply is not None and not _mac_ok(item.reply.digest(f"{kind}:{current}"), mac):
+                return Unauthenticated("the reply's proof does not match the shared secret", "reply_bad_mac")
             if kind == 2:
                 return RoundMismatch(message, current)
             return (JobMismatch if kind == 1 else PeerUnavailable)(message)
@@ -283,7 +358,11 @@ class _Pipe:
             self._loop.call_soon_threadsafe(_settle, item.future, InvalidMessage(
                 f"partner sent a segment of {reply[1]} elements, expected {item.out.numel()}", "wrong_length"))
             raise ConnectionError("reply of the wrong length")
-        raw = reply[1]
+        _, raw, total, mac = reply
+        if item.reply is not None:
+            item.reply.update_fields(*_reply_fields(item.request, total, itemsize))
+            if not _mac_ok(item.reply.digest(), mac):
+                return Unauthenticated("the reply's proof does not match the shared secret", "reply_bad_mac")
         try:
             if raw is None:
                 if not all_finite(item.out):
@@ -309,14 +388,19 @@ class _Pipe:
 class BulkClient:
     """Fetches segments over bulk lanes: one pipelined connection per partner and
     stage. Per stage, because a hierarchical stage-2 fetch waits for the partner
-    to finish stage 1, which may need this peer's stage-1 fetch to go through."""
+    to finish stage 1, which may need this peer's stage-1 fetch to go through.
+    With `auth`, requests carry proofs and replies must (docs/protocol.md)."""
 
-    def __init__(self, wire: str = "fp32") -> None:
+    def __init__(self, wire: str = "fp32", auth: Authenticator | None = None) -> None:
         self._wire = wire
+        self._auth = auth
         self._pipes: dict[tuple[str, int, int], _Pipe] = {}
         self._connecting: dict[tuple[str, int, int], asyncio.Future] = {}
 
-    async def fetch(self, host: str, port: int, request, out: torch.Tensor, timeout: float) -> None:
+    async def fetch(self, host: str, port: int, request, out: torch.Tensor, timeout: float,
+                    audience: str = "") -> None:
+        """Fetch one segment into `out`; `audience` is the partner's exchange
+        address, which proofs name (as over gRPC)."""
         try:
             async with asyncio.timeout(timeout):
                 pipe = await self._pipe((host, port, request.stage))
@@ -326,7 +410,7 @@ class BulkClient:
             raise PeerUnavailable(f"{host}:{port}: {exc}") from None
         try:
             async with asyncio.timeout(timeout):  # the reader's socket timeout is per read, not per reply
-                await pipe.fetch(request, out, max(timeout, 0.0))
+                await pipe.fetch(request, out, max(timeout, 0.0), audience)
         except TimeoutError:
             raise PeerUnavailable(f"{host}:{port}: deadline exceeded") from None
         except (ConnectionError, OSError) as exc:
@@ -356,7 +440,7 @@ class BulkClient:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             await asyncio.get_running_loop().sock_connect(sock, (host, port))
-            return _Pipe(sock, self._wire)
+            return _Pipe(sock, self._wire, self._auth)
         except BaseException:
             sock.close()
             raise

@@ -123,8 +123,8 @@ class GrpcTransport:
     """The client side. Segments go over the partner's bulk lane when it has one
     (peerd.worker.bulk), else over gRPC. With `auth`, every request carries a
     proof of the job secret and every reply must carry one back (peerd.auth);
-    with `tls`, every connection is mutual TLS. Either turns the bulk lane off:
-    it has neither proofs nor TLS yet."""
+    with `tls`, every connection is mutual TLS. The bulk lane carries the same
+    proofs; TLS turns it off (it has no TLS)."""
 
     def __init__(
         self, identity: Identity, auth: Authenticator | None = None, tls: TlsMaterial | None = None,
@@ -136,7 +136,7 @@ class GrpcTransport:
         self._wire = wire
         self._channels: dict[str, grpc.aio.Channel] = {}
         self.rejections = rejections or Rejections(log)
-        self._bulk = BulkClient(wire) if bulk and auth is None and tls is None else None
+        self._bulk = BulkClient(wire, auth) if bulk and tls is None else None
         self._lanes: dict[str, int] = {}  # exchange address -> its bulk port (0: none)
 
     def _channel(self, address: str) -> grpc.aio.Channel:
@@ -166,8 +166,8 @@ class GrpcTransport:
         port = await self._lane(address, timeout)
         if port:
             try:
-                await self._bulk.fetch(split_address(address)[0], port, request, out, timeout)
-            except InvalidMessage as exc:
+                await self._bulk.fetch(split_address(address)[0], port, request, out, timeout, audience=address)
+            except (InvalidMessage, Unauthenticated) as exc:
                 self.rejections.record(address, exc.reason, str(exc))
                 raise
             except PeerUnavailable:
@@ -200,17 +200,28 @@ class GrpcTransport:
             return 0
         port = self._lanes.get(address)
         if port is None:
-            request = peer_pb2.LanesRequest(job=self._identity.job, fingerprint=self._identity.fingerprint)
-            call = self._channel(address).unary_unary(LANES)
+            body = peer_pb2.LanesRequest(job=self._identity.job, fingerprint=self._identity.fingerprint
+                                         ).SerializeToString()
+            metadata, mac = None, None
+            if self._auth is not None:
+                header, mac = self._auth.sign(LANES, body, audience=address)
+                metadata = (header,)
+            call = self._channel(address).unary_unary(LANES)(body, timeout=timeout, metadata=metadata)
             try:
-                reply = peer_pb2.LanesReply.FromString(await call(request.SerializeToString(), timeout=timeout))
-                port = reply.bulk_port
+                raw = await call
+                if mac is not None:
+                    mac.update(raw)
+                    mac.check(metadata_value(await call.trailing_metadata(), REPLY_KEY))
+                port = peer_pb2.LanesReply.FromString(raw).bulk_port
             except grpc.aio.AioRpcError as exc:
                 if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
-                    raise self._translate(exc, address, None) from None
+                    raise self._translate(exc, address, mac) from None
                 port = 0  # a peer from before bulk lanes
             except DecodeError:
                 raise InvalidMessage(f"{address} sent an undecodable LanesReply", "malformed") from None
+            except Unauthenticated as exc:
+                self.rejections.record(address, exc.reason, str(exc))
+                raise
             self._lanes[address] = port if 0 < port < 65536 else 0
         return self._lanes[address]
 
@@ -331,9 +342,10 @@ class ExchangeServicer:
         await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
 
     async def Lanes(self, raw: bytes, context) -> bytes:
+        mac = None
         if self._auth is not None:
             try:
-                self._auth.verify(LANES, raw, metadata_value(context.invocation_metadata(), AUTH_KEY), self.address)
+                mac = self._auth.verify(LANES, raw, metadata_value(context.invocation_metadata(), AUTH_KEY), self.address)
             except Unauthenticated as exc:
                 await self._refuse(context, grpc.StatusCode.UNAUTHENTICATED, exc.reason, str(exc))
         try:
@@ -343,7 +355,11 @@ class ExchangeServicer:
             await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, "malformed", "undecodable request")
         except JobMismatch as exc:
             await self._refuse(context, grpc.StatusCode.FAILED_PRECONDITION, "job_mismatch", str(exc))
-        return peer_pb2.LanesReply(bulk_port=self.bulk_port).SerializeToString()
+        reply = peer_pb2.LanesReply(bulk_port=self.bulk_port).SerializeToString()
+        if mac is not None:  # the port is covered too: a forged one could only point at a lane without the secret
+            mac.update(reply)
+            context.set_trailing_metadata(((REPLY_KEY, mac.digest()),))
+        return reply
 
     async def FetchSegment(self, raw: bytes, context):
         request, wait_s, reply = await self._admit(FETCH_SEGMENT, raw, peer_pb2.SegmentRequest, context)
@@ -399,11 +415,11 @@ async def start_exchange_server(
     bulk: bool = True,
 ) -> tuple[ExchangeServer, str]:
     """Serve segments and state on host:port (0: any free port), and segments on
-    a bulk lane beside it (not with a secret or TLS: the lane has neither yet);
+    a bulk lane beside it (with the same proofs; not with TLS, which it lacks);
     returns the server and its gRPC address."""
     grpc_server = grpc.aio.server(options=SERVER_OPTIONS, maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS)
     servicer = ExchangeServicer(server, state, auth, rejections)
-    lane = BulkServer(server) if bulk and auth is None and tls is None else None
+    lane = BulkServer(server, auth, servicer.rejections) if bulk and tls is None else None
     if lane is not None:
         servicer.bulk_port = await lane.start(host)
     # Registered by hand, with no (de)serializers: requests are checked against
@@ -422,6 +438,8 @@ async def start_exchange_server(
         raise PeerUnavailable(f"cannot bind the exchange service to {host}:{port}")
     await grpc_server.start()
     servicer.address = _join(host, bound)
+    if lane is not None:
+        lane.audience = servicer.address  # what callers' proofs name
     return ExchangeServer(grpc_server, lane), servicer.address
 
 
