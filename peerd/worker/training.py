@@ -1,4 +1,4 @@
-"""The local half of a worker: model, optimizer, data shard, one step at a time.
+"""The local half of a worker: model, optimizer, its parts of the data, one step at a time.
 
 Blocking torch code; the worker runs it in a thread so that its event loop keeps
 serving partners while it computes.
