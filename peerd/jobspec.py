@@ -71,6 +71,9 @@ class JobSpec:
     rebalance_rounds: int = 10  # re-evaluate the batches every this many rounds
     rebalance_threshold: float = 0.1  # ... and change them only if one moves by more than this (relative)
     epochs: float = 1.0
+    # Each epoch's permutation is read in this many chunks, each split among the
+    # members of the moment: a membership change takes effect at the next chunk.
+    epoch_chunks: int = 8
     eval_every_rounds: int = 100
     optimizer: OptimizerSpec = OptimizerSpec()
     gossip: GossipSpec = GossipSpec()
@@ -132,6 +135,8 @@ def parse_job(text: str, source: str) -> JobSpec:
         rebalance_threshold=job.get("rebalance_threshold", float, 0.1, check=lambda v: 0 <= v <= 10,
                                     expect="a number in [0, 10]"),
         epochs=job.get("epochs", float, 1.0, **positive),
+        epoch_chunks=job.get("epoch_chunks", int, 8, check=lambda v: 1 <= v <= 65536,
+                             expect="an integer in 1..65536 (1: one split per epoch)"),
         eval_every_rounds=job.get("eval_every_rounds", int, 100, **positive),
         secret_file=job.get("secret_file", str, "", check=lambda v: 0 < len(v) <= 4096 and "\0" not in v,
                             expect="a path to a file holding the job secret"),

@@ -142,6 +142,7 @@ CHANGES = [
     ("job", "init", "per-peer"),
     ("job", "local_batch", 64),
     ("job", "epochs", 13),
+    ("job", "epoch_chunks", 4),
     ("job", "eval_every_rounds", 41),
     ("job", "global_batch", 128),
     ("job", "min_local_batch", 2),
@@ -349,6 +350,9 @@ BAD = [
     ("job", "max_local_batch", -1),
     ("job", "rebalance_rounds", 0),
     ("job", "rebalance_threshold", -0.1),
+    ("job", "epoch_chunks", 0),
+    ("job", "epoch_chunks", 65537),
+    ("job", "epoch_chunks", 2.0),
     # wrong types
     ("job", "seed", "0"),
     ("job", "seed", 1.5),
@@ -397,6 +401,8 @@ GOOD = [
     ("job", "global_batch", 0),
     ("job", "max_local_batch", 0),
     ("job", "rebalance_threshold", 0.0),
+    ("job", "epoch_chunks", 1),
+    ("job", "epoch_chunks", 65536),
 ]
 
 

@@ -109,12 +109,25 @@ def test_device_names_are_resolved_or_refused_clearly():
     assert t.loss_ema == t.loss_ema  # a number: the step ran on that device
 
 
+def _record(t: Trainer) -> list[list[int]]:
+    """From now on, every batch `t` reads, in order (it still trains on them)."""
+    batches: list[list[int]] = []
+    accumulate = t._accumulate
+
+    def spy(indices):
+        batches.append(list(indices))
+        return accumulate(indices)
+
+    t._accumulate = spy
+    return batches
+
+
 def _read(t: Trainer, plan: BatchPlan, members: list[str]) -> list[int]:
     """Take one step and return the sample indices it read."""
-    before_epoch, before = t.epoch, t._pos
+    batches = vars(t).get("batches") or _record(t)
+    t.batches = batches
     t.step(members, plan=plan)
-    assert t.epoch == before_epoch or before == 0
-    return t._shard[t._pos - t.local_batch : t._pos]
+    return batches[-1]
 
 
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
@@ -164,29 +177,27 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient():
     assert torch.allclose(whole.flat.vector, split.flat.vector, rtol=1e-5, atol=1e-6)
 
 
-def test_shares_are_fixed_for_an_epoch_and_the_batch_follows_the_plan():
-    """A plan change mid-epoch changes the batches at once but not the epoch's
-    split: every sample of the epoch is still read exactly once; the next epoch
-    is split by the new shares."""
+def test_shares_are_fixed_for_a_chunk_and_the_batch_follows_the_plan():
+    """A plan change mid-chunk changes the batches at once but not the chunk's
+    split; the next chunks are split by the new shares. Every sample of the epoch
+    is still read exactly once."""
     members = ["a", "b"]
     first, second = BatchPlan((("a", 20), ("b", 10))), BatchPlan((("a", 6), ("b", 24)))
-    trainers = {m: Trainer(parse_job(_dbs_text(0.0), "t"), m, JOBCODE) for m in members}
+    job = parse_job(_dbs_text(0.0, epoch_chunks=4), "t")  # 240 samples: chunks of 60
+    trainers = {m: Trainer(job, m, JOBCODE) for m in members}
     read: dict[str, list[int]] = {m: [] for m in members}
-    for _ in range(3):  # 3 steps at the first plan
-        for m, t in trainers.items():
-            read[m] += _read(t, first, members)
+    for m, t in trainers.items():  # one step at the first plan, inside chunk 0
+        read[m] += _read(t, first, members)
     assert trainers["a"].share == pytest.approx(2 / 3)
     for m, t in trainers.items():  # the rest of the epoch at the second plan
-        while t.epoch == 0:
+        while t.progress < 1:
             read[m] += _read(t, second, members)
-            if t._pos >= len(t._shard):
-                break
     assert sorted(read["a"] + read["b"]) == list(range(240))
-    assert (len(read["a"]), len(read["b"])) == (160, 80)  # the shares at the epoch's start
-    for t in trainers.values():
-        t.step(members, plan=second)
-    assert trainers["a"].epoch == 1 and trainers["a"].share == pytest.approx(6 / 30)
-    assert trainers["b"].local_batch == 24
+    # Chunk 0 at the first shares (40 + 20), chunks 1–3 at the second (12 + 48 each).
+    assert (len(read["a"]), len(read["b"])) == (40 + 3 * 12, 20 + 3 * 48)
+    assert trainers["a"].share == pytest.approx(6 / 30)
+    # A batch spans chunks: only the epoch's last one is short.
+    assert [len(b) for b in trainers["b"].batches] == [10] + [24] * 6 + [10]
 
 
 def test_slowdown_below_one_is_refused():

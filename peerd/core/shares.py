@@ -3,8 +3,8 @@
 From the job's target global batch B and the measured speeds v_i (samples/s) of
 the members, member i trains on b_i ≈ v_i/Σv · B samples per step, so that every
 member takes one step in about the same wall time and nobody waits on the
-others. Its data share for an epoch is b_i / Σb, so every member also reaches
-the end of its shard after the same number of steps.
+others. Its part of each chunk of an epoch's data is b_i / Σb, so every member
+also reaches the end of its part after the same number of steps.
 
 Pure and deterministic: the same members, speeds and settings give the same
 plan on every peer (ids sorted, integer largest-remainder rounding, ties to the

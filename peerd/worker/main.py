@@ -142,7 +142,7 @@ class Worker:
         log.info("training from round %d, step %d", self.round, self.trainer.step_count)
         await self.store.publish(self.round, self.trainer.flat.vector)
         self.link.address = address
-        await self.link.beat()  # the view now decides the first epoch's data split
+        await self.link.beat()  # the view now decides the split of the first chunk
         beats = asyncio.create_task(self.link.run(HEARTBEAT_S))
         try:
             await self._train()

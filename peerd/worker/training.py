@@ -1,4 +1,4 @@
-"""The local half of a worker: model, optimizer, data shard, one step at a time.
+"""The local half of a worker: model, optimizer, its parts of the data, one step at a time.
 
 Blocking torch code; the worker runs it in a thread so that its event loop keeps
 serving partners while it computes.
@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils.data import Dataset, TensorDataset, default_collate
 
 from peerd.core.lr import ScaleRamp, cosine
-from peerd.core.partition import my_shard
+from peerd.core.partition import chunk_at, chunk_bounds, epoch_permutation, part_bounds
 from peerd.core.shares import BatchPlan
 from peerd.core.rng import derive_seed
 from peerd.errors import ConfigError
@@ -101,23 +101,29 @@ class Trainer:
         self.step_count = 0
         self.samples = 0
         self.epoch = 0
-        self._shard: list[int] = []
-        self._pos = 0
-        self._started = False
-        self._resume_at = 0.0  # fraction of the first shard already read (after adopting a state)
+        self._bounds = chunk_bounds(len(self.train_set), spec.epoch_chunks)
+        self._perm: tuple[int, list[int]] = (-1, [])  # (epoch, its permutation)
+        self._chunk = -1  # the chunk of the epoch being read; -1: none yet
+        self._part: list[int] = []  # this peer's part of it
+        self._pos = 0  # samples of the part read
         self.loss_ema = math.nan
         self.speed_ema = math.nan  # samples/s of compute (with the slowdown's sleep), no network wait
         self._ema_samples = self._ema_seconds = 0.0
         self.local_batch = spec.local_batch  # of the last step
-        self.share = math.nan  # this peer's part of the current epoch's data (DBS), NaN when equal
+        self.share = math.nan  # this peer's part of the current chunk's data (DBS), NaN when equal
         self.compute_s = 0.0  # total time in steps, the slowdown's sleep included
         self.ramp = ScaleRamp(opt.reference_batch, opt.ramp_steps)
         self.lr = math.nan
 
     @property
     def progress(self) -> float:
-        """Epochs done, fractional."""
-        return self.epoch + (self._pos / len(self._shard) if self._shard else 0.0)
+        """Epochs done, fractional: the position reached in the epoch's
+        permutation, inside a chunk in proportion to this peer's part read."""
+        if self._chunk < 0:
+            return float(self.epoch)
+        start, stop = self._bounds[self._chunk], self._bounds[self._chunk + 1]
+        read = self._pos / len(self._part) if self._part else 1.0
+        return self.epoch + (start + (stop - start) * read) / self._bounds[-1]
 
     @property
     def done(self) -> bool:
@@ -133,35 +139,47 @@ class Trainer:
         return opt.lr * decay * self.ramp.scale(self.step_count)
 
     def _next_indices(self, members: Sequence[str], plan: BatchPlan | None) -> list[int]:
-        while self._pos >= len(self._shard):
-            if self._started:  # the shard is used up: the next epoch begins
-                self.epoch += 1
-                self._shard, self._pos = [], 0
-            if self.done:
-                return []
-            # The view (and DBS plan) at the start of an epoch decides the split for
-            # that epoch; a shard may be empty when peers outnumber samples.
-            shares = plan.shares() if plan is not None else None
-            self.share = shares[self.peer_id] if shares else math.nan
-            self._shard = my_shard(len(self.train_set), self.spec.name, self.epoch,
-                                   plan.ids if plan is not None else members, self.peer_id, shares)
-            self._pos, self._started = int(self._resume_at * len(self._shard)), True
-            self._resume_at = 0.0
+        """The rest of this peer's part of the current chunk, then its parts of
+        the next chunks. A batch may span chunks, not epochs: an epoch's last
+        batch may be short."""
         size = plan.batch(self.peer_id) if plan is not None else self.spec.local_batch
-        batch = self._shard[self._pos : self._pos + size]
-        self._pos += len(batch)
+        batch: list[int] = []
+        while len(batch) < size and not self.done:
+            if self._pos < len(self._part):
+                taken = self._part[self._pos : self._pos + size - len(batch)]
+                self._pos += len(taken)
+                batch += taken
+            elif self._chunk + 1 < self.spec.epoch_chunks:
+                self._start_chunk(self._chunk + 1, members, plan)
+            elif batch:
+                break
+            else:
+                self.epoch, self._chunk, self._part, self._pos = self.epoch + 1, -1, [], 0
         return batch
+
+    def _start_chunk(self, chunk: int, members: Sequence[str], plan: BatchPlan | None) -> None:
+        """Take this peer's part of `chunk`, split among the members (and by the
+        DBS plan's shares) seen now; a part may be empty when peers outnumber
+        the chunk's samples."""
+        if self._perm[0] != self.epoch:
+            self._perm = (self.epoch, epoch_permutation(self._bounds[-1], self.spec.name, self.epoch))
+        shares = plan.shares() if plan is not None else None
+        self.share = shares[self.peer_id] if shares else math.nan
+        start, stop = part_bounds(self._bounds[chunk], self._bounds[chunk + 1],
+                                  plan.ids if plan is not None else members, self.peer_id, shares)
+        self._chunk, self._part, self._pos = chunk, self._perm[1][start:stop], 0
 
     def step(self, members: Sequence[str], trainers: int = 0, plan: BatchPlan | None = None) -> float:
         """One optimizer step on the next local batch; returns the loss.
 
-        Without a plan: `members` (every peer in the job) split the data equally,
-        every peer takes `local_batch` samples, and `trainers` (the peers that
-        train now, default: the members) make the global batch the LR is scaled
-        for: a peer that is still starting adds no samples yet.
+        Without a plan: `members` (every peer in the job) split each chunk of the
+        epoch equally (as seen when this peer starts the chunk), every peer takes
+        `local_batch` samples, and `trainers` (the peers that train now, default:
+        the members) make the global batch the LR is scaled for: a peer that is
+        still starting adds no samples yet.
 
         With a DBS plan (over the members): this peer takes its planned batch b_i,
-        epochs are split in proportion to the plan's shares, the global batch is
+        chunks are split in proportion to the plan's shares, the global batch is
         Σb, and the LR is scaled by b_i / mean(b), so that unweighted averaging of
         the models gives the large-batch step on the union of the samples."""
         started = time.perf_counter()
@@ -247,8 +265,13 @@ class Trainer:
         self.flat.vector.copy_(vector[:n])
         self.momentum.copy_(vector[n:])
         self.step_count = step
-        self.epoch, self._resume_at = int(progress), progress - int(progress)
-        self._shard, self._pos, self._started = [], 0, False
+        # Go on at the first chunk boundary at or after the donor's position: the
+        # chunk under way may have been split without this peer, so reading in it
+        # could read samples twice. If the others did count it (as a starting
+        # member), its part of that chunk goes unread this epoch instead.
+        self.epoch = int(progress)
+        self._chunk = chunk_at(self._bounds, progress - self.epoch) - 1
+        self._part, self._pos = [], 0
 
 
 def _batch(dataset: Dataset, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
