@@ -4,9 +4,12 @@
 Three ways, in one invocation, each with its own pair of freshly spawned processes:
 
   peerd  the real path: SnapshotStore + SegmentServer served by start_exchange_server,
-         then per repeat publish(round) + plan_round + gossip_round over GrpcTransport,
+         then per repeat hand_over(round) + plan_round + gossip_round(out=) over GrpcTransport,
          segments over the bulk lane (raw TCP beside gRPC)
   peerd-grpc  the same with the bulk lane off: segments as gRPC streams
+  peerd-auth  the same with a job secret: proofs on every request and reply
+  peerd-copy  the same, but the snapshot copied (publish) and the average in place,
+         as before hand_over (a model on a GPU still takes this path)
   tcp    one plain loopback socket, both directions at once (a sender thread does
          sendall of a memoryview, the main thread recv_into a preallocated bytearray),
          then an in-place torch average
@@ -52,7 +55,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-METHODS = ("peerd", "peerd-grpc", "peerd-auth", "tcp", "gloo")  # peerd-grpc: no bulk lane; peerd-auth: with a job secret
+# peerd-grpc: no bulk lane; peerd-auth: with a job secret; peerd-copy: the snapshot copied
+# (publish) and averaged in place, as before hand_over (and as a model on a GPU still is)
+METHODS = ("peerd", "peerd-grpc", "peerd-auth", "peerd-copy", "tcp", "gloo")
 BARRIER_TIMEOUT_S = 120.0  # a partner that died must not leave the other one waiting forever
 PEER_IDS = ("a", "b")
 JOB = "bench"
@@ -116,6 +121,7 @@ def _peerd(rank: int, cfg: dict, barrier, conn) -> dict:
         await asyncio.to_thread(barrier.wait, BARRIER_TIMEOUT_S)
 
     async def main() -> dict:
+        nonlocal vector
         store = SnapshotStore(numel)
         server = SegmentServer(identity, store, segments, chunk_elems)
         state = StateServer(identity, StateBoard(numel), store, chunk_elems)  # newcomers' service, idle here
@@ -137,10 +143,17 @@ def _peerd(rank: int, cfg: dict, barrier, conn) -> dict:
                     profiler.enable()
                 t0, c0 = time.perf_counter(), time.process_time()
                 round_ = i + 1
-                await store.publish(round_, vector)
+                if cfg["hand_over"]:  # as the worker does with a model on the CPU
+                    into = await store.hand_over(round_, vector)
+                else:
+                    into = None
+                    await store.publish(round_, vector)
                 t1 = time.perf_counter()
                 plan = plan_round(JOB, round_, list(addresses), me, segments)
-                result = await gossip_round(plan, addresses, vector, recv, layout, transport, cfg["deadline_s"])
+                result = await gossip_round(plan, addresses, vector, recv, layout, transport, cfg["deadline_s"],
+                                            out=into)
+                if into is not None:
+                    vector = into  # the model moves into the buffer the round wrote
                 t2, c2 = time.perf_counter(), time.process_time()
                 if profiler is not None:
                     profiler.disable()
@@ -282,8 +295,10 @@ def _worker(method: str, rank: int, cfg: dict, barrier, results, conn) -> None:
 
         torch.set_num_threads(1)
         if method.startswith("peerd"):
-            cfg = {**cfg, "bulk": method != "peerd-grpc", "auth": method == "peerd-auth"}
-        out = {"peerd": _peerd, "peerd-grpc": _peerd, "peerd-auth": _peerd, "tcp": _tcp, "gloo": _gloo}[method](
+            cfg = {**cfg, "bulk": method != "peerd-grpc", "auth": method == "peerd-auth",
+                   "hand_over": method != "peerd-copy"}
+        out = {"peerd": _peerd, "peerd-grpc": _peerd, "peerd-auth": _peerd, "peerd-copy": _peerd,
+               "tcp": _tcp, "gloo": _gloo}[method](
             rank, cfg, barrier, conn)
         results.put({"rank": rank, "ok": True, **out})
     except Exception:

@@ -93,6 +93,7 @@ def _peerd(mode: str, rank: int, cfg: dict, barrier, conn) -> dict:
         await asyncio.to_thread(barrier.wait, BARRIER_TIMEOUT_S)  # the loop keeps serving meanwhile
 
     async def main() -> dict:
+        nonlocal vector
         store, stages = SnapshotStore(numel), StageStore()
         server = SegmentServer(identity, store, segments, chunk_elems, stages)
         state = StateServer(identity, StateBoard(numel), store, chunk_elems)
@@ -110,14 +111,16 @@ def _peerd(mode: str, rank: int, cfg: dict, barrier, conn) -> dict:
                 await wait_barrier()
                 t0, c0 = time.perf_counter(), time.process_time()
                 round_ = i + 1
-                await store.publish(round_, vector)
+                into = await store.hand_over(round_, vector)  # as the worker does with a model on the CPU
                 if mode == "hier":
                     plan = plan_hierarchical(JOB, round_, localities, me, segments, procs)
                     result = await hierarchical_round(plan, me, addresses, vector, recv, layout, transport, stages,
-                                                      cfg["deadline_s"])
+                                                      cfg["deadline_s"], out=into)
                 else:
                     plan = plan_round(JOB, round_, list(addresses), me, segments)
-                    result = await gossip_round(plan, addresses, vector, recv, layout, transport, cfg["deadline_s"])
+                    result = await gossip_round(plan, addresses, vector, recv, layout, transport, cfg["deadline_s"],
+                                                out=into)
+                vector = into
                 t1, c1 = time.perf_counter(), time.process_time()
                 misses += result.misses
                 if result.misses:

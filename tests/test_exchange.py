@@ -381,3 +381,46 @@ async def test_donors_far_apart_in_rounds_are_not_pieced_together(grpc_pair):
     source = a if used == ["a"] else b
     torch.testing.assert_close(vector[:NUMEL], source.vector)
     assert meta.round == (5 if used == ["a"] else 500)
+
+
+async def test_a_handed_over_vector_is_served_unchanged_and_the_round_writes_a_new_one():
+    """The worker's path for a model on the CPU: no snapshot copy; the vector
+    itself is the snapshot and the round writes the new state elsewhere."""
+    a, b = two_peers()
+    expected = (a.vector + b.vector) / 2
+    servers = {"mem-a": a.server, "mem-b": b.server}
+    addresses = {"a": "mem-a", "b": "mem-b"}
+    before = {p.identity.peer_id: p.vector.clone() for p in (a, b)}
+
+    async def round_(peer: Peer, r: int, transport) -> torch.Tensor:
+        into = await peer.store.hand_over(r, peer.vector)
+        plan = plan_round("job", r, list(addresses), peer.identity.peer_id, SEGMENTS)
+        result = await gossip_round(plan, addresses, peer.vector, peer.recv, peer.layout, transport, 5.0, out=into)
+        assert result.misses == 0
+        return into
+
+    new_a, new_b = await asyncio.gather(round_(a, 1, MemoryTransport(a.identity, servers)),
+                                        round_(b, 1, MemoryTransport(b.identity, servers)))
+    torch.testing.assert_close(new_a, expected)
+    assert torch.equal(new_a, new_b)
+    assert torch.equal(a.vector, before["a"]) and torch.equal(b.vector, before["b"])  # what was served
+    # A partner alone (its source gone): the new state is its own, segment for segment.
+    lonely = await b.store.hand_over(2, new_b)
+    plan = plan_round("job", 2, list(addresses), "b", SEGMENTS)
+    result = await gossip_round(plan, addresses, new_b, b.recv, b.layout, MemoryTransport(b.identity, {}), 0.5,
+                                out=lonely)
+    assert result.misses == SEGMENTS and torch.equal(lonely, new_b)
+
+
+async def test_hand_over_gives_back_the_oldest_buffer_unless_it_is_being_read():
+    store = SnapshotStore(4)
+    v1, v2 = torch.full((4,), 1.0), torch.full((4,), 2.0)
+    first = await store.hand_over(1, v1)
+    await store.hand_over(2, v2)
+    assert (await store.hand_over(3, first)).data_ptr() == v1.data_ptr()  # round 1's buffer, free again
+    async with store.hold(2, 0.0) as held:
+        spare = await store.hand_over(4, torch.full((4,), 4.0))  # round 2's slot, still being read
+        assert spare.data_ptr() != v2.data_ptr()
+        assert bool((held == 2.0).all())
+    with pytest.raises(ValueError):
+        await store.hand_over(5, torch.zeros(3))

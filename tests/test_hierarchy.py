@@ -32,11 +32,21 @@ class Peer:
         self.layout = split_even(NUMEL, SEGMENTS)
         self.recv = torch.empty(NUMEL)
 
-    async def round(self, round_, view, addresses, transport, deadline_s=5.0):
-        await self.store.publish(round_, self.vector)
+    async def round(self, round_, view, addresses, transport, deadline_s=5.0, hand_over=False):
+        """In place after a copy (publish), or as the worker runs a model on the
+        CPU: the vector becomes the snapshot and the round writes a new one."""
+        into = await self.store.hand_over(round_, self.vector) if hand_over else None
+        if into is None:
+            await self.store.publish(round_, self.vector)
         plan = plan_hierarchical("job", round_, view, self.id, SEGMENTS, 3)
-        return await hierarchical_round(
-            plan, self.id, addresses, self.vector, self.recv, self.layout, transport, self.stages, deadline_s)
+        snapshot = self.vector.clone()
+        result = await hierarchical_round(
+            plan, self.id, addresses, self.vector, self.recv, self.layout, transport, self.stages, deadline_s,
+            out=into)
+        if into is not None:
+            assert torch.equal(self.vector, snapshot)  # what partners read was never written
+            self.vector = into
+        return result
 
 
 def make_peers(view, wire="fp32"):
@@ -64,20 +74,21 @@ def expected_after(peers, view, round_):
     return out
 
 
-async def run_round(peers, view, round_, alive=None):
+async def run_round(peers, view, round_, alive=None, hand_over=False):
     alive = set(alive or peers)
     servers = {f"mem-{p}": peers[p].server for p in alive}
     addresses = {p: f"mem-{p}" for p in view}
     return dict(zip(sorted(alive), await asyncio.gather(*(
-        peers[p].round(round_, view, addresses, MemoryTransport(peers[p].identity, servers))
+        peers[p].round(round_, view, addresses, MemoryTransport(peers[p].identity, servers), hand_over=hand_over)
         for p in sorted(alive)))))
 
 
-async def test_round_applies_the_planned_mixing_and_keeps_the_mean():
+@pytest.mark.parametrize("hand_over", [False, True])
+async def test_round_applies_the_planned_mixing_and_keeps_the_mean(hand_over):
     peers = make_peers(VIEW)
     mean_before = torch.stack([p.vector for p in peers.values()]).mean(0)
     expected = expected_after(peers, VIEW, 4)
-    results = await run_round(peers, VIEW, 4)
+    results = await run_round(peers, VIEW, 4, hand_over=hand_over)
     assert all(r.misses == 0 for r in results.values())
     for p, peer in peers.items():
         torch.testing.assert_close(peer.vector, expected[p])
@@ -95,11 +106,12 @@ async def test_unequal_groups_keep_the_mean():
     assert spread < 0.3  # started at ~1: the rounds mixed
 
 
-async def test_a_dead_member_costs_only_its_own_segments():
+@pytest.mark.parametrize("hand_over", [False, True])
+async def test_a_dead_member_costs_only_its_own_segments(hand_over):
     peers = make_peers(VIEW)
     before = {p: peer.vector.clone() for p, peer in peers.items()}
     dead = "a2"
-    results = await run_round(peers, VIEW, 2, alive=set(VIEW) - {dead}, )
+    results = await run_round(peers, VIEW, 2, alive=set(VIEW) - {dead}, hand_over=hand_over)
     plan = plan_hierarchical("job", 2, VIEW, "a1", SEGMENTS, 3)
     lost = set(plan.owned_by(dead))
     assert lost

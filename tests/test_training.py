@@ -203,3 +203,23 @@ def test_shares_are_fixed_for_a_chunk_and_the_batch_follows_the_plan():
 def test_slowdown_below_one_is_refused():
     with pytest.raises(ConfigError, match="slowdown"):
         Trainer(spec(), "a", JOBCODE, slowdown=0.5)
+
+
+def test_rebind_moves_the_model_into_another_vector():
+    from peerd.worker.flat import FlatParams
+
+    model = torch.nn.Linear(3, 2)
+    flat = FlatParams(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    old = flat.vector
+    old_values = old.clone()
+    new = old.clone().add_(1.0)
+    flat.rebind(new)
+    assert flat.vector is new
+    torch.testing.assert_close(model.weight.detach().reshape(-1), new[:6])
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()  # the optimizer's parameters now live in `new`
+    assert not torch.equal(new, old + 1.0)
+    assert torch.equal(old, old_values)  # the old vector (a snapshot now) is left alone
+    with pytest.raises(ValueError):
+        flat.rebind(torch.zeros(5))

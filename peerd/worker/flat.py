@@ -33,6 +33,20 @@ class FlatParams:
                 p.data = self.vector[offset : offset + n].view_as(p)
                 offset += n
 
+    def rebind(self, vector: torch.Tensor) -> None:
+        """Make the parameters views into `vector` (same size, dtype and device)
+        from now on, keeping the Parameter objects the optimizer knows. The worker
+        moves the model into the buffer a round wrote, instead of copying back."""
+        if vector.shape != self.vector.shape or vector.dtype != self.vector.dtype or vector.device != self.vector.device:
+            raise ValueError("rebind needs a vector like the current one")
+        offset = 0
+        with torch.no_grad():
+            for p in self.params:
+                n = p.numel()
+                p.data = vector[offset : offset + n].view_as(p)
+                offset += n
+        self.vector = vector
+
     def attach(self, optimizer: torch.optim.Optimizer, key: str) -> torch.Tensor:
         """A zeroed flat vector whose slices become optimizer.state[p][key] for
         every parameter, laid out like the parameters."""

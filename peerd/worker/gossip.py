@@ -78,11 +78,15 @@ async def gossip_round(
     transport: Transport,
     deadline_s: float,
     clipper: PullClipper | None = None,
+    out: torch.Tensor | None = None,
 ) -> RoundResult:
     """Average `vector` (this peer's state at the start of the round) with the
-    plan's sources, segment by segment, in place."""
+    plan's sources, segment by segment: in place, or into `out` (then `vector`
+    is left as it was and `out` holds the whole new state on return)."""
     result = RoundResult(plan.round, plan.partners)
     started = time.monotonic()
+    into = vector if out is None else out
+    averaged: set[int] = set()
 
     gaps: list[float] = []
 
@@ -96,7 +100,8 @@ async def gossip_round(
         result.clipped += clip_pull(own, theirs, clipper) < 1.0
         # (own + theirs)·½, not lerp: addition commutes exactly in IEEE arithmetic,
         # so both partners of a pair end with bit-identical values.
-        own.add_(theirs).mul_(0.5)
+        torch.add(own, theirs, out=into[span.start : span.stop]).mul_(0.5)
+        averaged.add(s)
         result.reached.add(plan.sources[s])
 
     tasks = {asyncio.ensure_future(fetch(s)): s for s in range(len(layout))}
@@ -110,6 +115,9 @@ async def gossip_round(
         exc = exc or task.exception()
         if exc is not None:
             record_failure(result, plan.sources[s], plan.round, exc)
+    if out is not None:
+        for s in set(range(len(layout))) - averaged:  # missed: this peer's own value
+            out[layout[s].start : layout[s].stop].copy_(vector[layout[s].start : layout[s].stop])
     if gaps:
         result.disagreement = sum(gaps) / len(gaps)
     result.seconds = time.monotonic() - started

@@ -41,9 +41,13 @@ async def hierarchical_round(
     deadline_s: float,
     clipper: PullClipper | None = None,
     wire_dtype: torch.dtype = torch.float32,
+    out: torch.Tensor | None = None,
 ) -> RoundResult:
     """Run this peer's part of the round; `vector` (its state at the start of
-    the round, already published as its snapshot) is updated in place."""
+    the round, already published as its snapshot) is updated in place, or left
+    as it was with the new state written into `out`."""
+    into = vector if out is None else out
+    written: set[int] = set()
     started = time.monotonic()
     owned = plan.owned_by(me)
     others = [m for m in plan.group if m != me]
@@ -91,21 +95,26 @@ async def hierarchical_round(
             # same rounding, or the group could never agree closer than the rounding.
             mixed = mixed.to(wire_dtype).float()
         await stages.put(plan.round, 2, s, mixed)
-        mine.copy_(mixed)
+        into[span.start : span.stop].copy_(mixed)
+        written.add(s)
 
     async def gather(s: int) -> None:
         span = layout[s]
-        out = recv[span.start : span.stop]
-        if await fetch(plan.owners[s], s, out, 2, 1.0):
+        theirs = recv[span.start : span.stop]
+        if await fetch(plan.owners[s], s, theirs, 2, 1.0):
             mine = vector[span.start : span.stop]
-            gaps.append(relative_gap(mine, out))
-            result.clipped += clip_pull(mine, out, clipper) < 1.0
-            mine.copy_(out)
+            gaps.append(relative_gap(mine, theirs))
+            result.clipped += clip_pull(mine, theirs, clipper) < 1.0
+            into[span.start : span.stop].copy_(theirs)
+            written.add(s)
 
     gaps: list[float] = []
     owners = {plan.owners[s] for s in range(len(layout))} - {me}
     result.planned = frozenset(planned | owners)
     await asyncio.gather(*(own(s) for s in owned), *(gather(s) for s in range(len(layout)) if s not in owned))
+    if out is not None:
+        for s in set(range(len(layout))) - written:  # missed: this peer's own value
+            out[layout[s].start : layout[s].stop].copy_(vector[layout[s].start : layout[s].stop])
     if gaps:
         result.disagreement = sum(gaps) / len(gaps)
     result.seconds = time.monotonic() - started

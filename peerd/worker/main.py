@@ -89,9 +89,9 @@ class Worker:
         self.recv = torch.empty(numel, dtype=torch.float32)
         # Averaging runs on the CPU, where the network buffers are: a model on a GPU
         # is copied here for the round and back after it (two copies per round).
-        vector = trainer.flat.vector
-        self.work = vector if vector.device.type == "cpu" else torch.empty(
-            numel, dtype=torch.float32, pin_memory=vector.device.type == "cuda")
+        # None: the model is on the CPU and the round works on its vector directly.
+        device = trainer.flat.vector.device.type
+        self.work = None if device == "cpu" else torch.empty(numel, dtype=torch.float32, pin_memory=device == "cuda")
         self.security = security
         self.rejections = Rejections(log)
         self.traffic = Traffic()
@@ -218,11 +218,11 @@ class Worker:
             for _ in range(self.spec.gossip.period_steps):
                 await asyncio.to_thread(self.trainer.step, members, len(view), plan)
             self.round += 1
-            await self.store.publish(self.round, self.trainer.flat.vector)
+            into = await self._publish()
             if self.board.wanted:  # a newcomer asked for our state: copy it between steps
                 meta = StateMeta(self.round, self.trainer.step_count, self.trainer.progress)
                 await self.board.capture(self.trainer.state_parts(), meta)
-            result = await self._gossip(view)
+            result = await self._round(view, into)
             if self._checkpoint_due():
                 await self.checkpoint("periodic")
             if self.round % self.spec.eval_every_rounds == 0:
@@ -248,12 +248,36 @@ class Worker:
                      " ".join(f"{p}={b}" for p, b in self.rebalancer.plan.batches), self.rebalancer.plan.total)
         return self.rebalancer.plan
 
-    async def _gossip(self, view: dict[str, str]) -> RoundResult | None:
+    async def _publish(self) -> torch.Tensor | None:
+        """Publish the model as this round's snapshot. On the CPU its vector itself
+        becomes the snapshot, without a copy, and the round writes the new model
+        into the buffer returned; on a GPU it is copied (None)."""
+        if self.work is not None:
+            await self.store.publish(self.round, self.trainer.flat.vector)
+            return None
+        return await self.store.hand_over(self.round, self.trainer.flat.vector)
+
+    async def _round(self, view: dict[str, str], into: torch.Tensor | None) -> RoundResult | None:
+        """This round's exchange; with `into`, the model moves there after it."""
+        if into is None:
+            return await self._gossip(view)
+        snapshot = self.trainer.flat.vector
+        result = None
+        try:
+            result = await self._gossip(view, into)
+        finally:
+            if result is None:  # nobody to gossip with (or a failure): the model as it was
+                into.copy_(snapshot)
+            self.trainer.flat.rebind(into)
+        return result
+
+    async def _gossip(self, view: dict[str, str], into: torch.Tensor | None = None) -> RoundResult | None:
         now = time.monotonic()
         peers = self.suspicion.keep(view, now)
         if len(peers) < 2:
             return None
-        vector, deadline = self.work, self.deadline.deadline()
+        deadline = self.deadline.deadline()
+        vector = self.work if self.work is not None else self.trainer.flat.vector
         if vector is not self.trainer.flat.vector:
             vector.copy_(self.trainer.flat.vector)
         if self.spec.gossip.mode == "hierarchical":
@@ -264,11 +288,11 @@ class Worker:
             deadline = max(deadline, 3 * self.spec.gossip.deadline_floor_s)
             result = await hierarchical_round(plan, self.me, view, vector, self.recv, self.layout,
                                               self.transport, self.stages, deadline, self.clipper,
-                                              WIRE_DTYPES[self.spec.gossip.wire])
+                                              WIRE_DTYPES[self.spec.gossip.wire], out=into)
         else:
             plan = plan_round(self.spec.name, self.round, peers, self.me, len(self.layout))
             result = await gossip_round(plan, view, vector, self.recv, self.layout, self.transport, deadline,
-                                        self.clipper)
+                                        self.clipper, out=into)
         if vector is not self.trainer.flat.vector:
             self.trainer.flat.vector.copy_(vector, non_blocking=True)
         self.misses += result.misses

@@ -1,10 +1,12 @@
 """What a worker serves: its parameters as they were at the start of each round.
 
-At the start of round r the worker copies its flat vector into a snapshot; a
-partner fetching segment s of round r reads that copy, so serving never waits
-on the worker's own exchanges and never sees a half-averaged vector. Two rounds
-are kept, because a partner may still be finishing round r while this worker
-starts round r+1.
+At the start of round r the worker's flat vector becomes the snapshot of round
+r: handed over as it is when the model is on the CPU (the round then writes the
+new model into another buffer, and the model moves there), copied when it is on
+a GPU. A partner fetching segment s of round r reads that snapshot, so serving
+never waits on the worker's own exchanges and never sees a half-averaged vector.
+Two rounds are kept, because a partner may still be finishing round r while this
+worker starts round r+1.
 """
 
 from __future__ import annotations
@@ -88,6 +90,25 @@ class SnapshotStore:
             slot.round = round_
             self.current_round = round_
             self._changed.notify_all()
+
+    async def hand_over(self, round_: int, vector: torch.Tensor) -> torch.Tensor:
+        """Take `vector` itself as the snapshot of `round_`, without a copy, and
+        return the buffer the caller goes on in (the caller must not write
+        `vector` again): the oldest snapshot's, or a new one while a partner
+        still reads that. Saves the 64 MB copy per round that `publish` makes,
+        the largest cost peerd had over gloo (docs/benchmarks.md)."""
+        if vector.shape != (self._numel,) or vector.dtype != torch.float32 or vector.device.type != "cpu":
+            raise ValueError("hand_over takes a CPU float32 vector of the store's size")
+        k = round_ % len(self._slots)
+        async with self._changed:
+            old = self._slots[k]
+            spare = old.buffer if not old.readers else torch.empty(self._numel, dtype=torch.float32)
+            slot = _Slot(0)
+            slot.buffer, slot.round = vector, round_
+            self._slots[k] = slot
+            self.current_round = round_
+            self._changed.notify_all()
+        return spare
 
     async def finish(self) -> None:
         """No more rounds: partners waiting for one are answered at once."""
