@@ -368,7 +368,7 @@ class Daemon:
         (job_dir / ENDED).unlink(missing_ok=True)
         launch = WorkerLaunch(
             control_address=f"unix:{self.config.control_socket}", peer_id=self.peer_id,
-            host=self.config.host, threads=self.config.worker_threads, device=self.config.worker_device,
+            host=self.config.host, threads=self.config.worker_threads, device=(self.config.worker_devices or ("auto",))[0],
             spec_path=spec_path, spec_dir=spec_dir, log_path=job_dir / "worker.log",
             secret_file=secret_file, tls=self.config.tls, slowdown=self.config.slowdown,
             log_format=self.config.log_format,
