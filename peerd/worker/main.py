@@ -257,7 +257,9 @@ class Worker:
         if vector is not self.trainer.flat.vector:
             vector.copy_(self.trainer.flat.vector)
         if self.spec.gossip.mode == "hierarchical":
-            localities = {p: (self.link.localities.get(p, ""), _host(view[p])) for p in peers}
+            # Innermost first: the workers of one daemon, then of one host, then of one label.
+            localities = {p: (self.link.localities.get(p, ""), _host(view[p]), self.link.daemons.get(p, p))
+                          for p in peers}
             plan = plan_hierarchical(self.spec.name, self.round, localities, self.me, len(self.layout),
                                      self.spec.gossip.group_size)
             # Three transfers one after another: the floor holds for each of them.
@@ -395,7 +397,7 @@ async def amain(args: argparse.Namespace) -> int:
     security = load_security(args)
     torch.set_num_threads(args.threads)
     trainer = Trainer(spec, args.peer_id, args.spec_dir, args.slowdown, args.device)
-    link = SupervisorLink(args.control, spec.name, trainer.flat.fingerprint(spec.fingerprint))
+    link = SupervisorLink(args.control, spec.name, trainer.flat.fingerprint(spec.fingerprint), member=args.peer_id)
     worker = Worker(spec, trainer, link, args.host, args.out_dir, security)
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
