@@ -50,7 +50,7 @@ def test_two_daemons_with_two_workers_each_train_in_groups_of_their_own(local_cl
     cluster = local_cluster(2, settings=lambda peer: TWO_CPU_WORKERS)
     wait_for(lambda: all(cluster.client(p).status().peers_known == 1 for p in cluster.peers), 30, "discovery")
     text = example_job(job={"name": "multi", "epochs": 6, "eval_every_rounds": 20},
-                       gossip={"mode": "hierarchical", "group_size": 2})
+                       gossip={"mode": "hierarchical", "group_size": 2}, checkpoint={"every_rounds": 20})
     for peer in cluster.peers:
         cluster.client(peer).join(text)
     ids = {p.peer_id: [f"{p.peer_id}.0", f"{p.peer_id}.1"] for p in cluster.peers}
@@ -92,17 +92,19 @@ def test_two_daemons_with_two_workers_each_train_in_groups_of_their_own(local_cl
     for w in final:
         assert w.progress.test_accuracy > 0.8, w
 
-    # Each worker's own directory: log, checkpoints, model. Every group it was in
-    # held its daemon's workers only (group_size 2).
+    # Each worker's own directory: log, checkpoints, model, and its groups (group_size 2).
     models = []
     for peer in cluster.peers:
         job_dir = peer.dir / "state" / "jobs" / "multi"
         assert (job_dir / "ended").read_text().strip() == "finished"
         for k in range(2):
             log = (job_dir / f"worker-{k}" / "worker.log").read_text()
-            groups = re.findall(r"in group (.+) of \d+", log)
-            assert groups and all(g.split(", ") == ids[peer.peer_id] for g in groups), groups
-            assert list((job_dir / f"worker-{k}" / "checkpoints").glob("ckpt-*"))
+            # With all four in the view a worker is always with its sibling (without the
+            # daemon level in the locality path it would be paired at random).
+            groups = re.findall(r"in group (.+) of \d+ \((\d+) in view\)", log)
+            full = [g for g, size in groups if size == "4"]
+            assert full and all(g.split(", ") == ids[peer.peer_id] for g in full), groups
+            assert list((job_dir / f"worker-{k}" / "checkpoints").glob("ckpt-*.peerd")), "no checkpoint of its own"
             models.append(flat_params(job_dir / f"worker-{k}" / "model.pt"))
     spread = max(float((a - b).norm() / b.norm()) for a in models for b in models)
     assert spread < 0.05, spread

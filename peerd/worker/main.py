@@ -240,12 +240,12 @@ class Worker:
                  self.trainer.step_count, self.round, self.accuracy, path)
 
     def _log_group(self, group: tuple[str, ...], groups: int, view: frozenset[str]) -> None:
-        """Hierarchical mode: say which group this worker is in when that changes
-        with the view (a remainder re-cut every round is logged every 100 rounds)."""
+        """Hierarchical mode: say which group this worker is in when the view
+        changes (a group re-cut every round is logged every 100 rounds)."""
         last, last_view, last_round = self._group_logged
-        if group != last and (view != last_view or self.round - last_round >= GROUP_LOG_ROUNDS):
+        if view != last_view or (group != last and self.round - last_round >= GROUP_LOG_ROUNDS):
             self._group_logged = (group, view, self.round)
-            log.info("round %d: in group %s of %d", self.round, ", ".join(group), groups)
+            log.info("round %d: in group %s of %d (%d in view)", self.round, ", ".join(group), groups, len(view))
 
     def _plan(self, members: list[str]) -> BatchPlan | None:
         """DBS: the batch plan for this round from the members' published speeds
