@@ -7,6 +7,7 @@ a job; each is a member of the job with its own id (JobEntry.member).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -86,7 +87,9 @@ class Membership:
     def get(self, peer_id: str) -> PeerRecord | None:
         return self._peers.get(peer_id)
 
-    def _entries(self, job: str, spec_fingerprint: str, keep=lambda entry: True) -> list[tuple[str, PeerRecord, JobEntry]]:
+    def _entries(
+        self, job: str, spec_fingerprint: str, keep: Callable[[JobEntry], bool] = lambda entry: True
+    ) -> list[tuple[str, PeerRecord, JobEntry]]:
         """(member id, record, entry) of the other daemons' workers of `job` with
         this spec that `keep` accepts; the first such entry of a member id counts."""
         out, seen = [], set()

@@ -374,12 +374,12 @@ class Daemon:
         _write_atomic(spec_path, spec_toml)
         _write_atomic(job_dir / JOINED, json.dumps({"spec_dir": spec_dir}) + "\n")
         (job_dir / ENDED).unlink(missing_ok=True)
-        threads = split_threads(self.config.worker_threads, len(self.devices))
+        count = len(self.devices)
         launches = [
             WorkerLaunch(
                 control_address=f"unix:{self.config.control_socket}", peer_id=member,
-                host=self.config.host, threads=threads, device=device,
-                spec_path=spec_path, spec_dir=spec_dir, log_path=_worker_dir(job_dir, k, len(self.devices)) / "worker.log",
+                host=self.config.host, threads=split_threads(self.config.worker_threads, count), device=device,
+                spec_path=spec_path, spec_dir=spec_dir, log_path=_worker_dir(job_dir, k, count) / "worker.log",
                 secret_file=secret_file, tls=self.config.tls, slowdown=self.config.slowdown,
                 log_format=self.config.log_format,
             )
