@@ -23,9 +23,9 @@ from grpc_health.v1.health import aio as health_aio
 from peerd import __version__
 from peerd.config import DaemonConfig
 from peerd.core.membership import ACTIVE_STATES, JobEntry, Membership, PeerRecord
-from peerd.daemon.discovery import Discovery
 from peerd.core.workers import member_ids, split_threads, worker_devices
 from peerd.daemon.devices import local_gpus
+from peerd.daemon.discovery import Discovery
 from peerd.daemon.jobs import ENDED, JOINED, LocalJob, WorkerLaunch, WorkerProcess
 from peerd.daemon.metrics import MetricsServer, make_registry
 from peerd.daemon.notify import sd_notify, watchdog_interval_s

@@ -267,7 +267,7 @@ class Worker:
         if vector is not self.trainer.flat.vector:
             vector.copy_(self.trainer.flat.vector)
         if self.spec.gossip.mode == "hierarchical":
-            # Innermost first: the workers of one daemon, then of one host, then of one label.
+            # Paths are outermost first (label, host, daemon): a daemon's workers group first.
             localities = {p: (self.link.localities.get(p, ""), _host(view[p]), self.link.daemons.get(p, p))
                           for p in peers}
             plan = plan_hierarchical(self.spec.name, self.round, localities, self.me, len(self.layout),
