@@ -26,6 +26,11 @@ ENV_OVERRIDES = {
     "PEERD_SEEDS": ("discovery", "seeds", list),  # comma-separated host:port
 }
 _DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d{1,3})?")
+_LISTED_DEVICE = re.compile(r"cpu|mps|cuda(:\d{1,3})?")
+MAX_WORKERS = 64
+# [worker] devices = "auto": one worker per local GPU, counted when the daemon
+# starts (peerd.daemon.devices), one "auto" worker when there is none.
+EVERY_GPU: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -40,8 +45,10 @@ class DaemonConfig:
     interfaces: tuple[str, ...] = ("127.0.0.1",)  # where zeroconf speaks; ("all",) for every interface
     hello_interval_s: float = 1.0
     peer_timeout_s: float = 6.0
-    worker_threads: int = 1
-    worker_device: str = "auto"  # torch device the worker trains on; "auto": cuda if present, else cpu
+    worker_threads: int = 1  # torch threads per job on this daemon, split among its workers
+    # One worker per entry, each a torch device; "auto": cuda if present, else cpu.
+    # EVERY_GPU: one per local GPU.
+    worker_devices: tuple[str, ...] = ("auto",)
     worker_standby: bool = True  # keep a worker process with torch imported, ready for the next join
     restart_backoff_s: float = 1.0
     restart_backoff_max_s: float = 30.0
@@ -80,8 +87,7 @@ def parse_config(data: dict, source: str) -> DaemonConfig:
         hello_interval_s=discovery.get("hello_interval_s", float, d.hello_interval_s, **positive),
         peer_timeout_s=discovery.get("peer_timeout_s", float, d.peer_timeout_s, **positive),
         worker_threads=worker.get("threads", int, 1, check=lambda v: 1 <= v <= 256, expect="an integer 1..256"),
-        worker_device=worker.get("device", str, d.worker_device, check=_DEVICE.fullmatch,
-                                 expect='"auto", "cpu", "cuda", "cuda:N" or "mps"'),
+        worker_devices=_devices(worker, source),
         worker_standby=worker.get("standby", bool, d.worker_standby),
         restart_backoff_s=worker.get("restart_backoff_s", float, d.restart_backoff_s, **positive),
         restart_backoff_max_s=worker.get("restart_backoff_max_s", float, d.restart_backoff_max_s, **positive),
@@ -106,6 +112,25 @@ def parse_config(data: dict, source: str) -> DaemonConfig:
     if config.peer_timeout_s <= 2 * config.hello_interval_s:
         raise ConfigError(f"{source}: discovery.peer_timeout_s must exceed 2 × hello_interval_s")
     return config
+
+
+def _devices(table: Table, source: str) -> tuple[str, ...]:
+    """[worker] device (one worker) or devices (one worker per entry); both
+    only when they say the same."""
+    device = table.get("device", str, "", check=_DEVICE.fullmatch,
+                       expect='"auto", "cpu", "cuda", "cuda:N" or "mps"')
+    devices = table.get("devices", (str, list), None,
+                        check=lambda v: v == "auto" or (0 < len(v) <= MAX_WORKERS and all(
+                            isinstance(x, str) and _LISTED_DEVICE.fullmatch(x) for x in v)),
+                        expect=f'"auto" (every local GPU), or a list of 1..{MAX_WORKERS} of '
+                               '"cpu", "cuda", "cuda:N" or "mps" (one worker each)')
+    if devices is None:
+        return (device or "auto",)
+    chosen = EVERY_GPU if devices == "auto" else tuple(devices)
+    if device and chosen != (device,):
+        raise ConfigError(f"{source}: worker.device = {device!r} and worker.devices = {devices!r} disagree; "
+                          "give only worker.devices")
+    return chosen
 
 
 def _path(table: Table, key: str, source: str) -> Path | None:

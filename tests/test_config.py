@@ -129,8 +129,13 @@ def test_config_is_frozen():
         ('[discovery]\ninterfaces = ["::1", "127.0.0.1"]', "interfaces", ("::1", "127.0.0.1")),
         ("[worker]\nthreads = 256", "worker_threads", 256),
         ("[worker]\nthreads = 1", "worker_threads", 1),
-        ('[worker]\ndevice = "cuda:1"', "worker_device", "cuda:1"),
-        ('[worker]\ndevice = "cpu"', "worker_device", "cpu"),
+        ('[worker]\ndevice = "cuda:1"', "worker_devices", ("cuda:1",)),
+        ('[worker]\ndevice = "cpu"', "worker_devices", ("cpu",)),
+        ('[worker]\ndevices = ["cpu", "cpu"]', "worker_devices", ("cpu", "cpu")),
+        ('[worker]\ndevices = ["cuda:0", "cuda:1"]', "worker_devices", ("cuda:0", "cuda:1")),
+        ('[worker]\ndevices = "auto"', "worker_devices", ()),
+        ('[worker]\ndevice = "cpu"\ndevices = ["cpu"]', "worker_devices", ("cpu",)),
+        ("[worker]\nrestart_backoff_s = 1", "worker_devices", ("auto",)),
         ("[worker]\nslowdown = 1.0", "slowdown", 1.0),
         ("[worker]\nslowdown = 4", "slowdown", 4.0),
     ],
@@ -244,6 +249,13 @@ def test_wrong_types_raise_naming_file_and_key(text, key):
         ("[worker]\nthreads = 0", "worker.threads"),
         ('[worker]\ndevice = "gpu"', "worker.device"),
         ('[worker]\ndevice = "cuda:x"', "worker.device"),
+        ("[worker]\ndevices = []", "worker.devices"),
+        ('[worker]\ndevices = ["auto", "cpu"]', "worker.devices"),
+        ('[worker]\ndevices = ["gpu"]', "worker.devices"),
+        ('[worker]\ndevices = "cpu"', "worker.devices"),
+        ("[worker]\ndevices = 2", "worker.devices"),
+        ('[worker]\ndevices = ["cpu", 1]', "worker.devices"),
+        ("[worker]\ndevices = [" + ", ".join(['"cpu"'] * 65) + "]", "worker.devices"),
         ("[worker]\nthreads = 257", "worker.threads"),
         ("[worker]\nslowdown = 0.5", "worker.slowdown"),
         ('[worker]\nslowdown = "2"', "worker.slowdown"),
@@ -264,6 +276,12 @@ def test_bad_values_raise_naming_file_and_key(text, key):
     message = str(info.value)
     assert message.startswith(f"/x/peerd.toml: {key} = "), message
     assert "expected" in message
+
+
+@pytest.mark.parametrize("devices", ['["cuda:0", "cuda:1"]', '"auto"', '["cpu"]'])
+def test_device_and_devices_that_disagree_are_refused(devices):
+    with pytest.raises(ConfigError, match="worker.device = 'cuda:0' and worker.devices = .* disagree"):
+        parse(f'[worker]\ndevice = "cuda:0"\ndevices = {devices}', "/x/peerd.toml")
 
 
 @pytest.mark.parametrize(

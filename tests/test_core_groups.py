@@ -135,3 +135,34 @@ def test_bad_input():
         form_groups("job", 0, {"a": ()}, 0)
     with pytest.raises(ValueError):
         plan_hierarchical("job", 0, {"a": ()}, "zz", 4, 2)
+
+
+# Views with several workers per daemon: (rack, host, daemon) paths.
+daemon_views = st.dictionaries(
+    st.text(alphabet="abcdefghijklmnop", min_size=1, max_size=4),
+    st.tuples(st.sampled_from(["r1", "r2"]), st.sampled_from(["h1", "h2", "h3"]), st.sampled_from(["d1", "d2"])),
+    min_size=1,
+    max_size=24,
+)
+
+
+@given(daemon_views, sizes, st.integers(0, 1000))
+@FAST
+def test_peers_of_one_daemon_that_fit_a_group_share_one(view, size, round_):
+    groups = form_groups("job", round_, view, size)
+    assert sorted(p for g in groups for p in g) == sorted(view)
+    assert all(1 <= len(g) <= size for g in groups)
+    by_daemon: dict[tuple, list[str]] = {}
+    for peer, path in view.items():
+        by_daemon.setdefault(path, []).append(peer)
+    for peers in by_daemon.values():
+        if len(peers) <= size:
+            assert any(set(peers) <= set(g) for g in groups), (peers, groups)
+
+
+def test_two_daemons_with_two_workers_each_group_by_daemon():
+    view = {"p0.0": ("", "127.0.0.1", "p0"), "p0.1": ("", "127.0.0.1", "p0"),
+            "p1.0": ("", "127.0.0.1", "p1"), "p1.1": ("", "127.0.0.1", "p1")}
+    for size in (2, 3):
+        for round_ in range(20):
+            assert form_groups("job", round_, view, size) == (("p0.0", "p0.1"), ("p1.0", "p1.1"))

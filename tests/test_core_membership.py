@@ -213,7 +213,7 @@ def test_job_view_property(recs, name, fp):
             latest[r.peer_id] = r
     view = m.job_view(name, fp)
     expected = []
-    for pid in sorted(latest):  # the first serving entry of each peer: one worker per peer and job
+    for pid in sorted(latest):  # the first serving entry of each member id (here: the peer's own)
         serving = [e for e in latest[pid].jobs
                    if e.name == name and e.spec_fingerprint == fp and e.worker_address and e.state == "running"]
         if serving:
@@ -284,3 +284,18 @@ def test_job_speeds_of_the_members_with_the_same_spec():
     m.observe(peer("d", JobEntry("mnist", "fp1", "d:1", 0, "finished", speed=9.0)))  # no longer in it
     speeds = m.job_speeds("mnist", "fp1")
     assert set(speeds) == {"a", "b"} and speeds["a"] == 400.0 and speeds["b"] != speeds["b"]
+
+
+def test_a_daemon_with_several_workers_lists_each_as_a_member():
+    m = Membership("me", 10.0)
+    m.observe(PeerRecord("a", "a:9000", "rack-1", jobs=(
+        JobEntry("mnist", "fp1", "a:1", 0, "running", speed=10.0, member="a.0"),
+        JobEntry("mnist", "fp1", "", 0, "starting", member="a.1"),
+        JobEntry("mnist", "fp1", "a:3", 0, "stopped", member="a.0"),  # a repeated member: the first counts
+    )))
+    m.observe(peer("b", job(addr="b:1")))
+    assert m.job_view("mnist", "fp1") == [("a.0", "a:1"), ("b", "b:1")]
+    assert [(w.daemon, w.locality) for w in m.job_workers("mnist", "fp1")] == [("a", "rack-1"), ("b", "")]
+    assert m.job_members("mnist", "fp1") == ["a.0", "a.1", "b"]
+    assert set(m.job_speeds("mnist", "fp1")) == {"a.0", "a.1", "b"}
+    assert m.jobs() == {("mnist", "fp1"): ["a", "b"]}  # daemons, for peerctl jobs and join by name

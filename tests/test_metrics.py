@@ -22,8 +22,9 @@ from conftest import example_job
 
 def job(tmp_path: Path) -> LocalJob:
     spec = parse_job(example_job(job={"name": "m"}), "job")
-    launch = WorkerLaunch("unix:x", "me", "127.0.0.1", 1, "cpu", tmp_path / "job.toml", "", tmp_path / "worker.log")
-    j = LocalJob(spec, launch, 1.0, 2.0, state="running", restarts=2)
+    launch = WorkerLaunch("unix:x", "me", "127.0.0.1", 1, tmp_path / "job.toml", "", tmp_path / "worker.log")
+    j = LocalJob.create(spec, tmp_path, [launch], 1.0, 2.0)
+    j.first.state, j.first.restarts = "running", 2
     p = empty_progress()
     p.MergeFrom(control_pb2.Progress(
         step=120, round=130, epoch=1, loss=0.25, samples_per_s=900.0, lr=0.05, samples=3840, segment_misses=3,
@@ -34,7 +35,7 @@ def job(tmp_path: Path) -> LocalJob:
     ))
     if "rejected" in control_pb2.Progress.DESCRIPTOR.fields_by_name:
         p.rejected["bad_signature"] = 7
-    j.progress = p
+    j.first.progress = p
     return j
 
 
@@ -73,9 +74,26 @@ def test_every_job_metric_comes_from_the_workers_progress(tmp_path):
 def test_a_worker_that_has_not_reported_yet_gives_empty_buckets_and_nan(tmp_path):
     daemon = Daemon(DaemonConfig(state_dir=tmp_path, peer_id="me", control_socket=tmp_path / "s.sock"))
     j = job(tmp_path)
-    j.progress = empty_progress()
+    j.first.progress = empty_progress()
     daemon.jobs["m"] = j
     got = samples(daemon)
     assert got[("peerd_exchange_seconds_count", (("job", "m"),))] == 0
     assert len([k for k in got if k[0] == "peerd_exchange_seconds_bucket"]) == len(EXCHANGE_BUCKETS_S) + 1
     assert got[("peerd_loss", (("job", "m"),))] != got[("peerd_loss", (("job", "m"),))]  # NaN
+
+
+def test_several_workers_have_a_series_each(tmp_path):
+    config = DaemonConfig(state_dir=tmp_path, peer_id="me", control_socket=tmp_path / "s.sock",
+                          worker_devices=("cpu", "cpu"))
+    daemon = Daemon(config)
+    spec = parse_job(example_job(job={"name": "m"}), "job")
+    launches = [WorkerLaunch("unix:x", member, "127.0.0.1", 1, tmp_path / "job.toml", "", tmp_path / f"{k}.log")
+                for k, member in enumerate(daemon.members)]
+    j = LocalJob.create(spec, tmp_path, launches, 1.0, 2.0)
+    j.workers[1].restarts = 3
+    daemon.jobs["m"] = j
+    got = samples(daemon)
+    assert daemon.members == ["me.0", "me.1"]
+    assert got[("peerd_worker_restarts_total", (("job", "m"), ("worker", "me.0")))] == 0
+    assert got[("peerd_worker_restarts_total", (("job", "m"), ("worker", "me.1")))] == 3
+    assert got[("peerd_membership_size", (("job", "m"),))] == 2

@@ -83,7 +83,7 @@ def test_a_join_starts_its_worker_in_the_standby(local_cluster):
     spare = int(wait_for(lambda: re.search(r"standby worker pid (\d+) started", log.read_text()), 30,
                          "the standby to start").group(1))
     cluster.client(peer).join(example_job(job={"name": "warm", "epochs": 1, "eval_every_rounds": 1000}))
-    started = wait_for(lambda: re.search(r"worker pid (\d+) started \((.*?)\)", log.read_text()), 60,
+    started = wait_for(lambda: re.search(r"worker \S+ pid (\d+) started on \S+ \((.*?)\)", log.read_text()), 60,
                        "the worker to start")
     assert int(started.group(1)) == spare and started.group(2) == "from the standby"
     job = wait_for(lambda: [j for j in cluster.client(peer).status().jobs if j.state == "finished"], 300,

@@ -51,5 +51,5 @@ def test_a_per_gpu_config_pins_its_device(tmp_path):
     text = text.replace("/var/lib/peerd", "/var/lib/peerd/1").replace("/run/peerd/control.sock", "/run/peerd/1/control.sock")
     (tmp_path / "peerd-1.toml").write_text(text)
     config = load_config(tmp_path / "peerd-1.toml")
-    assert config.worker_device == "cuda:1"
+    assert config.worker_devices == ("cuda:1",)
     assert config.control_socket == Path("/run/peerd/1/control.sock")

@@ -18,20 +18,27 @@ from peerd.jobspec import load_job
 DEFAULT_SOCKET = "/run/peerd/control.sock"
 
 
-def _progress_row(job) -> list[object]:
-    p = job.progress
-    return [job.name, job.state, p.phase or "-", p.step, p.round, p.epoch, p.loss, p.lr, p.global_batch,
-            p.local_batch or "-", _percent(p.share), p.samples_per_s, f"{p.partners_reached}/{p.partners_planned}",
-            p.test_accuracy, job.restarts]
+def _progress_rows(job) -> list[list[object]]:
+    """One row per worker of the job (a daemon may run several)."""
+    workers = job.workers or [None]
+    rows = []
+    for w in workers:
+        p = w.progress if w else job.progress
+        head = [job.name, w.member if w else "-", w.device if w else "-", w.state if w else job.state]
+        rows.append(head + [p.phase or "-", p.step, p.round, p.epoch, p.loss, p.lr, p.global_batch,
+                            p.local_batch or "-", _percent(p.share), p.samples_per_s,
+                            f"{p.partners_reached}/{p.partners_planned}", p.test_accuracy,
+                            w.restarts if w else job.restarts, w.pid if w else job.worker_pid])
+    return rows
 
 
 def cmd_status(client: ControlClient, args) -> tuple[object, str]:
     s = client.status()
     head = (f"peer {s.peer_id}  version {s.version}  up {s.uptime_s:.0f}s  "
             f"address {s.peer_address}  locality {s.locality or '-'}  peers known {s.peers_known}")
-    table = render(["job", "state", "phase", "step", "round", "epoch", "loss", "lr", "global batch", "batch",
-                    "share", "samples/s", "partners", "accuracy", "restarts"],
-                   [_progress_row(j) for j in s.jobs])
+    table = render(["job", "worker", "device", "state", "phase", "step", "round", "epoch", "loss", "lr",
+                    "global batch", "batch", "share", "samples/s", "partners", "accuracy", "restarts", "pid"],
+                   [row for j in s.jobs for row in _progress_rows(j)])
     return s, head + ("\n\n" + table if s.jobs else "\n\nno jobs (peerctl join JOB.toml)")
 
 
@@ -42,12 +49,12 @@ def cmd_peers(client: ControlClient, args) -> tuple[object, str]:
     rows = []
     for p in reply.peers:
         head = [p.peer_id, p.state, p.address, p.locality or "-", p.last_seen_s]
-        for j in p.job_states or [None]:
-            job = [j.name, j.state, j.phase or "-", j.round, j.lr, j.global_batch or "-", j.samples_per_s,
-                   j.local_batch or "-", _percent(j.share)] if j else ["-"] * 9
+        for j in p.job_states or [None]:  # one row per worker and job: a daemon may run several
+            job = [j.name, j.member or p.peer_id, j.device or "-", j.state, j.phase or "-", j.round, j.lr,
+                   j.global_batch or "-", j.samples_per_s, j.local_batch or "-", _percent(j.share)] if j else ["-"] * 11
             rows.append(head + job)
-    return reply, render(["peer", "state", "address", "locality", "seen (s)", "job", "job state", "phase",
-                          "round", "lr", "global batch", "samples/s", "batch", "share"], rows)
+    return reply, render(["peer", "state", "address", "locality", "seen (s)", "job", "worker", "device",
+                          "job state", "phase", "round", "lr", "global batch", "samples/s", "batch", "share"], rows)
 
 
 def _percent(share: float) -> str:

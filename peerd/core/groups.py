@@ -35,32 +35,67 @@ def form_groups(job: str, round_: int, localities: Mapping[str, Locality], size:
     """Every peer in exactly one group of at most `size` members.
 
     Innermost pools first: a pool (the peers under one locality path) gives
-    away full groups and hands its leftovers to its parent path; the root pool
-    is shuffled and cut into groups of near-equal size.
+    away full groups and hands its leftovers to its parent path as one block;
+    blocks are never split, so peers of one path (the workers of one daemon,
+    of one host) that fit in a group stay in one group. The root pool is cut
+    into groups of near-equal size.
     """
     if size < 1:
         raise ValueError(f"group size must be ≥ 1, got {size}")
-    pools: dict[Locality, list[str]] = {}
+    pools: dict[Locality, list[tuple[str, ...]]] = {}
     for peer in sorted(localities):
-        pools.setdefault(tuple(localities[peer]), []).append(peer)
+        pools.setdefault(tuple(localities[peer]), []).append((peer,))
     groups: list[tuple[str, ...]] = []
     while any(pools):
         depth = max(len(path) for path in pools)
         if depth == 0:
             break
         for path in sorted(p for p in pools if len(p) == depth):
-            members = pools.pop(path)
-            SeededStream(derive_seed(job, round_, "pool", list(path))).shuffle(members)
-            full = len(members) - len(members) % size
-            groups += [tuple(sorted(members[k : k + size])) for k in range(0, full, size)]
-            # Leftovers join the parent pool as a block, so peers of one host stay together.
-            pools.setdefault(path[:-1], []).extend(members[full:])
+            blocks = pools.pop(path)
+            SeededStream(derive_seed(job, round_, "pool", list(path))).shuffle(blocks)
+            bins = _first_fit(blocks, size)
+            groups += [tuple(sorted(b)) for b in bins if len(b) == size]
+            pools.setdefault(path[:-1], []).extend(tuple(b) for b in bins if len(b) < size)
     rest = pools.get((), [])
     if rest:
         SeededStream(derive_seed(job, round_, "rest")).shuffle(rest)
-        count = -(-len(rest) // size)
-        groups += [tuple(sorted(rest[span.start : span.stop])) for span in split_even(len(rest), count)]
+        groups += _even_split(rest, size)
     return tuple(sorted(groups))
+
+
+def _first_fit(blocks: list[tuple[str, ...]], size: int) -> list[list[str]]:
+    """Blocks, largest first, each into the first bin it fits (single peers
+    in their given order fill bins one after another)."""
+    bins: list[list[str]] = []
+    for block in sorted(blocks, key=len, reverse=True):  # stable: the shuffled order breaks ties
+        target = next((b for b in bins if len(b) + len(block) <= size), None)
+        if target is None:
+            bins.append(list(block))
+        else:
+            target.extend(block)
+    return bins
+
+
+def _even_split(blocks: list[tuple[str, ...]], size: int) -> list[tuple[str, ...]]:
+    """The root pool in ⌈n/size⌉ groups of near-equal size when its blocks allow;
+    a block that fits no group's even share goes where it fits, or alone."""
+    peers = [p for block in blocks for p in block]
+    count = -(-len(peers) // size)
+    spans = split_even(len(peers), count)
+    if all(len(block) == 1 for block in blocks):
+        return [tuple(sorted(peers[span.start : span.stop])) for span in spans]
+    bins: list[list[str]] = [[] for _ in spans]
+    room = [span.stop - span.start for span in spans]
+    for block in sorted(blocks, key=len, reverse=True):
+        k = max(range(len(bins)), key=lambda i: (room[i], -i))
+        if room[k] < len(block):
+            k = next((i for i, b in enumerate(bins) if len(b) + len(block) <= size), len(bins))
+            if k == len(bins):
+                bins.append([])
+                room.append(size)
+        bins[k].extend(block)
+        room[k] -= len(block)
+    return [tuple(sorted(b)) for b in bins if b]
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,13 @@
 """The membership view a daemon builds from discovery and Hello replies (DESIGN §1.7).
 
 Pure: every method takes `now`. The daemon feeds it what it hears; workers get
-`job_view()` as their list of partners.
+`job_workers()` as their list of partners. A daemon may run several workers of
+a job; each is a member of the job with its own id (JobEntry.member).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -25,10 +27,22 @@ class JobEntry:
     speed: float = float("nan")  # samples/s its worker measured (DBS)
     local_batch: int = 0
     share: float = float("nan")
+    member: str = ""  # the worker's id in the job; "": the daemon's only worker, known by the peer id
+    device: str = ""
 
     @property
     def serving(self) -> bool:
         return bool(self.worker_address) and self.state == "running"
+
+
+@dataclass(frozen=True)
+class WorkerEndpoint:
+    """A serving worker of a job, as a partner for this daemon's workers."""
+
+    member: str
+    address: str
+    daemon: str  # its daemon's peer id: workers of one daemon group first
+    locality: str
 
 
 @dataclass(frozen=True)
@@ -73,26 +87,38 @@ class Membership:
     def get(self, peer_id: str) -> PeerRecord | None:
         return self._peers.get(peer_id)
 
-    def job_view(self, job: str, spec_fingerprint: str) -> list[tuple[str, str]]:
-        """(peer_id, worker address) of every other peer serving `job` with the
-        same spec; a peer with another spec for the same name is left out."""
-        view = []
+    def _entries(
+        self, job: str, spec_fingerprint: str, keep: Callable[[JobEntry], bool] = lambda entry: True
+    ) -> list[tuple[str, PeerRecord, JobEntry]]:
+        """(member id, record, entry) of the other daemons' workers of `job` with
+        this spec that `keep` accepts; the first such entry of a member id counts."""
+        out, seen = [], set()
         for record in self.peers():
             for entry in record.jobs:
-                if entry.name == job and entry.spec_fingerprint == spec_fingerprint and entry.serving:
-                    view.append((record.peer_id, entry.worker_address))
-                    break  # one worker per peer and job
-        return view
+                member = entry.member or record.peer_id
+                if (entry.name == job and entry.spec_fingerprint == spec_fingerprint and member not in seen
+                        and keep(entry)):
+                    seen.add(member)
+                    out.append((member, record, entry))
+        return out
+
+    def job_workers(self, job: str, spec_fingerprint: str) -> list[WorkerEndpoint]:
+        """Every other daemon's worker serving `job` with the same spec (a daemon
+        may run several); one with another spec for the same name is left out."""
+        return [WorkerEndpoint(member, entry.worker_address, record.peer_id, record.locality)
+                for member, record, entry in self._entries(job, spec_fingerprint, lambda e: e.serving)]
+
+    def job_view(self, job: str, spec_fingerprint: str) -> list[tuple[str, str]]:
+        """(member id, worker address) of job_workers()."""
+        return [(w.member, w.address) for w in self.job_workers(job, spec_fingerprint)]
 
     def job_members(self, job: str, spec_fingerprint: str) -> list[str]:
-        """Ids of the other peers in `job` with the same spec, serving or not yet."""
-        return self.jobs().get((job, spec_fingerprint), [])
+        """Member ids of the other daemons' workers in `job` with the same spec, serving or not yet."""
+        return [member for member, _, _ in self._entries(job, spec_fingerprint, _active)]
 
     def job_speeds(self, job: str, spec_fingerprint: str) -> dict[str, float]:
-        """peer id -> published speed of every other peer in `job` with the same spec."""
-        return {record.peer_id: entry.speed for record in self.peers() for entry in record.jobs
-                if entry.name == job and entry.spec_fingerprint == spec_fingerprint
-                and entry.state in ACTIVE_STATES}
+        """member id -> published speed of every other daemon's worker in `job` with the same spec."""
+        return {member: entry.speed for member, _, entry in self._entries(job, spec_fingerprint, _active)}
 
     def jobs(self) -> dict[tuple[str, str], list[str]]:
         """(job name, spec fingerprint) -> ids of the peers running it."""
@@ -104,3 +130,7 @@ class Membership:
                     if record.peer_id not in ids:
                         ids.append(record.peer_id)
         return out
+
+
+def _active(entry: JobEntry) -> bool:
+    return entry.state in ACTIVE_STATES

@@ -23,8 +23,10 @@ from grpc_health.v1.health import aio as health_aio
 from peerd import __version__
 from peerd.config import DaemonConfig
 from peerd.core.membership import ACTIVE_STATES, JobEntry, Membership, PeerRecord
+from peerd.core.workers import member_ids, split_threads, worker_devices
+from peerd.daemon.devices import local_gpus
 from peerd.daemon.discovery import Discovery
-from peerd.daemon.jobs import ENDED, JOINED, LocalJob, WorkerLaunch
+from peerd.daemon.jobs import ENDED, JOINED, LocalJob, WorkerLaunch, WorkerProcess
 from peerd.daemon.metrics import MetricsServer, make_registry
 from peerd.daemon.notify import sd_notify, watchdog_interval_s
 from peerd.daemon.standby import Standby
@@ -65,6 +67,9 @@ class Daemon:
         self.started = time.monotonic()
         self.membership = Membership(self.peer_id, config.peer_timeout_s)
         self.standby = Standby() if config.worker_standby else None
+        # One worker per device for every job; `[worker] devices = "auto"` counts the GPUs once, here.
+        self.devices = worker_devices(config.worker_devices, 0 if config.worker_devices else local_gpus())
+        self.members = member_ids(self.peer_id, len(self.devices))
         self.jobs: dict[str, LocalJob] = {}
         self.peer_address = ""
         self._addresses: dict[str, str] = {}  # peer id -> Peer service address
@@ -117,8 +122,9 @@ class Daemon:
         if interval:
             self._tasks.append(asyncio.create_task(self._watchdog(interval), name="watchdog"))
         sd_notify(f"READY=1\nSTATUS=serving as {self.peer_id} on {self.peer_address}")
-        log.info("peerd %s serving as %s: peer %s, control %s",
-                 __version__, self.peer_id, self.peer_address, self.config.control_socket)
+        log.info("peerd %s serving as %s: peer %s, control %s; %d worker(s) per job on %s",
+                 __version__, self.peer_id, self.peer_address, self.config.control_socket, len(self.devices),
+                 ", ".join(self.devices))
 
     async def _start_peer_server(self) -> None:
         self._peer_server, self.peer_address = await start_peer_server(
@@ -267,7 +273,7 @@ class Daemon:
                 self.learn_address(known.peer_id, known.address, via="hello")
         jobs = tuple(
             JobEntry(j.name, j.spec_fingerprint, j.worker_address, j.round, j.state, j.phase, j.lr, j.global_batch,
-                     j.samples_per_s, j.local_batch, j.share)
+                     j.samples_per_s, j.local_batch, j.share, j.member, j.device)
             for j in reply.jobs
         )
         record = PeerRecord(reply.peer_id, address, reply.locality, reply.version, jobs, time.monotonic())
@@ -278,20 +284,22 @@ class Daemon:
         return peer_pb2.HelloReply(
             peer_id=self.peer_id, version=__version__, locality=self.config.locality, realm=self.config.realm,
             known=[peer_pb2.KnownPeer(peer_id=r.peer_id, address=r.address) for r in self.membership.peers()],
-            jobs=[
-                peer_pb2.JobAd(name=j.spec.name, spec_fingerprint=j.spec.fingerprint,
-                               worker_address=j.worker_address, round=j.progress.round, state=j.state,
-                               phase=j.progress.phase, lr=j.progress.lr, global_batch=j.progress.global_batch,
-                               samples_per_s=j.progress.samples_per_s, local_batch=j.progress.local_batch,
-                               share=j.progress.share)
-                for j in self.jobs.values()
-            ],
+            jobs=[self._job_ad(j, w) for j in self.jobs.values() for w in j.workers],
+        )
+
+    def _job_ad(self, job: LocalJob, w: WorkerProcess) -> peer_pb2.JobAd:
+        p = w.progress
+        return peer_pb2.JobAd(
+            name=job.spec.name, spec_fingerprint=job.spec.fingerprint, worker_address=w.address, round=p.round,
+            state=w.state, phase=p.phase, lr=p.lr, global_batch=p.global_batch, samples_per_s=p.samples_per_s,
+            local_batch=p.local_batch, share=p.share, device=w.device,
+            member=w.member if w.member != self.peer_id else "",  # a single worker's ad is as before
         )
 
     def _txt(self) -> dict[str, str]:
         running = sorted(n for n, j in self.jobs.items() if j.state in ACTIVE_STATES)
         # Informative: Hello replies are what peers act on (TXT values are short and may lag).
-        data_plane = ",".join(f"{n}@{self.jobs[n].worker_address}" for n in running if self.jobs[n].worker_address)
+        data_plane = ",".join(f"{n}@{w.address}" for n in running for w in self.jobs[n].workers if w.address)
         return {"id": self.peer_id, "v": __version__, "realm": self.config.realm, "addr": self.peer_address,
                 "loc": self.config.locality, "jobs": ",".join(running), "dp": data_plane[:200]}
 
@@ -347,7 +355,7 @@ class Daemon:
 
     def job_spec(self, name: str) -> peer_pb2.JobSpecReply:
         job = self._job(name)
-        return peer_pb2.JobSpecReply(name=name, spec_toml=job.launch.spec_path.read_text(),
+        return peer_pb2.JobSpecReply(name=name, spec_toml=(job.job_dir / "job.toml").read_text(),
                                      spec_fingerprint=job.spec.fingerprint)
 
     async def join(self, spec_toml: str, spec_dir: str) -> JobSpec:
@@ -372,15 +380,21 @@ class Daemon:
         _write_atomic(spec_path, spec_toml)
         _write_atomic(job_dir / JOINED, json.dumps({"spec_dir": spec_dir}) + "\n")
         (job_dir / ENDED).unlink(missing_ok=True)
-        launch = WorkerLaunch(
-            control_address=f"unix:{self.config.control_socket}", peer_id=self.peer_id,
-            host=self.config.host, threads=self.config.worker_threads, device=self.config.worker_device,
-            spec_path=spec_path, spec_dir=spec_dir, log_path=job_dir / "worker.log",
-            secret_file=secret_file, tls=self.config.tls, slowdown=self.config.slowdown,
-            log_format=self.config.log_format,
-        )
-        job = LocalJob(spec, launch, self.config.restart_backoff_s, self.config.restart_backoff_max_s,
-                       stop_grace_s=max(1.0, self.config.stop_timeout_s - SHUTDOWN_RESERVE_S), standby=self.standby)
+        count = len(self.devices)
+        launches = [
+            WorkerLaunch(
+                control_address=f"unix:{self.config.control_socket}", peer_id=member,
+                host=self.config.host, threads=split_threads(self.config.worker_threads, count), device=device,
+                spec_path=spec_path, spec_dir=spec_dir, log_path=_worker_dir(job_dir, k, count) / "worker.log",
+                secret_file=secret_file, tls=self.config.tls, slowdown=self.config.slowdown,
+                log_format=self.config.log_format,
+            )
+            for k, (member, device) in enumerate(zip(self.members, self.devices))
+        ]
+        job = LocalJob.create(spec, job_dir, launches, self.config.restart_backoff_s,
+                              self.config.restart_backoff_max_s,
+                              stop_grace_s=max(1.0, self.config.stop_timeout_s - SHUTDOWN_RESERVE_S),
+                              standby=self.standby)
         self.jobs[spec.name] = job
         job.start()
         log.info("joined job %s (fingerprint %s)", spec.name, spec.fingerprint)
@@ -402,20 +416,24 @@ class Daemon:
 
     def worker_heartbeat(self, report: control_pb2.WorkerReport) -> control_pb2.WorkerView:
         job = self._job(report.job)
-        job.on_heartbeat(report)
-        peers = []
-        for p, a in self.membership.job_view(job.spec.name, job.spec.fingerprint):
-            record = self.membership.get(p)
-            peers.append(control_pb2.PeerEndpoint(peer_id=p, address=a, locality=record.locality if record else ""))
-        if job.worker_address:
-            peers.append(control_pb2.PeerEndpoint(
-                peer_id=self.peer_id, address=job.worker_address, locality=self.config.locality))
-        members = [*self.membership.job_members(job.spec.name, job.spec.fingerprint), self.peer_id]
+        worker = job.worker(report.member)
+        if worker is None:
+            raise UnknownJob(f"this peer runs no worker {report.member!r} of job {report.job!r}")
+        worker.on_heartbeat(report)
+        name, fingerprint = job.spec.name, job.spec.fingerprint
+        peers = [control_pb2.PeerEndpoint(peer_id=w.member, address=w.address, locality=w.locality, daemon=w.daemon)
+                 for w in self.membership.job_workers(name, fingerprint)]
+        # This daemon's own workers: the one reporting, and its siblings of the job.
+        mine = [w for w in job.workers if w is worker or w.state in ACTIVE_STATES]
+        peers += [control_pb2.PeerEndpoint(peer_id=w.member, address=w.address, locality=self.config.locality,
+                                           daemon=self.peer_id) for w in mine if w.address]
+        members = [*self.membership.job_members(name, fingerprint), *(w.member for w in mine)]
         settled = time.monotonic() - self.started >= self.config.peer_timeout_s
-        speeds = [control_pb2.MemberSpeed(peer_id=p, samples_per_s=v)
-                  for p, v in self.membership.job_speeds(job.spec.name, job.spec.fingerprint).items()]
-        return control_pb2.WorkerView(peers=peers, members=members, speeds=speeds, stop=job.stop_requested,
-                                      settled=settled)
+        speeds = {**self.membership.job_speeds(name, fingerprint),
+                  **{w.member: w.progress.samples_per_s for w in mine if w is not worker}}
+        return control_pb2.WorkerView(
+            peers=peers, members=members, stop=worker.stop_requested, settled=settled,
+            speeds=[control_pb2.MemberSpeed(peer_id=p, samples_per_s=v) for p, v in speeds.items()])
 
     # ---- control API -------------------------------------------------------
 
@@ -424,14 +442,21 @@ class Daemon:
             peer_id=self.peer_id, version=__version__, uptime_s=time.monotonic() - self.started,
             peer_address=self.peer_address, locality=self.config.locality,
             peers_known=len(self.membership.peers()),
-            jobs=[
-                control_pb2.LocalJob(
-                    name=name, state=j.state, spec_fingerprint=j.spec.fingerprint, worker_pid=j.pid,
-                    restarts=j.restarts, progress=j.progress, log_path=str(j.launch.log_path),
-                    view_size=len(self.membership.job_view(name, j.spec.fingerprint)) + 1,
-                )
-                for name, j in self.jobs.items()
-            ],
+            jobs=[self._local_job(j) for j in self.jobs.values()],
+        )
+
+    def _local_job(self, job: LocalJob) -> control_pb2.LocalJob:
+        first = job.first
+        workers = [
+            control_pb2.LocalWorker(member=w.member, device=w.device, state=w.state, pid=w.pid, restarts=w.restarts,
+                                    progress=w.progress, log_path=str(w.launch.log_path), address=w.address)
+            for w in job.workers
+        ]
+        return control_pb2.LocalJob(
+            name=job.spec.name, state=job.state, spec_fingerprint=job.spec.fingerprint, worker_pid=first.pid,
+            restarts=sum(w.restarts for w in job.workers), progress=first.progress,
+            log_path=str(first.launch.log_path), workers=workers,
+            view_size=len(self.membership.job_view(job.spec.name, job.spec.fingerprint)) + len(job.workers),
         )
 
     def peer_states(self) -> dict[str, str]:
@@ -447,11 +472,12 @@ class Daemon:
         return control_pb2.ListPeersReply(peers=[
             control_pb2.PeerInfo(
                 peer_id=r.peer_id, address=r.address, locality=r.locality, version=r.version,
-                jobs=[j.name for j in r.jobs], last_seen_s=now - r.last_seen,
+                jobs=sorted({j.name for j in r.jobs}), last_seen_s=now - r.last_seen,
                 state=states.get(r.peer_id, "alive"),
                 job_states=[control_pb2.PeerJob(name=j.name, state=j.state, phase=j.phase, round=j.round,
                                                 lr=j.lr, global_batch=j.global_batch, samples_per_s=j.speed,
-                                                local_batch=j.local_batch, share=j.share) for j in r.jobs],
+                                                local_batch=j.local_batch, share=j.share,
+                                                member=j.member or r.peer_id, device=j.device) for j in r.jobs],
             )
             for r in self.membership.peers()
         ])
@@ -466,6 +492,12 @@ class Daemon:
                                 local=self.peer_id in peers)
             for (name, fp), peers in sorted(jobs.items())
         ])
+
+
+def _worker_dir(job_dir: Path, k: int, count: int) -> Path:
+    """Where worker k keeps its log, checkpoints and model: the job's directory
+    for a single worker (as before several were possible), else worker-<k>/."""
+    return job_dir if count == 1 else job_dir / f"worker-{k}"
 
 
 def _give_to_group(path: Path, group: str) -> None:

@@ -1,4 +1,4 @@
-"""Supervising the worker process of one job.
+"""Supervising the worker processes of one job (one per configured device).
 
 A worker that crashes is restarted with exponential backoff; one that exits 0
 after finishing its epochs, or exits 2 because its job cannot load, is not. The
@@ -11,6 +11,7 @@ import asyncio
 import logging
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,16 +64,20 @@ class WorkerLaunch:
 
 
 @dataclass
-class LocalJob:
-    spec: JobSpec
+class WorkerProcess:
+    """One worker of a job: started, watched, restarted on its own."""
+
+    job: str
+    member: str  # its id in the job (WorkerLaunch.peer_id)
     launch: WorkerLaunch
     backoff_s: float
     backoff_max_s: float
     stop_grace_s: float = STOP_GRACE_S  # after SIGTERM, how long the worker may take to checkpoint and exit
+    on_end: Callable[[], None] = lambda: None  # it finished or failed: not restarted
     state: str = "starting"
     restarts: int = 0
-    worker_address: str = ""
-    worker_fingerprint: str = ""
+    address: str = ""
+    fingerprint: str = ""
     progress: control_pb2.Progress = field(default_factory=empty_progress)
     stop_requested: bool = False  # drain: the worker leaves after its current round
     standby: Standby | None = None  # a spare process to start the worker in ([worker] standby)
@@ -84,42 +89,39 @@ class LocalJob:
     def pid(self) -> int:
         return self._process.pid if self._process and self._process.returncode is None else 0
 
+    @property
+    def device(self) -> str:
+        return self.launch.device
+
     def start(self) -> None:
-        self._task = asyncio.create_task(self._supervise(), name=f"job:{self.spec.name}")
+        self._task = asyncio.create_task(self._supervise(), name=f"job:{self.job}:{self.member}")
 
     async def _supervise(self) -> None:
         delay = self.backoff_s
         while not self._stopping:
-            self.state, self.worker_address = "starting", ""
+            self.state, self.address = "starting", ""
             code = await self._run_once()
-            self.worker_address = ""
+            self.address = ""
             if self._stopping or self.stop_requested:
                 self.state = "stopped"
                 return
             if code == EXIT_FINISHED:
                 self.state = "finished"
-                self._mark_ended()
-                log.info("job %s finished: test accuracy %.4f", self.spec.name, self.progress.test_accuracy)
+                log.info("job %s: worker %s finished: test accuracy %.4f", self.job, self.member,
+                         self.progress.test_accuracy)
+                self.on_end()
                 return
             if code == EXIT_CONFIG:
                 self.state = "failed"
-                self._mark_ended()
-                log.error("job %s cannot run (see %s); not restarting", self.spec.name, self.launch.log_path)
+                log.error("job %s cannot run (see %s); not restarting", self.job, self.launch.log_path)
+                self.on_end()
                 return
             self.restarts += 1
             self.state = "restarting"
-            log.warning("worker of %s exited with %s; restart %d in %.1fs",
-                        self.spec.name, code, self.restarts, delay)
+            log.warning("worker %s of %s exited with %s; restart %d in %.1fs",
+                        self.member, self.job, code, self.restarts, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, self.backoff_max_s)
-
-    @property
-    def job_dir(self) -> Path:
-        return self.launch.spec_path.parent
-
-    def _mark_ended(self) -> None:
-        # A daemon restarted later resumes only jobs that neither ended nor were left.
-        (self.job_dir / ENDED).write_text(self.state + "\n")
 
     async def _run_once(self) -> int:
         self.launch.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -134,13 +136,14 @@ class LocalJob:
                     stderr=asyncio.subprocess.STDOUT, preexec_fn=die_with_parent, start_new_session=True,
                     limit=RELAY_LINE_LIMIT,
                 )
-            log.info("job %s: worker pid %d started (%s)", self.spec.name, self._process.pid, how)
+            log.info("job %s: worker %s pid %d started on %s (%s)", self.job, self.member, self._process.pid,
+                     self.device, how)
             await _relay(self._process.stdout, out)
             return await self._process.wait()
 
     def on_heartbeat(self, report: control_pb2.WorkerReport) -> None:
-        self.worker_address = report.address
-        self.worker_fingerprint = report.fingerprint
+        self.address = report.address
+        self.fingerprint = report.fingerprint
         self.progress = report.progress
         if self.state == "starting" and report.address:
             self.state = "running"
@@ -153,7 +156,8 @@ class LocalJob:
                 await asyncio.wait_for(asyncio.shield(self._task), DRAIN_TIMEOUT_S)
                 return
             except TimeoutError:
-                log.warning("job %s did not drain in %.0fs; stopping it", self.spec.name, DRAIN_TIMEOUT_S)
+                log.warning("job %s: worker %s did not drain in %.0fs; stopping it", self.job, self.member,
+                            DRAIN_TIMEOUT_S)
         self._stopping = True
         await self._terminate()
         if self._task is not None:
@@ -173,6 +177,59 @@ class LocalJob:
             log.warning("worker pid %d ignored SIGTERM; killing it", process.pid)
             process.kill()
             await process.wait()
+
+
+@dataclass
+class LocalJob:
+    """A job on this daemon: one worker per configured device, each its own member of the job."""
+
+    spec: JobSpec
+    job_dir: Path
+    workers: list[WorkerProcess]
+
+    @classmethod
+    def create(cls, spec: JobSpec, job_dir: Path, launches: list[WorkerLaunch], backoff_s: float,
+               backoff_max_s: float, stop_grace_s: float = STOP_GRACE_S,
+               standby: Standby | None = None) -> LocalJob:
+        job = cls(spec, job_dir, [])
+        job.workers = [WorkerProcess(spec.name, launch.peer_id, launch, backoff_s, backoff_max_s, stop_grace_s,
+                                     on_end=job._worker_ended, standby=standby) for launch in launches]
+        return job
+
+    @property
+    def state(self) -> str:
+        """The job's state here: active while any worker is; else failed if one
+        failed, finished if all finished, stopped otherwise."""
+        states = {w.state for w in self.workers}
+        for active in ("running", "restarting", "starting"):
+            if active in states:
+                return active
+        if "failed" in states:
+            return "failed"
+        return "finished" if states == {"finished"} else "stopped"
+
+    @property
+    def first(self) -> WorkerProcess:
+        return self.workers[0]
+
+    def worker(self, member: str) -> WorkerProcess | None:
+        """The worker with that id; "" (an older worker): the first."""
+        if not member:
+            return self.first
+        return next((w for w in self.workers if w.member == member), None)
+
+    def start(self) -> None:
+        for w in self.workers:
+            w.start()
+
+    def _worker_ended(self) -> None:
+        # A daemon restarted later resumes only jobs that neither ended nor were left.
+        if all(w.state in ("finished", "failed") for w in self.workers):
+            (self.job_dir / ENDED).write_text(self.state + "\n")
+
+    async def stop(self, drain: bool) -> None:
+        """Stop (or drain) every worker of the job, together."""
+        await asyncio.gather(*(w.stop(drain) for w in self.workers))
 
 
 async def _relay(stream: asyncio.StreamReader, out) -> None:

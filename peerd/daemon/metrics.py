@@ -86,11 +86,13 @@ class DaemonCollector:
 
     def _jobs(self, jobs) -> Iterator[Metric]:
         d = self._daemon
-        labels = ["job"]
+        # A daemon with several workers per job labels their series by worker (member id) too.
+        several = len(d.devices) > 1
+        labels = ["job", "worker"] if several else ["job"]
         state = GaugeMetricFamily("peerd_job_state", "1 for the job's current state on this peer.",
                                   labels=["job", "state"])
-        members = GaugeMetricFamily("peerd_membership_size", "Workers of the job this daemon knows, itself included.",
-                                    labels=labels)
+        members = GaugeMetricFamily("peerd_membership_size", "Workers of the job this daemon knows, its own included.",
+                                    labels=["job"])
         restarts = CounterMetricFamily("peerd_worker_restarts", "Times the job's worker was restarted.",
                                        labels=labels)
         counters = {name: CounterMetricFamily(name, text, labels=labels) for name, text, _ in _COUNTERS}
@@ -98,20 +100,21 @@ class DaemonCollector:
         exchange = HistogramMetricFamily("peerd_exchange_seconds", "Wall time of a gossip round's exchange.",
                                          labels=labels)
         rejected = CounterMetricFamily("peerd_rejected_messages", "Data-plane messages refused, by reason.",
-                                       labels=["job", "reason"])
+                                       labels=[*labels, "reason"])
         for name, job in jobs:
-            p = job.progress
             state.add_metric([name, job.state], 1)
-            members.add_metric([name], len(d.membership.job_view(name, job.spec.fingerprint)) + 1)
-            restarts.add_metric([name], job.restarts)
-            for metric, _, field in _COUNTERS:
-                counters[metric].add_metric([name], getattr(p, field))
-            for metric, _, field in _GAUGES:
-                gauges[metric].add_metric([name], float(getattr(p, field)))
-            exchange.add_metric([name], _buckets(p), sum_value=p.exchange_sum_s)
-            if _HAS_REJECTED:
-                for reason, count in sorted(p.rejected.items()):
-                    rejected.add_metric([name, reason], count)
+            members.add_metric([name], len(d.membership.job_view(name, job.spec.fingerprint)) + len(job.workers))
+            for worker in job.workers:
+                p, key = worker.progress, [name, worker.member] if several else [name]
+                restarts.add_metric(key, worker.restarts)
+                for metric, _, field in _COUNTERS:
+                    counters[metric].add_metric(key, getattr(p, field))
+                for metric, _, field in _GAUGES:
+                    gauges[metric].add_metric(key, float(getattr(p, field)))
+                exchange.add_metric(key, _buckets(p), sum_value=p.exchange_sum_s)
+                if _HAS_REJECTED:
+                    for reason, count in sorted(p.rejected.items()):
+                        rejected.add_metric([*key, reason], count)
         yield state
         yield members
         yield restarts

@@ -19,10 +19,12 @@ log = logging.getLogger("peerd.worker")
 
 
 class SupervisorLink:
-    def __init__(self, control_address: str, job: str, fingerprint: str, orphan_after_s: float = 15.0) -> None:
+    def __init__(self, control_address: str, job: str, fingerprint: str, orphan_after_s: float = 15.0,
+                 member: str = "") -> None:
         self._channel = grpc.aio.insecure_channel(control_address)
         self._stub = control_pb2_grpc.SupervisorStub(self._channel)
         self._job = job
+        self._member = member  # this worker's id in the job: which of the daemon's workers reports
         self._fingerprint = fingerprint
         self._orphan_after_s = orphan_after_s
         self._last_ok = time.monotonic()
@@ -30,6 +32,7 @@ class SupervisorLink:
         self.progress = empty_progress()
         self.view: dict[str, str] = {}  # serving workers: peer id -> exchange address
         self.localities: dict[str, str] = {}  # peer id -> its rack/subnet label
+        self.daemons: dict[str, str] = {}  # peer id -> its daemon's peer id (several workers may share one)
         self.members: list[str] = []  # every peer in the job, for the data split
         self.speeds: dict[str, float] = {}  # the other members' published speeds (DBS)
         self.stop = False
@@ -42,7 +45,7 @@ class SupervisorLink:
     async def beat(self) -> bool:
         report = control_pb2.WorkerReport(
             job=self._job, pid=_pid(), address=self.address, fingerprint=self._fingerprint,
-            progress=self.progress,
+            progress=self.progress, member=self._member,
         )
         try:
             reply = await self._stub.Heartbeat(report, timeout=5.0)
@@ -52,6 +55,7 @@ class SupervisorLink:
         self._last_ok = time.monotonic()
         self.view = {p.peer_id: p.address for p in reply.peers}
         self.localities = {p.peer_id: p.locality for p in reply.peers}
+        self.daemons = {p.peer_id: p.daemon or p.peer_id for p in reply.peers}
         self.members = list(reply.members)
         self.speeds = {s.peer_id: s.samples_per_s for s in reply.speeds}
         self.stop = self.stop or reply.stop

@@ -57,6 +57,7 @@ EXIT_LEFT = 3  # left on the operator's request (drain)
 EXIT_STOPPED = 143  # stopped by a signal
 EXIT_CONFIG = 2  # the job cannot load here: restarting would not help
 CATCH_UP_ROUNDS = 10
+GROUP_LOG_ROUNDS = 100
 SETTLE_WAIT_S = 30.0  # longest wait for a freshly started daemon to hear from its peers  # further behind than this, take a partner's state instead of stepping up
 
 
@@ -112,6 +113,7 @@ class Worker:
         self.phase = "joining"
         self.round = 0
         self.misses = 0
+        self._group_logged: tuple[tuple[str, ...], frozenset[str], int] = ((), frozenset(), 0)
         self.accuracy = math.nan
         self.rebalancer = Rebalancer(spec.global_batch, spec.min_local_batch, spec.rebalance_rounds,
                                      spec.rebalance_threshold) if spec.global_batch else None
@@ -237,6 +239,14 @@ class Worker:
         log.info("finished: %d steps, %d rounds, test accuracy %.4f; model saved to %s",
                  self.trainer.step_count, self.round, self.accuracy, path)
 
+    def _log_group(self, group: tuple[str, ...], groups: int, view: frozenset[str]) -> None:
+        """Hierarchical mode: say which group this worker is in when the view
+        changes (a group re-cut every round is logged every 100 rounds)."""
+        last, last_view, last_round = self._group_logged
+        if view != last_view or (group != last and self.round - last_round >= GROUP_LOG_ROUNDS):
+            self._group_logged = (group, view, self.round)
+            log.info("round %d: in group %s of %d (%d in view)", self.round, ", ".join(group), groups, len(view))
+
     def _plan(self, members: list[str]) -> BatchPlan | None:
         """DBS: the batch plan for this round from the members' published speeds
         (this worker's own is fresher here than the one its daemon relays)."""
@@ -281,9 +291,12 @@ class Worker:
         if vector is not self.trainer.flat.vector:
             vector.copy_(self.trainer.flat.vector)
         if self.spec.gossip.mode == "hierarchical":
-            localities = {p: (self.link.localities.get(p, ""), _host(view[p])) for p in peers}
+            # Paths are outermost first (label, host, daemon): a daemon's workers group first.
+            localities = {p: (self.link.localities.get(p, ""), _host(view[p]), self.link.daemons.get(p, p))
+                          for p in peers}
             plan = plan_hierarchical(self.spec.name, self.round, localities, self.me, len(self.layout),
                                      self.spec.gossip.group_size)
+            self._log_group(plan.group, len(plan.groups), frozenset(peers))
             # Three transfers one after another: the floor holds for each of them.
             deadline = max(deadline, 3 * self.spec.gossip.deadline_floor_s)
             result = await hierarchical_round(plan, self.me, view, vector, self.recv, self.layout,
@@ -420,7 +433,7 @@ async def amain(args: argparse.Namespace) -> int:
     security = load_security(args)
     torch.set_num_threads(args.threads)
     trainer = Trainer(spec, args.peer_id, args.spec_dir, args.slowdown, args.device)
-    link = SupervisorLink(args.control, spec.name, trainer.flat.fingerprint(spec.fingerprint))
+    link = SupervisorLink(args.control, spec.name, trainer.flat.fingerprint(spec.fingerprint), member=args.peer_id)
     worker = Worker(spec, trainer, link, args.host, args.out_dir, security)
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()

@@ -74,28 +74,32 @@ class Progress(_message.Message):
     def __init__(self, step: _Optional[int] = ..., round: _Optional[int] = ..., epoch: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., partners_reached: _Optional[int] = ..., partners_planned: _Optional[int] = ..., test_accuracy: _Optional[float] = ..., disagreement: _Optional[float] = ..., samples: _Optional[int] = ..., segment_misses: _Optional[int] = ..., finished: _Optional[bool] = ..., exchange_s: _Optional[float] = ..., lr: _Optional[float] = ..., phase: _Optional[str] = ..., global_batch: _Optional[int] = ..., rejected: _Optional[_Mapping[str, int]] = ..., local_batch: _Optional[int] = ..., share: _Optional[float] = ..., compute_s: _Optional[float] = ..., rounds_done: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., exchange_buckets: _Optional[_Iterable[int]] = ..., exchange_sum_s: _Optional[float] = ..., exchange_count: _Optional[int] = ..., checkpoint_round: _Optional[int] = ..., checkpoints_written: _Optional[int] = ...) -> None: ...
 
 class WorkerReport(_message.Message):
-    __slots__ = ("job", "pid", "address", "fingerprint", "progress")
+    __slots__ = ("job", "pid", "address", "fingerprint", "progress", "member")
     JOB_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_FIELD_NUMBER: _ClassVar[int]
     job: str
     pid: int
     address: str
     fingerprint: str
     progress: Progress
-    def __init__(self, job: _Optional[str] = ..., pid: _Optional[int] = ..., address: _Optional[str] = ..., fingerprint: _Optional[str] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ...) -> None: ...
+    member: str
+    def __init__(self, job: _Optional[str] = ..., pid: _Optional[int] = ..., address: _Optional[str] = ..., fingerprint: _Optional[str] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., member: _Optional[str] = ...) -> None: ...
 
 class PeerEndpoint(_message.Message):
-    __slots__ = ("peer_id", "address", "locality")
+    __slots__ = ("peer_id", "address", "locality", "daemon")
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     LOCALITY_FIELD_NUMBER: _ClassVar[int]
+    DAEMON_FIELD_NUMBER: _ClassVar[int]
     peer_id: str
     address: str
     locality: str
-    def __init__(self, peer_id: _Optional[str] = ..., address: _Optional[str] = ..., locality: _Optional[str] = ...) -> None: ...
+    daemon: str
+    def __init__(self, peer_id: _Optional[str] = ..., address: _Optional[str] = ..., locality: _Optional[str] = ..., daemon: _Optional[str] = ...) -> None: ...
 
 class WorkerView(_message.Message):
     __slots__ = ("peers", "stop", "members", "settled", "speeds")
@@ -124,7 +128,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class LocalJob(_message.Message):
-    __slots__ = ("name", "state", "spec_fingerprint", "worker_pid", "restarts", "view_size", "progress", "log_path")
+    __slots__ = ("name", "state", "spec_fingerprint", "worker_pid", "restarts", "view_size", "progress", "log_path", "workers")
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     SPEC_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -133,6 +137,7 @@ class LocalJob(_message.Message):
     VIEW_SIZE_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     LOG_PATH_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
     name: str
     state: str
     spec_fingerprint: str
@@ -141,7 +146,28 @@ class LocalJob(_message.Message):
     view_size: int
     progress: Progress
     log_path: str
-    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., spec_fingerprint: _Optional[str] = ..., worker_pid: _Optional[int] = ..., restarts: _Optional[int] = ..., view_size: _Optional[int] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., log_path: _Optional[str] = ...) -> None: ...
+    workers: _containers.RepeatedCompositeFieldContainer[LocalWorker]
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., spec_fingerprint: _Optional[str] = ..., worker_pid: _Optional[int] = ..., restarts: _Optional[int] = ..., view_size: _Optional[int] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., log_path: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[LocalWorker, _Mapping]]] = ...) -> None: ...
+
+class LocalWorker(_message.Message):
+    __slots__ = ("member", "device", "state", "pid", "restarts", "progress", "log_path", "address")
+    MEMBER_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    LOG_PATH_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    member: str
+    device: str
+    state: str
+    pid: int
+    restarts: int
+    progress: Progress
+    log_path: str
+    address: str
+    def __init__(self, member: _Optional[str] = ..., device: _Optional[str] = ..., state: _Optional[str] = ..., pid: _Optional[int] = ..., restarts: _Optional[int] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., log_path: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
 
 class StatusReply(_message.Message):
     __slots__ = ("peer_id", "version", "uptime_s", "peer_address", "locality", "peers_known", "jobs")
@@ -186,7 +212,7 @@ class PeerInfo(_message.Message):
     def __init__(self, peer_id: _Optional[str] = ..., address: _Optional[str] = ..., locality: _Optional[str] = ..., version: _Optional[str] = ..., jobs: _Optional[_Iterable[str]] = ..., last_seen_s: _Optional[float] = ..., state: _Optional[str] = ..., job_states: _Optional[_Iterable[_Union[PeerJob, _Mapping]]] = ...) -> None: ...
 
 class PeerJob(_message.Message):
-    __slots__ = ("name", "state", "phase", "round", "lr", "global_batch", "samples_per_s", "local_batch", "share")
+    __slots__ = ("name", "state", "phase", "round", "lr", "global_batch", "samples_per_s", "local_batch", "share", "member", "device")
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
@@ -196,6 +222,8 @@ class PeerJob(_message.Message):
     SAMPLES_PER_S_FIELD_NUMBER: _ClassVar[int]
     LOCAL_BATCH_FIELD_NUMBER: _ClassVar[int]
     SHARE_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
     name: str
     state: str
     phase: str
@@ -205,7 +233,9 @@ class PeerJob(_message.Message):
     samples_per_s: float
     local_batch: int
     share: float
-    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., phase: _Optional[str] = ..., round: _Optional[int] = ..., lr: _Optional[float] = ..., global_batch: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., local_batch: _Optional[int] = ..., share: _Optional[float] = ...) -> None: ...
+    member: str
+    device: str
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., phase: _Optional[str] = ..., round: _Optional[int] = ..., lr: _Optional[float] = ..., global_batch: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., local_batch: _Optional[int] = ..., share: _Optional[float] = ..., member: _Optional[str] = ..., device: _Optional[str] = ...) -> None: ...
 
 class ListPeersReply(_message.Message):
     __slots__ = ("peers",)
