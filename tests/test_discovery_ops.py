@@ -180,3 +180,32 @@ async def test_systemd_hears_ready_status_and_stopping_in_order(tmp_path, monkey
     assert ready < stopping
     assert "STATUS=serving as alpha" in messages[ready]
     assert any("STATUS=serving as alpha" in m and "0 peers; jobs: none" in m for m in messages[ready:stopping])
+
+
+async def test_a_worker_that_starts_or_stops_serving_reaches_the_others_before_the_interval(daemons, tmp_path):
+    """Hello is pull-based: the others learn a daemon's jobs when they ask it.
+    When one of its workers starts or stops serving (a join, a drained leave),
+    the daemon Hellos everyone at once with `changed`, and they ask it back
+    at once. With a 60 s interval, the others can only have learnt it that way."""
+    from peerd.daemon.jobs import LocalJob, WorkerLaunch
+    from peerd.jobspec import parse_job
+    from peerd.proto.v1 import control_pb2
+
+    from conftest import example_job
+
+    slow = dict(zeroconf=False, hello_interval_s=60.0, peer_timeout_s=130.0)
+    b = await daemons("beta", **slow)
+    a = await daemons("alpha", seeds=(b.peer_address,), **slow)
+    await until(lambda: "alpha" in b._addresses)  # from a's first Hello; b asks a again in 60 s
+    spec = parse_job(example_job(job={"name": "pushed"}), "test")
+    launch = WorkerLaunch("unix:/nowhere", "alpha", "127.0.0.1", 1, tmp_path / "job.toml", "", tmp_path / "w.log")
+    a.jobs[spec.name] = LocalJob.create(spec, tmp_path, [launch], 1.0, 1.0)  # supervised by nobody: reports only
+
+    def report(address: str) -> None:
+        a.worker_heartbeat(control_pb2.WorkerReport(job=spec.name, pid=1, address=address, fingerprint="f"))
+
+    report("127.0.0.1:9")
+    await until(lambda: b.membership.job_view(spec.name, spec.fingerprint) == [("alpha", "127.0.0.1:9")])
+    report("")  # leaving: no longer serving
+    await until(lambda: b.membership.job_view(spec.name, spec.fingerprint) == [])
+    assert b.membership.job_members(spec.name, spec.fingerprint) == ["alpha"]  # still a member, not serving

@@ -67,6 +67,9 @@ class Daemon:
         self.started = time.monotonic()
         self.membership = Membership(self.peer_id, config.peer_timeout_s)
         self.standby = Standby() if config.worker_standby else None
+        self._hello_now = asyncio.Event()  # Hello the others before the interval is up
+        self._changed = False  # ... and ask them to Hello back: a worker started or stopped serving
+        self._pulling: set[str] = set()  # peers asked out of turn, until they answer
         # One worker per device for every job; `[worker] devices = "auto"` counts the GPUs once, here.
         self.devices = worker_devices(config.worker_devices, 0 if config.worker_devices else local_gpus())
         self.members = member_ids(self.peer_id, len(self.devices))
@@ -222,13 +225,18 @@ class Daemon:
                 await self._hello_all()
             except Exception:  # one bad round must not stop discovery for good
                 log.exception("hello round failed")
-            await asyncio.sleep(self.config.hello_interval_s)
+            try:  # every interval, or at once when a worker starts or stops serving
+                await asyncio.wait_for(self._hello_now.wait(), self.config.hello_interval_s)
+            except TimeoutError:
+                pass
+            self._hello_now.clear()
 
     async def _hello_all(self) -> None:
         known = set(self._addresses.values())
         seeds = [a for a in self.config.seeds if a not in known and a != self.peer_address]
-        await asyncio.gather(*(self._hello(p, a) for p, a in list(self._addresses.items())),
-                             *(self._hello("", a) for a in seeds))
+        changed, self._changed = self._changed, False
+        await asyncio.gather(*(self._hello(p, a, changed) for p, a in list(self._addresses.items())),
+                             *(self._hello("", a, changed) for a in seeds))
         now = time.monotonic()
         for peer_id in self.membership.expire(now):
             log.warning("peer %s timed out", peer_id)
@@ -252,10 +260,24 @@ class Daemon:
             channel = self._channels[address] = self._peers.channel(address)
         return channel
 
-    async def _hello(self, peer_id: str, address: str) -> None:
+    def pull_soon(self, peer_id: str) -> None:
+        """A peer says its workers changed: ask it now rather than at the next
+        interval (one ask in flight per peer), so a leave or a join reaches the
+        other workers' views within a Hello round trip."""
+        address = self._addresses.get(peer_id)
+        if address is None or peer_id in self._pulling:
+            return
+        self._pulling.add(peer_id)
+        task = asyncio.create_task(self._hello(peer_id, address))
+        task.add_done_callback(lambda _: self._pulling.discard(peer_id))
+        self._closing.add(task)  # awaited on shutdown like a channel close
+        task.add_done_callback(self._closing.discard)
+
+    async def _hello(self, peer_id: str, address: str, changed: bool = False) -> None:
         try:
             reply = await self._peers.call(
-                self._channel(address), HELLO, hello_request(self.peer_id, self.peer_address, self.config.realm),
+                self._channel(address), HELLO,
+                hello_request(self.peer_id, self.peer_address, self.config.realm, changed),
                 peer_pb2.HelloReply, HELLO_TIMEOUT_S)
         except PeerdError as exc:
             log.debug("hello to %s at %s failed: %s", peer_id, address, exc)
@@ -419,7 +441,11 @@ class Daemon:
         worker = job.worker(report.member)
         if worker is None:
             raise UnknownJob(f"this peer runs no worker {report.member!r} of job {report.job!r}")
+        serving = worker.address
         worker.on_heartbeat(report)
+        if worker.address != serving:  # joined or leaving: the others should know now, not in a second
+            self._changed = True
+            self._hello_now.set()
         name, fingerprint = job.spec.name, job.spec.fingerprint
         peers = [control_pb2.PeerEndpoint(peer_id=w.member, address=w.address, locality=w.locality, daemon=w.daemon)
                  for w in self.membership.job_workers(name, fingerprint)]

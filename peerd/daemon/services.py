@@ -92,6 +92,8 @@ class PeerServicer:
                 await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, "bad_request",
                                    "Hello needs a peer_id of 1-63 letters, digits or '-' and an IP:port address")
             self._daemon.learn_address(request.peer_id, request.address, via="hello")
+            if request.changed:
+                self._daemon.pull_soon(request.peer_id)
         return self._answer(context, reply, self._daemon.hello_reply())
 
     async def GetJobSpec(self, raw: bytes, context) -> bytes:
@@ -213,5 +215,6 @@ class SupervisorServicer(control_pb2_grpc.SupervisorServicer):
             await _abort(context, exc)
 
 
-def hello_request(peer_id: str, address: str, realm: str) -> peer_pb2.HelloRequest:
-    return peer_pb2.HelloRequest(peer_id=peer_id, address=address, version=__version__, realm=realm)
+def hello_request(peer_id: str, address: str, realm: str, changed: bool = False) -> peer_pb2.HelloRequest:
+    return peer_pb2.HelloRequest(peer_id=peer_id, address=address, version=__version__, realm=realm,
+                                 changed=changed)

@@ -207,6 +207,7 @@ class Worker:
                 self.phase = "draining"
                 why = "the operator asked" if self.link.stop else "stopped by signal"
                 log.info("leaving at round %d: %s", self.round, why)
+                await self._announce_leave()
                 await self.checkpoint(why)
                 return
             if self.link.orphaned:
@@ -257,6 +258,15 @@ class Worker:
             log.info("round %d: batches %s (global %d)", self.round,
                      " ".join(f"{p}={b}" for p, b in self.rebalancer.plan.batches), self.rebalancer.plan.total)
         return self.rebalancer.plan
+
+    async def _announce_leave(self) -> None:
+        """Leave after this round: partners asking for a later one are told at
+        once (not after their deadline), and the daemon's next Hello, sent at once,
+        no longer lists this worker, so the others plan the next round without it."""
+        await self.store.finish()
+        await self.stages.finish()
+        self.link.address = ""
+        await self.link.beat()
 
     async def _publish(self) -> torch.Tensor | None:
         """Publish the model as this round's snapshot. On the CPU its vector itself

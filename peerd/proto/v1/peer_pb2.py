@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19peerd/proto/v1/peer.proto\x12\x08peerd.v1\"\x1e\n\x0eJobSpecRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"I\n\x0cJobSpecReply\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tspec_toml\x18\x02 \x01(\t\x12\x18\n\x10spec_fingerprint\x18\x03 \x01(\t\"P\n\x0cHelloRequest\x12\x0f\n\x07peer_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\r\n\x05realm\x18\x04 \x01(\t\"\xf1\x01\n\x05JobAd\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x18\n\x10spec_fingerprint\x18\x02 \x01(\t\x12\x16\n\x0eworker_address\x18\x03 \x01(\t\x12\r\n\x05round\x18\x04 \x01(\x04\x12\r\n\x05state\x18\x05 \x01(\t\x12\r\n\x05phase\x18\x06 \x01(\t\x12\n\n\x02lr\x18\x07 \x01(\x01\x12\x14\n\x0cglobal_batch\x18\x08 \x01(\r\x12\x15\n\rsamples_per_s\x18\t \x01(\x01\x12\x13\n\x0blocal_batch\x18\n \x01(\r\x12\r\n\x05share\x18\x0b \x01(\x01\x12\x0e\n\x06member\x18\x0c \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\r \x01(\t\"\x92\x01\n\nHelloReply\x12\x0f\n\x07peer_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x10\n\x08locality\x18\x03 \x01(\t\x12\x1d\n\x04jobs\x18\x04 \x03(\x0b\x32\x0f.peerd.v1.JobAd\x12\r\n\x05realm\x18\x05 \x01(\t\x12\"\n\x05known\x18( \x03(\x0b\x32\x13.peerd.v1.KnownPeer\"-\n\tKnownPeer\x12\x0f\n\x07peer_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"0\n\x0cLanesRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\"\x1f\n\nLanesReply\x12\x11\n\tbulk_port\x18\x01 \x01(\r\"\x82\x01\n\x0eSegmentRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\r\n\x05round\x18\x03 \x01(\x04\x12\x0f\n\x07segment\x18\x04 \x01(\r\x12\x0f\n\x07peer_id\x18\x05 \x01(\t\x12\x0e\n\x06wait_s\x18\x06 \x01(\x02\x12\r\n\x05stage\x18\x07 \x01(\r\"[\n\x0cSegmentChunk\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0f\n\x07segment\x18\x02 \x01(\r\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\r\n\x05total\x18\x04 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\"q\n\x0cStateRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\x0f\n\x07peer_id\x18\x03 \x01(\t\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x0e\n\x06length\x18\x05 \x01(\x04\x12\x0e\n\x06wait_s\x18\x06 \x01(\x02\"\x88\x01\n\nStateChunk\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\r\n\x05total\x18\x04 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\x12\x10\n\x08progress\x18\x06 \x01(\x01\x12\x0e\n\x06sha256\x18\x07 \x01(\x0c\x12\x0e\n\x06params\x18\x08 \x01(\x04\x32}\n\x04Peer\x12\x35\n\x05Hello\x12\x16.peerd.v1.HelloRequest\x1a\x14.peerd.v1.HelloReply\x12>\n\nGetJobSpec\x12\x18.peerd.v1.JobSpecRequest\x1a\x16.peerd.v1.JobSpecReply2\xc3\x01\n\x08\x45xchange\x12\x42\n\x0c\x46\x65tchSegment\x12\x18.peerd.v1.SegmentRequest\x1a\x16.peerd.v1.SegmentChunk0\x01\x12<\n\nFetchState\x12\x16.peerd.v1.StateRequest\x1a\x14.peerd.v1.StateChunk0\x01\x12\x35\n\x05Lanes\x12\x16.peerd.v1.LanesRequest\x1a\x14.peerd.v1.LanesReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19peerd/proto/v1/peer.proto\x12\x08peerd.v1\"\x1e\n\x0eJobSpecRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"I\n\x0cJobSpecReply\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tspec_toml\x18\x02 \x01(\t\x12\x18\n\x10spec_fingerprint\x18\x03 \x01(\t\"a\n\x0cHelloRequest\x12\x0f\n\x07peer_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\r\n\x05realm\x18\x04 \x01(\t\x12\x0f\n\x07\x63hanged\x18\x05 \x01(\x08\"\xf1\x01\n\x05JobAd\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x18\n\x10spec_fingerprint\x18\x02 \x01(\t\x12\x16\n\x0eworker_address\x18\x03 \x01(\t\x12\r\n\x05round\x18\x04 \x01(\x04\x12\r\n\x05state\x18\x05 \x01(\t\x12\r\n\x05phase\x18\x06 \x01(\t\x12\n\n\x02lr\x18\x07 \x01(\x01\x12\x14\n\x0cglobal_batch\x18\x08 \x01(\r\x12\x15\n\rsamples_per_s\x18\t \x01(\x01\x12\x13\n\x0blocal_batch\x18\n \x01(\r\x12\r\n\x05share\x18\x0b \x01(\x01\x12\x0e\n\x06member\x18\x0c \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\r \x01(\t\"\x92\x01\n\nHelloReply\x12\x0f\n\x07peer_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x10\n\x08locality\x18\x03 \x01(\t\x12\x1d\n\x04jobs\x18\x04 \x03(\x0b\x32\x0f.peerd.v1.JobAd\x12\r\n\x05realm\x18\x05 \x01(\t\x12\"\n\x05known\x18( \x03(\x0b\x32\x13.peerd.v1.KnownPeer\"-\n\tKnownPeer\x12\x0f\n\x07peer_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"0\n\x0cLanesRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\"\x1f\n\nLanesReply\x12\x11\n\tbulk_port\x18\x01 \x01(\r\"\x82\x01\n\x0eSegmentRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\r\n\x05round\x18\x03 \x01(\x04\x12\x0f\n\x07segment\x18\x04 \x01(\r\x12\x0f\n\x07peer_id\x18\x05 \x01(\t\x12\x0e\n\x06wait_s\x18\x06 \x01(\x02\x12\r\n\x05stage\x18\x07 \x01(\r\"[\n\x0cSegmentChunk\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0f\n\x07segment\x18\x02 \x01(\r\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\r\n\x05total\x18\x04 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\"q\n\x0cStateRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\x0f\n\x07peer_id\x18\x03 \x01(\t\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x0e\n\x06length\x18\x05 \x01(\x04\x12\x0e\n\x06wait_s\x18\x06 \x01(\x02\"\x88\x01\n\nStateChunk\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\r\n\x05total\x18\x04 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\x12\x10\n\x08progress\x18\x06 \x01(\x01\x12\x0e\n\x06sha256\x18\x07 \x01(\x0c\x12\x0e\n\x06params\x18\x08 \x01(\x04\x32}\n\x04Peer\x12\x35\n\x05Hello\x12\x16.peerd.v1.HelloRequest\x1a\x14.peerd.v1.HelloReply\x12>\n\nGetJobSpec\x12\x18.peerd.v1.JobSpecRequest\x1a\x16.peerd.v1.JobSpecReply2\xc3\x01\n\x08\x45xchange\x12\x42\n\x0c\x46\x65tchSegment\x12\x18.peerd.v1.SegmentRequest\x1a\x16.peerd.v1.SegmentChunk0\x01\x12<\n\nFetchState\x12\x16.peerd.v1.StateRequest\x1a\x14.peerd.v1.StateChunk0\x01\x12\x35\n\x05Lanes\x12\x16.peerd.v1.LanesRequest\x1a\x14.peerd.v1.LanesReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,27 +36,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_JOBSPECREPLY']._serialized_start=71
   _globals['_JOBSPECREPLY']._serialized_end=144
   _globals['_HELLOREQUEST']._serialized_start=146
-  _globals['_HELLOREQUEST']._serialized_end=226
-  _globals['_JOBAD']._serialized_start=229
-  _globals['_JOBAD']._serialized_end=470
-  _globals['_HELLOREPLY']._serialized_start=473
-  _globals['_HELLOREPLY']._serialized_end=619
-  _globals['_KNOWNPEER']._serialized_start=621
-  _globals['_KNOWNPEER']._serialized_end=666
-  _globals['_LANESREQUEST']._serialized_start=668
-  _globals['_LANESREQUEST']._serialized_end=716
-  _globals['_LANESREPLY']._serialized_start=718
-  _globals['_LANESREPLY']._serialized_end=749
-  _globals['_SEGMENTREQUEST']._serialized_start=752
-  _globals['_SEGMENTREQUEST']._serialized_end=882
-  _globals['_SEGMENTCHUNK']._serialized_start=884
-  _globals['_SEGMENTCHUNK']._serialized_end=975
-  _globals['_STATEREQUEST']._serialized_start=977
-  _globals['_STATEREQUEST']._serialized_end=1090
-  _globals['_STATECHUNK']._serialized_start=1093
-  _globals['_STATECHUNK']._serialized_end=1229
-  _globals['_PEER']._serialized_start=1231
-  _globals['_PEER']._serialized_end=1356
-  _globals['_EXCHANGE']._serialized_start=1359
-  _globals['_EXCHANGE']._serialized_end=1554
+  _globals['_HELLOREQUEST']._serialized_end=243
+  _globals['_JOBAD']._serialized_start=246
+  _globals['_JOBAD']._serialized_end=487
+  _globals['_HELLOREPLY']._serialized_start=490
+  _globals['_HELLOREPLY']._serialized_end=636
+  _globals['_KNOWNPEER']._serialized_start=638
+  _globals['_KNOWNPEER']._serialized_end=683
+  _globals['_LANESREQUEST']._serialized_start=685
+  _globals['_LANESREQUEST']._serialized_end=733
+  _globals['_LANESREPLY']._serialized_start=735
+  _globals['_LANESREPLY']._serialized_end=766
+  _globals['_SEGMENTREQUEST']._serialized_start=769
+  _globals['_SEGMENTREQUEST']._serialized_end=899
+  _globals['_SEGMENTCHUNK']._serialized_start=901
+  _globals['_SEGMENTCHUNK']._serialized_end=992
+  _globals['_STATEREQUEST']._serialized_start=994
+  _globals['_STATEREQUEST']._serialized_end=1107
+  _globals['_STATECHUNK']._serialized_start=1110
+  _globals['_STATECHUNK']._serialized_end=1246
+  _globals['_PEER']._serialized_start=1248
+  _globals['_PEER']._serialized_end=1373
+  _globals['_EXCHANGE']._serialized_start=1376
+  _globals['_EXCHANGE']._serialized_end=1571
 # @@protoc_insertion_point(module_scope)

@@ -23,16 +23,18 @@ class JobSpecReply(_message.Message):
     def __init__(self, name: _Optional[str] = ..., spec_toml: _Optional[str] = ..., spec_fingerprint: _Optional[str] = ...) -> None: ...
 
 class HelloRequest(_message.Message):
-    __slots__ = ("peer_id", "address", "version", "realm")
+    __slots__ = ("peer_id", "address", "version", "realm", "changed")
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     REALM_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
     peer_id: str
     address: str
     version: str
     realm: str
-    def __init__(self, peer_id: _Optional[str] = ..., address: _Optional[str] = ..., version: _Optional[str] = ..., realm: _Optional[str] = ...) -> None: ...
+    changed: bool
+    def __init__(self, peer_id: _Optional[str] = ..., address: _Optional[str] = ..., version: _Optional[str] = ..., realm: _Optional[str] = ..., changed: _Optional[bool] = ...) -> None: ...
 
 class JobAd(_message.Message):
     __slots__ = ("name", "spec_fingerprint", "worker_address", "round", "state", "phase", "lr", "global_batch", "samples_per_s", "local_batch", "share", "member", "device")
