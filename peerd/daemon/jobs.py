@@ -15,7 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from peerd.daemon.process import RELAY_LINE_LIMIT, die_with_parent
+from peerd.daemon.process import RELAY_LINE_LIMIT
+from peerd.lifeline import parent_env
 from peerd.daemon.standby import Standby
 from peerd.jobspec import JobSpec
 from peerd.progress import empty_progress
@@ -133,7 +134,7 @@ class WorkerProcess:
                 how = "new"
                 self._process = await asyncio.create_subprocess_exec(
                     *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.STDOUT, preexec_fn=die_with_parent, start_new_session=True,
+                    stderr=asyncio.subprocess.STDOUT, env=parent_env(), start_new_session=True,
                     limit=RELAY_LINE_LIMIT,
                 )
             log.info("job %s: worker %s pid %d started on %s (%s)", self.job, self.member, self._process.pid,

@@ -16,7 +16,8 @@ import json
 import logging
 import sys
 
-from peerd.daemon.process import RELAY_LINE_LIMIT, die_with_parent
+from peerd.daemon.process import RELAY_LINE_LIMIT
+from peerd.lifeline import parent_env
 
 log = logging.getLogger("peerd.standby")
 STANDBY_FLAG = "--standby"
@@ -43,7 +44,7 @@ class Standby:
         self._spare = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "peerd.worker", STANDBY_FLAG,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-            preexec_fn=die_with_parent, start_new_session=True, limit=RELAY_LINE_LIMIT,
+            env=parent_env(), start_new_session=True, limit=RELAY_LINE_LIMIT,
         )
         log.info("standby worker pid %d started", self._spare.pid)
 

@@ -1,5 +1,9 @@
 import sys
 
+from peerd.lifeline import die_with_parent
+
+die_with_parent()  # first: nothing below may outlive the daemon
+
 if sys.argv[1:] == ["--standby"]:
     # Started ahead of a join by the daemon (peerd.daemon.standby): import now,
     # then take the real command line from stdin.
