@@ -140,11 +140,18 @@ class SoakPeer:
         return pid
 
     def _is_my_worker(self, pid: int) -> bool:
+        """A peerd worker of this peer: its command line names this peer's directory,
+        or (a worker started in the daemon's standby process, whose command line
+        came on stdin) its parent is this peer's daemon."""
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
+            parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
             return False
-        return b"peerd.worker" in cmdline and any(str(self.dir).encode() in a for a in cmdline)
+        if b"peerd.worker" not in cmdline:
+            return False
+        daemon = self.process.pid if self.process is not None else -1
+        return parent == daemon or any(str(self.dir).encode() in a for a in cmdline)
 
     def sample(self, t: float, job: str, counters: tuple[int, int] | None) -> Sample:
         truth = dict(t=t, peer=self.peer_id, expected_up=self.expected_up, up=self.alive,
