@@ -100,12 +100,15 @@ async def hierarchical_round(
 
     async def gather(s: int) -> None:
         span = layout[s]
-        theirs = recv[span.start : span.stop]
+        # Into the new state directly when there is one (`vector` stays as it was):
+        # a segment that fails half-way is refilled from `vector` at the end.
+        theirs = (recv if out is None else out)[span.start : span.stop]
         if await fetch(plan.owners[s], s, theirs, 2, 1.0):
             mine = vector[span.start : span.stop]
             gaps.append(relative_gap(mine, theirs))
             result.clipped += clip_pull(mine, theirs, clipper) < 1.0
-            into[span.start : span.stop].copy_(theirs)
+            if out is None:
+                mine.copy_(theirs)
             written.add(s)
 
     gaps: list[float] = []
