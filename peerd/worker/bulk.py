@@ -288,16 +288,18 @@ class _Pipe:
             frame += _LENGTH.pack(len(proof)) + proof.encode()
         into = memoryview(out.numpy()).cast("B") if self._wire == "fp32" else None  # straight into the tensor
         item = _Fetch(request, frame, out, into, time.monotonic() + timeout, self._loop.create_future(), reply)
+        queued = False
         try:
             async with self._sending:
                 with self._guard:
                     if self.broken:
                         raise ConnectionError("connection closed")
                     self._queue.put(item)
+                    queued = True
                 await self._loop.sock_sendall(self._sender, item.frame)
             await asyncio.shield(item.future)
         except BaseException:
-            if not item.future.done():
+            if queued and not item.future.done():
                 # Given up (deadline, cancel) or failed to send with the reply still owed:
                 # the connection is out of step, and the thread must stop writing into
                 # `out` before the caller gets it back.
