@@ -76,12 +76,14 @@ async def hierarchical_round(
         mine = vector[span.start : span.stop]
         buffers = [torch.empty(span.size) for _ in others]
         got = await asyncio.gather(*(fetch(p, s, b, 0, 1 / 3) for p, b in zip(others, buffers)))
-        total = mine.clone()
-        for ok, buffer in zip(got, buffers):
-            if ok:
-                result.clipped += clip_pull(mine, buffer, clipper) < 1.0
-                total.add_(buffer)
-        total.div_(1 + sum(got))
+        arrived = [buffer for ok, buffer in zip(got, buffers) if ok]
+        for buffer in arrived:
+            result.clipped += clip_pull(mine, buffer, clipper) < 1.0
+        # The first sum makes the new tensor: no separate copy of `mine`.
+        total = torch.add(mine, arrived[0]) if arrived else mine.clone()
+        for buffer in arrived[1:]:
+            total.add_(buffer)
+        total.div_(1 + len(arrived))
         await stages.put(plan.round, 1, s, total)
         mixed = total
         source = plan.sources[s]
