@@ -2,10 +2,8 @@
 
 The daemon names itself in PEERD_DAEMON_PID; the worker's first act is
 prctl(PR_SET_PDEATHSIG, SIGTERM), so the kernel signals it when the daemon dies,
-even by kill -9. Not a preexec_fn in the daemon: that makes Python fork() rather
-than vfork(), and the forked copy of the daemon, between fork and exec, ran
-grpc's fork handlers over the daemon's live sockets ("Received unexpected settings
-ack" on the control socket, seen in the e2e tests when workers were (re)started).
+even by kill -9. Not a preexec_fn in the daemon: that makes Python fork() a
+process full of grpc threads and sockets rather than vfork() it.
 """
 
 from __future__ import annotations
