@@ -27,20 +27,23 @@ def _alive(pid: int) -> bool:
 
 
 async def test_a_closed_standby_leaves_no_process():
-    standby = Standby(refill_delay_s=3600)
+    standby = Standby(2, refill_delay_s=3600)  # one per device of a 2-GPU daemon
     await standby.start()
-    spare = standby._spare
+    spares = standby.spares
+    assert len(spares) == 2
     await standby.aclose()
-    assert spare.returncode is not None and not _alive(spare.pid)
+    assert all(s.returncode is not None and not _alive(s.pid) for s in spares)
     assert standby.taken == 0
     await standby.start()  # closed: no new spare
-    assert standby._spare is None
+    assert standby.spares == []
+    with pytest.raises(ValueError):
+        Standby(0)
 
 
 async def test_a_standby_refuses_a_command_line_that_is_not_one():
     standby = Standby(refill_delay_s=3600)
     await standby.start()
-    spare = standby._spare
+    (spare,) = standby.spares
     try:
         spare.stdin.write(b'{"not": "a list"}\n')
         await spare.stdin.drain()
@@ -67,10 +70,10 @@ async def test_the_standby_runs_the_command_line_it_is_given_and_is_replaced(tmp
         assert await process.wait() == 2, output
         assert b"name" in output
         for _ in range(100):
-            if standby._spare is not None:
+            if standby.spares:
                 break
             await asyncio.sleep(0.1)
-        assert standby._spare is not None and standby._spare.pid != process.pid
+        assert [s.pid for s in standby.spares] != [process.pid] and len(standby.spares) == 1
     finally:
         await standby.aclose()
 

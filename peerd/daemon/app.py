@@ -66,13 +66,13 @@ class Daemon:
         self.peer_id = load_peer_id(config)
         self.started = time.monotonic()
         self.membership = Membership(self.peer_id, config.peer_timeout_s)
-        self.standby = Standby() if config.worker_standby else None
         self._hello_now = asyncio.Event()  # Hello the others before the interval is up
         self._changed = False  # ... and ask them to Hello back: a worker started or stopped serving
         self._pulling: set[str] = set()  # peers asked out of turn, until they answer
         # One worker per device for every job; `[worker] devices = "auto"` counts the GPUs once, here.
         self.devices = worker_devices(config.worker_devices, 0 if config.worker_devices else local_gpus())
         self.members = member_ids(self.peer_id, len(self.devices))
+        self.standby = Standby(len(self.devices)) if config.worker_standby else None
         self.jobs: dict[str, LocalJob] = {}
         self.peer_address = ""
         self._addresses: dict[str, str] = {}  # peer id -> Peer service address
