@@ -52,8 +52,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slowdowns", type=_slowdowns, default=None, metavar="F,F,...",
                         help="testing knob: per-peer slowdown factors, e.g. 1,1,2,4 (a peer with F sleeps "
                              "(F-1)× each step's compute time); default: all at full speed")
+    parser.add_argument("--workers", type=_workers, default=1,
+                        help='workers per daemon, each a member of the job on the CPU ([worker] devices = '
+                             '["cpu", ...]); they form the innermost group in hierarchical mode (default 1)')
     parser.add_argument("--time-limit", type=float, default=900.0,
                         help="stop everything after this many seconds (default 900)")
+
+
+def _workers(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not 1 <= value <= 16:
+        raise argparse.ArgumentTypeError(f"workers per daemon must be in 1..16, got {value}")
+    return value
 
 
 def _slowdowns(text: str) -> tuple[float, ...]:
@@ -224,6 +237,7 @@ def _f(value: float, digits: int) -> str:
 
 
 def _poll(cluster: LocalCluster, job: str, elapsed: float) -> list[dict]:
+    """One row per worker (a daemon may run several), or per daemon while it has none."""
     rows = []
     for peer in cluster.peers:
         row = {"t": round(elapsed, 2), "peer": peer.peer_id, "state": "down", "epoch": 0, "step": 0, "round": 0,
@@ -236,12 +250,15 @@ def _poll(cluster: LocalCluster, job: str, elapsed: float) -> list[dict]:
             rows.append(row)
             continue
         j = jobs.get(job)
-        if j is not None:
-            p = j.progress
-            row.update(state=j.state, epoch=p.epoch, step=p.step, round=p.round, loss=p.loss,
-                       samples_per_s=p.samples_per_s, partners=f"{p.partners_reached}/{p.partners_planned}",
-                       disagreement=p.disagreement, accuracy=p.test_accuracy)
-        rows.append(row)
+        if j is None:
+            rows.append(row)
+            continue
+        workers = [(w.member, w.state, w.progress) for w in j.workers] or [(peer.peer_id, j.state, j.progress)]
+        for member, state, p in workers:
+            rows.append({**row, "peer": member or peer.peer_id, "state": state, "epoch": p.epoch, "step": p.step,
+                         "round": p.round, "loss": p.loss, "samples_per_s": p.samples_per_s,
+                         "partners": f"{p.partners_reached}/{p.partners_planned}",
+                         "disagreement": p.disagreement, "accuracy": p.test_accuracy})
     return rows
 
 
@@ -290,7 +307,8 @@ def run_cluster(args: argparse.Namespace) -> int:
     started = time.monotonic()
     previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
-        with LocalCluster(args.peers, out, slowdowns=args.slowdowns) as cluster:
+        settings = (lambda peer: {"worker": {"devices": ["cpu"] * args.workers}}) if args.workers > 1 else None
+        with LocalCluster(args.peers, out, slowdowns=args.slowdowns, settings=settings) as cluster:
             cluster.wait_ready()
             cluster.wait_discovery(console)
             for peer in cluster.peers:

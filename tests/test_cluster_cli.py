@@ -24,3 +24,16 @@ def test_peerd_cluster_trains_to_the_end_and_reports_the_accuracy(tmp_path):
     assert "test accuracy reached:" in out.stdout
     assert (tmp_path / "run" / "progress.png").stat().st_size > 0
     assert (tmp_path / "run" / "history.csv").read_text().count("\n") > 2
+
+
+def test_peerd_cluster_with_two_workers_per_daemon(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text(example_job(job={"name": "pair", "epochs": 2, "eval_every_rounds": 20}))
+    out = subprocess.run(
+        [sys.executable, "-m", "peerd.cli.daemon", "cluster", "--peers", "1", "--workers", "2", "--job", str(job),
+         "--out", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=400,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "peer-0.0: finished" in out.stdout and "peer-0.1: finished" in out.stdout
+    assert "(mean of 2 peers)" in out.stdout
