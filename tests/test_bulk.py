@@ -242,3 +242,31 @@ async def test_a_reply_without_valid_proof_is_not_believed():
                 await client.fetch("127.0.0.1", lane.port, _request(0, 0), torch.empty(lane.layout[0].size), 5.0)
         finally:
             await client.aclose()
+
+
+async def test_a_fetch_cancelled_twice_still_stops_its_reader_before_returning():
+    """A deadline cancels a fetch from two sides (the client's timeout, the
+    round's). However often it is cancelled, when the fetch has returned nothing
+    may be written into its buffer any more: the next round reuses it."""
+    big = 8_000_000  # 32 MB: still arriving when the cancellations come
+    store = SnapshotStore(big)
+    server = BulkServer(SegmentServer(Identity("job", "fp", "srv"), store, 1, 1 << 20))
+    port = await server.start("127.0.0.1")
+    client = BulkClient()
+    try:
+        await store.publish(1, torch.ones(big))
+        for _ in range(5):
+            out = torch.full((big,), -1.0)
+            task = asyncio.ensure_future(client.fetch("127.0.0.1", port, _request(1, 0), out, 30.0))
+            while out[0] != 1.0 and not task.done():  # the reader is filling it
+                await asyncio.sleep(0)
+            task.cancel()
+            await asyncio.sleep(0)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            seen = out.clone()
+            await asyncio.sleep(0.2)
+            assert torch.equal(out, seen), "the reader wrote into the buffer after the fetch returned"
+    finally:
+        await client.aclose()
+        await server.close()

@@ -248,6 +248,11 @@ class _Fetch:
         self.deadline, self.future, self.reply = deadline, future, reply
 
 
+def _retrieve(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 def _settle(future: asyncio.Future, exc: BaseException | None) -> None:
     if not future.done():
         future.set_exception(exc) if exc else future.set_result(None)
@@ -288,6 +293,7 @@ class _Pipe:
             frame += _LENGTH.pack(len(proof)) + proof.encode()
         into = memoryview(out.numpy()).cast("B") if self._wire == "fp32" else None  # straight into the tensor
         item = _Fetch(request, frame, out, into, time.monotonic() + timeout, self._loop.create_future(), reply)
+        item.future.add_done_callback(_retrieve)  # settled after its caller gave up: not an error to log
         queued = False
         try:
             async with self._sending:
@@ -376,6 +382,13 @@ class _Pipe:
         return None
 
     async def close(self) -> None:
+        """Shut the connection and wait until the reader thread has stopped, even
+        if cancelled meanwhile: until then it may still copy what the kernel had
+        buffered into a caller's tensor, and the caller's next round reuses that
+        buffer. (A deadline cancels a fetch twice, from the client's timeout and
+        from the round's; returning early on the second let a stale reader write
+        into the next round's receive buffer, and garbage was averaged in: a
+        partitioned peer's model went to chance accuracy in the short soak.)"""
         with self._guard:
             self.broken = True
         try:
@@ -383,8 +396,15 @@ class _Pipe:
         except OSError:
             pass
         self._queue.put(None)  # wakes an idle reader
-        await asyncio.shield(self.stopped)
+        cancelled = False
+        while not self.stopped.done():
+            try:
+                await asyncio.shield(self.stopped)
+            except asyncio.CancelledError:
+                cancelled = True
         self._sender.close()
+        if cancelled:
+            raise asyncio.CancelledError
 
 
 class BulkClient:
@@ -428,6 +448,7 @@ class BulkClient:
         pending = self._connecting.get(key)
         if pending is None:  # the first caller connects; the others wait for it
             pending = asyncio.ensure_future(self._connect(key))
+            pending.add_done_callback(_retrieve)  # its callers may all have timed out
             self._connecting[key] = pending
             pending.add_done_callback(lambda _: self._connecting.pop(key, None))
         pipe = await asyncio.shield(pending)
