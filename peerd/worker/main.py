@@ -56,9 +56,9 @@ EXIT_FINISHED = 0  # trained every epoch of the job
 EXIT_LEFT = 3  # left on the operator's request (drain)
 EXIT_STOPPED = 143  # stopped by a signal
 EXIT_CONFIG = 2  # the job cannot load here: restarting would not help
-CATCH_UP_ROUNDS = 10
+CATCH_UP_ROUNDS = 10  # a partner further ahead than this is logged when this worker steps up to it
 GROUP_LOG_ROUNDS = 100
-SETTLE_WAIT_S = 30.0  # longest wait for a freshly started daemon to hear from its peers  # further behind than this, take a partner's state instead of stepping up
+SETTLE_WAIT_S = 30.0  # longest wait for a freshly started daemon to hear from its peers
 
 
 @dataclass(frozen=True)
