@@ -66,8 +66,7 @@ class Daemon:
         self.peer_id = load_peer_id(config)
         self.started = time.monotonic()
         self.membership = Membership(self.peer_id, config.peer_timeout_s)
-        self._hello_now = asyncio.Event()  # Hello the others before the interval is up
-        self._changed = False  # ... and ask them to Hello back: a worker started or stopped serving
+        self._worker_changed = asyncio.Event()  # a worker started or stopped serving: Hello now
         self._pulling: set[str] = set()  # peers asked out of turn, until they answer
         # One worker per device for every job; `[worker] devices = "auto"` counts the GPUs once, here.
         self.devices = worker_devices(config.worker_devices, 0 if config.worker_devices else local_gpus())
@@ -220,21 +219,22 @@ class Daemon:
                 task.add_done_callback(self._closing.discard)
 
     async def _hello_loop(self) -> None:
+        changed = False
         while True:
             try:
-                await self._hello_all()
+                await self._hello_all(changed)
             except Exception:  # one bad round must not stop discovery for good
                 log.exception("hello round failed")
-            try:  # every interval, or at once when a worker starts or stops serving
-                await asyncio.wait_for(self._hello_now.wait(), self.config.hello_interval_s)
+            try:  # every interval, or at once (asking the others back) when a worker starts or stops serving
+                await asyncio.wait_for(self._worker_changed.wait(), self.config.hello_interval_s)
             except TimeoutError:
                 pass
-            self._hello_now.clear()
+            changed = self._worker_changed.is_set()
+            self._worker_changed.clear()
 
-    async def _hello_all(self) -> None:
+    async def _hello_all(self, changed: bool = False) -> None:
         known = set(self._addresses.values())
         seeds = [a for a in self.config.seeds if a not in known and a != self.peer_address]
-        changed, self._changed = self._changed, False
         await asyncio.gather(*(self._hello(p, a, changed) for p, a in list(self._addresses.items())),
                              *(self._hello("", a, changed) for a in seeds))
         now = time.monotonic()
@@ -444,8 +444,7 @@ class Daemon:
         serving = worker.address
         worker.on_heartbeat(report)
         if worker.address != serving:  # joined or leaving: the others should know now, not in a second
-            self._changed = True
-            self._hello_now.set()
+            self._worker_changed.set()
         name, fingerprint = job.spec.name, job.spec.fingerprint
         peers = [control_pb2.PeerEndpoint(peer_id=w.member, address=w.address, locality=w.locality, daemon=w.daemon)
                  for w in self.membership.job_workers(name, fingerprint)]

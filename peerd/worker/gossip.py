@@ -62,6 +62,13 @@ def clip_pull(own: torch.Tensor, theirs: torch.Tensor, clipper: PullClipper | No
     return scale
 
 
+def keep_own(out: torch.Tensor, vector: torch.Tensor, layout: list[Span], written: set[int]) -> None:
+    """A round that writes into `out`: every segment it did not write (missed,
+    or cut half-way by its deadline) keeps this peer's own value."""
+    for s in set(range(len(layout))) - written:
+        out[layout[s].start : layout[s].stop].copy_(vector[layout[s].start : layout[s].stop])
+
+
 def relative_gap(own: torch.Tensor, theirs: torch.Tensor) -> float:
     """||own − theirs|| / ||own|| estimated on a contiguous sample of the segment."""
     n = max(1, own.numel() // DISAGREEMENT_SAMPLE)
@@ -116,8 +123,7 @@ async def gossip_round(
         if exc is not None:
             record_failure(result, plan.sources[s], plan.round, exc)
     if out is not None:
-        for s in set(range(len(layout))) - averaged:  # missed: this peer's own value
-            out[layout[s].start : layout[s].stop].copy_(vector[layout[s].start : layout[s].stop])
+        keep_own(out, vector, layout, averaged)
     if gaps:
         result.disagreement = sum(gaps) / len(gaps)
     result.seconds = time.monotonic() - started

@@ -24,7 +24,7 @@ from peerd.core.groups import GroupPlan
 from peerd.core.robust import PullClipper
 from peerd.core.segments import Span
 from peerd.errors import PeerdError, PeerUnavailable
-from peerd.worker.gossip import RoundResult, clip_pull, record_failure, relative_gap
+from peerd.worker.gossip import RoundResult, clip_pull, keep_own, record_failure, relative_gap
 from peerd.worker.snapshots import StageStore
 from peerd.worker.transport import Transport
 
@@ -118,8 +118,7 @@ async def hierarchical_round(
     result.planned = frozenset(planned | owners)
     await asyncio.gather(*(own(s) for s in owned), *(gather(s) for s in range(len(layout)) if s not in owned))
     if out is not None:
-        for s in set(range(len(layout))) - written:  # missed: this peer's own value
-            out[layout[s].start : layout[s].stop].copy_(vector[layout[s].start : layout[s].stop])
+        keep_own(out, vector, layout, written)
     if gaps:
         result.disagreement = sum(gaps) / len(gaps)
     result.seconds = time.monotonic() - started

@@ -60,8 +60,8 @@ async def wait_until(changed: asyncio.Condition, predicate, wait_s: float) -> No
 
 
 class _Slot:
-    def __init__(self, numel: int) -> None:
-        self.buffer = torch.empty(numel, dtype=torch.float32)
+    def __init__(self, numel: int, buffer: torch.Tensor | None = None) -> None:
+        self.buffer = torch.empty(numel, dtype=torch.float32) if buffer is None else buffer
         self.round = -1
         self.readers = 0
 
@@ -103,9 +103,8 @@ class SnapshotStore:
         async with self._changed:
             old = self._slots[k]
             spare = old.buffer if not old.readers else torch.empty(self._numel, dtype=torch.float32)
-            slot = _Slot(0)
-            slot.buffer, slot.round = vector, round_
-            self._slots[k] = slot
+            self._slots[k] = _Slot(self._numel, vector)
+            self._slots[k].round = round_
             self.current_round = round_
             self._changed.notify_all()
         return spare
