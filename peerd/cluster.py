@@ -258,7 +258,7 @@ def _poll(cluster: LocalCluster, job: str, elapsed: float) -> list[dict]:
             rows.append({**row, "peer": member or peer.peer_id, "state": state, "epoch": p.epoch, "step": p.step,
                          "round": p.round, "loss": p.loss, "samples_per_s": p.samples_per_s,
                          "partners": f"{p.partners_reached}/{p.partners_planned}",
-                         "disagreement": p.disagreement, "accuracy": p.test_accuracy})
+                         "disagreement": p.disagreement, "accuracy": p.metric})
     return rows
 
 

@@ -54,7 +54,7 @@ def test_peers_with_the_job_secret_train_together_and_never_average_with_a_wrong
     # Each side refused the other's requests for want of the right proof.
     for job in jobs.values():
         assert job.progress.rejected["bad_mac"] > 0, job.progress
-    assert jobs["peer-0"].progress.test_accuracy > 0.6
+    assert jobs["peer-0"].progress.metric > 0.6
 
     # They started from different random models: the two pulled together, the outsider stayed apart.
     initial, trained = [], []

@@ -26,7 +26,7 @@ class Peer:
         self.vector = vector.clone()
         self.store = SnapshotStore(NUMEL)
         self.server = SegmentServer(self.identity, self.store, SEGMENTS, CHUNK)
-        self.board = StateBoard(NUMEL)
+        self.board = StateBoard(2 * NUMEL, NUMEL)
         self.state = StateServer(self.identity, self.board, self.store, CHUNK)
         self.layout = split_even(NUMEL, SEGMENTS)
         self.recv = torch.empty(NUMEL)
@@ -202,7 +202,7 @@ async def test_a_client_that_gives_up_mid_stream_releases_the_snapshot(grpc_pair
     store = SnapshotStore(big)
     server = SegmentServer(Identity("job", "fp", "big"), store, 1, CHUNK)
     grpc_server, address = await start_exchange_server(
-        server, StateServer(server.identity, StateBoard(big), store, CHUNK), "127.0.0.1")
+        server, StateServer(server.identity, StateBoard(2 * big, big), store, CHUNK), "127.0.0.1")
     try:
         await store.publish(1, torch.ones(big))
         await ta.fetch_segment(address, 1, 0, torch.empty(big), timeout=10.0)  # the lane is known now

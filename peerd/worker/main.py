@@ -80,13 +80,13 @@ class Worker:
         self.link = link
         self.host = host
         self.me = trainer.peer_id
-        self.identity = Identity(spec.name, trainer.flat.fingerprint(spec.fingerprint), self.me)
-        numel = trainer.flat.numel
+        self.identity = Identity(spec.name, trainer.state.fingerprint(spec.fingerprint), self.me)
+        numel = trainer.state.gossiped
         segments = 1 if spec.gossip.mode == "whole" else min(spec.gossip.segments, numel)
         self.layout = split_even(numel, segments)
         self.store = SnapshotStore(numel)
         self.stages = StageStore()
-        self.board = StateBoard(numel)
+        self.board = StateBoard(trainer.state.numel, numel)
         self.recv = torch.empty(numel, dtype=torch.float32)
         # Averaging runs on the CPU, where the network buffers are: a model on a GPU
         # is copied here for the round and back after it (two copies per round).
@@ -100,7 +100,7 @@ class Worker:
         self.transport = CountingTransport(
             GrpcTransport(self.identity, security.auth, security.tls, self.rejections, wire=spec.gossip.wire),
             self.traffic, wire_bytes)
-        self.checkpoints = CheckpointDir(out_dir / "checkpoints", spec.name, self.identity.fingerprint, 2 * numel)
+        self.checkpoints = CheckpointDir(out_dir / "checkpoints", spec.name, self.identity.fingerprint, trainer.state.numel)
         self._checkpoint_at = (0, time.monotonic())  # round and time of the last checkpoint
         self.checkpoint_round = 0
         self.checkpoints_written = 0
@@ -114,7 +114,7 @@ class Worker:
         self.round = 0
         self.misses = 0
         self._group_logged: tuple[tuple[str, ...], frozenset[str], int] = ((), frozenset(), 0)
-        self.accuracy = math.nan
+        self.metrics: dict[str, float] = {}  # the last evaluation
         self.rebalancer = Rebalancer(spec.global_batch, spec.min_local_batch, spec.rebalance_rounds,
                                      spec.rebalance_threshold) if spec.global_batch else None
 
@@ -173,7 +173,7 @@ class Worker:
             log.info("the checkpoint of round %d is ahead of the peers' state: using it", checkpoint.meta.round)
         if checkpoint is not None:
             meta = checkpoint.meta
-            self.trainer.adopt_state(checkpoint.vector, meta.step, meta.progress)
+            self.trainer.adopt_state(checkpoint.vector, meta.extra, meta.step, meta.progress)
             self.round = self.checkpoint_round = meta.round
             self._checkpoint_at = (meta.round, time.monotonic())
             log.info("resumed from checkpoint %s: round %d, step %d, epoch %.2f",
@@ -186,9 +186,9 @@ class Worker:
         return self.phase == "training"
 
     async def checkpoint(self, why: str) -> None:
-        meta = StateMeta(self.round, self.trainer.step_count, self.trainer.progress)
+        meta = self._meta()
         # A copy on the CPU (the model may live on a GPU): training goes on meanwhile.
-        vector = torch.cat([p.detach().reshape(-1).cpu() for p in self.trainer.state_parts()])
+        vector = self.trainer.state.vector()
         path = await asyncio.to_thread(self.checkpoints.save, meta, vector)
         self._checkpoint_at = (self.round, time.monotonic())
         self.checkpoint_round = self.round
@@ -223,22 +223,24 @@ class Worker:
             self.round += 1
             into = await self._publish()
             if self.board.wanted:  # a newcomer asked for our state: copy it between steps
-                meta = StateMeta(self.round, self.trainer.step_count, self.trainer.progress)
-                await self.board.capture(self.trainer.state_parts(), meta)
+                await self.board.capture(self.trainer.state.parts(), self._meta())
             result = await self._round(view, into)
             if self._checkpoint_due():
                 await self.checkpoint("periodic")
             if self.round % self.spec.eval_every_rounds == 0:
-                self.accuracy = await asyncio.to_thread(self.trainer.evaluate)
+                self.metrics = await asyncio.to_thread(self.trainer.evaluate)
             self._report(result)
-        self.accuracy = await asyncio.to_thread(self.trainer.evaluate)
+        self.metrics = await asyncio.to_thread(self.trainer.evaluate)
         path = self.out_dir / "model.pt"
         await asyncio.to_thread(
-            self.trainer.save, path, round=self.round, test_accuracy=self.accuracy,
-            fingerprint=self.identity.fingerprint,
-        )
-        log.info("finished: %d steps, %d rounds, test accuracy %.4f; model saved to %s",
-                 self.trainer.step_count, self.round, self.accuracy, path)
+            self.trainer.save, path, round=self.round, metrics=self.metrics, fingerprint=self.identity.fingerprint)
+        log.info("finished: %d steps, %d rounds, %s %.4f; model saved to %s", self.trainer.step_count,
+                 self.round, self.spec.metric, self.metrics.get(self.spec.metric, math.nan), path)
+
+    def _meta(self) -> StateMeta:
+        """Where this worker stands, with the state that is not the vector."""
+        t = self.trainer
+        return StateMeta(self.round, t.step_count, t.progress, t.state.extra())
 
     def _log_group(self, group: tuple[str, ...], groups: int, view: frozenset[str]) -> None:
         """Hierarchical mode: say which group this worker is in when the view
@@ -358,7 +360,7 @@ class Worker:
         try:
             vector, meta, used = await pull_state(
                 self.transport, donors, self.board.numel, self.spec.gossip.deadline_ceiling_s)
-            self.trainer.adopt_state(vector, meta.step, meta.progress)
+            self.trainer.adopt_state(vector, meta.extra, meta.step, meta.progress)
         except (PeerdError, ValueError) as exc:
             log.warning("%s: could not take the state from %s: %s", why, ", ".join(sorted(donors)), exc)
             return False
@@ -378,7 +380,9 @@ class Worker:
         t = self.trainer
         p = control_pb2.Progress(
             step=t.step_count, round=self.round, epoch=t.epoch, loss=t.loss_ema,
-            samples_per_s=t.speed_ema, test_accuracy=self.accuracy, samples=t.samples,
+            samples_per_s=t.speed_ema, metric=self.metrics.get(self.spec.metric, math.nan), samples=t.samples,
+            metric_name=self.spec.metric, metric_higher_better=self.spec.metric_mode == "max",
+            metrics=self.metrics, skipped_steps=t.skipped_steps,
             segment_misses=self.misses, finished=finished, disagreement=math.nan, exchange_s=math.nan, lr=t.lr,
             phase="finished" if finished else self.phase, global_batch=t.ramp.batch,
             rejected=dict(self.rejections.counts),
@@ -443,7 +447,7 @@ async def amain(args: argparse.Namespace) -> int:
     security = load_security(args)
     torch.set_num_threads(args.threads)
     trainer = Trainer(spec, args.peer_id, args.spec_dir, args.slowdown, args.device)
-    link = SupervisorLink(args.control, spec.name, trainer.flat.fingerprint(spec.fingerprint), member=args.peer_id)
+    link = SupervisorLink(args.control, spec.name, trainer.state.fingerprint(spec.fingerprint), member=args.peer_id)
     worker = Worker(spec, trainer, link, args.host, args.out_dir, security)
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
@@ -461,6 +465,8 @@ async def amain(args: argparse.Namespace) -> int:
     except asyncio.CancelledError:
         log.info("stopped by signal at round %d", worker.round)
         return EXIT_STOPPED
+    finally:
+        trainer.close()
     if worker.stop_signal and not trainer.done:
         log.info("stopped by signal at round %d", worker.round)
         return EXIT_STOPPED
