@@ -141,7 +141,7 @@ async def donate(peer: Peer, round_: int, step: int, progress: float) -> asyncio
         while not peer.board.wanted:
             await asyncio.sleep(0.01)
         momentum = torch.full((NUMEL,), 0.5)
-        await peer.board.capture([peer.vector, momentum], StateMeta(round_, step, progress))
+        await peer.board.capture([peer.vector, momentum], StateMeta(round_, step, progress, f"extra {step}".encode()))
 
     await peer.store.publish(round_, peer.vector)
     return asyncio.create_task(loop())
@@ -161,6 +161,7 @@ async def test_a_joiner_pulls_the_state_from_two_donors_in_parallel(grpc_pair):
         await server.stop(grace=None)
     assert used == ["a", "b"]  # each donor served its own half
     assert (meta.round, meta.step, meta.progress) == (8, 80, 2.75)  # the newest of the two
+    assert meta.extra == b"extra 80"  # with its extra part (scalars, registered objects), checksummed
     torch.testing.assert_close(vector[: NUMEL], a.vector)  # first half from a: all of the parameters
     torch.testing.assert_close(vector[NUMEL:], torch.full((NUMEL,), 0.5))
 

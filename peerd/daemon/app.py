@@ -382,7 +382,7 @@ class Daemon:
 
     async def join(self, spec_toml: str, spec_dir: str) -> JobSpec:
         spec = parse_job(spec_toml, "job spec")
-        for entry in (spec.model, spec.data):
+        for entry in filter(None, (spec.module, spec.model, spec.data)):
             check_importable(entry, spec_dir)
         secret_file = spec.secret_path(spec_dir) or self.config.job_secret_file
         if secret_file is not None:

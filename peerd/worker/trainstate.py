@@ -80,7 +80,7 @@ class TrainState:
     def fingerprint(self, spec_fingerprint: str) -> str:
         """The spec and the state's layout: peers must agree on both to exchange."""
         shapes = self.flat.shapes + [tuple(t.shape) for t in self.kept]
-        text = spec_fingerprint + repr(shapes) + repr(sorted(self.objects))
+        text = spec_fingerprint + repr((shapes, self.gossiped, sorted(self.objects)))
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
     def parts(self) -> list[torch.Tensor]:
