@@ -249,7 +249,7 @@ def consensus(paths: list[Path]) -> dict:
     vectors = []
     for path in paths:
         saved = torch.load(path, map_location="cpu", weights_only=True)
-        vectors.append(torch.cat([v.flatten().float() for v in saved["state_dict"].values()]))
+        vectors.append(torch.cat([v.flatten().float() for v in saved.values()]))
     stack = torch.stack(vectors)
     mean = stack.mean(0)
     distances = torch.linalg.vector_norm(stack - mean, dim=1) / torch.linalg.vector_norm(mean)

@@ -94,7 +94,7 @@ def test_three_daemons_discover_each_other_and_train_together(local_cluster):
         torch.manual_seed(init_seed(spec, peer.peer_id))
         initial.append(torch.cat([p.detach().reshape(-1) for p in make_model().parameters()]))
         saved = torch.load(peer.dir / "state" / "jobs" / "e2e" / "model.pt", weights_only=True)
-        trained.append(flat_params(saved["state_dict"]))
+        trained.append(flat_params(saved))
     before = max(rel_distance(initial[i], initial[j]) for i in range(3) for j in range(i + 1, 3))
     after = max(rel_distance(trained[i], trained[j]) for i in range(3) for j in range(i + 1, 3))
     assert before > 0.5
@@ -297,7 +297,7 @@ def test_hierarchical_crossover_across_two_racks_reaches_consensus(local_cluster
     assert max(seen_partners) >= 2, seen_partners
     for job in final.values():
         assert job.progress.metric > 0.8, job
-    trained = [flat_params(torch.load(p.dir / "state" / "jobs" / "hier" / "model.pt", weights_only=True)["state_dict"])
+    trained = [flat_params(torch.load(p.dir / "state" / "jobs" / "hier" / "model.pt", weights_only=True))
                for p in cluster.peers]
     spread = max(rel_distance(a, b) for a in trained for b in trained)
     assert spread < 0.05, spread

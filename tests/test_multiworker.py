@@ -41,7 +41,7 @@ def alive(pid: int) -> bool:
 
 
 def flat_params(path) -> torch.Tensor:
-    state = torch.load(path, weights_only=True)["state_dict"]
+    state = torch.load(path, weights_only=True)
     return torch.cat([v.reshape(-1).float() for v in state.values()])
 
 
