@@ -111,6 +111,10 @@ class JobSpec:
     # The job module: make_model, make_datasets, loss, evaluate, ... by name
     # (docs/operations.md, "Job modules"). `model` and `data` override one callable each.
     module: str = ""
+    # Or the user's own training script, which calls peerd.attach (docs/operations.md,
+    # "Script jobs"): a path next to the job file, and its command-line arguments.
+    script: str = ""
+    args: tuple[str, ...] = ()
     model: str = ""  # "module:callable" returning a torch.nn.Module
     data: str = ""  # "module:callable" returning (train, test) datasets
     metric: str = "accuracy"  # the key of evaluate()'s result that progress shows
@@ -126,6 +130,7 @@ class JobSpec:
     rebalance_rounds: int = 10  # re-evaluate the batches every this many rounds
     rebalance_threshold: float = 0.1  # ... and change them only if one moves by more than this (relative)
     epochs: float = 1.0
+    drop_last: bool = False  # skip an epoch's last batch when it is short (BatchNorm cannot train on 1 sample)
     # Each epoch's permutation is read in this many chunks, each split among the
     # members of the moment: a membership change takes effect at the next chunk.
     epoch_chunks: int = 8
@@ -151,6 +156,11 @@ class JobSpec:
         del fields["data_loading"]
         canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:32]
+
+    def script_path(self, spec_dir: str) -> Path:
+        """The script, a relative path taken from the job file's directory."""
+        path = Path(self.script).expanduser()
+        return path if path.is_absolute() or not spec_dir else Path(spec_dir) / path
 
     def secret_path(self, spec_dir: str) -> Path | None:
         """The secret file, a relative path taken from the job file's directory."""
@@ -262,6 +272,10 @@ def _parse_job_table(job: Table) -> dict[str, object]:
     return dict(
         name=job.get("name", str, check=_NAME.fullmatch, expect="a name of letters, digits, '_', '.', '-' (≤ 63)"),
         module=job.get("module", str, "", check=_module_name, expect="a module name, e.g. 'mylab.jobs.resnet'"),
+        script=job.get("script", str, "", check=lambda v: 0 < len(v) <= 4096 and "\0" not in v and v.endswith(".py"),
+                       expect="the path of a Python script (.py), relative to the job file"),
+        args=tuple(job.get("args", list, [], check=lambda v: all(isinstance(a, str) for a in v),
+                           expect="a list of strings")),
         model=job.get("model", str, "", **entry),
         data=job.get("data", str, "", **entry),
         metric=metric,
@@ -283,6 +297,7 @@ def _parse_job_table(job: Table) -> dict[str, object]:
         rebalance_threshold=job.get("rebalance_threshold", float, 0.1, check=lambda v: 0 <= v <= 10,
                                     expect="a number in [0, 10]"),
         epochs=job.get("epochs", float, 1.0, **positive),
+        drop_last=job.get("drop_last", bool, False),
         epoch_chunks=job.get("epoch_chunks", int, 8, check=lambda v: 1 <= v <= 65536,
                              expect="an integer in 1..65536 (1: one split per epoch)"),
         eval_every_rounds=job.get("eval_every_rounds", int, 100, **positive),
@@ -314,11 +329,22 @@ def parse_job(text: str, source: str) -> JobSpec:
 
 def _check_together(spec: JobSpec, source: str) -> None:
     """Rules that span keys."""
+    if spec.script:
+        if spec.module or spec.model or spec.data:
+            raise ConfigError(f"{source}: job.script runs the script's own loop; "
+                              "drop job.module, job.model and job.data")
+        return _check_batches(spec, source)
+    if spec.args:
+        raise ConfigError(f"{source}: job.args are a script's arguments; set job.script too")
     if not spec.module and not spec.model:
         raise ConfigError(f"{source}: [job] needs module = 'package.module' (the job module), "
-                          "or model = 'module:callable'")
+                          "model = 'module:callable', or script = 'train.py'")
     if not spec.module and not spec.data:
         raise ConfigError(f"{source}: job.data = 'module:callable' is required without a job module")
+    _check_batches(spec, source)
+
+
+def _check_batches(spec: JobSpec, source: str) -> None:
     if spec.global_batch and spec.global_batch < spec.min_local_batch:
         raise ConfigError(f"{source}: job.global_batch must be at least job.min_local_batch")
     if spec.max_local_batch and spec.max_local_batch < spec.min_local_batch:

@@ -23,6 +23,7 @@ module = "real_job"
 local_batch = 8
 epochs = 300
 epoch_chunks = 2
+drop_last = true          # BatchNorm cannot train on an epoch's 1-sample remainder
 eval_every_rounds = 10
 
 [optimizer]

@@ -143,6 +143,7 @@ CHANGES = [
     ("job", "data", "peerd.examples.mnist:other_data"),
     ("job", "metric", "loss"),
     ("job", "metric_mode", "min"),
+    ("job", "drop_last", True),
     ("job", "seed", 1),
     ("job", "init", "per-peer"),
     ("job", "local_batch", 64),

@@ -384,6 +384,9 @@ class Daemon:
         spec = parse_job(spec_toml, "job spec")
         for entry in filter(None, (spec.module, spec.model, spec.data)):
             check_importable(entry, spec_dir)
+        if spec.script and not spec.script_path(spec_dir).is_file():
+            raise ConfigError(f"job.script = {spec.script!r}: no such file {spec.script_path(spec_dir)} on this "
+                              "machine (a relative path is taken from the job file's directory)")
         secret_file = spec.secret_path(spec_dir) or self.config.job_secret_file
         if secret_file is not None:
             load_secret(secret_file)  # refuse the join now, not in a restarting worker
