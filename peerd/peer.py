@@ -132,7 +132,8 @@ class ScriptSource:
 
     @property
     def done(self) -> bool:
-        return self.progress >= self.spec.epochs
+        read = self.cursor is not None and self.cursor.done and not (self.sampler and self.sampler.handed)
+        return self.progress >= self.spec.epochs or read
 
     def adopt_state(self, vector: torch.Tensor, extra: bytes, step: int, progress: float) -> None:
         self.state.adopt(vector, extra)

@@ -46,7 +46,10 @@ def cmd_status(client: ControlClient, args) -> tuple[object, str]:
     table = render(["job", "worker", "device", "state", "phase", "step", "round", "epoch", "loss", "lr",
                     "global batch", "batch", "share", "samples/s", "partners", "metric", "restarts", "pid"],
                    [row for j in s.jobs for row in _progress_rows(j)])
-    return s, head + ("\n\n" + table if s.jobs else "\n\nno jobs (peerctl join JOB.toml)")
+    notes = [f"{j.name}/{w.member}: {w.state}: {w.message}" for j in s.jobs for w in j.workers if w.message]
+    notes = "".join("\n" + n for n in notes)
+    return s, head + ("\n\n" + table + ("\n" + notes if notes else "") if s.jobs
+                      else "\n\nno jobs (peerctl join JOB.toml)")
 
 
 def cmd_peers(client: ControlClient, args) -> tuple[object, str]:

@@ -477,13 +477,14 @@ class Daemon:
         first = job.first
         workers = [
             control_pb2.LocalWorker(member=w.member, device=w.device, state=w.state, pid=w.pid, restarts=w.restarts,
-                                    progress=w.progress, log_path=str(w.launch.log_path), address=w.address)
+                                    progress=w.progress, log_path=str(w.launch.log_path), address=w.address,
+                                    message=w.message)
             for w in job.workers
         ]
         return control_pb2.LocalJob(
             name=job.spec.name, state=job.state, spec_fingerprint=job.spec.fingerprint, worker_pid=first.pid,
             restarts=sum(w.restarts for w in job.workers), progress=first.progress,
-            log_path=str(first.launch.log_path), workers=workers,
+            log_path=str(first.launch.log_path), workers=workers, message=first.message,
             view_size=len(self.membership.job_view(job.spec.name, job.spec.fingerprint)) + len(job.workers),
         )
 

@@ -8,6 +8,7 @@ daemon never shares a process with torch, so a crashing job cannot take it down.
 from __future__ import annotations
 
 import asyncio
+import re
 import logging
 import signal
 import sys
@@ -81,6 +82,7 @@ class WorkerProcess:
     fingerprint: str = ""
     progress: control_pb2.Progress = field(default_factory=empty_progress)
     stop_requested: bool = False  # drain: the worker leaves after its current round
+    message: str = ""  # its last error line: why it failed or crashed (peerctl status)
     standby: Standby | None = None  # a spare process to start the worker in ([worker] standby)
     _process: asyncio.subprocess.Process | None = None
     _task: asyncio.Task | None = None
@@ -139,8 +141,11 @@ class WorkerProcess:
                 )
             log.info("job %s: worker %s pid %d started on %s (%s)", self.job, self.member, self._process.pid,
                      self.device, how)
-            await _relay(self._process.stdout, out)
+            await _relay(self._process.stdout, out, self._on_error)
             return await self._process.wait()
+
+    def _on_error(self, message: str) -> None:
+        self.message = message
 
     def on_heartbeat(self, report: control_pb2.WorkerReport) -> None:
         self.address = report.address
@@ -148,6 +153,7 @@ class WorkerProcess:
         self.progress = report.progress
         if self.state == "starting" and report.address:
             self.state = "running"
+            self.message = ""
 
     async def stop(self, drain: bool) -> None:
         """Drain: let the worker finish its round and leave. Otherwise stop it now."""
@@ -233,9 +239,24 @@ class LocalJob:
         await asyncio.gather(*(w.stop(drain) for w in self.workers))
 
 
-async def _relay(stream: asyncio.StreamReader, out) -> None:
+_ERROR_MSG = re.compile(rb'level=error .*?msg="(.*)"\s*$')
+_EXCEPTION = re.compile(rb"^(\w+\.)*\w*(Error|Exception|Interrupt|Exit)\b.*$")
+
+
+def error_line(line: bytes) -> str:
+    """The message of a worker's error record or the last line of a traceback
+    ("ModuleNotFoundError: No module named 'foo'"); "" for any other line."""
+    match = _ERROR_MSG.search(line) or _EXCEPTION.match(line.strip())
+    if not match:
+        return ""
+    text = (match.group(1) if match.re is _ERROR_MSG else match.group(0)).decode(errors="replace")
+    return text.replace("\\n", " ").strip()[:500]
+
+
+async def _relay(stream: asyncio.StreamReader, out, on_error=lambda message: None) -> None:
     """Copy the worker's output, line by line, to its log file and to the
-    daemon's stderr (journald under systemd), until the worker closes it."""
+    daemon's stderr (journald under systemd), until the worker closes it;
+    error lines go to `on_error` too (peerctl status shows the last one)."""
     while True:
         try:
             line = await stream.readline()
@@ -245,6 +266,8 @@ async def _relay(stream: asyncio.StreamReader, out) -> None:
             return
         out.write(line)
         out.flush()
+        if message := error_line(line):
+            on_error(message)
         try:
             sys.stderr.write(line.decode(errors="replace"))
             sys.stderr.flush()

@@ -110,8 +110,12 @@ def run_script(launch: Launch) -> int:
         if exc.code not in (0, None):
             _close_attached(finished=False)
             raise
-    except BaseException:
-        log.error("the script %s failed:\n%s", path.name, traceback.format_exc().rstrip())
+    except BaseException as exc:
+        log.warning("the script's traceback:\n%s", traceback.format_exc().rstrip())
+        if not _attached:  # its own code or setup is broken: a restart fails the same way
+            raise ConfigError(f"the script {path.name} failed before peerd.attach(): "
+                              f"{type(exc).__name__}: {exc}") from None
+        log.error("the script %s failed: %s: %s", path.name, type(exc).__name__, exc)
         _close_attached(finished=False)
         return 1
     if not _attached:

@@ -259,7 +259,8 @@ class Trainer:
         while True:
             try:
                 batch = next(self._loader_iter)
-            except StopIteration:
+            except StopIteration:  # the job's data is read (a dropped last batch moved the cursor too)
+                self.progress = max(self.progress, self.cursor.progress)
                 break
             micro = self._sampler.handed.popleft()
             if size == 0:  # the LR of this step: this peer's batch from the plan as it was handed out

@@ -143,7 +143,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class LocalJob(_message.Message):
-    __slots__ = ("name", "state", "spec_fingerprint", "worker_pid", "restarts", "view_size", "progress", "log_path", "workers")
+    __slots__ = ("name", "state", "spec_fingerprint", "worker_pid", "restarts", "view_size", "progress", "log_path", "workers", "message")
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     SPEC_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -153,6 +153,7 @@ class LocalJob(_message.Message):
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     LOG_PATH_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
     name: str
     state: str
     spec_fingerprint: str
@@ -162,10 +163,11 @@ class LocalJob(_message.Message):
     progress: Progress
     log_path: str
     workers: _containers.RepeatedCompositeFieldContainer[LocalWorker]
-    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., spec_fingerprint: _Optional[str] = ..., worker_pid: _Optional[int] = ..., restarts: _Optional[int] = ..., view_size: _Optional[int] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., log_path: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[LocalWorker, _Mapping]]] = ...) -> None: ...
+    message: str
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., spec_fingerprint: _Optional[str] = ..., worker_pid: _Optional[int] = ..., restarts: _Optional[int] = ..., view_size: _Optional[int] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., log_path: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[LocalWorker, _Mapping]]] = ..., message: _Optional[str] = ...) -> None: ...
 
 class LocalWorker(_message.Message):
-    __slots__ = ("member", "device", "state", "pid", "restarts", "progress", "log_path", "address")
+    __slots__ = ("member", "device", "state", "pid", "restarts", "progress", "log_path", "address", "message")
     MEMBER_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -174,6 +176,7 @@ class LocalWorker(_message.Message):
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     LOG_PATH_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
     member: str
     device: str
     state: str
@@ -182,7 +185,8 @@ class LocalWorker(_message.Message):
     progress: Progress
     log_path: str
     address: str
-    def __init__(self, member: _Optional[str] = ..., device: _Optional[str] = ..., state: _Optional[str] = ..., pid: _Optional[int] = ..., restarts: _Optional[int] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., log_path: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
+    message: str
+    def __init__(self, member: _Optional[str] = ..., device: _Optional[str] = ..., state: _Optional[str] = ..., pid: _Optional[int] = ..., restarts: _Optional[int] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., log_path: _Optional[str] = ..., address: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class StatusReply(_message.Message):
     __slots__ = ("peer_id", "version", "uptime_s", "peer_address", "locality", "peers_known", "jobs")
