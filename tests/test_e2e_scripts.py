@@ -20,7 +20,7 @@ pytestmark = pytest.mark.e2e
 JOBCODE = Path(__file__).parent / "jobcode"
 
 
-def script_job(name: str, script: Path, epochs: int = 300, args: list[str] | None = None) -> str:
+def script_job(name: str, script: Path, epochs: int = 800, args: list[str] | None = None) -> str:
     return textwrap.dedent(f"""
         [job]
         name = "{name}"
@@ -68,19 +68,22 @@ def test_a_script_job_joined_by_name_killed_drained_and_joined_late(local_cluste
     # kill -9 of a script worker: restarted, it takes the others' state, its own object included.
     victim = job_of(second)
     os.kill(victim.worker_pid, signal.SIGKILL)
+    # Meanwhile a newcomer joins: it starts from the running peers' registered state.
+    cluster.client(late).join_by_name("byo")
     wait_for(lambda: len(attached(logs["peer-1"])) >= 2, 90, "peer-1's script to attach again after the kill")
     step, counter, position = attached(logs["peer-1"])[-1]
     assert step > 30 and counter == step and position > 0, attached(logs["peer-1"])
-
-    # A drained script worker leaves after its round; the others go on.
-    cluster.client(first).leave("byo", drain=True)
-    assert job_of(first).state == "stopped"
-
-    # A newcomer starts from the running peers' registered state.
-    cluster.client(late).join_by_name("byo")
-    wait_for(lambda: attached(logs["peer-3"]), 60, "the late script to attach")
+    wait_for(lambda: attached(logs["peer-3"]), 90, "the late script to attach")
     step, counter, position = attached(logs["peer-3"])[0]
-    assert step > 30 and counter == step and position > 0
+    assert step > 30 and counter == step and position > 0, attached(logs["peer-3"])
+
+    # A drained script worker leaves after its round, with a checkpoint; the others go on.
+    pid = job_of(first).worker_pid
+    cluster.client(first).leave("byo", drain=True)
+    assert job_of(first) is None
+    assert re.search(r"leaving at round \d+: the operator asked", logs["peer-0"].read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
 
     def finished():
         jobs = [job_of(p) for p in (second, third, late)]
@@ -96,7 +99,8 @@ def test_a_script_job_joined_by_name_killed_drained_and_joined_late(local_cluste
 @pytest.mark.parametrize("body, expect_state, message", [
     ("import no_such_package\n", "failed",
      "the script broken.py failed before peerd.attach(): ModuleNotFoundError: No module named 'no_such_package'"),
-    ("print('no attach here')\n", "failed", "the script broken.py ended without calling peerd.attach()"),
+    ("print('no attach here')\n", "failed",
+     "the script broken.py ended without calling peerd.attach(): a script job must attach its model and optimizer"),
 ])
 def test_a_broken_script_fails_with_a_clear_message_and_the_daemon_stays_up(local_cluster, tmp_path, body,
                                                                             expect_state, message):

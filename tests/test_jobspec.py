@@ -206,8 +206,28 @@ def test_every_field_is_covered_by_changes():
     fields |= {f"train.{k}" for k in TrainSpec.__dataclass_fields__}
     covered = {f"{t}.{k}" for t, k, _ in CHANGES} | {"optimizer.options"}  # momentum, nesterov, ...
     # data_mode has a single legal value, so it cannot change; secret_file is
-    # left out of the fingerprint on purpose (test below).
-    assert fields - covered == {"job.data_mode", "job.secret_file"}
+    # left out of the fingerprint on purpose (test below); script and args
+    # exclude a job module (test below).
+    assert fields - covered == {"job.data_mode", "job.secret_file", "job.script", "job.args"}
+
+
+def test_a_script_job_and_its_arguments_are_in_the_fingerprint():
+    base = '[job]\nname = "s"\nscript = "train.py"\n'
+    specs = [parse_job(base + extra, SRC) for extra in ("", 'args = ["--lr", "1"]\n', 'args = ["--lr", "2"]\n')]
+    specs.append(parse_job(base.replace("train.py", "other.py"), SRC))
+    assert len({s.fingerprint for s in specs}) == 4
+    assert specs[1].args == ("--lr", "1") and specs[0].script_path("/jobs") == Path("/jobs/train.py")
+
+
+@pytest.mark.parametrize("extra, message", [
+    ('script = "train.py"\nmodule = "m"\n', "job.script runs the script's own loop; drop job.module"),
+    ('module = "m"\nargs = ["x"]\n', "job.args are a script's arguments; set job.script too"),
+    ('script = "train.sh"\n', "job.script = 'train.sh': expected the path of a Python script"),
+    ("", "needs module = 'package.module' (the job module), model = 'module:callable', or script = 'train.py'"),
+])
+def test_script_jobs_are_checked(extra, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse_job('[job]\nname = "s"\n' + extra, SRC)
 
 
 def test_secret_file_is_not_in_the_fingerprint_and_resolves_next_to_the_job_file(tmp_path):
