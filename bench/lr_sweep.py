@@ -41,13 +41,15 @@ def scenario(name: str) -> tuple[int, int, tuple[str, ...]]:
     return 4 * k, 4, tuple(f"leave:{slot}@1.0" for slot in range(4, 4 * k))
 
 
-def plan(seeds: list[int], ts: list[int], ks: list[int]) -> list[tuple[str, str, float, int, int]]:
+def plan(seeds: list[int], ts: list[int], ks: list[int], kinds: tuple[str, ...] | list[str] = ("join", "leave"),
+         policies=POLICIES) -> list[tuple[str, str, float, int, int]]:
+    sizes = {4, *(4 * k for k in ks)} if "leave" in kinds else {4}  # the starting sizes
     runs = []
     for s in seeds:  # seed outermost: a sweep cut short by its budget still covers every cell once
-        runs += [(f"base{n}", "none", 1.0, 0, s) for n in sorted({4, *(4 * k for k in ks)})]
+        runs += [(f"base{n}", "none", 1.0, 0, s) for n in sorted(sizes)]
         for k in ks:
-            for kind in ("join", "leave"):
-                for law, cap in POLICIES:
+            for kind in kinds:
+                for law, cap in policies:
                     runs += [(f"{kind}{k}", law, cap, t, s) for t in (ts if law != "none" else [0])]
     return runs
 
@@ -165,6 +167,9 @@ def main() -> int:
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--T", default="0,8,32", help="comma list of ramp lengths T")
     p.add_argument("--k", default="2,4,8", help="comma list of join/leave factors")
+    p.add_argument("--kinds", default="join,leave", help="comma list: join, leave")
+    p.add_argument("--policies", default=",".join(f"{law}:{cap:g}" for law, cap in POLICIES),
+                   help="comma list of LAW:CAP (default %(default)s)")
     p.add_argument("--budget-s", type=float, default=1500, help="stop starting runs after this many seconds")
     p.add_argument("--report", action="store_true", help="print the table (and --png) from runs.csv instead")
     p.add_argument("--png", type=Path)
@@ -173,7 +178,9 @@ def main() -> int:
         report(args.out, args.png)
         return 0
     ints = lambda text: [int(v) for v in text.split(",") if v]  # noqa: E731
-    sweep(args.out, plan(ints(args.seeds), ints(args.T), ints(args.k)), args.budget_s)
+    policies = [(v.split(":")[0], float(v.split(":")[1])) for v in args.policies.split(",") if v]
+    runs = plan(ints(args.seeds), ints(args.T), ints(args.k), args.kinds.split(","), policies)
+    sweep(args.out, runs, args.budget_s)
     return 0
 
 

@@ -34,7 +34,7 @@ def test_the_cap_clamps_both_ways():
 
 
 def test_defaults_are_the_swept_ones():
-    assert (DEFAULT_LAW, DEFAULT_MAX_SCALE, DEFAULT_RAMP_STEPS) == ("sqrt", 4.0, 8)
+    assert (DEFAULT_LAW, DEFAULT_MAX_SCALE, DEFAULT_RAMP_STEPS) == ("sqrt", 2.0, 8)
     ramp = ScaleRamp(reference_batch=128)
     assert (ramp.law, ramp.max_scale, ramp.ramp_steps) == (DEFAULT_LAW, DEFAULT_MAX_SCALE, DEFAULT_RAMP_STEPS)
 
