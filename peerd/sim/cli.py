@@ -35,7 +35,7 @@ examples:
       --groups 8 --global-batch 1024 --model mlp --out sim-out/paper
   python -m peerd.sim --peers 1024 --algorithm crossover --rounds 300 --global-batch 4096
   python -m peerd.sim --peers 64 --event fail:5@2.0 --event join:4@3.0 --event speed:7@1=0.25
-  python -m peerd.sim --peers 4 --local-batch 32 --model mlp --hidden 64 --lr 0.2 --rounds 300 \
+  python -m peerd.sim --peers 4 --local-batch 32 --model mlp --hidden 64 --lr 0.2 --rounds 300 \\
       --event join:28@1.0 --scaling linear --max-scale inf --ramp-steps 32   # 4 -> 32 peers, LR x8
 
 Each run writes RUN/rounds.csv (one row per round), RUN/peers.csv (one row per
