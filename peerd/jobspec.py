@@ -11,6 +11,7 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from peerd.core.lr import DEFAULT_LAW, DEFAULT_MAX_SCALE, DEFAULT_RAMP_STEPS, LAWS
 from peerd.errors import ConfigError
 from peerd.tomlconf import Table, load_toml
 
@@ -51,7 +52,11 @@ class OptimizerSpec:
     schedule: str = "cosine"  # "constant", "cosine" or "linear" (both to 0 over the job's epochs)
     warmup_steps: int = 0  # linear warm-up from 0 over this many steps, then the schedule
     reference_batch: int = 0  # global batch `lr` is meant for; 0: no scaling with the peer count
-    ramp_steps: int = 8  # T of Dynamic mini-batch SGD: ramp over T·max(k, 1/k) steps
+    # How the LR follows the global batch k × reference_batch (docs/algorithms.md):
+    # "linear" (k), "sqrt" (√k) or "none", capped to [1/max_scale, max_scale].
+    scaling: str = DEFAULT_LAW
+    max_scale: float = DEFAULT_MAX_SCALE
+    ramp_steps: int = DEFAULT_RAMP_STEPS  # T: ramp over T·max(r, 1/r) steps, r the multiplier's ratio
     # The optimizer class's own keyword arguments (momentum, betas, weight_decay, ...),
     # sorted by name. SGD gets momentum 0.9 unless the job says otherwise.
     options: tuple[tuple[str, object], ...] = (("momentum", 0.9),)
@@ -218,7 +223,12 @@ def _parse_optimizer(opt: Table) -> OptimizerSpec:
         warmup_steps=opt.get("warmup_steps", int, 0, check=lambda v: 0 <= v <= 10_000_000, expect="an integer ≥ 0"),
         reference_batch=opt.get("reference_batch", int, 0, check=lambda v: 0 <= v <= 1 << 24,
                                 expect="an integer ≥ 0 (0: no scaling)"),
-        ramp_steps=opt.get("ramp_steps", int, 8, check=lambda v: 0 <= v <= 100_000, expect="an integer ≥ 0"),
+        scaling=opt.get("scaling", str, DEFAULT_LAW, check=lambda v: v in LAWS,
+                        expect=" or ".join(repr(v) for v in LAWS)),
+        max_scale=opt.get("max_scale", float, DEFAULT_MAX_SCALE, check=lambda v: v >= 1,
+                          expect="a number ≥ 1 (inf: no cap)"),
+        ramp_steps=opt.get("ramp_steps", int, DEFAULT_RAMP_STEPS, check=lambda v: 0 <= v <= 100_000,
+                           expect="an integer ≥ 0"),
         options=_optimizer_options(opt, name),
     )
 

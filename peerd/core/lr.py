@@ -59,8 +59,10 @@ def ramp_length(current: float, target: float, ramp_steps: int) -> int:
     """Steps to go from multiplier `current` to `target`: T·max(r, 1/r), 0 if they are equal."""
     if current == target:
         return 0
-    r = target / current
-    return math.ceil(ramp_steps * max(r, 1.0 / r))
+    # Both quotients, not one and its reciprocal: 1 / (1 / 443) is 443.00000000000006,
+    # whose ceiling is a step too many. The margin absorbs the last bit of rounding.
+    ratio = max(target / current, current / target)
+    return math.ceil(ramp_steps * ratio - 1e-9)
 
 
 @dataclass

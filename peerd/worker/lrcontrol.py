@@ -24,7 +24,7 @@ log = logging.getLogger("peerd.worker")
 class LrControl:
     def __init__(self, spec: OptimizerSpec) -> None:
         self.reference_batch = spec.reference_batch
-        self.ramp = ScaleRamp(spec.reference_batch, spec.ramp_steps)
+        self.ramp = ScaleRamp(spec.reference_batch, spec.ramp_steps, spec.scaling, spec.max_scale)
         self.multiplier = 1.0
         self.lr = math.nan  # the first group's effective LR at the last step
         self._saved: list[float] = []
@@ -33,7 +33,7 @@ class LrControl:
         """The multiplier for the step about to be taken (`step` counts the ones done)."""
         if self.ramp.set_batch(global_batch, step):
             log.info("global batch now %d: LR scale ramps to %.3f", self.ramp.batch,
-                     self.ramp.batch / self.reference_batch)
+                     self.ramp.target(self.ramp.batch))
         self.multiplier = self.ramp.scale(step) * batch_scale
         return self.multiplier
 
