@@ -112,7 +112,12 @@ async def gossip_round(
         result.reached.add(plan.sources[s])
 
     tasks = {asyncio.ensure_future(fetch(s)): s for s in range(len(layout))}
-    done, pending = await asyncio.wait(tasks, timeout=deadline_s)
+    try:
+        done, pending = await asyncio.wait(tasks, timeout=deadline_s)
+    except asyncio.CancelledError:  # the round given up (an overlapped round past its grace): no fetch outlives it
+        for task in tasks:
+            task.cancel()
+        raise
     for task in pending:
         task.cancel()
     await asyncio.gather(*pending, return_exceptions=True)
