@@ -217,3 +217,16 @@ async def test_one_round_at_a_time_and_aclose_gives_up_the_one_in_flight():
     await runner.aclose()
     assert runner.pending is None
     assert await runner.finish(model) is None
+
+
+async def test_with_nobody_to_gossip_with_the_snapshot_is_only_published():
+    store = SnapshotStore(NUMEL)
+    runner = OverlapRunner(store, NUMEL)
+    model = torch.randn(NUMEL)
+    before = model.clone()
+    await runner.start(4, model, None)
+    assert runner.pending is None
+    model.add_(1.0)
+    async with store.hold(4, 0.0) as served:
+        assert torch.equal(served, before)
+    assert await runner.finish(model) is None and torch.equal(model, before + 1.0)

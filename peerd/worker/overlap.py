@@ -97,16 +97,22 @@ class OverlapRunner:
         """The round in flight, or None."""
         return None if self._pending is None else self._pending.round
 
-    async def start(self, round_: int, vector: torch.Tensor, exchange: Exchange, deadline_s: float) -> None:
+    async def start(
+        self, round_: int, vector: torch.Tensor, exchange: Exchange | None, deadline_s: float = 0.0,
+    ) -> None:
         """Publish `vector` (the model now, on any device) as the snapshot of
         `round_` and start its exchange; returns at once. `deadline_s` bounds the
-        whole exchange: `finish` gives it up `grace_s` later."""
+        whole exchange: `finish` gives it up `grace_s` later. With no exchange
+        (nobody to gossip with) the snapshot is only published, for partners
+        that still plan with this peer."""
         if self._pending is not None:
             raise RuntimeError(f"round {self._pending.round} is still in flight: finish it first")
         snapshot = self._snapshot
         snapshot.copy_(vector)  # the one copy per round (device-to-host on a GPU)
         # The store serves this buffer itself and gives back the one it retires.
         self._snapshot = await self._store.hand_over(round_, snapshot)
+        if exchange is None:
+            return
         self._pending = PendingRound(round_, snapshot, self._out)
         self._until = time.monotonic() + deadline_s + self._grace_s
         self._task = asyncio.ensure_future(exchange(RoundBuffers(snapshot, self._recv, self._out)))
