@@ -230,3 +230,28 @@ async def test_with_nobody_to_gossip_with_the_snapshot_is_only_published():
     async with store.hold(4, 0.0) as served:
         assert torch.equal(served, before)
     assert await runner.finish(model) is None and torch.equal(model, before + 1.0)
+
+
+async def test_overlapped_rounds_over_grpc_and_the_bulk_lane():
+    """The same with real sockets on 127.0.0.1: partners read the handed-over
+    snapshot over the bulk lane while the models move on."""
+    from peerd.worker.state import StateBoard, StateServer
+    from peerd.worker.transport import GrpcTransport, start_exchange_server
+
+    peers, _ = make_peers(["a", "b"])
+    servers, addresses = [], {}
+    for p in peers.values():
+        state = StateServer(p.identity, StateBoard(NUMEL), p.store, CHUNK)
+        server, address = await start_exchange_server(
+            SegmentServer(p.identity, p.store, SEGMENTS, CHUNK, p.stages), state, "127.0.0.1")
+        servers.append(server)
+        addresses[p.id] = address
+        p.transport = GrpcTransport(p.identity)
+    try:
+        results = await overlapped_rounds(peers, addresses, rounds=3, scale=0.01)
+        assert all(r is not None and r.misses == 0 for r in results)
+    finally:
+        for p in peers.values():
+            await p.transport.aclose()
+        for server in servers:
+            await server.stop(grace=None)
