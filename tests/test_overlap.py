@@ -13,6 +13,7 @@ from peerd.core.groups import plan_hierarchical
 from peerd.core.segments import split_even
 from peerd.core.topology import plan_round
 from peerd.errors import PeerUnavailable
+from peerd.worker.gossip import gossip_round
 from peerd.worker.overlap import OverlapRunner, RoundBuffers, flat_exchange, hierarchical_exchange
 from peerd.worker.snapshots import Identity, SegmentServer, SnapshotStore, StageStore
 from peerd.worker.transport import MemoryTransport
@@ -255,3 +256,56 @@ async def test_overlapped_rounds_over_grpc_and_the_bulk_lane():
             await p.transport.aclose()
         for server in servers:
             await server.stop(grace=None)
+
+
+async def test_the_exchange_runs_while_a_local_step_runs():
+    """The point of overlap: the round makes progress during a step (run in a
+    thread, as the worker does), not only after it. The exchange here can only
+    finish if it sees the step's progress."""
+    loop = asyncio.get_running_loop()
+    mid_step = asyncio.Event()
+    seen_mid_step = []
+
+    async def exchange(_: RoundBuffers):
+        await mid_step.wait()
+        seen_mid_step.append(True)
+        return None
+
+    def step(done: "threading.Event") -> None:
+        loop.call_soon_threadsafe(mid_step.set)
+        assert done.wait(5.0), "the exchange did not run while the step ran"
+
+    import threading
+
+    done = threading.Event()
+
+    async def watch():
+        await mid_step.wait()
+        await asyncio.sleep(0)
+        while not seen_mid_step:
+            await asyncio.sleep(0.01)
+        done.set()
+
+    runner = OverlapRunner(SnapshotStore(NUMEL), NUMEL)
+    model = torch.zeros(NUMEL)
+    await runner.start(1, model, exchange, deadline_s=10.0)
+    watcher = asyncio.create_task(watch())
+    await asyncio.to_thread(step, done)
+    await watcher
+    assert await runner.finish(model) is None and seen_mid_step
+
+
+async def test_a_cancelled_flat_round_leaves_no_fetch_behind():
+    peers, addresses = make_peers(["a", "b"])  # b never publishes: a's fetches wait
+    a = peers["a"]
+    await a.store.publish(1, a.model)
+    before = asyncio.all_tasks()
+    plan = plan_round("job", 1, list(addresses), "a", SEGMENTS)
+    task = asyncio.create_task(gossip_round(plan, addresses, a.model, torch.empty(NUMEL), a.layout, a.transport,
+                                            30.0, out=torch.empty(NUMEL)))
+    await asyncio.sleep(0.1)
+    assert len(asyncio.all_tasks() - before) > 1  # the round and its fetches
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await asyncio.sleep(0)
+    assert asyncio.all_tasks() - before == set()

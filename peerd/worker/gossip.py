@@ -143,6 +143,7 @@ async def gossip_round(
     except asyncio.CancelledError:  # the round given up (an overlapped round past its grace): no fetch outlives it
         for task in tasks:
             task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         raise
     for task in pending:
         task.cancel()
