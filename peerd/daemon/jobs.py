@@ -108,8 +108,8 @@ class WorkerProcess:
                 return
             if code == EXIT_FINISHED:
                 self.state = "finished"
-                log.info("job %s: worker %s finished: test accuracy %.4f", self.job, self.member,
-                         self.progress.test_accuracy)
+                log.info("job %s: worker %s finished: %s %.4f", self.job, self.member,
+                         self.progress.metric_name or "metric", self.progress.metric)
                 self.on_end()
                 return
             if code == EXIT_CONFIG:
