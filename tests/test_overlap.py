@@ -242,7 +242,7 @@ async def test_overlapped_rounds_over_grpc_and_the_bulk_lane():
     peers, _ = make_peers(["a", "b"])
     servers, addresses = [], {}
     for p in peers.values():
-        state = StateServer(p.identity, StateBoard(NUMEL), p.store, CHUNK)
+        state = StateServer(p.identity, StateBoard(2 * NUMEL, NUMEL), p.store, CHUNK)
         server, address = await start_exchange_server(
             SegmentServer(p.identity, p.store, SEGMENTS, CHUNK, p.stages), state, "127.0.0.1")
         servers.append(server)

@@ -124,7 +124,9 @@ def fill_values(
     checking it against what was asked: a wrong length, gap, overrun, partial
     value or non-finite value is refused. Returns the elements filled so far.
     check_finite=False leaves the non-finite check to a caller that checks what
-    it computes from the values anyway (the rounds: peerd.worker.gossip.average_pair)."""
+    it computes from the values: the rounds do for stages 0 and 1 (the flat
+    average, the group mean, the mix), not for stage 2 (the hierarchical
+    all-gather takes the owner's values as they are)."""
     if total != out.numel():
         raise InvalidMessage(f"partner sent a segment of {total} elements, expected {out.numel()}", "wrong_length")
     dtype = np.dtype(_WIRE_NUMPY[wire])

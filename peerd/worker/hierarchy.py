@@ -27,7 +27,6 @@ from peerd.core.groups import GroupPlan
 from peerd.core.robust import PullClipper
 from peerd.core.segments import Span
 from peerd.errors import InvalidMessage, PeerdError, PeerUnavailable
-from peerd.worker.codec import finite_by_sum
 from peerd.worker.gossip import RoundResult, clip_pull, keep_own, record_failure, relative_gap
 from peerd.worker.reduce import mix_groups, reduce_group, round_to_wire
 from peerd.worker.snapshots import StageStore
@@ -154,10 +153,9 @@ class _Round:
         # a segment that fails half-way is refilled from `vector` at the end.
         theirs = (self.recv if self.out is None else self.out)[span.start : span.stop]
         owner = self.plan.owners[s]
+        # Stage 2 values are taken as they are, nothing is computed from them: the
+        # transport checks them (a transport may leave stages 0 and 1 to the round).
         if not await self._fetch(owner, s, theirs, 2, 1.0):
-            return
-        if not finite_by_sum(theirs):
-            self._refuse(owner, s, 2)
             return
         mine = self.vector[span.start : span.stop]
         self.gaps.append(relative_gap(mine, theirs))
