@@ -81,11 +81,11 @@ def _vectors(rank: int, numel: int):
     return own, expected
 
 
-def _verify(vector, expected) -> dict:
+def _verify(vector, expected, atol: float = 0.0) -> dict:
     import torch
     import torch.testing
 
-    torch.testing.assert_close(vector, expected, rtol=0.0, atol=0.0)
+    torch.testing.assert_close(vector, expected, rtol=0.0, atol=atol)
     return {"checksum": float(vector.double().sum()), "head": vector[:3].tolist()}
 
 
@@ -169,7 +169,9 @@ def _peerd(rank: int, cfg: dict, barrier, conn) -> dict:
                 await wait_barrier()
             if profiler is not None:
                 profiler.dump_stats(os.path.join(cfg["profile"], f"peerd-rank{rank}.pstats"))
-            checks = _verify(vector, expected)
+            # Within one rounding of (a + b)·½: gossip_round averages with lerp, in an order
+            # both ranks agree on (run_method still checks that they hold the same bits).
+            checks = _verify(vector, expected, atol=1e-6)
             await transport.aclose()
             await wait_barrier()  # both channels closed before either server stops
             return {"times": times, "split": {"publish": publish, "gossip_round": gossip, "cpu": cpu},
