@@ -179,7 +179,7 @@ async def test_a_failed_donor_is_replaced_and_a_corrupt_range_is_rejected(grpc_p
         verify_part(part, b"not the digest")
     bad = StatePart(meta, Span(0, 2), torch.tensor([1.0, float("nan")]))
     with pytest.raises(PeerUnavailable, match="non-finite"):
-        verify_part(bad, digest(bad.values))
+        verify_part(bad, digest(bad.values, meta.extra))  # the checksum covers the extra part too
 
 
 async def test_state_in_memory_matches_the_grpc_path():
