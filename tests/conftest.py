@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
 import time
 import tomllib
 from collections.abc import Callable
@@ -46,13 +48,77 @@ def wait_for(predicate: Callable[[], object], timeout_s: float, what: str, inter
         time.sleep(interval_s)
 
 
-async def until(predicate: Callable[[], object], timeout_s: float = 20.0) -> None:
+async def until(predicate: Callable[[], object], what: str, timeout_s: float = 20.0):
     """The in-process twin of wait_for: poll without blocking the event loop."""
-    async def poll():
-        while not predicate():
-            await asyncio.sleep(0.05)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        await asyncio.sleep(0.05)
 
-    await asyncio.wait_for(poll(), timeout_s)
+
+# --- leak check: a test must not leave threads, child processes or namespaces behind -----------
+
+LEAK_GRACE_S = 10.0  # how long a thread or process that is already stopping may take to end
+# Process-wide threads libraries start once, on first use, and keep: not a test's leak.
+LIBRARY_THREADS = ("(_poll_wrapper)",)  # grpc.aio's completion-queue poller
+
+
+def _threads() -> dict[int, str]:
+    return {t.ident: t.name for t in threading.enumerate() if t.ident is not None}
+
+
+def _children() -> dict[int, str]:
+    """Direct child processes of this process (from /proc: psutil is not a dependency)."""
+    pids: set[int] = set()
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        try:
+            pids.update(int(p) for p in (task / "children").read_text().split())
+        except (FileNotFoundError, ProcessLookupError):
+            pass  # the thread ended while we looked
+    out = {}
+    for pid in pids:
+        try:
+            out[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200]
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return out
+
+
+def _namespaces() -> set[str]:
+    try:
+        return set(os.listdir("/run/netns"))
+    except FileNotFoundError:
+        return set()
+
+
+def _left_behind(before: tuple[dict, dict, set]) -> list[str]:
+    threads, children, namespaces = before
+    leaks = [f"thread {name!r}" for ident, name in _threads().items()
+             if ident not in threads and not name.endswith(LIBRARY_THREADS)]
+    leaks += [f"child process {pid}: {cmd}" for pid, cmd in _children().items() if pid not in children]
+    leaks += [f"network namespace {ns}" for ns in sorted(_namespaces() - namespaces)]
+    return leaks
+
+
+@pytest.fixture(autouse=True)
+def no_leaks():
+    """Fail a test that leaves a thread, child process or network namespace it created.
+
+    Autouse fixtures are set up first and so torn down last: other fixtures have cleaned up by
+    the time this looks. Threads and processes that existed before the test (zeroconf's, grpc's,
+    a session-wide server) are not counted; new ones get LEAK_GRACE_S to finish ending.
+    """
+    before = (_threads(), _children(), _namespaces())
+    yield
+    deadline = time.monotonic() + LEAK_GRACE_S
+    while (leaks := _left_behind(before)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if leaks:
+        pytest.fail("the test left behind: " + "; ".join(leaks), pytrace=False)
 
 
 @pytest.fixture

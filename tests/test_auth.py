@@ -301,11 +301,12 @@ async def test_daemons_with_the_realm_secret_and_tls_see_each_other_and_no_one_e
     try:
         for d in daemons:
             await d.start()
-        await until(lambda: alpha.membership.get("beta") and beta.membership.get("alpha"))
+        await until(lambda: alpha.membership.get("beta") and beta.membership.get("alpha"),
+                    "alpha and beta to know each other")
         await asyncio.sleep(1.0)  # several Hello rounds: gamma, with another secret, stays out
         assert alpha.membership.get("gamma") is None and beta.membership.get("gamma") is None
         assert gamma.membership.peers() == []
-        await until(lambda: gamma.peer_servicer.rejections.counts["bad_mac"] > 0)  # it refuses their Hellos
+        await until(lambda: gamma.peer_servicer.rejections.counts["bad_mac"] > 0, "gamma to refuse a Hello")  # it refuses their Hellos
         # A Hello with no proof over TLS: refused, and the address it offers is not learned.
         client = PeerClient(None, material(tmp_path, "lab", "outsider"))
         channel = client.channel(alpha.peer_address)

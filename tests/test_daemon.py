@@ -45,7 +45,7 @@ async def daemons(tmp_path):
 
 async def test_two_daemons_find_each_other_and_answer_hello_and_health(daemons, tmp_path):
     a, b = await daemons("alpha"), await daemons("beta")
-    await until(lambda: a.membership.get("beta") and b.membership.get("alpha"))
+    await until(lambda: a.membership.get("beta") and b.membership.get("alpha"), "alpha and beta to know each other")
     assert a.status().peers_known == 1
     assert [p.peer_id for p in b.list_peers().peers] == ["alpha"]
 
@@ -60,7 +60,7 @@ async def test_two_daemons_find_each_other_and_answer_hello_and_health(daemons, 
 async def test_daemons_of_different_realms_ignore_each_other(daemons):
     a, b = await daemons("alpha", realm="lab-a"), await daemons("beta", realm="lab-b")
     c = await daemons("gamma", realm="lab-a")
-    await until(lambda: a.membership.get("gamma") and c.membership.get("alpha"))
+    await until(lambda: a.membership.get("gamma") and c.membership.get("alpha"), "alpha and gamma to know each other")
     await asyncio.sleep(1.0)  # several Hello rounds: beta must stay out
     assert a.membership.get("beta") is None and c.membership.get("beta") is None
     assert b.membership.peers() == []
@@ -72,7 +72,7 @@ async def test_the_same_peer_id_may_live_in_two_realms(daemons, tmp_path):
     twin = Daemon(replace(config(tmp_path, "alpha-b", realm="lab-b"), peer_id="alpha"))
     await twin.start()  # another realm: no clash of mDNS names
     try:
-        await until(lambda: a.membership.get("beta") and b.membership.get("alpha"))
+        await until(lambda: a.membership.get("beta") and b.membership.get("alpha"), "alpha and beta to know each other")
         assert b.membership.get("alpha").address == a.peer_address
     finally:
         await twin.aclose()
@@ -80,10 +80,10 @@ async def test_the_same_peer_id_may_live_in_two_realms(daemons, tmp_path):
 
 async def test_a_stopped_daemon_leaves_the_view(daemons):
     a, b = await daemons("alpha"), await daemons("beta")
-    await until(lambda: a.membership.get("beta"))
+    await until(lambda: a.membership.get("beta"), "alpha to know beta")
     await b.aclose()
     # Zeroconf goodbye or the Hello timeout, whichever comes first.
-    await until(lambda: a.membership.get("beta") is None)
+    await until(lambda: a.membership.get("beta") is None, "alpha to forget beta after it left")
 
 
 async def test_a_second_daemon_on_the_same_socket_is_refused(daemons, tmp_path):
