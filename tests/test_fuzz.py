@@ -34,7 +34,8 @@ from hypothesis import strategies as st
 from peerd.auth import Authenticator
 from peerd.config import DaemonConfig
 from peerd.daemon.app import Daemon
-from peerd.daemon.services import GET_JOB_SPEC, HELLO, PeerClient, PeerServicer, start_peer_server, valid_address
+from peerd.daemon.services import GET_JOB_SPEC, HELLO, PeerClient, PeerServicer, start_peer_server
+from peerd.core.names import valid_address
 from peerd.proto.v1 import peer_pb2
 from peerd.worker.snapshots import Identity
 from peerd.worker.state import StateMeta

@@ -23,6 +23,7 @@ from grpc_health.v1.health import aio as health_aio
 from peerd import __version__
 from peerd.config import DaemonConfig
 from peerd.core.membership import ACTIVE_STATES, JobEntry, Membership, PeerRecord
+from peerd.core.names import peer_id_from_hostname, valid_peer_id
 from peerd.core.workers import member_ids, split_threads, worker_devices
 from peerd.daemon.devices import local_gpus
 from peerd.daemon.discovery import Discovery
@@ -51,10 +52,9 @@ def load_peer_id(config: DaemonConfig) -> str:
     if config.peer_id:
         return config.peer_id
     path = config.state_dir / "peer_id"
-    if path.exists():
-        return path.read_text().strip()
-    host = "".join(c if c.isalnum() else "-" for c in socket.gethostname())[:40].strip("-") or "peer"
-    peer_id = f"{host}-{secrets.token_hex(3)}"
+    if path.exists() and valid_peer_id(kept := path.read_text().strip()):
+        return kept  # else one a peer would refuse (made from a non-ASCII hostname): make it anew
+    peer_id = peer_id_from_hostname(socket.gethostname(), secrets.token_hex(3))
     config.state_dir.mkdir(parents=True, exist_ok=True)
     _write_atomic(path, peer_id + "\n")
     return peer_id

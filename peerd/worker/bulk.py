@@ -122,12 +122,6 @@ def _mac_ok(expected_hex: str, received: bytes) -> bool:
     return len(received) == MAC_BYTES and hmac.compare_digest(bytes.fromhex(expected_hex), received)
 
 
-def split_address(address: str) -> tuple[str, int]:
-    """("host", port) from "host:port" or "[v6]:port"."""
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
-
-
 class BulkServer:
     """Serves a SegmentServer's segments on a plain TCP port. With `auth`, every
     request must carry proof of the job secret made for `audience` (the worker's

@@ -21,6 +21,7 @@ import torch
 from peerd.auth import Authenticator, load_secret
 from peerd.core.deadline import DeadlineEstimator
 from peerd.core.groups import plan_hierarchical
+from peerd.core.names import host_of
 from peerd.core.robust import PullClipper
 from peerd.core.segments import split_even
 from peerd.core.shares import BatchPlan, Rebalancer
@@ -302,7 +303,7 @@ class Worker:
             vector.copy_(self.trainer.flat.vector)
         if self.spec.gossip.mode == "hierarchical":
             # Paths are outermost first (label, host, daemon): a daemon's workers group first.
-            localities = {p: (self.link.localities.get(p, ""), _host(view[p]), self.link.daemons.get(p, p))
+            localities = {p: (self.link.localities.get(p, ""), host_of(view[p]), self.link.daemons.get(p, p))
                           for p in peers}
             plan = plan_hierarchical(self.spec.name, self.round, localities, self.me, len(self.layout),
                                      self.spec.gossip.group_size)
@@ -400,9 +401,6 @@ class Worker:
         self.link.progress = p
 
 
-def _host(address: str) -> str:
-    """The host part of "host:port" or "[v6]:port": workers on one host group first."""
-    return address.rpartition(":")[0].strip("[]")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -19,12 +19,13 @@ import torch
 from google.protobuf.message import DecodeError
 
 from peerd.auth import AUTH_KEY, REPLY_KEY, Authenticator, ReplyMac, metadata_value
+from peerd.core.names import host_of, join_host_port
 from peerd.core.segments import Span
 from peerd.errors import InvalidMessage, JobMismatch, PeerdError, PeerUnavailable, RoundMismatch, Unauthenticated
 from peerd.proto.v1 import peer_pb2
 from peerd.rejections import Rejections
 from peerd.tls import TlsMaterial, add_port, open_channel
-from peerd.worker.bulk import BulkClient, BulkServer, split_address
+from peerd.worker.bulk import BulkClient, BulkServer
 from peerd.worker.codec import ChunkView, decode_segment_chunk, encode_segment_chunk, fill_values
 from peerd.worker.snapshots import Identity, SegmentServer, check_identity
 from peerd.worker.state import StateMeta, StatePart, StateServer, verify_part
@@ -166,7 +167,7 @@ class GrpcTransport:
         port = await self._lane(address, timeout)
         if port:
             try:
-                await self._bulk.fetch(split_address(address)[0], port, request, out, timeout, audience=address)
+                await self._bulk.fetch(host_of(address), port, request, out, timeout, audience=address)
             except (InvalidMessage, Unauthenticated) as exc:
                 self.rejections.record(address, exc.reason, str(exc))
                 raise
@@ -431,20 +432,16 @@ async def start_exchange_server(
         "Lanes": grpc.unary_unary_rpc_method_handler(servicer.Lanes),
     }
     grpc_server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(EXCHANGE_SERVICE, handlers),))
-    bound = add_port(grpc_server, _join(host, port), tls)
+    bound = add_port(grpc_server, join_host_port(host, port), tls)
     if bound == 0:
         if lane is not None:
             await lane.close()
         raise PeerUnavailable(f"cannot bind the exchange service to {host}:{port}")
     await grpc_server.start()
-    servicer.address = _join(host, bound)
+    servicer.address = join_host_port(host, bound)
     if lane is not None:
         lane.audience = servicer.address  # what callers' proofs name
     return ExchangeServer(grpc_server, lane), servicer.address
-
-
-def _join(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class MemoryTransport:
