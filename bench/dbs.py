@@ -48,6 +48,10 @@ import time
 import tomllib
 from pathlib import Path
 
+import tomli_w
+
+from peerd.core.codes import ENDED_STATES, WorkerState
+
 REPO = Path(__file__).resolve().parents[1]
 
 POLL_S = 0.5
@@ -206,11 +210,7 @@ def job_text(args: argparse.Namespace, dbs: bool, period: int) -> str:
                        min_local_batch=4, rebalance_rounds=args.rebalance_rounds, rebalance_threshold=0.1)
     data["optimizer"].update(lr=args.lr, reference_batch=args.global_batch, schedule="cosine")
     data["gossip"].update(period_steps=period)
-    lines = []
-    for table, values in data.items():
-        lines.append(f"[{table}]")
-        lines += [f"{k} = {json.dumps(v)}" for k, v in values.items()]
-    return "\n".join(lines) + "\n"
+    return tomli_w.dumps(data)
 
 
 def run_peerd(args: argparse.Namespace, variant: str) -> dict:
@@ -241,10 +241,10 @@ def run_peerd(args: argparse.Namespace, variant: str) -> dict:
                 accs = [j.progress.test_accuracy for j in progress]
                 if all(a == a for a in accs):
                     curve.append((t, sum(accs) / len(accs)))
-                if t > args.budget or all(j.state in ("finished", "failed", "stopped") for j in progress):
+                if t > args.budget or all(j.state in ENDED_STATES for j in progress):
                     break
             time.sleep(POLL_S)
-        if any(j.state == "failed" for j in progress):
+        if any(j.state == WorkerState.FAILED for j in progress):
             raise RuntimeError(f"{variant}: a worker failed; see {args.out / variant}")
     wall = rows[-1][0][0]
     last = _last_training(rows)
@@ -267,7 +267,7 @@ def _last_training(rows: list[list[tuple]]) -> list[tuple]:
     last = list(rows[0])
     for row in rows:
         for k, (t, state, p) in enumerate(row):
-            if state == "running" and p.phase == "training":
+            if state == WorkerState.RUNNING and p.phase == "training":
                 last[k] = (t, state, p)
     return last
 

@@ -74,6 +74,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+import tomli_w  # noqa: E402
+
 from peerd.client import ControlClient  # noqa: E402
 from peerd.cluster import LocalCluster, default_job  # noqa: E402
 from peerd.errors import DaemonNotRunning, PeerdError  # noqa: E402
@@ -145,20 +147,7 @@ def job_text(args: argparse.Namespace, ramp_steps: int) -> str:
     # reference_batch 64 = 2 peers × local batch 32: the LR is args.lr with the
     # first two peers, and the linear scaling rule doubles it with four.
     data["optimizer"].update(lr=args.lr, schedule=args.schedule, reference_batch=64, ramp_steps=ramp_steps)
-    lines = []
-    for table, values in data.items():
-        lines.append(f"[{table}]")
-        lines += [f"{k} = {_toml(v)}" for k, v in values.items()]
-        lines.append("")
-    return "\n".join(lines)
-
-
-def _toml(value: object) -> str:
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, str):
-        return json.dumps(value)  # a JSON string is a valid TOML basic string
-    return repr(value)
+    return tomli_w.dumps(data)
 
 
 # ---------------------------------------------------------------- one run

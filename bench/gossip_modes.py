@@ -69,6 +69,8 @@ for path in (ROOT, ROOT / "bench"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
+import tomli_w  # noqa: E402
+
 from peerd.client import ControlClient  # noqa: E402
 from peerd.cluster import LocalCluster, default_job  # noqa: E402
 from peerd.errors import DaemonNotRunning, PeerdError  # noqa: E402
@@ -129,20 +131,7 @@ def job_text(args: argparse.Namespace, variant: str) -> str:
     data["job"].update(name=JOB, seed=args.seed, init=args.init, epochs=float(args.epochs),
                        eval_every_rounds=args.eval_every)
     data["gossip"].update(group_size=args.group_size, **VARIANTS[variant])
-    lines = []
-    for table, values in data.items():
-        lines.append(f"[{table}]")
-        lines += [f"{k} = {_toml(v)}" for k, v in values.items()]
-        lines.append("")
-    return "\n".join(lines)
-
-
-def _toml(value: object) -> str:
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, str):
-        return json.dumps(value)  # a JSON string is a valid TOML basic string
-    return repr(value)
+    return tomli_w.dumps(data)
 
 
 # ---------------------------------------------------------------- one run

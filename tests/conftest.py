@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import tomli_w
 
 from peerd.cluster import LocalCluster, default_job
 
@@ -22,18 +23,7 @@ def example_job(**tables: dict[str, object]) -> str:
     data = tomllib.loads(default_job().read_text())
     for table, values in tables.items():
         data.setdefault(table, {}).update(values)
-    return "".join(
-        f"[{table}]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in values.items()) + "\n"
-        for table, values in data.items()
-    )
-
-
-def _toml_value(value: object) -> str:
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    return repr(value)
+    return tomli_w.dumps(data)
 
 
 def wait_for(predicate: Callable[[], object], timeout_s: float, what: str, interval_s: float = 0.25):

@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from peerd.core.codes import ACTIVE_STATES, WorkerState
 
-ACTIVE_STATES = ("starting", "running", "restarting")  # a job in these states holds its name
+
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ class JobEntry:
 
     @property
     def serving(self) -> bool:
-        return bool(self.worker_address) and self.state == "running"
+        return bool(self.worker_address) and self.state == WorkerState.RUNNING
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ from grpc_health.v1.health import aio as health_aio
 
 from peerd import __version__
 from peerd.config import DaemonConfig
-from peerd.core.membership import ACTIVE_STATES, JobEntry, Membership, PeerRecord
+from peerd.core.codes import ACTIVE_STATES, ENDED_STATES
+from peerd.core.membership import JobEntry, Membership, PeerRecord
 from peerd.core.names import peer_id_from_hostname, valid_peer_id
 from peerd.core.workers import member_ids, split_threads, worker_devices
 from peerd.daemon.devices import local_gpus
@@ -388,7 +389,7 @@ class Daemon:
         if secret_file is not None:
             load_secret(secret_file)  # refuse the join now, not in a restarting worker
         current = self.jobs.get(spec.name)
-        if current is not None and current.state not in ("finished", "failed", "stopped"):
+        if current is not None and current.state not in ENDED_STATES:
             raise ConfigError(f"this peer already runs job {spec.name!r} (state {current.state})")
         for (name, fingerprint), peers in self.membership.jobs().items():
             if name == spec.name and fingerprint != spec.fingerprint:

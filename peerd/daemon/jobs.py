@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from peerd.core.codes import ACTIVE_STATES, ENDED_STATES, ExitCode, WorkerState
 from peerd.daemon.process import RELAY_LINE_LIMIT
 from peerd.lifeline import parent_env
 from peerd.daemon.standby import Standby
@@ -24,9 +25,6 @@ from peerd.proto.v1 import control_pb2
 from peerd.tls import TlsSettings
 
 log = logging.getLogger("peerd.jobs")
-# Worker exit codes (peerd.worker.main); anything else is a crash and is restarted.
-EXIT_FINISHED = 0
-EXIT_CONFIG = 2
 JOINED = "joined.json"  # in the job's directory while this peer is in the job: resumed on restart
 ENDED = "ended"  # the job finished or failed here: not resumed
 STOP_GRACE_S = 10.0
@@ -75,7 +73,7 @@ class WorkerProcess:
     backoff_max_s: float
     stop_grace_s: float = STOP_GRACE_S  # after SIGTERM, how long the worker may take to checkpoint and exit
     on_end: Callable[[], None] = lambda: None  # it finished or failed: not restarted
-    state: str = "starting"
+    state: WorkerState = WorkerState.STARTING
     restarts: int = 0
     address: str = ""
     fingerprint: str = ""
@@ -100,25 +98,25 @@ class WorkerProcess:
     async def _supervise(self) -> None:
         delay = self.backoff_s
         while not self._stopping:
-            self.state, self.address = "starting", ""
+            self.state, self.address = WorkerState.STARTING, ""
             code = await self._run_once()
             self.address = ""
             if self._stopping or self.stop_requested:
-                self.state = "stopped"
+                self.state = WorkerState.STOPPED
                 return
-            if code == EXIT_FINISHED:
-                self.state = "finished"
+            if code == ExitCode.FINISHED:
+                self.state = WorkerState.FINISHED
                 log.info("job %s: worker %s finished: test accuracy %.4f", self.job, self.member,
                          self.progress.test_accuracy)
                 self.on_end()
                 return
-            if code == EXIT_CONFIG:
-                self.state = "failed"
+            if code == ExitCode.CONFIG:
+                self.state = WorkerState.FAILED
                 log.error("job %s cannot run (see %s); not restarting", self.job, self.launch.log_path)
                 self.on_end()
                 return
             self.restarts += 1
-            self.state = "restarting"
+            self.state = WorkerState.RESTARTING
             log.warning("worker %s of %s exited with %s; restart %d in %.1fs",
                         self.member, self.job, code, self.restarts, delay)
             await asyncio.sleep(delay)
@@ -146,8 +144,8 @@ class WorkerProcess:
         self.address = report.address
         self.fingerprint = report.fingerprint
         self.progress = report.progress
-        if self.state == "starting" and report.address:
-            self.state = "running"
+        if self.state == WorkerState.STARTING and report.address:
+            self.state = WorkerState.RUNNING
 
     async def stop(self, drain: bool) -> None:
         """Drain: let the worker finish its round and leave. Otherwise stop it now."""
@@ -164,8 +162,8 @@ class WorkerProcess:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        if self.state not in ("finished", "failed"):
-            self.state = "stopped"
+        if self.state not in (WorkerState.FINISHED, WorkerState.FAILED):
+            self.state = WorkerState.STOPPED
 
     async def _terminate(self) -> None:
         process = self._process
@@ -198,16 +196,16 @@ class LocalJob:
         return job
 
     @property
-    def state(self) -> str:
+    def state(self) -> WorkerState:
         """The job's state here: active while any worker is; else failed if one
         failed, finished if all finished, stopped otherwise."""
         states = {w.state for w in self.workers}
-        for active in ("running", "restarting", "starting"):
+        for active in ACTIVE_STATES:
             if active in states:
                 return active
-        if "failed" in states:
-            return "failed"
-        return "finished" if states == {"finished"} else "stopped"
+        if WorkerState.FAILED in states:
+            return WorkerState.FAILED
+        return WorkerState.FINISHED if states == {WorkerState.FINISHED} else WorkerState.STOPPED
 
     @property
     def first(self) -> WorkerProcess:
@@ -225,7 +223,7 @@ class LocalJob:
 
     def _worker_ended(self) -> None:
         # A daemon restarted later resumes only jobs that neither ended nor were left.
-        if all(w.state in ("finished", "failed") for w in self.workers):
+        if all(w.state in (WorkerState.FINISHED, WorkerState.FAILED) for w in self.workers):
             (self.job_dir / ENDED).write_text(self.state + "\n")
 
     async def stop(self, drain: bool) -> None:

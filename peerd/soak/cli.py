@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from peerd.core.codes import ExitCode
 from peerd.errors import ConfigError
 from peerd.soak.schedule import KINDS
 
@@ -105,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
             load_schedule(settings.schedule)  # bad files fail here, before anything starts
     except ConfigError as exc:
         print(f"peerd soak: {exc}", file=sys.stderr)
-        return 2
+        return ExitCode.CONFIG
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         result = run_soak(settings, settings.job or default_job())

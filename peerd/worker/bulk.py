@@ -12,7 +12,7 @@ Frames, little-endian (docs/protocol.md):
   request:      u32 n, n bytes of SegmentRequest (protobuf)
                 [with a job secret: u32 m, m bytes of proof, as in gRPC's peerd-auth]
   reply, ok:    u8 0, u64 elements, then the values in the job's wire dtype
-  reply, error: u8 kind (1 job mismatch, 2 round mismatch, 3 unavailable,
+  reply, error: u8 kind (BulkError: 1 job mismatch, 2 round mismatch, 3 unavailable,
                 4 unauthenticated), i64 the server's round, u32 n, n bytes of UTF-8 message
                 [with a job secret, either reply ends in the 32-byte reply proof]
 """
@@ -20,6 +20,7 @@ Frames, little-endian (docs/protocol.md):
 from __future__ import annotations
 
 import asyncio
+import enum
 import hmac
 import os
 import queue
@@ -41,8 +42,19 @@ from peerd.worker.snapshots import SegmentServer
 _LENGTH = struct.Struct("<I")
 _OK = struct.Struct("<BQ")
 _ERROR = struct.Struct("<BqI")
-_KIND = {JobMismatch: 1, RoundMismatch: 2, PeerUnavailable: 3}
-_UNAUTHENTICATED = 4
+
+
+class BulkError(enum.IntEnum):
+    """The kind byte of an error reply."""
+
+    JOB_MISMATCH = 1
+    ROUND_MISMATCH = 2
+    UNAVAILABLE = 3
+    UNAUTHENTICATED = 4  # the server closes the connection after this one
+
+
+_KIND = {JobMismatch: BulkError.JOB_MISMATCH, RoundMismatch: BulkError.ROUND_MISMATCH,
+         PeerUnavailable: BulkError.UNAVAILABLE}
 MAC_BYTES = 32  # a reply proof (HMAC-SHA256)
 BULK_METHOD = "bulk:FetchSegment"  # what a lane request's proof names: not valid for a gRPC call
 MAX_PROOF_BYTES = 256
@@ -95,7 +107,7 @@ def _read_reply(sock: socket.socket, into: memoryview | None, expected: int, ite
             raise ConnectionError(f"error message of {size} bytes")
         message = bytearray(size)
         _recv_blocking(sock, memoryview(message))
-        mac = _recv_mac(sock, mac_bytes if head[0] != _UNAUTHENTICATED else 0)  # a refused proof gets none back
+        mac = _recv_mac(sock, mac_bytes if head[0] != BulkError.UNAUTHENTICATED else 0)  # a refused proof gets none back
         return "error", head[0], current, message.decode(errors="replace"), mac
     _recv_blocking(sock, memoryview(head)[1:])
     _, total = _OK.unpack(head)
@@ -185,7 +197,7 @@ class BulkServer:
                     except Unauthenticated as exc:
                         self._reject(conn, exc.reason, str(exc))
                         message = str(exc).encode()[:4096]
-                        await loop.sock_sendall(conn, _ERROR.pack(_UNAUTHENTICATED, -1, len(message)) + message)
+                        await loop.sock_sendall(conn, _ERROR.pack(BulkError.UNAUTHENTICATED, -1, len(message)) + message)
                         return  # no proof to answer with: the connection ends here
                 request = peer_pb2.SegmentRequest.FromString(body)
                 await self._answer(loop, conn, request, reply)
@@ -224,10 +236,10 @@ class BulkServer:
         except PeerdError as exc:
             if started:
                 raise ConnectionError("failed mid-segment") from exc
-            kind = next((k for cls, k in _KIND.items() if isinstance(exc, cls)), 3)
+            kind = next((k for cls, k in _KIND.items() if isinstance(exc, cls)), BulkError.UNAVAILABLE)
             message = str(exc).encode()[:4096]
             current = getattr(exc, "current_round", -1)
-            mac = bytes.fromhex(reply.digest(f"{kind}:{current}")) if reply is not None else b""
+            mac = bytes.fromhex(reply.digest(f"{int(kind)}:{current}")) if reply is not None else b""
             await loop.sock_sendall(conn, _ERROR.pack(kind, current, len(message)) + message + mac)
 
 
@@ -346,15 +358,15 @@ class _Pipe:
         reply = _read_reply(self._reader, item.into, item.out.numel(), itemsize, mac_bytes)
         if reply[0] == "error":
             _, kind, current, message, mac = reply
-            if kind == _UNAUTHENTICATED:  # the partner closes the connection after this
+            if kind == BulkError.UNAUTHENTICATED:  # the partner closes the connection after this
                 self._loop.call_soon_threadsafe(_settle, item.future, Unauthenticated(
                     f"partner refused this peer's proof: {message}", "refused"))
                 raise ConnectionError("proof refused")
             if item.reply is not None and not _mac_ok(item.reply.digest(f"{kind}:{current}"), mac):
                 return Unauthenticated("the reply's proof does not match the shared secret", "reply_bad_mac")
-            if kind == 2:
+            if kind == BulkError.ROUND_MISMATCH:
                 return RoundMismatch(message, current)
-            return (JobMismatch if kind == 1 else PeerUnavailable)(message)
+            return (JobMismatch if kind == BulkError.JOB_MISMATCH else PeerUnavailable)(message)
         if reply[0] == "length":
             # The values that follow are not read: the connection is dropped.
             self._loop.call_soon_threadsafe(_settle, item.future, InvalidMessage(

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from peerd.auth import Authenticator, load_secret
+from peerd.core.codes import ExitCode
 from peerd.core.deadline import DeadlineEstimator
 from peerd.core.groups import plan_hierarchical
 from peerd.core.names import host_of
@@ -52,11 +53,6 @@ from peerd.worker.transport import GrpcTransport, start_exchange_server
 log = logging.getLogger("peerd.worker")
 
 HEARTBEAT_S = 0.5
-# Exit codes the daemon acts on (peerd.daemon.jobs): only a crash is restarted.
-EXIT_FINISHED = 0  # trained every epoch of the job
-EXIT_LEFT = 3  # left on the operator's request (drain)
-EXIT_STOPPED = 143  # stopped by a signal
-EXIT_CONFIG = 2  # the job cannot load here: restarting would not help
 CATCH_UP_ROUNDS = 10  # a partner further ahead than this is logged when this worker steps up to it
 GROUP_LOG_ROUNDS = 100
 SETTLE_WAIT_S = 30.0  # longest wait for a freshly started daemon to hear from its peers
@@ -458,11 +454,11 @@ async def amain(args: argparse.Namespace) -> int:
         await worker.run()
     except asyncio.CancelledError:
         log.info("stopped by signal at round %d", worker.round)
-        return EXIT_STOPPED
+        return ExitCode.STOPPED
     if worker.stop_signal and not trainer.done:
         log.info("stopped by signal at round %d", worker.round)
-        return EXIT_STOPPED
-    return EXIT_FINISHED if trainer.done else EXIT_LEFT
+        return ExitCode.STOPPED
+    return ExitCode.FINISHED if trainer.done else ExitCode.LEFT
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -470,14 +466,14 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging("INFO", args.log_format, peer=args.peer_id)
     if sys.byteorder != "little":
         print("peerd: big-endian hosts are not supported (segments travel as little-endian fp32)", file=sys.stderr)
-        return 2
+        return ExitCode.CONFIG
     try:
         import uvloop
 
         return uvloop.run(amain(args))
     except ConfigError as exc:
         log.error("%s", exc)
-        return EXIT_CONFIG
+        return ExitCode.CONFIG
     except PeerdError as exc:
         log.error("%s", exc)
-        return 1
+        return ExitCode.ERROR
