@@ -11,11 +11,13 @@ import asyncio
 import logging
 import signal
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from peerd.core.codes import ACTIVE_STATES, ENDED_STATES, ExitCode, WorkerState
+from peerd.core.codes import ACTIVE_STATES, WorkerState
+from peerd.core.restarts import Backoff, RestartHistory, after_exit
 from peerd.daemon.process import RELAY_LINE_LIMIT
 from peerd.lifeline import parent_env
 from peerd.daemon.standby import Standby
@@ -73,6 +75,7 @@ class WorkerProcess:
     backoff_max_s: float
     stop_grace_s: float = STOP_GRACE_S  # after SIGTERM, how long the worker may take to checkpoint and exit
     on_end: Callable[[], None] = lambda: None  # it finished or failed: not restarted
+    clock: Callable[[], float] = time.monotonic
     state: WorkerState = WorkerState.STARTING
     restarts: int = 0
     address: str = ""
@@ -96,31 +99,29 @@ class WorkerProcess:
         self._task = asyncio.create_task(self._supervise(), name=f"job:{self.job}:{self.member}")
 
     async def _supervise(self) -> None:
-        delay = self.backoff_s
+        """Run the worker; after each exit, carry out what restarts.after_exit decides."""
+        backoff, history = Backoff(self.backoff_s, self.backoff_max_s), RestartHistory()
         while not self._stopping:
             self.state, self.address = WorkerState.STARTING, ""
             code = await self._run_once()
             self.address = ""
-            if self._stopping or self.stop_requested:
-                self.state = WorkerState.STOPPED
+            action = after_exit(code, self._stopping or self.stop_requested, history, backoff, self.clock())
+            self.state, history, self.restarts = action.state, action.history, action.history.restarts
+            if not action.restarts:
+                self._log_end(code)
+                if action.state != WorkerState.STOPPED:
+                    self.on_end()
                 return
-            if code == ExitCode.FINISHED:
-                self.state = WorkerState.FINISHED
-                log.info("job %s: worker %s finished: test accuracy %.4f", self.job, self.member,
-                         self.progress.test_accuracy)
-                self.on_end()
-                return
-            if code == ExitCode.CONFIG:
-                self.state = WorkerState.FAILED
-                log.error("job %s cannot run (see %s); not restarting", self.job, self.launch.log_path)
-                self.on_end()
-                return
-            self.restarts += 1
-            self.state = WorkerState.RESTARTING
             log.warning("worker %s of %s exited with %s; restart %d in %.1fs",
-                        self.member, self.job, code, self.restarts, delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, self.backoff_max_s)
+                        self.member, self.job, code, self.restarts, action.delay_s)
+            await asyncio.sleep(max(0.0, action.restart_at - self.clock()))
+
+    def _log_end(self, code: int) -> None:
+        if self.state == WorkerState.FINISHED:
+            log.info("job %s: worker %s finished: test accuracy %.4f", self.job, self.member,
+                     self.progress.test_accuracy)
+        elif self.state == WorkerState.FAILED:
+            log.error("job %s cannot run (see %s); not restarting", self.job, self.launch.log_path)
 
     async def _run_once(self) -> int:
         self.launch.log_path.parent.mkdir(parents=True, exist_ok=True)
