@@ -316,7 +316,7 @@ async def test_daemons_with_the_realm_secret_and_tls_see_each_other_and_no_one_e
                     peer_id="mallory", address="127.0.0.1:9", realm=realm), peer_pb2.HelloReply, 2.0)
         finally:
             await channel.close()
-        assert "mallory" not in alpha._addresses
+        assert "mallory" not in alpha.directory
     finally:
         for d in daemons:
             await d.aclose()

@@ -87,7 +87,7 @@ async def test_a_peer_heard_of_that_goes_silent_is_forgotten(daemons):
     b = await daemons("beta", zeroconf=False, seeds=(hub.peer_address,))
     await until(lambda: a.membership.get("beta"), "alpha to know beta")
     await b.aclose()
-    await until(lambda: a.membership.get("beta") is None and "beta" not in a._addresses, "alpha to forget beta and its address")
+    await until(lambda: a.membership.get("beta") is None and "beta" not in a.directory, "alpha to forget beta and its address")
     assert a.membership.get("hub")  # the seed stays
 
 
@@ -196,7 +196,7 @@ async def test_a_worker_that_starts_or_stops_serving_reaches_the_others_before_t
     slow = dict(zeroconf=False, hello_interval_s=60.0, peer_timeout_s=130.0)
     b = await daemons("beta", **slow)
     a = await daemons("alpha", seeds=(b.peer_address,), **slow)
-    await until(lambda: "alpha" in b._addresses, "beta to learn alpha's address")  # from a's first Hello; b asks a again in 60 s
+    await until(lambda: "alpha" in b.directory, "beta to learn alpha's address")  # from a's first Hello; b asks a again in 60 s
     spec = parse_job(example_job(job={"name": "pushed"}), "test")
     launch = WorkerLaunch("unix:/nowhere", "alpha", "127.0.0.1", 1, tmp_path / "job.toml", "", tmp_path / "w.log")
     a.jobs[spec.name] = LocalJob.create(spec, tmp_path, [launch], 1.0, 1.0)  # supervised by nobody: reports only

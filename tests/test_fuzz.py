@@ -233,5 +233,5 @@ def test_random_and_mutated_messages_are_each_answered_with_a_status(servers):
     # Every kind of answer came up, so the messages reached past every check.
     assert {"OK", "UNAUTHENTICATED", "INVALID_ARGUMENT", "FAILED_PRECONDITION", "UNIMPLEMENTED"} <= set(codes)
     servers.run(servers.check_still_serving())
-    learned = servers.daemon._addresses
+    learned = dict(servers.daemon.directory.items())
     assert all(valid_address(a) for a in learned.values()), learned
