@@ -49,8 +49,10 @@ import tomllib
 from pathlib import Path
 
 import tomli_w
+from _harness import poll_until
 
 from peerd.core.codes import ENDED_STATES, WorkerState
+from peerd.interrupts import raise_interrupt
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -223,7 +225,7 @@ def run_peerd(args: argparse.Namespace, variant: str) -> dict:
     text = job_text(args, dbs=kind == "dbs", period=int(period or args.period_steps))
     with LocalCluster(len(args.slowdown_list), args.out / variant, slowdowns=args.slowdown_list) as cluster:
         cluster.wait_ready()
-        _until(lambda: all(cluster.client(p).status().peers_known == len(cluster.peers) - 1 for p in cluster.peers),
+        poll_until(lambda: all(cluster.client(p).status().peers_known == len(cluster.peers) - 1 for p in cluster.peers),
                30, "discovery")
         for peer in cluster.peers:
             with cluster.client(peer) as c:
@@ -270,14 +272,6 @@ def _last_training(rows: list[list[tuple]]) -> list[tuple]:
             if state == WorkerState.RUNNING and p.phase == "training":
                 last[k] = (t, state, p)
     return last
-
-
-def _until(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out waiting for {what}")
-        time.sleep(POLL_S)
 
 
 # ---- report ------------------------------------------------------------------
@@ -336,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args.out = args.out or REPO / "runs" / time.strftime("dbs-%Y%m%d-%H%M%S")
     args.out.mkdir(parents=True, exist_ok=True)
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    signal.signal(signal.SIGTERM, raise_interrupt)
     results = []
     for variant in args.variants.split(","):
         started = time.monotonic()

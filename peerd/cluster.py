@@ -34,6 +34,7 @@ from rich.table import Table
 from peerd.client import ControlClient
 from peerd.core.codes import ENDED_STATES, ExitCode
 from peerd.errors import PeerdError
+from peerd.interrupts import raise_interrupt
 from peerd.jobspec import load_job
 
 POLL_S = 0.5
@@ -294,7 +295,7 @@ def run_cluster(args: argparse.Namespace) -> int:
     history: list[dict] = []
     rows: list[dict] = []
     started = time.monotonic()
-    previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    previous = signal.signal(signal.SIGTERM, raise_interrupt)
     try:
         settings = (lambda peer: {"worker": {"devices": ["cpu"] * args.workers}}) if args.workers > 1 else None
         with LocalCluster(args.peers, out, slowdowns=args.slowdowns, settings=settings) as cluster:
