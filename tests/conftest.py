@@ -14,6 +14,7 @@ import pytest
 import tomli_w
 
 from peerd.cluster import LocalCluster, default_job
+from peerd.soak.netns import made_here
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -79,10 +80,9 @@ def _children() -> dict[int, str]:
 
 
 def _namespaces() -> set[str]:
-    try:
-        return set(os.listdir("/run/netns"))
-    except FileNotFoundError:
-        return set()
+    """Network namespaces this process made (peerd.soak.netns): the machine-wide list
+    also holds other processes', which come and go while a test runs."""
+    return made_here()
 
 
 def _left_behind(before: tuple[dict, dict, set]) -> list[str]:
