@@ -15,8 +15,9 @@ from peerd.auth import Authenticator, ReplyMac
 from peerd.errors import PeerUnavailable, RoundMismatch, Unauthenticated
 from peerd.proto.v1 import peer_pb2
 from peerd.rejections import Rejections
-from peerd.worker import bulk
-from peerd.worker.bulk import BulkClient, BulkServer
+from peerd.worker import bulk_client
+from peerd.worker.bulk import BulkServer
+from peerd.worker.bulk_client import BulkClient
 
 from conftest import until
 from peerd.worker.snapshots import Identity, SegmentServer, SnapshotStore
@@ -119,7 +120,7 @@ async def test_a_deadline_fails_the_pipe_and_the_next_fetch_reconnects():
 
 
 async def test_an_idle_connection_is_closed_and_its_thread_ends(monkeypatch):
-    monkeypatch.setattr(bulk, "IDLE_S", 0.2)
+    monkeypatch.setattr(bulk_client, "IDLE_S", 0.2)
     async with Lane() as lane:
         client = BulkClient()
         try:

@@ -25,7 +25,8 @@ from peerd.errors import InvalidMessage, JobMismatch, PeerdError, PeerUnavailabl
 from peerd.proto.v1 import peer_pb2
 from peerd.rejections import Rejections
 from peerd.tls import TlsMaterial, add_port, open_channel
-from peerd.worker.bulk import BulkClient, BulkServer
+from peerd.worker.bulk import BulkServer
+from peerd.worker.bulk_client import BulkClient
 from peerd.worker.codec import ChunkView, decode_segment_chunk, encode_segment_chunk, fill_values
 from peerd.worker.snapshots import Identity, SegmentServer, check_identity
 from peerd.worker.state import StateMeta, StatePart, StateServer, verify_part
