@@ -240,7 +240,7 @@ def run_peerd(args: argparse.Namespace, variant: str) -> dict:
             if t0 is not None:
                 t = now - t0
                 rows.append([(t, j.state, j.progress) for j in progress])
-                accs = [j.progress.test_accuracy for j in progress]
+                accs = [j.progress.metric for j in progress]
                 if all(a == a for a in accs):
                     curve.append((t, sum(accs) / len(accs)))
                 if t > args.budget or all(j.state in ENDED_STATES for j in progress):
@@ -254,9 +254,9 @@ def run_peerd(args: argparse.Namespace, variant: str) -> dict:
     with open(args.out / variant / "history.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["t", "peer", "state", "phase", "round", "epoch", "local_batch", "share", "samples_per_s",
-                    "compute_s", "test_accuracy"])
+                    "compute_s", "metric"])
         w.writerows([round(t, 2), k, s, p.phase, p.round, p.epoch, p.local_batch, p.share, p.samples_per_s,
-                     p.compute_s, p.test_accuracy] for row in rows for k, (t, s, p) in enumerate(row))
+                     p.compute_s, p.metric] for row in rows for k, (t, s, p) in enumerate(row))
     # Each peer's typical batch: the median over its training statuses (the last
     # step of an epoch is short, so its last batch says little).
     batches = [statistics.median_low([row[k][2].local_batch for row in rows if row[k][2].phase == "training"] or [0])

@@ -188,7 +188,7 @@ def poll(clients: list[ControlClient], run: Run, left: set[int]) -> list[dict]:
         else:
             p = j.progress
             row.update(state=j.state, phase=p.phase, epoch=p.epoch, step=p.step, round=p.round, loss=p.loss,
-                       lr=p.lr, global_batch=p.global_batch, accuracy=p.test_accuracy,
+                       lr=p.lr, global_batch=p.global_batch, accuracy=p.metric,
                        samples_per_s=p.samples_per_s, view_size=j.view_size)
         rows.append(row)
     return rows

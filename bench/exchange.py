@@ -117,7 +117,7 @@ def _peerd(rank: int, cfg: dict, barrier, conn) -> dict:
         nonlocal vector
         store = SnapshotStore(numel)
         server = SegmentServer(identity, store, segments, chunk_elems)
-        state = StateServer(identity, StateBoard(numel), store, chunk_elems)  # newcomers' service, idle here
+        state = StateServer(identity, StateBoard(2 * numel, numel), store, chunk_elems)  # newcomers' service, idle here
         bulk = cfg["bulk"]
         auth = Authenticator(b"bench-job-secret-0123456789") if cfg.get("auth") else None
         grpc_server, address = await start_exchange_server(server, state, "127.0.0.1", bulk=bulk, auth=auth)

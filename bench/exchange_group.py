@@ -88,7 +88,7 @@ def _peerd(mode: str, rank: int, cfg: dict, barrier, conn) -> dict:
         nonlocal vector
         store, stages = SnapshotStore(numel), StageStore()
         server = SegmentServer(identity, store, segments, chunk_elems, stages)
-        state = StateServer(identity, StateBoard(numel), store, chunk_elems)
+        state = StateServer(identity, StateBoard(2 * numel, numel), store, chunk_elems)
         grpc_server, address = await start_exchange_server(server, state, "127.0.0.1")
         transport = GrpcTransport(identity)
         try:

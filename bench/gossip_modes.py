@@ -216,7 +216,7 @@ def poll(clients: list[ControlClient], variant: str, t: float) -> list[dict]:
         j = jobs.get(JOB)
         if j is not None:
             p = j.progress
-            row.update(state=j.state, step=p.step, round=p.round, epoch=p.epoch, loss=p.loss, accuracy=p.test_accuracy,
+            row.update(state=j.state, step=p.step, round=p.round, epoch=p.epoch, loss=p.loss, accuracy=p.metric,
                        disagreement=p.disagreement, exchange_s=p.exchange_s, misses=p.segment_misses,
                        partners=f"{p.partners_reached}/{p.partners_planned}")
         rows.append(row)
@@ -233,7 +233,7 @@ def consensus(paths: list[Path]) -> dict:
     vectors = []
     for path in paths:
         saved = torch.load(path, map_location="cpu", weights_only=True)
-        vectors.append(torch.cat([v.flatten().float() for v in saved["state_dict"].values()]))
+        vectors.append(torch.cat([v.flatten().float() for v in saved.values()]))
     stack = torch.stack(vectors)
     mean = stack.mean(0)
     distances = torch.linalg.vector_norm(stack - mean, dim=1) / torch.linalg.vector_norm(mean)

@@ -152,7 +152,7 @@ async def measure(setup: Setup, rounds: int = 3, grpc: bool = False, deadline_s:
     servers, addresses = [], {}
     if grpc:
         for p, w in workers.items():
-            state = StateServer(w.identity, StateBoard(setup.numel), w.store, CHUNK_ELEMS)
+            state = StateServer(w.identity, StateBoard(2 * setup.numel, setup.numel), w.store, CHUNK_ELEMS)
             server, addresses[p] = await start_exchange_server(w.server, state, "127.0.0.1")
             servers.append(server)
     else:

@@ -43,12 +43,31 @@ DISCOVERY_TIMEOUT_S = 20.0
 
 
 def default_job() -> Path:
-    return Path(str(resources.files("peerd.examples").joinpath("mnist.toml")))
+    return builtin_job("mnist")
+
+
+def builtin_job(name: str) -> Path:
+    return Path(str(resources.files("peerd.examples").joinpath(f"{name}.toml")))
+
+
+BUILTIN_JOBS = {"mnist": "a LeNet-sized CNN on 5,000 MNIST digits (SGD, accuracy)",
+                "charlm": "a character-level transformer on Python's own source (AdamW, bf16, val_loss)"}
+
+
+def _job_file(text: str) -> Path:
+    """A job file, or the short name of a built-in job."""
+    return builtin_job(text) if text in BUILTIN_JOBS else Path(text)
+
+
+def _label(metric: str) -> str:
+    return "test accuracy" if metric == "accuracy" else metric
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--peers", type=int, default=3, help="number of daemons (default 3)")
-    parser.add_argument("--job", type=Path, default=None, help="job file (default: the built-in MNIST example)")
+    parser.add_argument("--job", type=_job_file, default=None, metavar="FILE|NAME",
+                        help="a job file, or a built-in job: " + "; ".join(f"{k}: {v}" for k, v in BUILTIN_JOBS.items())
+                        + " (default: mnist)")
     parser.add_argument("--out", type=Path, default=None,
                         help="where logs, history.csv and progress.png go (default: runs/cluster-TIMESTAMP)")
     parser.add_argument("--slowdowns", type=_slowdowns, default=None, metavar="F,F,...",
@@ -212,13 +231,14 @@ class LocalCluster:
         shutil.rmtree(self._sockets, ignore_errors=True)
 
 
-def _table(rows: list[dict], elapsed: float) -> Table:
+def _table(rows: list[dict], elapsed: float, metric: str) -> Table:
     table = Table(title=f"peerd local cluster — {elapsed:.0f}s", box=box.SIMPLE_HEAD, padding=(0, 1))
-    for column in ("peer", "state", "epoch", "step", "round", "loss", "smpl/s", "partners", "disagree", "acc"):
+    short = "acc" if metric == "accuracy" else metric
+    for column in ("peer", "state", "epoch", "step", "round", "loss", "smpl/s", "partners", "disagree", short):
         table.add_column(column, justify="left" if column in ("peer", "state") else "right", no_wrap=True)
     for r in rows:
         table.add_row(r["peer"], r["state"], f"{r['epoch']:.0f}", str(r["step"]), str(r["round"]), _f(r["loss"], 3),
-                      _f(r["samples_per_s"], 0), r["partners"], _f(r["disagreement"], 4), _f(r["accuracy"], 4))
+                      _f(r["samples_per_s"], 0), r["partners"], _f(r["disagreement"], 4), _f(r["metric"], 4))
     return table
 
 
@@ -232,7 +252,7 @@ def _poll(cluster: LocalCluster, job: str, elapsed: float) -> list[dict]:
     for peer in cluster.peers:
         row = {"t": round(elapsed, 2), "peer": peer.peer_id, "state": "down", "epoch": 0, "step": 0, "round": 0,
                "loss": math.nan, "samples_per_s": math.nan, "partners": "-", "disagreement": math.nan,
-               "accuracy": math.nan}
+               "metric": math.nan}
         try:
             with cluster.client(peer) as c:
                 jobs = {j.name: j for j in c.status().jobs}
@@ -248,11 +268,11 @@ def _poll(cluster: LocalCluster, job: str, elapsed: float) -> list[dict]:
             rows.append({**row, "peer": member or peer.peer_id, "state": state, "epoch": p.epoch, "step": p.step,
                          "round": p.round, "loss": p.loss, "samples_per_s": p.samples_per_s,
                          "partners": f"{p.partners_reached}/{p.partners_planned}",
-                         "disagreement": p.disagreement, "accuracy": p.test_accuracy})
+                         "disagreement": p.disagreement, "metric": p.metric})
     return rows
 
 
-def _plot(history: list[dict], path: Path) -> None:
+def _plot(history: list[dict], path: Path, metric: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -262,10 +282,10 @@ def _plot(history: list[dict], path: Path) -> None:
     for peer in sorted({r["peer"] for r in history}):
         rows = [r for r in history if r["peer"] == peer and r["step"] > 0]
         ax_loss.plot([r["t"] for r in rows], [r["loss"] for r in rows], label=peer)
-        acc = [r for r in rows if not math.isnan(r["accuracy"])]
-        ax_acc.plot([r["t"] for r in acc], [r["accuracy"] for r in acc], marker=".", label=peer)
+        acc = [r for r in rows if not math.isnan(r["metric"])]
+        ax_acc.plot([r["t"] for r in acc], [r["metric"] for r in acc], marker=".", label=peer)
     ax_loss.set(xlabel="seconds", ylabel="training loss (EMA)", title="loss per peer", yscale="log")
-    ax_acc.set(xlabel="seconds", ylabel="test accuracy", title="accuracy per peer")
+    ax_acc.set(xlabel="seconds", ylabel=_label(metric), title=f"{_label(metric)} per peer")
     for ax in (ax_loss, ax_acc):
         ax.grid(alpha=0.3)
         ax.legend()
@@ -306,7 +326,7 @@ def run_cluster(args: argparse.Namespace) -> int:
                     c.join(text, str(job_path.resolve().parent))
             console.print(f"all {args.peers} peers joined {spec.name}; training "
                           f"({spec.epochs:g} epochs over the shared data set)")
-            rows = _follow(cluster, spec.name, started, args.time_limit, history, console)
+            rows = _follow(cluster, spec, started, args.time_limit, history, console)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: stopped every daemon")
         return 130
@@ -317,11 +337,13 @@ def run_cluster(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
         if history:
             _write_history(history, out / "history.csv")
-            _plot(history, out / "progress.png")
-    return _summary(rows, out, time.monotonic() - started, console)
+            _plot(history, out / "progress.png", spec.metric)
+    return _summary(rows, out, time.monotonic() - started, console, spec.metric)
 
 
-def _follow(cluster: LocalCluster, job: str, started: float, limit: float, history: list[dict], console: Console) -> list[dict]:
+def _follow(cluster: LocalCluster, spec, started: float, limit: float, history: list[dict],
+            console: Console) -> list[dict]:
+    job, short = spec.name, "acc" if spec.metric == "accuracy" else spec.metric
     live = console.is_terminal
     last_print = 0.0
     rows: list[dict] = []
@@ -331,12 +353,12 @@ def _follow(cluster: LocalCluster, job: str, started: float, limit: float, histo
             rows = _poll(cluster, job, elapsed)
             history.extend(rows)
             if live:
-                view.update(_table(rows, elapsed), refresh=True)
+                view.update(_table(rows, elapsed, spec.metric), refresh=True)
             elif elapsed - last_print >= 5.0:
                 last_print = elapsed
                 console.print(f"[{elapsed:5.0f}s] " + " | ".join(
                     f"{r['peer']} {r['state']} ep {r['epoch']} step {r['step']} loss {_f(r['loss'], 3)} "
-                    f"{_f(r['samples_per_s'], 0)}/s partners {r['partners']} acc {_f(r['accuracy'], 3)}"
+                    f"{_f(r['samples_per_s'], 0)}/s partners {r['partners']} {short} {_f(r['metric'], 3)}"
                     for r in rows))
             if all(r["state"] in ENDED_STATES for r in rows):
                 return rows
@@ -354,14 +376,15 @@ class _NoLive:
         pass
 
 
-def _summary(rows: list[dict], out: Path, elapsed: float, console: Console) -> int:
-    finished = [r for r in rows if r["state"] == "finished" and not math.isnan(r["accuracy"])]
+def _summary(rows: list[dict], out: Path, elapsed: float, console: Console, metric: str) -> int:
+    finished = [r for r in rows if r["state"] == "finished" and not math.isnan(r["metric"])]
+    label = _label(metric)
     for r in rows:
-        console.print(f"{r['peer']}: {r['state']}, {r['step']} steps, test accuracy {_f(r['accuracy'], 4)}")
+        console.print(f"{r['peer']}: {r['state']}, {r['step']} steps, {label} {_f(r['metric'], 4)}")
     console.print(f"history: {out / 'history.csv'}; plot: {out / 'progress.png'}")
     if not finished or len(finished) < len(rows):
         console.print(f"[red]not every peer finished ({len(finished)}/{len(rows)}); see the logs in {out}")
         return 1
-    mean = sum(r["accuracy"] for r in finished) / len(finished)
-    console.print(f"[bold green]test accuracy reached: {mean:.4f} (mean of {len(finished)} peers) in {elapsed:.0f}s")
+    mean = sum(r["metric"] for r in finished) / len(finished)
+    console.print(f"[bold green]{label} reached: {mean:.4f} (mean of {len(finished)} peers) in {elapsed:.0f}s")
     return 0

@@ -14,5 +14,5 @@ EXCHANGE_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 1
 def empty_progress() -> control_pb2.Progress:
     nan = math.nan
     return control_pb2.Progress(
-        loss=nan, samples_per_s=nan, test_accuracy=nan, disagreement=nan, exchange_s=nan, lr=nan, share=nan,
+        loss=nan, samples_per_s=nan, metric=nan, disagreement=nan, exchange_s=nan, lr=nan, share=nan,
     )

@@ -74,6 +74,17 @@ class Table:
             raise ConfigError(f"{where} = {value!r}: expected {expect}")
         return value
 
+    def where(self, key: str) -> str:
+        """How a message names `key`: the file, then the dotted key."""
+        return f"{self._source}: {self._name + '.' if self._name else ''}{key}"
+
+    def rest(self) -> dict[str, Any]:
+        """Every key nobody has asked for yet, taken as they are (the caller
+        checks them): e.g. an optimizer's own keyword arguments."""
+        rest = {k: v for k, v in self._data.items() if k not in self._used}
+        self._used.update(rest)
+        return rest
+
     def finish(self) -> None:
         """Fail on keys nobody asked for (nested tables report their own)."""
         unknown = sorted(k for k in self._data if k not in self._used)

@@ -26,7 +26,7 @@ class Peer:
         self.vector = vector.clone()
         self.store = SnapshotStore(NUMEL)
         self.server = SegmentServer(self.identity, self.store, SEGMENTS, CHUNK)
-        self.board = StateBoard(NUMEL)
+        self.board = StateBoard(2 * NUMEL, NUMEL)
         self.state = StateServer(self.identity, self.board, self.store, CHUNK)
         self.layout = split_even(NUMEL, SEGMENTS)
         self.recv = torch.empty(NUMEL)
@@ -141,7 +141,7 @@ async def donate(peer: Peer, round_: int, step: int, progress: float) -> asyncio
         while not peer.board.wanted:
             await asyncio.sleep(0.01)
         momentum = torch.full((NUMEL,), 0.5)
-        await peer.board.capture([peer.vector, momentum], StateMeta(round_, step, progress))
+        await peer.board.capture([peer.vector, momentum], StateMeta(round_, step, progress, f"extra {step}".encode()))
 
     await peer.store.publish(round_, peer.vector)
     return asyncio.create_task(loop())
@@ -161,6 +161,7 @@ async def test_a_joiner_pulls_the_state_from_two_donors_in_parallel(grpc_pair):
         await server.stop(grace=None)
     assert used == ["a", "b"]  # each donor served its own half
     assert (meta.round, meta.step, meta.progress) == (8, 80, 2.75)  # the newest of the two
+    assert meta.extra == b"extra 80"  # with its extra part (scalars, registered objects), checksummed
     torch.testing.assert_close(vector[: NUMEL], a.vector)  # first half from a: all of the parameters
     torch.testing.assert_close(vector[NUMEL:], torch.full((NUMEL,), 0.5))
 
@@ -202,7 +203,7 @@ async def test_a_client_that_gives_up_mid_stream_releases_the_snapshot(grpc_pair
     store = SnapshotStore(big)
     server = SegmentServer(Identity("job", "fp", "big"), store, 1, CHUNK)
     grpc_server, address = await start_exchange_server(
-        server, StateServer(server.identity, StateBoard(big), store, CHUNK), "127.0.0.1")
+        server, StateServer(server.identity, StateBoard(2 * big, big), store, CHUNK), "127.0.0.1")
     try:
         await store.publish(1, torch.ones(big))
         await ta.fetch_segment(address, 1, 0, torch.empty(big), timeout=10.0)  # the lane is known now

@@ -130,7 +130,7 @@ async def test_round_over_grpc_with_bf16_on_the_wire():
     servers, addresses = [], {}
     try:
         for p, peer in peers.items():
-            state = StateServer(peer.identity, StateBoard(NUMEL), peer.store, CHUNK)
+            state = StateServer(peer.identity, StateBoard(2 * NUMEL, NUMEL), peer.store, CHUNK)
             server, address = await start_exchange_server(peer.server, state, "127.0.0.1")
             servers.append(server)
             addresses[p] = address

@@ -43,7 +43,7 @@ async def test_snapshot_reader_cancelled_at_its_timeout_leaves_publish_working()
 async def test_state_reader_cancelled_at_its_timeout_leaves_capture_working():
     from peerd.worker.state import StateMeta
 
-    board = StateBoard(2)
+    board = StateBoard(4, 2)
 
     async def reader():
         async with board.hold(5, wait_s=0.01):

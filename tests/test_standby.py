@@ -88,6 +88,6 @@ def test_a_join_starts_its_worker_in_the_standby(local_cluster):
     assert int(started.group(1)) == spare and started.group(2) == "from the standby"
     job = wait_for(lambda: [j for j in cluster.client(peer).status().jobs if j.state == "finished"], 300,
                    "the job to finish")[0]
-    assert job.progress.test_accuracy > 0.5
+    assert job.progress.metric > 0.5
     cluster.close()
     assert not _alive(spare)

@@ -26,7 +26,7 @@ CHUNK = 1024
 async def test_bytes_are_counted_on_both_sides_of_a_segment_and_a_state_fetch():
     served, fetched = Traffic(), Traffic()
     identity = Identity("job", "fp", "a")
-    store, board = SnapshotStore(N), StateBoard(N)
+    store, board = SnapshotStore(N), StateBoard(2 * N, N)
     await store.publish(1, torch.arange(N, dtype=torch.float32))
     await board.capture([torch.ones(N), torch.zeros(N)], StateMeta(1, 1, 0.0))
     server = CountingSegmentServer(SegmentServer(identity, store, 4, CHUNK), served)

@@ -18,6 +18,13 @@ from peerd.jobspec import load_job
 DEFAULT_SOCKET = "/run/peerd/control.sock"
 
 
+def _metric(p) -> str:
+    """The job's metric, by name: "accuracy 0.9712", "val_loss 1.384"."""
+    if p.metric != p.metric:  # NaN: not evaluated yet
+        return "-"
+    return f"{p.metric_name or 'metric'} {p.metric:.4f}"
+
+
 def _progress_rows(job) -> list[list[object]]:
     """One row per worker of the job (a daemon may run several)."""
     workers = job.workers or [None]
@@ -27,7 +34,7 @@ def _progress_rows(job) -> list[list[object]]:
         head = [job.name, w.member if w else "-", w.device if w else "-", w.state if w else job.state]
         rows.append(head + [p.phase or "-", p.step, p.round, p.epoch, p.loss, p.lr, p.global_batch,
                             p.local_batch or "-", _percent(p.share), p.samples_per_s,
-                            f"{p.partners_reached}/{p.partners_planned}", p.test_accuracy,
+                            f"{p.partners_reached}/{p.partners_planned}", _metric(p),
                             w.restarts if w else job.restarts, w.pid if w else job.worker_pid])
     return rows
 
@@ -37,7 +44,7 @@ def cmd_status(client: ControlClient, args) -> tuple[object, str]:
     head = (f"peer {s.peer_id}  version {s.version}  up {s.uptime_s:.0f}s  "
             f"address {s.peer_address}  locality {s.locality or '-'}  peers known {s.peers_known}")
     table = render(["job", "worker", "device", "state", "phase", "step", "round", "epoch", "loss", "lr",
-                    "global batch", "batch", "share", "samples/s", "partners", "accuracy", "restarts", "pid"],
+                    "global batch", "batch", "share", "samples/s", "partners", "metric", "restarts", "pid"],
                    [row for j in s.jobs for row in _progress_rows(j)])
     return s, head + ("\n\n" + table if s.jobs else "\n\nno jobs (peerctl join JOB.toml)")
 

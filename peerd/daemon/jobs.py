@@ -118,8 +118,8 @@ class WorkerProcess:
 
     def _log_end(self, code: int) -> None:
         if self.state == WorkerState.FINISHED:
-            log.info("job %s: worker %s finished: test accuracy %.4f", self.job, self.member,
-                     self.progress.test_accuracy)
+            log.info("job %s: worker %s finished: %s %.4f", self.job, self.member,
+                     self.progress.metric_name or "metric", self.progress.metric)
         elif self.state == WorkerState.FAILED:
             log.error("job %s cannot run (see %s); not restarting", self.job, self.launch.log_path)
 

@@ -61,7 +61,7 @@ _GAUGES = (
     ("peerd_learning_rate", "Learning rate of the last step.", "lr"),
     ("peerd_loss", "Training loss (EMA).", "loss"),
     ("peerd_samples_per_second", "Training throughput (EMA, compute time only).", "samples_per_s"),
-    ("peerd_test_accuracy", "Test accuracy at the last evaluation.", "test_accuracy"),
+    ("peerd_metric", "The job's metric (job.metric, e.g. test accuracy) at the last evaluation.", "metric"),
     ("peerd_disagreement", "Relative distance to partners' segments in the last round.", "disagreement"),
     ("peerd_checkpoint_round", "Round of the last checkpoint written or resumed from.", "checkpoint_round"),
 )

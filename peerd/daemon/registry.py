@@ -73,8 +73,11 @@ class JobRegistry:
 
     def _check_joinable(self, spec: JobSpec, spec_dir: str) -> Path | None:
         """Refuse a join now, not in a restarting worker; the job's secret file."""
-        for entry in (spec.model, spec.data):
+        for entry in filter(None, (spec.module, spec.model, spec.data)):
             check_importable(entry, spec_dir)
+        if spec.script and not spec.script_path(spec_dir).is_file():
+            raise ConfigError(f"job.script = {spec.script!r}: no such file {spec.script_path(spec_dir)} on this "
+                              "machine (a relative path is taken from the job file's directory)")
         secret_file = spec.secret_path(spec_dir) or self.config.job_secret_file
         if secret_file is not None:
             load_secret(secret_file)

@@ -2,10 +2,11 @@
 
 A checkpoint is one file, `ckpt-<round>.peerd`:
 
-    PEERDCK1\\n
+    PEERDCK2\\n
     {"job": ..., "fingerprint": ..., "round": ..., "step": ..., "progress": ...,
-     "numel": ..., "sha256": ...}\\n
-    <numel little-endian float32: parameters, then momentum>
+     "numel": ..., "extra_bytes": ..., "sha256": ...}\\n
+    <numel little-endian float32: the training state's vector>
+    <extra_bytes: the state's extra part (peerd.worker.trainstate)>
 
 `sha256` covers the header (without the sha256 key, as canonical JSON) and the
 payload, so a flipped bit anywhere is caught. A file is written to a temporary
@@ -36,7 +37,7 @@ from peerd.worker.state import StateMeta
 
 log = logging.getLogger("peerd.worker.checkpoint")
 
-MAGIC = b"PEERDCK1\n"
+MAGIC = b"PEERDCK2\n"
 KEEP = 2
 _NAME = re.compile(r"^ckpt-(\d{10})\.peerd$")
 _MAX_HEADER = 4096
@@ -50,7 +51,7 @@ class CheckpointError(ValueError):
 class Checkpoint:
     path: Path
     meta: StateMeta
-    vector: torch.Tensor  # parameters, then momentum
+    vector: torch.Tensor  # the training state's vector (its extra part is in meta)
 
 
 def _digest(header: dict, payload: bytes | memoryview) -> str:
@@ -67,14 +68,17 @@ def _payload(vector: torch.Tensor) -> memoryview:
 
 def _head(job: str, fingerprint: str, meta: StateMeta, payload: memoryview) -> bytes:
     header = {"job": job, "fingerprint": fingerprint, "round": meta.round, "step": meta.step,
-              "progress": meta.progress, "numel": len(payload) // 4}
-    header["sha256"] = _digest(header, payload)
+              "progress": meta.progress, "numel": len(payload) // 4, "extra_bytes": len(meta.extra)}
+    h = hashlib.sha256(json.dumps(header, sort_keys=True, separators=(",", ":")).encode())
+    h.update(payload)
+    h.update(meta.extra)
+    header["sha256"] = h.hexdigest()
     return MAGIC + json.dumps(header, sort_keys=True).encode() + b"\n"
 
 
 def encode(job: str, fingerprint: str, meta: StateMeta, vector: torch.Tensor) -> bytes:
     payload = _payload(vector)
-    return _head(job, fingerprint, meta, payload) + payload.tobytes()
+    return _head(job, fingerprint, meta, payload) + payload.tobytes() + meta.extra
 
 
 def decode(data: bytes | bytearray, job: str, fingerprint: str, numel: int) -> tuple[StateMeta, torch.Tensor]:
@@ -91,7 +95,7 @@ def decode(data: bytes | bytearray, job: str, fingerprint: str, numel: int) -> t
         header = json.loads(data[len(MAGIC) : end])
         sha = header.pop("sha256")
         meta = StateMeta(int(header["round"]), int(header["step"]), float(header["progress"]))
-        stored_numel = int(header["numel"])
+        stored_numel, extra_bytes = int(header["numel"]), int(header["extra_bytes"])
     except (ValueError, KeyError, TypeError, AttributeError):
         raise CheckpointError("malformed header") from None
     if header.get("job") != job or header.get("fingerprint") != fingerprint:
@@ -100,13 +104,14 @@ def decode(data: bytes | bytearray, job: str, fingerprint: str, numel: int) -> t
     if stored_numel != numel:
         raise CheckpointError(f"holds {stored_numel} values, the model needs {numel}")
     payload = memoryview(data)[end + 1 :]
-    if len(payload) != 4 * numel:
-        raise CheckpointError(f"truncated: {len(payload)} payload bytes, expected {4 * numel}")
+    if extra_bytes < 0 or len(payload) != 4 * numel + extra_bytes:
+        raise CheckpointError(f"truncated: {len(payload)} payload bytes, expected {4 * numel + extra_bytes}")
     if _digest(header, payload) != sha:
         raise CheckpointError("checksum mismatch (the file is corrupt)")
     if not math.isfinite(meta.progress) or meta.progress < 0 or meta.round < 0 or meta.step < 0:
         raise CheckpointError("bad round, step or progress")
-    vector = torch.frombuffer(payload, dtype=torch.float32)
+    meta = StateMeta(meta.round, meta.step, meta.progress, bytes(payload[4 * numel :]))
+    vector = torch.frombuffer(payload[: 4 * numel], dtype=torch.float32)
     if not all_finite(vector):
         raise CheckpointError("holds non-finite values")
     return meta, vector
@@ -141,6 +146,7 @@ class CheckpointDir:
         with open(tmp, "wb") as f:
             f.write(head)
             f.write(payload)
+            f.write(meta.extra)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, final)

@@ -2,7 +2,9 @@
 
 Each parameter becomes a view into one contiguous buffer, so a segment is a
 slice of that buffer and gossip averages it in place: no gather or scatter per
-round, and the optimizer keeps working on the same tensors.
+round, and the optimizer keeps working on the same tensors. Other fp32 tensors
+the job averages too (BatchNorm statistics, optimizer moments: the
+`[gossip] average_*` opt-ins) follow the parameters in the same vector.
 """
 
 from __future__ import annotations
@@ -14,15 +16,18 @@ from torch import nn
 
 
 class FlatParams:
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, extra: list[torch.Tensor] | tuple = ()) -> None:
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
             raise ValueError("the model has no trainable parameters")
         if any(p.dtype != torch.float32 for p in params):
             raise ValueError("peerd gossips fp32 parameters; cast the model with .float()")
+        params += list(extra)
+        if any(p.dtype != torch.float32 for p in params):
+            raise ValueError("only fp32 tensors can be averaged with the parameters")
         if len({p.device for p in params}) > 1:
             raise ValueError("all trainable parameters must be on one device")
-        self.params = params
+        self.params = params  # the parameters, then the extra tensors
         self.shapes = [tuple(p.shape) for p in params]
         self.vector = torch.empty(sum(p.numel() for p in params), dtype=torch.float32, device=params[0].device)
         offset = 0
@@ -46,16 +51,6 @@ class FlatParams:
                 p.data = vector[offset : offset + n].view_as(p)
                 offset += n
         self.vector = vector
-
-    def attach(self, optimizer: torch.optim.Optimizer, key: str) -> torch.Tensor:
-        """A zeroed flat vector whose slices become optimizer.state[p][key] for
-        every parameter, laid out like the parameters."""
-        flat = torch.zeros_like(self.vector)
-        offset = 0
-        for p in self.params:
-            optimizer.state[p][key] = flat[offset : offset + p.numel()].view_as(p)
-            offset += p.numel()
-        return flat
 
     @property
     def numel(self) -> int:

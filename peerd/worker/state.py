@@ -1,6 +1,7 @@
 """Full training state for newcomers (DESIGN §1.8): capture, serve, pull, verify.
 
-A donor captures its state (parameters, then momentum) at a round boundary when
+A donor captures its state (peerd.worker.trainstate: the vector, and the
+small extra part) at a round boundary when
 someone asks for it, so a range it serves is never half-updated. A joiner cuts
 the state into one range per donor and pulls them in parallel (no single donor
 carries every joiner: hivemind issue #169), checks each range against its
@@ -29,6 +30,7 @@ class StateMeta:
     round: int
     step: int
     progress: float  # epochs done, fractional
+    extra: bytes = b""  # the state that is not the vector (TrainState.extra)
 
 
 @dataclass(frozen=True)
@@ -48,16 +50,17 @@ class _Capture:
 class StateBoard:
     """The donor side: a copy of the state taken at a round boundary on request."""
 
-    def __init__(self, params: int) -> None:
-        self.params = params
-        self._capture = _Capture(2 * params)  # parameters, then momentum
+    def __init__(self, numel: int, params: int) -> None:
+        self._numel = numel  # the whole state vector
+        self.params = params  # its first part, the one gossip averages
+        self._capture = _Capture(numel)
         self._changed = asyncio.Condition()
         self._waiting = 0
         self.finished = False
 
     @property
     def numel(self) -> int:
-        return 2 * self.params
+        return self._numel
 
     @property
     def wanted(self) -> bool:
@@ -126,20 +129,24 @@ class StateServer:
             raise InvalidMessage(f"state range {offset}+{length} outside 0..{total}", "bad_range")
         async with self.board.hold(self.store.current_round, wait_s) as (vector, meta):
             values = vector[offset : offset + length]
-            sha = digest(values)
+            sha = digest(values, meta.extra)
             for piece in chunk_spans(length, self.chunk_elems):
                 yield meta, offset + piece.start, total, sha, values[piece.start : piece.stop].numpy().tobytes()
                 sha = b""
 
 
-def digest(values: torch.Tensor) -> bytes:
-    return hashlib.sha256(values.numpy().tobytes()).digest()
+def digest(values: torch.Tensor, extra: bytes = b"") -> bytes:
+    """A range's checksum: its values, then the state's extra part, which
+    travels with every range."""
+    h = hashlib.sha256(values.numpy().tobytes())
+    h.update(extra)
+    return h.digest()
 
 
 def verify_part(part: StatePart, sha256: bytes) -> None:
     if part.values.numel() != part.span.size:
         raise InvalidMessage(f"state range {part.span} arrived with {part.values.numel()} elements", "wrong_length")
-    if digest(part.values) != sha256:
+    if digest(part.values, part.meta.extra) != sha256:
         raise InvalidMessage(f"state range {part.span.start}..{part.span.stop} failed its checksum", "bad_checksum")
     if not all_finite(part.values):
         raise InvalidMessage(f"state range {part.span.start}..{part.span.stop} holds non-finite values", "non_finite")

@@ -1,52 +1,39 @@
 """The local half of a worker: model, optimizer, its parts of the data, one step at a time.
 
 Blocking torch code; the worker runs it in a thread so that its event loop keeps
-serving partners while it computes.
+serving partners while it computes. The job's own code (model, data, loss,
+evaluation, optimizer) comes from its job module (peerd.worker.jobmodule); the
+whole training state is registered in a TrainState.
 """
 
 from __future__ import annotations
 
-import importlib
+import json
 import logging
 import math
 import os
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 from torch import nn
-from torch.utils.data import Dataset, TensorDataset, default_collate
 
-from peerd.core.lr import ScaleRamp, cosine
-from peerd.core.partition import chunk_at, chunk_bounds, epoch_permutation, part_bounds
-from peerd.core.shares import BatchPlan
 from peerd.core.rng import derive_seed
+from peerd.core.schedule import schedule_factor
+from peerd.core.shares import BatchPlan
 from peerd.errors import ConfigError
 from peerd.jobspec import JobSpec
-from peerd.worker.codec import all_finite
-from peerd.worker.flat import FlatParams
+from peerd.worker.data import DataCursor, PeerSampler, View, default_loader, eval_loader
+from peerd.worker.jobmodule import JobCode, JobContext
+from peerd.worker.lrcontrol import LrControl
+from peerd.worker.optim import build_optimizer
+from peerd.worker.precision import Precision
+from peerd.worker.trainstate import TrainState
 
 log = logging.getLogger("peerd.worker")
 
-
-def load_entry(entry: str, spec_dir: str = ""):
-    """Import "module:callable", looking next to the job file first."""
-    module_name, _, attr = entry.partition(":")
-    if spec_dir and spec_dir not in sys.path:
-        sys.path.insert(0, spec_dir)
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        raise ConfigError(
-            f"cannot import {module_name!r} for {entry!r}: no module named {exc.name!r} "
-            "(the job's model and data code must be installed on this machine or sit next to the job file)"
-        ) from None
-    try:
-        return getattr(module, attr)
-    except AttributeError:
-        raise ConfigError(f"module {module_name!r} has no {attr!r} (from {entry!r})") from None
+EVAL_BATCH = 500
 
 
 def resolve_device(name: str) -> torch.device:
@@ -70,6 +57,17 @@ def init_seed(spec: JobSpec, peer_id: str) -> int:
     return int.from_bytes(derive_seed(spec.seed, peer_id)[:8], "little")
 
 
+def to_device(batch, device: torch.device, non_blocking: bool = False):
+    """Every tensor of a (nested) batch on `device`."""
+    if isinstance(batch, torch.Tensor):
+        return batch if batch.device == device else batch.to(device, non_blocking=non_blocking)
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(to_device(b, device, non_blocking) for b in batch)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device, non_blocking) for k, v in batch.items()}
+    return batch
+
+
 class Trainer:
     def __init__(
         self, spec: JobSpec, peer_id: str, spec_dir: str = "", slowdown: float = 1.0, device: str = "cpu"
@@ -80,97 +78,136 @@ class Trainer:
         self.peer_id = peer_id
         self.slowdown = slowdown  # testing knob: sleep (slowdown − 1) × compute after each step
         self.device = resolve_device(device)
-        torch.manual_seed(init_seed(spec, peer_id))  # the same model on every device type: built on the CPU
-        make_model, make_data = load_entry(spec.model, spec_dir), load_entry(spec.data, spec_dir)
-        try:
-            self.model: nn.Module = make_model().float().to(self.device)
-            self.flat = FlatParams(self.model)
-            self.train_set, self.test_set = make_data()
-        except Exception as exc:  # the job's own code: it will fail the same way on a restart
-            raise ConfigError(f"the job's model or data could not be built: {type(exc).__name__}: {exc}") from exc
-        if len(self.train_set) == 0 or len(self.test_set) == 0:
-            raise ConfigError(f"{spec.data} returned an empty training or test set")
-        opt = spec.optimizer
-        self.optimizer = torch.optim.SGD(
-            self.model.parameters(), lr=opt.lr, momentum=opt.momentum,
-            weight_decay=opt.weight_decay, nesterov=opt.nesterov,
-        )
-        # Momentum buffers as views into one flat vector too, so the whole
-        # training state is two vectors a newcomer can copy (SGD updates them in place).
-        self.momentum = self.flat.attach(self.optimizer, "momentum_buffer")
+        self.code = JobCode(spec, spec_dir)
+        self.model, self.train_set, self.test_set = self._build()
+        self.precision = Precision(spec.train.precision, self.device, spec.train.grad_clip_norm)
+        self.optimizer = build_optimizer([p for p in self.model.parameters() if p.requires_grad], spec.optimizer,
+                                         self.code.make_optimizer, f"{self.code.where}.")
+        objects = {"scaler": self.precision.scaler} if self.precision.scaler is not None else {}
+        self.state = TrainState(self.model, self.optimizer, average_buffers=spec.gossip.average_buffers,
+                                average_optimizer_state=spec.gossip.average_optimizer_state, objects=objects)
+        self.flat = self.state.flat
+        self.cursor = DataCursor(spec, peer_id, len(self.train_set))
+        self.view = View()
+        self._loader_iter = None  # made at the first step: a newcomer seeks first
+        self._sampler: PeerSampler | None = None
+        self.progress = 0.0  # epochs done, fractional, by the batches trained on
         self.step_count = 0
         self.samples = 0
-        self.epoch = 0
-        self._bounds = chunk_bounds(len(self.train_set), spec.epoch_chunks)
-        self._perm: tuple[int, list[int]] = (-1, [])  # (epoch, its permutation)
-        self._chunk = -1  # the chunk of the epoch being read; -1: none yet
-        self._part: list[int] = []  # this peer's part of it
-        self._pos = 0  # samples of the part read
+        self.last_indices: list[int] = []  # the samples of the last step
+        self.skipped_steps = 0  # non-finite loss or overflowing gradients: not applied
         self.loss_ema = math.nan
+        self.extras: dict[str, float] = {}  # the loss function's extra scalars, last step
         self.speed_ema = math.nan  # samples/s of compute (with the slowdown's sleep), no network wait
         self._ema_samples = self._ema_seconds = 0.0
         self.local_batch = spec.local_batch  # of the last step
         self.share = math.nan  # this peer's part of the current chunk's data (DBS), NaN when equal
         self.compute_s = 0.0  # total time in steps, the slowdown's sleep included
-        self.ramp = ScaleRamp(opt.reference_batch, opt.ramp_steps)
+        self.lr_control = LrControl(spec.optimizer)
+        self.lr_control.install(self.optimizer)
         self.lr = math.nan
+        self._check_job_code()
+
+    def _build(self) -> tuple[nn.Module, object, object]:
+        """The job's model (on the CPU with the job's seed, so every device type
+        gets the same one) and data sets."""
+        torch.manual_seed(init_seed(self.spec, self.peer_id))
+        try:
+            model = self.code.make_model()
+        except ConfigError:
+            raise
+        except Exception as exc:  # the job's own code: it will fail the same way on a restart
+            raise ConfigError(f"{self.code.name('make_model')} failed: {type(exc).__name__}: {exc}") from exc
+        if not isinstance(model, nn.Module):
+            raise ConfigError(f"{self.code.name('make_model')} returned {type(model).__name__}; expected a torch.nn.Module")
+        if not any(p.requires_grad for p in model.parameters()):
+            raise ConfigError(f"{self.code.name('make_model')}: the model has no trainable parameters")
+        model = model.float().to(self.device)
+        try:
+            sets = self.code.make_datasets()
+        except Exception as exc:
+            raise ConfigError(f"{self.code.name('make_datasets')} failed: {type(exc).__name__}: {exc}") from exc
+        if not (isinstance(sets, (tuple, list)) and len(sets) == 2 and all(hasattr(s, "__len__") for s in sets)):
+            raise ConfigError(f"{self.code.name('make_datasets')} returned {type(sets).__name__}; "
+                              "expected (train, test): two map-style datasets")
+        if len(sets[0]) == 0 or len(sets[1]) == 0:
+            raise ConfigError(f"{self.code.name('make_datasets')} returned an empty training or test set")
+        return model, sets[0], sets[1]
+
+    def _check_job_code(self) -> None:
+        """Run the job's loss on two training samples and its evaluation on two
+        test samples, so that a job module returning the wrong thing fails at
+        join, before any training, naming the callable. In eval mode: nothing
+        of the model (BatchNorm statistics) changes."""
+        batch = to_device(next(iter(eval_loader(self.train_set, 2))), self.device)
+        self.model.eval()
+        with self.precision.autocast():
+            loss, _ = self._call("loss", lambda: self.code.loss(self.model, batch))
+        del loss
+        first = to_device(next(iter(eval_loader(self.test_set, 2))), self.device)
+        with torch.no_grad(), self.precision.autocast():
+            self._call("evaluate", lambda: self.code.evaluate(self.model, [first]))
+        self.model.zero_grad(set_to_none=True)
+
+    def _call(self, name: str, fn):
+        try:
+            return fn()
+        except ConfigError:
+            raise
+        except Exception as exc:
+            raise ConfigError(f"{self.code.name(name)} failed: {type(exc).__name__}: {exc}") from exc
 
     @property
-    def progress(self) -> float:
-        """Epochs done, fractional: the position reached in the epoch's
-        permutation, inside a chunk in proportion to this peer's part read."""
-        if self._chunk < 0:
-            return float(self.epoch)
-        start, stop = self._bounds[self._chunk], self._bounds[self._chunk + 1]
-        read = self._pos / len(self._part) if self._part else 1.0
-        return self.epoch + (start + (stop - start) * read) / self._bounds[-1]
+    def epoch(self) -> int:
+        return int(self.progress)
+
+    @property
+    def ramp(self):
+        return self.lr_control.ramp
+
+    @property
+    def global_batch(self) -> int:
+        """The global batch the LR is scaled for."""
+        return self.lr_control.ramp.batch
 
     @property
     def done(self) -> bool:
         return self.progress >= self.spec.epochs
 
-    def _lr(self, global_batch: int) -> float:
-        """Schedule × linear-scaling multiplier, ramped when the global batch changes."""
+    def context(self) -> JobContext:
+        d = self.spec.data_loading
+        return JobContext(self.peer_id, self.device, self.spec.local_batch, self.spec.seed,
+                          loader_workers=d.loader_workers, pin_memory=d.pin_memory and self.device.type == "cuda",
+                          prefetch_factor=d.prefetch_factor)
+
+    def _loader(self):
+        """The training batches: the job's make_loader over peerd's sampler, or
+        peerd's DataLoader."""
+        def size(view: View) -> int:
+            return view.plan.batch(self.peer_id) if view.plan is not None else self.spec.local_batch
+
+        self._sampler = PeerSampler(self.cursor, self.view, size, self.spec.max_local_batch)
+        ctx = self.context()
+        if self.code.make_loader is not None:
+            loader = self._call("make_loader", lambda: self.code.make_loader(self.train_set, self._sampler, ctx))
+        else:
+            loader = default_loader(self.train_set, self._sampler, ctx.loader_workers, ctx.pin_memory,
+                                    ctx.prefetch_factor)
+        return iter(loader)
+
+    def _set_lr(self, global_batch: int, batch_scale: float) -> None:
+        """The job's schedule sets the base LR; peerd's multiplier (scaling with
+        the global batch, its ramp, the DBS share) is applied around the step."""
         opt = self.spec.optimizer
-        if self.ramp.set_batch(global_batch, self.step_count):
-            log.info("global batch now %d: LR scale ramps to %.3f", self.ramp.batch,
-                     self.ramp.batch / opt.reference_batch)
-        decay = cosine(self.progress / self.spec.epochs) if opt.schedule == "cosine" else 1.0
-        return opt.lr * decay * self.ramp.scale(self.step_count)
-
-    def _next_indices(self, members: Sequence[str], plan: BatchPlan | None) -> list[int]:
-        """The rest of this peer's part of the current chunk, then its parts of
-        the next chunks. A batch may span chunks, not epochs: an epoch's last
-        batch may be short."""
-        size = plan.batch(self.peer_id) if plan is not None else self.spec.local_batch
-        batch: list[int] = []
-        while len(batch) < size and not self.done:
-            if self._pos < len(self._part):
-                taken = self._part[self._pos : self._pos + size - len(batch)]
-                self._pos += len(taken)
-                batch += taken
-            elif self._chunk + 1 < self.spec.epoch_chunks:
-                self._start_chunk(self._chunk + 1, members, plan)
-            elif batch:
-                break
-            else:
-                self.epoch, self._chunk, self._part, self._pos = self.epoch + 1, -1, [], 0
-        return batch
-
-    def _start_chunk(self, chunk: int, members: Sequence[str], plan: BatchPlan | None) -> None:
-        """Take this peer's part of `chunk`, split among the members (and by the
-        DBS plan's shares) seen now; a part may be empty when peers outnumber
-        the chunk's samples."""
-        if self._perm[0] != self.epoch:
-            self._perm = (self.epoch, epoch_permutation(self._bounds[-1], self.spec.name, self.epoch))
-        shares = plan.shares() if plan is not None else None
-        self.share = shares[self.peer_id] if shares else math.nan
-        start, stop = part_bounds(self._bounds[chunk], self._bounds[chunk + 1],
-                                  plan.ids if plan is not None else members, self.peer_id, shares)
-        self._chunk, self._part, self._pos = chunk, self._perm[1][start:stop], 0
+        base = opt.lr * schedule_factor(opt.schedule, self.progress / self.spec.epochs, self.step_count,
+                                        opt.warmup_steps)
+        for group in self.optimizer.param_groups:  # optimizer state is kept as it is
+            group["lr"] = base
+        self.lr = base * self.lr_control.update(global_batch, self.step_count, batch_scale)
 
     def step(self, members: Sequence[str], trainers: int = 0, plan: BatchPlan | None = None) -> float:
-        """One optimizer step on the next local batch; returns the loss.
+        """One optimizer step on the next local batch; returns the loss (NaN
+        when the data is done or the step was skipped).
 
         Without a plan: `members` (every peer in the job) split each chunk of the
         epoch equally (as seen when this peer starts the chunk), every peer takes
@@ -183,100 +220,119 @@ class Trainer:
         Σb, and the LR is scaled by b_i / mean(b), so that unweighted averaging of
         the models gives the large-batch step on the union of the samples."""
         started = time.perf_counter()
-        indices = self._next_indices(members, plan)
-        if not indices:
-            return math.nan
+        self.view.members, self.view.plan = members, plan
+        if self._loader_iter is None:
+            self._loader_iter = self._loader()
         if plan is not None:
-            global_batch, scale = plan.total, plan.lr_scale(self.peer_id)
+            global_batch = plan.total
         else:
-            global_batch, scale = self.spec.local_batch * (trainers or len(set(members))), 1.0
-        self.lr = self._lr(global_batch) * scale
-        for group in self.optimizer.param_groups:  # momentum buffers are kept as they are
-            group["lr"] = self.lr
-        value = self._accumulate(indices)
+            global_batch = self.spec.local_batch * (trainers or len(set(members)))
+        value, size = self._accumulate(global_batch, plan)
+        if size == 0:
+            return math.nan
         compute = time.perf_counter() - started
         if self.slowdown > 1.0:  # emulate a slower device without using the CPU
             time.sleep((self.slowdown - 1.0) * compute)
         elapsed = time.perf_counter() - started
         self.compute_s += elapsed
         self.step_count += 1
-        self.samples += len(indices)
-        self.local_batch = len(indices)
-        self.loss_ema = value if math.isnan(self.loss_ema) else 0.9 * self.loss_ema + 0.1 * value
+        self.samples += size
+        self.local_batch = size
+        if math.isfinite(value):
+            self.loss_ema = value if math.isnan(self.loss_ema) else 0.9 * self.loss_ema + 0.1 * value
         # A ratio of two EMAs (samples, seconds), not an EMA of per-step ratios: a
         # step that happened to be slow weighs by its time, so noise moves it less.
-        self._ema_samples = 0.9 * self._ema_samples + 0.1 * len(indices)
+        self._ema_samples = 0.9 * self._ema_samples + 0.1 * size
         self._ema_seconds = 0.9 * self._ema_seconds + 0.1 * max(elapsed, 1e-9)
         self.speed_ema = self._ema_samples / self._ema_seconds
         return value
 
-    def _accumulate(self, indices: Sequence[int]) -> float:
-        """Gradient of the mean loss over `indices`, in micro-batches of at most
-        max_local_batch, then one optimizer step; returns the mean loss."""
-        micro = self.spec.max_local_batch or len(indices)
+    def _accumulate(self, global_batch: int, plan: BatchPlan | None) -> tuple[float, int]:
+        """Gradient of the mean loss over one step's micro-batches, then one
+        optimizer step; returns (mean loss, samples). A non-finite loss or
+        gradient skips the optimizer step (counted), never the round."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        total = 0.0
-        for start in range(0, len(indices), micro):
-            x, y = self._to_device(_batch(self.train_set, indices[start : start + micro]))
-            loss = nn.functional.cross_entropy(self.model(x), y, reduction="sum") / len(indices)
-            loss.backward()
-            total += loss.item()
-        self.optimizer.step()
-        return total
+        total, size, finite = 0.0, 0, True
+        read: list[int] = []
+        extras: dict[str, float] = {}
+        while True:
+            try:
+                batch = next(self._loader_iter)
+            except StopIteration:
+                break
+            micro = self._sampler.handed.popleft()
+            if size == 0:  # the LR of this step: this peer's batch from the plan as it was handed out
+                self._set_lr(global_batch, micro.step_size / plan.mean if plan is not None else 1.0)
+            batch = to_device(batch, self.device, non_blocking=True)
+            with self.precision.autocast():
+                loss, extra = self.code.loss(self.model, batch)
+            weight = len(micro.indices) / micro.step_size
+            value = float(loss.detach())
+            finite = finite and math.isfinite(value)
+            if finite:
+                self.precision.backward(loss * weight)
+            total += value * weight
+            for k, v in extra.items():
+                extras[k] = extras.get(k, 0.0) + v * weight
+            size += len(micro.indices)
+            read += micro.indices
+            self.progress, self.share = micro.progress, micro.share
+            if micro.last:
+                break
+        if size == 0:
+            return math.nan, 0
+        stepped = finite and self.precision.step(self.optimizer, self.state.params)
+        if not stepped:
+            self.skipped_steps += 1
+            self.optimizer.zero_grad(set_to_none=True)
+            log.warning("step %d skipped: %s (%d skipped so far)", self.step_count,
+                        "non-finite loss" if not finite else "non-finite gradients", self.skipped_steps)
+        self.extras = extras
+        self.last_indices = read
+        return (total if finite else math.nan), size
 
     @torch.no_grad()
-    def evaluate(self, batch: int = 500) -> float:
+    def evaluate(self) -> dict[str, float]:
+        """The job's metrics on the test set."""
         self.model.eval()
-        correct = 0
-        for start in range(0, len(self.test_set), batch):
-            x, y = self._to_device(_batch(self.test_set, range(start, min(start + batch, len(self.test_set)))))
-            correct += int((self.model(x).argmax(1) == y).sum())
-        return correct / len(self.test_set)
-
-    def _to_device(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.device.type == "cpu":
-            return batch
-        return tuple(t.to(self.device, non_blocking=True) for t in batch)
+        batches = (to_device(b, self.device, non_blocking=True) for b in eval_loader(self.test_set, EVAL_BATCH))
+        with self.precision.autocast():
+            return self.code.evaluate(self.model, batches)
 
     def save(self, path: Path, **meta: object) -> None:
-        """Write the model atomically: a crash mid-write leaves the old file.
-        Tensors are saved from the CPU, so the file loads on any machine."""
-        tmp = path.with_name(path.name + ".tmp")
-        state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
-        with open(tmp, "wb") as f:
-            torch.save({"state_dict": state, "step": self.step_count, **meta}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        save_model(self.model, path, job=self.spec.name, step=self.step_count, progress=self.progress,
+                   metric=self.spec.metric, **meta)
 
-    def state_parts(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The training state a newcomer needs: parameters and momentum."""
-        return self.flat.vector, self.momentum
-
-    def adopt_state(self, vector: torch.Tensor, step: int, progress: float) -> None:
-        """Continue from a donor's state: parameters, momentum, step count and
-        position in the data and the LR schedule."""
-        n = self.flat.numel
-        if vector.numel() != 2 * n:
-            raise ValueError(f"state of {vector.numel()} elements, expected {2 * n}")
-        if not all_finite(vector):
-            raise ValueError("state holds non-finite values")
-        self.flat.vector.copy_(vector[:n])
-        self.momentum.copy_(vector[n:])
+    def adopt_state(self, vector: torch.Tensor, extra: bytes, step: int, progress: float) -> None:
+        """Continue from a donor's state: everything registered, the step count
+        and the position in the data and the LR schedule."""
+        self.state.adopt(vector, extra)
         self.step_count = step
-        # Go on at the first chunk boundary at or after the donor's position: the
-        # chunk under way may have been split without this peer, so reading in it
-        # could read samples twice. If the others did count it (as a starting
-        # member), its part of that chunk goes unread this epoch instead.
-        self.epoch = int(progress)
-        self._chunk = chunk_at(self._bounds, progress - self.epoch) - 1
-        self._part, self._pos = [], 0
+        self.cursor.seek(progress)
+        self.progress = self.cursor.progress
+        self._loader_iter = None
+
+    def close(self) -> None:
+        """Stop the loader's worker processes."""
+        self._loader_iter = None
 
 
-def _batch(dataset: Dataset, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    if isinstance(dataset, TensorDataset):
-        index = torch.as_tensor(list(indices), dtype=torch.long)
-        x, y = dataset.tensors
-        return x[index], y[index]
-    return default_collate([dataset[i] for i in indices])
+def save_model(model: nn.Module, path: Path, **info: object) -> None:
+    """Write the model as a plain state_dict (`model.load_state_dict(torch.load(path))`
+    works without peerd), atomically, with `info` beside it as JSON (model.json).
+    Tensors are saved from the CPU, so the file loads on any machine."""
+    state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    _write_atomic(path, lambda f: torch.save(state, f))
+    text = json.dumps(info, indent=1, sort_keys=True, default=float) + "\n"
+    _write_atomic(path.with_suffix(".json"), lambda f: f.write(text.encode()))
+
+
+def _write_atomic(path: Path, write) -> None:
+    """A crash mid-write leaves the old file."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

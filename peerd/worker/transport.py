@@ -106,7 +106,7 @@ def _decode_state_chunk(raw: bytes) -> peer_pb2.StateChunk:
 def _state_fields(c: peer_pb2.StateChunk) -> tuple:
     """What the reply proof covers of a StateChunk: every field, the data by its
     length (the range's sha256, covered here, checks the data)."""
-    return c.round, c.step, c.offset, c.total, c.progress, c.sha256, c.params, len(c.data)
+    return c.round, c.step, c.offset, c.total, c.progress, c.sha256, c.params, len(c.data), c.extra
 
 
 def _decode_segment_chunk(raw: bytes, round_: int, segment: int) -> ChunkView:
@@ -239,7 +239,7 @@ class GrpcTransport:
                 c = _decode_state_chunk(raw)
                 if reply is not None:
                     reply.update_fields(*_state_fields(c))
-                assembly.add(StateMeta(c.round, c.step, c.progress), c.offset, c.sha256, c.data)
+                assembly.add(StateMeta(c.round, c.step, c.progress, c.extra), c.offset, c.sha256, c.data)
             if reply is not None:
                 reply.check(metadata_value(await call.trailing_metadata(), REPLY_KEY))
             return assembly.result(address)
@@ -389,6 +389,7 @@ class ExchangeServicer:
                     chunk = peer_pb2.StateChunk(
                         round=meta.round, step=meta.step, progress=meta.progress, offset=offset,
                         total=total, params=self._state.board.params, sha256=sha, data=data,
+                        extra=meta.extra if sha else b"",
                     )
                     if reply is not None:
                         reply.update_fields(*_state_fields(chunk))

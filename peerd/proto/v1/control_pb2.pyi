@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Progress(_message.Message):
-    __slots__ = ("step", "round", "epoch", "loss", "samples_per_s", "partners_reached", "partners_planned", "test_accuracy", "disagreement", "samples", "segment_misses", "finished", "exchange_s", "lr", "phase", "global_batch", "rejected", "local_batch", "share", "compute_s", "rounds_done", "bytes_sent", "bytes_received", "exchange_buckets", "exchange_sum_s", "exchange_count", "checkpoint_round", "checkpoints_written")
+    __slots__ = ("step", "round", "epoch", "loss", "samples_per_s", "partners_reached", "partners_planned", "metric", "disagreement", "samples", "segment_misses", "finished", "exchange_s", "lr", "phase", "global_batch", "rejected", "local_batch", "share", "compute_s", "metric_name", "metric_higher_better", "metrics", "skipped_steps", "rounds_done", "bytes_sent", "bytes_received", "exchange_buckets", "exchange_sum_s", "exchange_count", "checkpoint_round", "checkpoints_written")
     class RejectedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -15,6 +15,13 @@ class Progress(_message.Message):
         key: str
         value: int
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     STEP_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -22,7 +29,7 @@ class Progress(_message.Message):
     SAMPLES_PER_S_FIELD_NUMBER: _ClassVar[int]
     PARTNERS_REACHED_FIELD_NUMBER: _ClassVar[int]
     PARTNERS_PLANNED_FIELD_NUMBER: _ClassVar[int]
-    TEST_ACCURACY_FIELD_NUMBER: _ClassVar[int]
+    METRIC_FIELD_NUMBER: _ClassVar[int]
     DISAGREEMENT_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_MISSES_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +42,10 @@ class Progress(_message.Message):
     LOCAL_BATCH_FIELD_NUMBER: _ClassVar[int]
     SHARE_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_S_FIELD_NUMBER: _ClassVar[int]
+    METRIC_NAME_FIELD_NUMBER: _ClassVar[int]
+    METRIC_HIGHER_BETTER_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_STEPS_FIELD_NUMBER: _ClassVar[int]
     ROUNDS_DONE_FIELD_NUMBER: _ClassVar[int]
     BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
     BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
@@ -50,7 +61,7 @@ class Progress(_message.Message):
     samples_per_s: float
     partners_reached: int
     partners_planned: int
-    test_accuracy: float
+    metric: float
     disagreement: float
     samples: int
     segment_misses: int
@@ -63,6 +74,10 @@ class Progress(_message.Message):
     local_batch: int
     share: float
     compute_s: float
+    metric_name: str
+    metric_higher_better: bool
+    metrics: _containers.ScalarMap[str, float]
+    skipped_steps: int
     rounds_done: int
     bytes_sent: int
     bytes_received: int
@@ -71,7 +86,7 @@ class Progress(_message.Message):
     exchange_count: int
     checkpoint_round: int
     checkpoints_written: int
-    def __init__(self, step: _Optional[int] = ..., round: _Optional[int] = ..., epoch: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., partners_reached: _Optional[int] = ..., partners_planned: _Optional[int] = ..., test_accuracy: _Optional[float] = ..., disagreement: _Optional[float] = ..., samples: _Optional[int] = ..., segment_misses: _Optional[int] = ..., finished: _Optional[bool] = ..., exchange_s: _Optional[float] = ..., lr: _Optional[float] = ..., phase: _Optional[str] = ..., global_batch: _Optional[int] = ..., rejected: _Optional[_Mapping[str, int]] = ..., local_batch: _Optional[int] = ..., share: _Optional[float] = ..., compute_s: _Optional[float] = ..., rounds_done: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., exchange_buckets: _Optional[_Iterable[int]] = ..., exchange_sum_s: _Optional[float] = ..., exchange_count: _Optional[int] = ..., checkpoint_round: _Optional[int] = ..., checkpoints_written: _Optional[int] = ...) -> None: ...
+    def __init__(self, step: _Optional[int] = ..., round: _Optional[int] = ..., epoch: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., partners_reached: _Optional[int] = ..., partners_planned: _Optional[int] = ..., metric: _Optional[float] = ..., disagreement: _Optional[float] = ..., samples: _Optional[int] = ..., segment_misses: _Optional[int] = ..., finished: _Optional[bool] = ..., exchange_s: _Optional[float] = ..., lr: _Optional[float] = ..., phase: _Optional[str] = ..., global_batch: _Optional[int] = ..., rejected: _Optional[_Mapping[str, int]] = ..., local_batch: _Optional[int] = ..., share: _Optional[float] = ..., compute_s: _Optional[float] = ..., metric_name: _Optional[str] = ..., metric_higher_better: _Optional[bool] = ..., metrics: _Optional[_Mapping[str, float]] = ..., skipped_steps: _Optional[int] = ..., rounds_done: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., exchange_buckets: _Optional[_Iterable[int]] = ..., exchange_sum_s: _Optional[float] = ..., exchange_count: _Optional[int] = ..., checkpoint_round: _Optional[int] = ..., checkpoints_written: _Optional[int] = ...) -> None: ...
 
 class WorkerReport(_message.Message):
     __slots__ = ("job", "pid", "address", "fingerprint", "progress", "member")

@@ -153,7 +153,7 @@ class StateRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ..., fingerprint: _Optional[str] = ..., peer_id: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., wait_s: _Optional[float] = ...) -> None: ...
 
 class StateChunk(_message.Message):
-    __slots__ = ("round", "step", "offset", "total", "data", "progress", "sha256", "params")
+    __slots__ = ("round", "step", "offset", "total", "data", "progress", "sha256", "params", "extra")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -162,6 +162,7 @@ class StateChunk(_message.Message):
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
+    EXTRA_FIELD_NUMBER: _ClassVar[int]
     round: int
     step: int
     offset: int
@@ -170,4 +171,5 @@ class StateChunk(_message.Message):
     progress: float
     sha256: bytes
     params: int
-    def __init__(self, round: _Optional[int] = ..., step: _Optional[int] = ..., offset: _Optional[int] = ..., total: _Optional[int] = ..., data: _Optional[bytes] = ..., progress: _Optional[float] = ..., sha256: _Optional[bytes] = ..., params: _Optional[int] = ...) -> None: ...
+    extra: bytes
+    def __init__(self, round: _Optional[int] = ..., step: _Optional[int] = ..., offset: _Optional[int] = ..., total: _Optional[int] = ..., data: _Optional[bytes] = ..., progress: _Optional[float] = ..., sha256: _Optional[bytes] = ..., params: _Optional[int] = ..., extra: _Optional[bytes] = ...) -> None: ...

@@ -1,0 +1,80 @@
+"""A lab's kind of job through real daemons: a job module with BatchNorm,
+AdamW, bf16 autocast, clipping and a DataLoader worker; a late joiner takes the
+whole state (BatchNorm counters included) and the model file is plain PyTorch."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import wait_for
+
+pytestmark = pytest.mark.e2e
+
+JOBCODE = Path(__file__).parent / "jobcode"
+JOB = """
+[job]
+name = "lab"
+module = "real_job"
+local_batch = 8
+epochs = 300
+epoch_chunks = 2
+drop_last = true          # BatchNorm cannot train on an epoch's 1-sample remainder
+eval_every_rounds = 10
+
+[optimizer]
+name = "adamw"
+lr = 0.01
+betas = [0.9, 0.95]
+weight_decay = 0.05
+schedule = "cosine"
+warmup_steps = 20
+
+[train]
+precision = "bf16"
+grad_clip_norm = 1.0
+
+[data]
+loader_workers = 1
+"""
+
+
+def test_a_batchnorm_adamw_bf16_job_with_a_late_joiner(local_cluster):
+    cluster = local_cluster(3)
+    first, second, late = cluster.peers
+    wait_for(lambda: all(cluster.client(p).status().peers_known == 2 for p in cluster.peers), 30,
+             "the three daemons to discover each other")
+    for peer in (first, second):
+        cluster.client(peer).join(JOB, str(JOBCODE))
+
+    def round_of(peer):
+        jobs = cluster.client(peer).status().jobs
+        return jobs[0].progress.round if jobs else 0
+
+    wait_for(lambda: min(round_of(first), round_of(second)) >= 30, 120, "the first two peers to train 30 rounds")
+    cluster.client(late).join(JOB, str(JOBCODE))
+
+    def finished():
+        jobs = [cluster.client(p).status().jobs[0] for p in cluster.peers]
+        assert all(j.state not in ("failed", "restarting") for j in jobs), jobs
+        return all(j.state == "finished" for j in jobs) and jobs
+
+    jobs = wait_for(finished, 300, "all three peers to finish the job")
+    log = (late.dir / "state" / "jobs" / "lab" / "worker.log").read_text()
+    assert re.search(r"joining: took the state of round \d+", log), log[:3000]
+    for peer, job in zip(cluster.peers, jobs):
+        p = job.progress
+        assert p.metric_name == "accuracy" and set(p.metrics) == {"accuracy", "loss"}
+        assert p.metric > 0.6, (peer.peer_id, p.metric)  # chance is below 0.5 on three classes
+        assert p.skipped_steps == 0
+        # A plain state_dict; BatchNorm's counter came with the state: it counts
+        # the job's steps, the donor's before the join and its own after it.
+        saved = torch.load(peer.dir / "state" / "jobs" / "lab" / "model.pt", weights_only=True)
+        model = nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3))
+        model.load_state_dict(saved)
+        assert int(saved["1.num_batches_tracked"]) == p.step, (peer.peer_id, p.step)
+    assert jobs[2].progress.step > 30
