@@ -56,6 +56,8 @@ async def until(predicate: Callable[[], object], what: str, timeout_s: float = 2
 LEAK_GRACE_S = 10.0  # how long a thread or process that is already stopping may take to end
 # Process-wide threads libraries start once, on first use, and keep: not a test's leak.
 LIBRARY_THREADS = ("(_poll_wrapper)",)  # grpc.aio's completion-queue poller
+# multiprocessing's helpers (a DataLoader's workers start them), kept for the process's life.
+LIBRARY_PROCESSES = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
 
 
 def _threads() -> dict[int, str]:
@@ -89,7 +91,8 @@ def _left_behind(before: tuple[dict, dict, set]) -> list[str]:
     threads, children, namespaces = before
     leaks = [f"thread {name!r}" for ident, name in _threads().items()
              if ident not in threads and not name.endswith(LIBRARY_THREADS)]
-    leaks += [f"child process {pid}: {cmd}" for pid, cmd in _children().items() if pid not in children]
+    leaks += [f"child process {pid}: {cmd}" for pid, cmd in _children().items()
+              if pid not in children and not any(name in cmd for name in LIBRARY_PROCESSES)]
     leaks += [f"network namespace {ns}" for ns in sorted(_namespaces() - namespaces)]
     return leaks
 
