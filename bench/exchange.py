@@ -94,7 +94,8 @@ def _peerd(rank: int, cfg: dict, barrier, conn) -> dict:
     from peerd.worker.snapshots import Identity, SegmentServer, SnapshotStore
     from peerd.worker.state import StateBoard, StateServer
     from peerd.auth import Authenticator
-    from peerd.worker.transport import GrpcTransport, start_exchange_server
+    from peerd.worker.exchange_server import start_exchange_server
+    from peerd.worker.transport import GrpcTransport
 
     numel, segments = cfg["numel"], cfg["segments"]
     chunk_elems = cfg["chunk_kib"] * 1024 // 4

@@ -71,7 +71,8 @@ def _peerd(mode: str, rank: int, cfg: dict, barrier, conn) -> dict:
     from peerd.worker.hierarchy import hierarchical_round
     from peerd.worker.snapshots import Identity, SegmentServer, SnapshotStore, StageStore
     from peerd.worker.state import StateBoard, StateServer
-    from peerd.worker.transport import GrpcTransport, start_exchange_server
+    from peerd.worker.exchange_server import start_exchange_server
+    from peerd.worker.transport import GrpcTransport
 
     numel, segments, procs = cfg["numel"], cfg["segments"], cfg["procs"]
     chunk_elems = cfg["chunk_kib"] * 1024 // 4

@@ -23,7 +23,8 @@ from peerd.rejections import Rejections
 from peerd.tls import TlsSettings
 from peerd.worker.snapshots import Identity
 from peerd.worker.state import StateMeta
-from peerd.worker.transport import FETCH_SEGMENT, GrpcTransport, start_exchange_server
+from peerd.worker.exchange_server import start_exchange_server
+from peerd.worker.transport import FETCH_SEGMENT, GrpcTransport
 
 from certs import make_ca, material, needs_openssl, settings
 from test_exchange import NUMEL, SEGMENTS, Peer, two_peers

@@ -39,7 +39,8 @@ from peerd.core.names import valid_address
 from peerd.proto.v1 import peer_pb2
 from peerd.worker.snapshots import Identity
 from peerd.worker.state import StateMeta
-from peerd.worker.transport import FETCH_SEGMENT, FETCH_STATE, GrpcTransport, start_exchange_server
+from peerd.worker.exchange_server import start_exchange_server
+from peerd.worker.transport import FETCH_SEGMENT, FETCH_STATE, GrpcTransport
 
 from test_exchange import NUMEL, SEGMENTS, Peer
 

@@ -54,7 +54,8 @@ from peerd.worker.traffic import (
     Traffic,
 )
 from peerd.worker.trainstate import TrainState
-from peerd.worker.transport import GrpcTransport, start_exchange_server
+from peerd.worker.exchange_server import start_exchange_server
+from peerd.worker.transport import GrpcTransport
 
 log = logging.getLogger("peerd.worker")
 
