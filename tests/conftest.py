@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
+import subprocess
+import sys
 import threading
 import time
 import tomllib
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import tomli_w
 
 from peerd.cluster import LocalCluster, default_job
+from peerd.config import DaemonConfig
+from peerd.daemon.app import Daemon
 from peerd.soak.netns import made_here
 
 REPO = Path(__file__).resolve().parents[1]
@@ -112,6 +118,47 @@ def no_leaks():
         time.sleep(0.1)
     if leaks:
         pytest.fail("the test left behind: " + "; ".join(leaks), pytrace=False)
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def peerctl(peer, *args: str) -> subprocess.CompletedProcess:
+    """`peerctl ARGS` against a LocalCluster peer's daemon, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "peerd.cli.peerctl", "--socket", str(peer.socket), *args],
+                          capture_output=True, text=True, timeout=30)
+
+
+def daemon_config(tmp_path: Path, name: str, realm: str = "", **changes) -> DaemonConfig:
+    """An in-process daemon's settings: fast Hellos, loopback only, no standby; realm
+    defaults to one of this test's own."""
+    base = DaemonConfig(
+        state_dir=tmp_path / name, control_socket=tmp_path / f"{name}.sock", peer_id=name,
+        interfaces=("127.0.0.1",), hello_interval_s=0.2, peer_timeout_s=1.5, worker_standby=False,
+        realm=realm or tmp_path.name,
+    )
+    return replace(base, **changes)
+
+
+@pytest.fixture
+async def daemons(tmp_path):
+    """Factory: start a Daemon in this test's loop, daemons("alpha", seeds=...); all
+    are closed when the test ends."""
+    started: list[Daemon] = []
+
+    async def start(name: str, realm: str = "", **changes) -> Daemon:
+        daemon = Daemon(daemon_config(tmp_path, name, realm, **changes))
+        started.append(daemon)
+        await daemon.start()
+        return daemon
+
+    yield start
+    for daemon in started:
+        await daemon.aclose()
 
 
 @pytest.fixture

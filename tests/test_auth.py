@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from peerd.auth import AUTH_KEY, Authenticator, NonceCache, load_secret, new_secret_file
-from peerd.config import DaemonConfig
 from peerd.daemon.app import Daemon
 from peerd.daemon.services import HELLO, PeerClient
 from peerd.errors import ConfigError, PeerUnavailable, Unauthenticated
@@ -29,7 +28,7 @@ from peerd.worker.transport import FETCH_SEGMENT, GrpcTransport
 from certs import make_ca, material, needs_openssl, settings
 from test_exchange import NUMEL, SEGMENTS, Peer, two_peers
 
-from conftest import until
+from conftest import daemon_config, until
 
 SECRET = b"0123456789abcdef-the-job-secret"
 OTHER = b"0123456789abcdef-another-secret"
@@ -275,13 +274,6 @@ async def test_mutual_tls_accepts_the_labs_ca_and_refuses_another(serve, tmp_pat
 
 
 # ---- daemons: realm secret and TLS on the Peer service -----------------------------------
-
-
-def daemon_config(tmp_path, name: str, realm: str, **security) -> DaemonConfig:
-    return DaemonConfig(
-        state_dir=tmp_path / name, control_socket=tmp_path / f"{name}.sock", peer_id=name,
-        interfaces=("127.0.0.1",), hello_interval_s=0.2, peer_timeout_s=1.5, worker_standby=False, realm=realm, **security,
-    )
 
 
 

@@ -12,46 +12,14 @@ import stat
 import subprocess
 import sys
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from peerd.config import DaemonConfig
 from peerd.daemon.app import Daemon, _give_to_group
 
-from conftest import until
-
-
-def config(tmp_path, name: str, realm: str, **changes) -> DaemonConfig:
-    base = DaemonConfig(
-        state_dir=tmp_path / name, control_socket=tmp_path / f"{name}.sock", peer_id=name,
-        interfaces=("127.0.0.1",), hello_interval_s=0.2, peer_timeout_s=1.5, worker_standby=False, realm=realm,
-    )
-    return replace(base, **changes)
-
-
-@pytest.fixture
-async def daemons(tmp_path):
-    started: list[Daemon] = []
-
-    async def start(name: str, **changes) -> Daemon:
-        daemon = Daemon(config(tmp_path, name, changes.pop("realm", f"seeds-{tmp_path.name}"), **changes))
-        started.append(daemon)
-        await daemon.start()
-        return daemon
-
-    yield start
-    for daemon in started:
-        await daemon.aclose()
-
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from conftest import daemon_config, free_port, until
 
 
 async def test_without_zeroconf_daemons_find_each_other_through_seeds_and_pass_peers_on(daemons):
@@ -164,7 +132,7 @@ async def test_systemd_hears_ready_status_and_stopping_in_order(tmp_path, monkey
         sock.bind(path)
         sock.setblocking(False)
         monkeypatch.setenv("NOTIFY_SOCKET", path)
-        daemon = Daemon(config(tmp_path, "alpha", f"notify-{tmp_path.name}", zeroconf=False))
+        daemon = Daemon(daemon_config(tmp_path, "alpha", f"notify-{tmp_path.name}", zeroconf=False))
         await daemon.start()
         await asyncio.sleep(0.5)  # a Hello round or two
         await daemon.aclose()
