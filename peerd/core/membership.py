@@ -133,5 +133,10 @@ class Membership:
         return out
 
 
+def liveness(peers: list[PeerRecord], now: float, suspect_after_s: float) -> dict[str, str]:
+    """Peer id -> "alive", or "suspected" when not heard from for suspect_after_s."""
+    return {r.peer_id: "suspected" if now - r.last_seen > suspect_after_s else "alive" for r in peers}
+
+
 def _active(entry: JobEntry) -> bool:
     return entry.state in ACTIVE_STATES

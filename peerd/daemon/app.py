@@ -21,7 +21,7 @@ from grpc_health.v1.health import aio as health_aio
 from peerd import __version__
 from peerd.auth import Authenticator, load_secret
 from peerd.config import DaemonConfig
-from peerd.core.membership import Membership
+from peerd.core.membership import Membership, liveness
 from peerd.core.names import peer_id_from_hostname, split_host_port, valid_peer_id
 from peerd.core.workers import member_ids, worker_devices
 from peerd.daemon.devices import local_gpus
@@ -292,10 +292,8 @@ class Daemon:
 
     def peer_states(self) -> dict[str, str]:
         """Peer id -> "alive", or "suspected" when it missed the last two Hellos."""
-        now = time.monotonic()
         suspect_after = 2 * self.config.hello_interval_s + HELLO_TIMEOUT_S
-        return {r.peer_id: "suspected" if now - r.last_seen > suspect_after else "alive"
-                for r in self.membership.peers()}
+        return liveness(self.membership.peers(), time.monotonic(), suspect_after)
 
     def list_peers(self) -> control_pb2.ListPeersReply:
         now = time.monotonic()
