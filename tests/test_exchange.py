@@ -13,7 +13,8 @@ from peerd.errors import InvalidMessage, JobMismatch, PeerUnavailable, RoundMism
 from peerd.worker.gossip import gossip_round
 from peerd.worker.snapshots import Identity, SegmentServer, SnapshotStore
 from peerd.worker.state import StateBoard, StateMeta, StatePart, StateServer, digest, pull_state, verify_part
-from peerd.worker.transport import GrpcTransport, MemoryTransport, start_exchange_server
+from peerd.worker.exchange_server import start_exchange_server
+from peerd.worker.transport import GrpcTransport, MemoryTransport
 
 NUMEL = 10_007  # not a multiple of the segment or chunk size
 SEGMENTS = 5

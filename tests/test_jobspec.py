@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import json
 import os
 import re
 import subprocess
@@ -13,6 +12,7 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
+import tomli_w
 
 from peerd.errors import ConfigError
 from peerd.jobspec import TrainSpec, GossipSpec, JobSpec, OptimizerSpec, load_job, parse_job
@@ -24,36 +24,16 @@ MNIST_DATA = tomllib.loads(MNIST_TEXT)
 SRC = "JOB.toml"
 
 
-def dump(data: dict) -> str:
-    """A minimal TOML writer for job specs (tables of str/int/float/bool)."""
-    lines: list[str] = []
-    for table, values in data.items():
-        if not isinstance(values, dict):
-            lines.insert(0, f"{table} = {_value(values)}")
-            continue
-        lines.append(f"[{table}]")
-        lines.extend(f"{k} = {_value(v)}" for k, v in values.items())
-    return "\n".join(lines) + "\n"
-
-
-def _value(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return json.dumps(v)
-    return repr(v)
-
-
 def changed(table: str, key: str, value) -> str:
     data = copy.deepcopy(MNIST_DATA)
     data.setdefault(table, {})[key] = value
-    return dump(data)
+    return tomli_w.dumps(data)
 
 
 def without(table: str, key: str) -> str:
     data = copy.deepcopy(MNIST_DATA)
     del data[table][key]
-    return dump(data)
+    return tomli_w.dumps(data)
 
 
 # --- the built-in example ------------------------------------------------------------------
@@ -101,7 +81,7 @@ def test_fingerprint_is_32_hex():
 def test_fingerprint_equal_for_same_text_and_ignores_source_and_comments():
     a = parse_job(MNIST_TEXT, "a/JOB.toml")
     b = parse_job(MNIST_TEXT, "b/other.toml")
-    c = parse_job(dump(MNIST_DATA), SRC)  # no comments, different layout
+    c = parse_job(tomli_w.dumps(MNIST_DATA), SRC)  # no comments, different layout
     assert a.fingerprint == b.fingerprint == c.fingerprint
 
 
@@ -122,7 +102,7 @@ def test_fingerprint_same_when_defaults_are_explicit_or_omitted():
     minimal = '[job]\nname = "j"\nmodel = "m:f"\ndata = "d:g"\n'
     # The optimizer's own keywords are passed on as written (peerd does not know
     # every class's defaults), except SGD's momentum, whose default is peerd's.
-    full = dump({"job": {"name": "j", "model": "m:f", "data": "d:g", "seed": 0, "init": "shared", "data_mode": "shared",
+    full = tomli_w.dumps({"job": {"name": "j", "model": "m:f", "data": "d:g", "seed": 0, "init": "shared", "data_mode": "shared",
                          "local_batch": 32, "epochs": 1.0, "eval_every_rounds": 100, "metric": "accuracy",
                          "metric_mode": "max"},
                  "optimizer": {"name": "SGD", "lr": 0.05, "momentum": 0.9, "schedule": "cosine", "warmup_steps": 0},
@@ -469,7 +449,7 @@ def test_deadline_floor_above_ceiling():
     data = copy.deepcopy(MNIST_DATA)
     data["gossip"].update(deadline_floor_s=11.0, deadline_ceiling_s=10.0)
     with pytest.raises(ConfigError) as info:
-        parse_job(dump(data), SRC)
+        parse_job(tomli_w.dumps(data), SRC)
     message = str(info.value)
     assert message.startswith(f"{SRC}: ")
     assert "deadline_floor_s" in message and "deadline_ceiling_s" in message
@@ -477,13 +457,13 @@ def test_deadline_floor_above_ceiling():
 
 def test_deadline_floor_above_default_ceiling():
     with pytest.raises(ConfigError, match="deadline_floor_s"):
-        parse_job(dump({**MNIST_DATA, "gossip": {"deadline_floor_s": 12}}), SRC)
+        parse_job(tomli_w.dumps({**MNIST_DATA, "gossip": {"deadline_floor_s": 12}}), SRC)
 
 
 def test_deadline_floor_equal_to_ceiling_is_fine():
     data = copy.deepcopy(MNIST_DATA)
     data["gossip"].update(deadline_floor_s=3.0, deadline_ceiling_s=3.0)
-    assert parse_job(dump(data), SRC).gossip.deadline_floor_s == 3.0
+    assert parse_job(tomli_w.dumps(data), SRC).gossip.deadline_floor_s == 3.0
 
 
 @pytest.mark.parametrize("text", ["job = 5\n", "[job]\nname = 'x'\n[[gossip]]\nsegments = 2\n"])

@@ -29,6 +29,7 @@ import torch
 from peerd.auth import Authenticator
 from peerd.core.deadline import DeadlineEstimator
 from peerd.core.groups import plan_hierarchical
+from peerd.core.names import host_of
 from peerd.core.robust import PullClipper
 from peerd.core.segments import split_even
 from peerd.core.shares import BatchPlan, Rebalancer
@@ -53,7 +54,8 @@ from peerd.worker.traffic import (
     Traffic,
 )
 from peerd.worker.trainstate import TrainState
-from peerd.worker.transport import GrpcTransport, start_exchange_server
+from peerd.worker.exchange_server import start_exchange_server
+from peerd.worker.transport import GrpcTransport
 
 log = logging.getLogger("peerd.worker")
 
@@ -353,7 +355,7 @@ class Engine:
             vector.copy_(self.state.flat.vector)
         if self.spec.gossip.mode == "hierarchical":
             # Paths are outermost first (label, host, daemon): a daemon's workers group first.
-            localities = {p: (self.link.localities.get(p, ""), _host(view[p]), self.link.daemons.get(p, p))
+            localities = {p: (self.link.localities.get(p, ""), host_of(view[p]), self.link.daemons.get(p, p))
                           for p in peers}
             plan = plan_hierarchical(self.spec.name, self.round, localities, self.me, len(self.layout),
                                      self.spec.gossip.group_size)
@@ -451,8 +453,3 @@ class Engine:
             p.partners_reached, p.partners_planned = old.partners_reached, old.partners_planned
             p.disagreement, p.exchange_s = old.disagreement, old.exchange_s
         self.link.progress = p
-
-
-def _host(address: str) -> str:
-    """The host part of "host:port" or "[v6]:port": workers on one host group first."""
-    return address.rpartition(":")[0].strip("[]")

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from peerd.auth import Authenticator, load_secret
+from peerd.core.codes import ExitCode
 from peerd.errors import ConfigError, PeerdError
 from peerd.jobspec import JobSpec, parse_job
 from peerd.logs import setup_logging
@@ -29,12 +30,8 @@ from peerd.worker.training import Trainer
 
 log = logging.getLogger("peerd.worker")
 
-# Exit codes the daemon acts on (peerd.daemon.jobs): only a crash is restarted.
-EXIT_FINISHED = 0  # trained every epoch of the job
-EXIT_LEFT = 3  # left on the operator's request (drain)
-EXIT_STOPPED = 143  # stopped by a signal
-EXIT_CONFIG = 2  # the job cannot load here: restarting would not help
-EXITS = {"finished": EXIT_FINISHED, "left": EXIT_LEFT, "stopped": EXIT_STOPPED}
+# How the worker ended -> its exit code, which the daemon acts on (peerd.core.restarts).
+EXITS = {"finished": ExitCode.FINISHED, "left": ExitCode.LEFT, "stopped": ExitCode.STOPPED}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -117,7 +114,7 @@ def run_script(launch: Launch) -> int:
                               f"{type(exc).__name__}: {exc}") from None
         log.error("the script %s failed: %s: %s", path.name, type(exc).__name__, exc)
         _close_attached(finished=False)
-        return 1
+        return ExitCode.ERROR
     if not _attached:
         raise ConfigError(f"the script {path.name} ended without calling peerd.attach(): "
                           "a script job must attach its model and optimizer")
@@ -148,12 +145,12 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging("INFO", args.log_format, peer=args.peer_id)
     if sys.byteorder != "little":
         print("peerd: big-endian hosts are not supported (segments travel as little-endian fp32)", file=sys.stderr)
-        return EXIT_CONFIG
+        return ExitCode.CONFIG
     try:
         return run(args)
     except ConfigError as exc:
         log.error("%s", exc)
-        return EXIT_CONFIG
+        return ExitCode.CONFIG
     except PeerdError as exc:
         log.error("%s", exc)
-        return 1
+        return ExitCode.ERROR
