@@ -84,6 +84,9 @@ class GossipSpec:
     chunk_kib: int = 1024  # streamed chunk size; ~1 MiB is the fast spot for gRPC
     deadline_floor_s: float = 0.5
     deadline_ceiling_s: float = 10.0
+    # Run each round's exchange while the next local steps compute, its effect
+    # applied one round late (docs/algorithms.md, "Overlapped rounds").
+    overlap: bool = False
     # Opt-ins beyond the parameters (float tensors only; integer counters are not averaged).
     average_buffers: bool = False  # e.g. BatchNorm running statistics
     average_optimizer_state: bool = False  # e.g. momentum, Adam's moments
@@ -250,6 +253,7 @@ def _parse_gossip(gossip: Table) -> GossipSpec:
                              expect="an integer in 4..16384"),
         deadline_floor_s=gossip.get("deadline_floor_s", float, 0.5, **positive),
         deadline_ceiling_s=gossip.get("deadline_ceiling_s", float, 10.0, **positive),
+        overlap=gossip.get("overlap", bool, False),
         average_buffers=gossip.get("average_buffers", bool, False),
         average_optimizer_state=gossip.get("average_optimizer_state", bool, False),
     )

@@ -337,6 +337,7 @@ class Peer:
             finished = not self._left
         try:
             if finished and not self._left:
+                self._loop.call(self._engine.settle(), CLOSE_TIMEOUT_S)
                 metrics = self._engine.evaluate() if self._engine.evaluate is not None else self.metrics
                 from peerd.worker.training import save_model
 

@@ -78,3 +78,36 @@ def test_a_batchnorm_adamw_bf16_job_with_a_late_joiner(local_cluster):
         model.load_state_dict(saved)
         assert int(saved["1.num_batches_tracked"]) == p.step, (peer.peer_id, p.step)
     assert jobs[2].progress.step > 30
+
+
+def test_overlapped_rounds_through_real_daemons_with_a_late_joiner(local_cluster):
+    """[gossip] overlap: each round's exchange runs while the next steps compute;
+    the job still mixes (every peer reached partners), a newcomer takes the
+    state, and all end far above chance."""
+    from conftest import example_job
+
+    cluster = local_cluster(3)
+    first, second, late = cluster.peers
+    wait_for(lambda: all(cluster.client(p).status().peers_known == 2 for p in cluster.peers), 30,
+             "the three daemons to discover each other")
+    text = example_job(job={"name": "overlap", "epochs": 6, "eval_every_rounds": 20}, gossip={"overlap": True})
+    for peer in (first, second):
+        cluster.client(peer).join(text)
+    wait_for(lambda: all((j := cluster.client(p).status().jobs) and j[0].progress.round >= 20
+                         for p in (first, second)), 120, "the first two peers to train 20 rounds")
+    cluster.client(late).join(text)
+
+    reached = set()
+
+    def finished():
+        jobs = [cluster.client(p).status().jobs[0] for p in cluster.peers]
+        assert all(j.state not in ("failed", "restarting") for j in jobs), jobs
+        reached.update(p.peer_id for p, j in zip(cluster.peers, jobs) if j.progress.partners_reached >= 1)
+        return all(j.state == "finished" for j in jobs) and jobs
+
+    jobs = wait_for(finished, 300, "all three peers to finish the overlapped job")
+    assert reached == {p.peer_id for p in cluster.peers}
+    log = (late.dir / "state" / "jobs" / "overlap" / "worker.log").read_text()
+    assert re.search(r"joining: took the state of round \d+", log), log[:3000]
+    for job in jobs:
+        assert job.progress.metric > 0.8, job  # chance is 0.1

@@ -146,6 +146,7 @@ CHANGES = [
     ("train", "precision", "bf16"),
     ("train", "grad_clip_norm", 1.0),
     ("gossip", "average_buffers", True),
+    ("gossip", "overlap", True),
     ("gossip", "average_optimizer_state", True),
     ("optimizer", "schedule", "constant"),
     ("optimizer", "reference_batch", 64),

@@ -44,6 +44,7 @@ from peerd.worker.checkpoint import CheckpointDir
 from peerd.worker.gossip import RoundResult, gossip_round
 from peerd.worker.hierarchy import hierarchical_round
 from peerd.worker.link import SupervisorLink
+from peerd.worker.overlap import Exchange, OverlapRunner, flat_exchange, hierarchical_exchange
 from peerd.worker.snapshots import WIRE_DTYPES, Identity, SegmentServer, SnapshotStore, StageStore
 from peerd.worker.state import StateBoard, StateMeta, StateServer, pull_state
 from peerd.worker.traffic import (
@@ -157,6 +158,9 @@ class Engine:
         self._beats: asyncio.Task | None = None
         self._closed = False
         self.left = False  # announced its leave: no more rounds
+        # [gossip] overlap: rounds run in the background (peerd.worker.overlap)
+        self.overlap = OverlapRunner(self.store, numel) if spec.gossip.overlap else None
+        self._in_flight: tuple[dict[str, str], float] = ({}, 0.0)  # the view and start of the round in flight
 
     async def start(self) -> StepPlan:
         """Serve, hear from the daemon, resume; then the plan of the first steps."""
@@ -194,6 +198,8 @@ class Engine:
         if self._closed:
             return
         self._closed = True
+        if self.overlap is not None:
+            await self.overlap.aclose()
         await self.store.finish()
         await self.stages.finish()
         await self.board.finish()
@@ -258,11 +264,14 @@ class Engine:
         """The local steps of a round are done: exchange, then the next plan."""
         if self.left:
             return StepPlan([self.me], 1, None, stop=True)
-        self.round += 1
-        into = await self._publish()
-        if self.board.wanted:  # a newcomer asked for our state: copy it between steps
-            await self.board.capture(self.state.parts(), self._meta())
-        result = await self._round(self._view, into)
+        if self.overlap is not None:
+            result = await self._end_round_overlapped()
+        else:
+            self.round += 1
+            into = await self._publish()
+            if self.board.wanted:  # a newcomer asked for our state: copy it between steps
+                await self.board.capture(self.state.parts(), self._meta())
+            result = await self._round(self._view, into)
         if self._checkpoint_due():
             await self.checkpoint("periodic")
         if self.round % self.spec.eval_every_rounds == 0 and self.evaluate is not None:
@@ -275,11 +284,17 @@ class Engine:
         if self.left:
             return
         self.left = True
+        await self._finish_overlapped()  # the round in flight is this peer's last
         self.phase = "draining"
         why = "the operator asked" if self.link.stop else "stopped by signal"
         log.info("leaving at round %d: %s", self.round, why)
         await self._announce_leave()
         await self.checkpoint(why)
+
+    async def settle(self) -> None:
+        """Apply the round still in flight (overlapped mode), before the final
+        evaluation and the model file."""
+        await self._finish_overlapped()
 
     async def finish(self, metrics: dict[str, float], model_path: Path) -> None:
         """The job is done: the last metrics and where the model went."""
@@ -344,33 +359,80 @@ class Engine:
             self.state.flat.rebind(into)
         return result
 
-    async def _gossip(self, view: dict[str, str], into: torch.Tensor | None = None) -> RoundResult | None:
-        now = time.monotonic()
+    def _round_plan(self, view: dict[str, str], now: float):
+        """This round's plan and deadline, or None with nobody to gossip with."""
         peers = self.suspicion.keep(view, now)
         if len(peers) < 2:
             return None
         deadline = self.deadline.deadline()
+        if self.spec.gossip.mode != "hierarchical":
+            return plan_round(self.spec.name, self.round, peers, self.me, len(self.layout)), deadline
+        # Paths are outermost first (label, host, daemon): a daemon's workers group first.
+        localities = {p: (self.link.localities.get(p, ""), host_of(view[p]), self.link.daemons.get(p, p))
+                      for p in peers}
+        plan = plan_hierarchical(self.spec.name, self.round, localities, self.me, len(self.layout),
+                                 self.spec.gossip.group_size)
+        self._log_group(plan.group, len(plan.groups), frozenset(peers))
+        # Three transfers one after another: the floor holds for each of them.
+        return plan, max(deadline, 3 * self.spec.gossip.deadline_floor_s)
+
+    async def _gossip(self, view: dict[str, str], into: torch.Tensor | None = None) -> RoundResult | None:
+        now = time.monotonic()
+        planned = self._round_plan(view, now)
+        if planned is None:
+            return None
+        plan, deadline = planned
         vector = self.work if self.work is not None else self.state.flat.vector
         if vector is not self.state.flat.vector:
             vector.copy_(self.state.flat.vector)
         if self.spec.gossip.mode == "hierarchical":
-            # Paths are outermost first (label, host, daemon): a daemon's workers group first.
-            localities = {p: (self.link.localities.get(p, ""), host_of(view[p]), self.link.daemons.get(p, p))
-                          for p in peers}
-            plan = plan_hierarchical(self.spec.name, self.round, localities, self.me, len(self.layout),
-                                     self.spec.gossip.group_size)
-            self._log_group(plan.group, len(plan.groups), frozenset(peers))
-            # Three transfers one after another: the floor holds for each of them.
-            deadline = max(deadline, 3 * self.spec.gossip.deadline_floor_s)
             result = await hierarchical_round(plan, self.me, view, vector, self.recv, self.layout,
                                               self.transport, self.stages, deadline, self.clipper,
                                               WIRE_DTYPES[self.spec.gossip.wire], out=into)
         else:
-            plan = plan_round(self.spec.name, self.round, peers, self.me, len(self.layout))
             result = await gossip_round(plan, view, vector, self.recv, self.layout, self.transport, deadline,
                                         self.clipper, out=into)
         if vector is not self.state.flat.vector:
             self.state.flat.vector.copy_(vector, non_blocking=True)
+        await self._after_round(result, view, now)
+        return result
+
+    def _exchange(self, view: dict[str, str], now: float) -> tuple[Exchange | None, float]:
+        """Overlapped mode: this round's exchange, to run in the background."""
+        planned = self._round_plan(view, now)
+        if planned is None:
+            return None, 0.0
+        plan, deadline = planned
+        if self.spec.gossip.mode == "hierarchical":
+            return hierarchical_exchange(plan, self.me, view, self.layout, self.transport, self.stages, deadline,
+                                         self.clipper, WIRE_DTYPES[self.spec.gossip.wire]), deadline
+        return flat_exchange(plan, view, self.layout, self.transport, deadline, self.clipper), deadline
+
+    async def _end_round_overlapped(self) -> RoundResult | None:
+        """DESIGN §1.10: apply the correction of the round in flight (one round
+        stale: x ← x + mix(x_r) − x_r), then start this round's exchange on a
+        snapshot of the model of now, which runs while the next steps compute."""
+        result = await self._finish_overlapped()
+        self.round += 1
+        if self.board.wanted:  # nothing in flight: no correction is missing from the copy
+            await self.board.capture(self.state.parts(), self._meta())
+        now = time.monotonic()
+        exchange, deadline = self._exchange(self._view, now)
+        await self.overlap.start(self.round, self.state.flat.vector, exchange, deadline)
+        self._in_flight = (self._view, now)
+        return result
+
+    async def _finish_overlapped(self) -> RoundResult | None:
+        if self.overlap is None or self.overlap.pending is None:
+            return None
+        result = await self.overlap.finish(self.state.flat.vector)
+        if result is not None:
+            view, started = self._in_flight
+            await self._after_round(result, view, started)
+        return result
+
+    async def _after_round(self, result: RoundResult, view: dict[str, str], now: float) -> None:
+        """A round's outcome: misses, deadlines, suspicion, catch-up."""
         self.misses += result.misses
         self.exchange_times.observe(result.seconds)
         if result.clipped:
@@ -388,7 +450,6 @@ class Engine:
                          self.suspicion.threshold, result.errors.get(partner, ""))
         if result.ahead_round > self.round:
             await self._catch_up(result, view)
-        return result
 
     async def _catch_up(self, result: RoundResult, view: dict[str, str]) -> None:
         """A partner is rounds ahead: step up to its round, keeping this model.
