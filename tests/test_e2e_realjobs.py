@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import wait_for
+from conftest import peerctl, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -43,7 +43,7 @@ loader_workers = 1
 """
 
 
-def test_a_batchnorm_adamw_bf16_job_with_a_late_joiner(local_cluster):
+def test_a_batchnorm_adamw_bf16_job_with_a_late_joiner(local_cluster, tmp_path):
     cluster = local_cluster(3)
     first, second, late = cluster.peers
     wait_for(lambda: all(cluster.client(p).status().peers_known == 2 for p in cluster.peers), 30,
@@ -57,6 +57,15 @@ def test_a_batchnorm_adamw_bf16_job_with_a_late_joiner(local_cluster):
 
     wait_for(lambda: min(round_of(first), round_of(second)) >= 30, 120, "the first two peers to train 30 rounds")
     cluster.client(late).join(JOB, str(JOBCODE))
+
+    # peerctl export: the model of now, loadable by plain PyTorch, while the job runs.
+    out = peerctl(first, "export", "lab", str(tmp_path / "now.pt"))
+    assert out.returncode == 0 and "wrote the model of lab at round" in out.stdout, out.stderr
+    model = nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3))
+    model.load_state_dict(torch.load(tmp_path / "now.pt", weights_only=True))
+    assert (tmp_path / "now.json").exists()
+    out = peerctl(first, "export", "lab", str(tmp_path / "no" / "such" / "dir.pt"))
+    assert out.returncode != 0 and "no such directory" in out.stderr
 
     def finished():
         jobs = [cluster.client(p).status().jobs[0] for p in cluster.peers]

@@ -97,6 +97,14 @@ def cmd_leave(client: ControlClient, args) -> tuple[object, str]:
     return {"left": args.job, "drain": args.drain}, f"left {args.job} {how}"
 
 
+def cmd_export(client: ControlClient, args) -> tuple[object, str]:
+    path = os.path.abspath(args.path)
+    reply = client.export(args.job, path)
+    return ({"job": args.job, "path": reply.path, "round": reply.round, "step": reply.step},
+            f"wrote the model of {args.job} at round {reply.round} (step {reply.step}) to {reply.path}; "
+            f"load it with model.load_state_dict(torch.load({reply.path!r}))")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="peerctl", description="Control the local peerd daemon: inspect peers and jobs, join and leave jobs.")
@@ -118,6 +126,12 @@ def build_parser() -> argparse.ArgumentParser:
     leave.add_argument("job", metavar="JOB", help="job name")
     leave.add_argument("--drain", action="store_true", help="finish the current round first")
     leave.set_defaults(run=cmd_leave)
+    export = sub.add_parser("export", parents=[common],
+                            help="write the current model of a running job to a file (a plain state_dict, "
+                                 "with PATH.json beside it)")
+    export.add_argument("job", metavar="JOB", help="job name")
+    export.add_argument("path", metavar="PATH", help="file to write, on this machine (e.g. model.pt)")
+    export.set_defaults(run=cmd_export)
     return parser
 
 

@@ -39,6 +39,7 @@ from peerd.proto.v1 import control_pb2, control_pb2_grpc, peer_pb2
 from peerd.tls import load_tls
 
 log = logging.getLogger("peerd")
+EXPORT_TIMEOUT_S = 120.0  # a worker writes an export at its next round boundary
 SOCKET_GROUP = "peerd"
 
 
@@ -268,6 +269,9 @@ class Daemon:
 
     async def join(self, spec_toml: str, spec_dir: str) -> JobSpec:
         return self.registry.join(spec_toml, spec_dir)
+
+    async def export(self, name: str, path: str) -> control_pb2.ExportReply:
+        return await self.registry.export(name, path, EXPORT_TIMEOUT_S)
 
     async def leave(self, name: str, drain: bool) -> None:
         await self.registry.leave(name, drain)

@@ -84,6 +84,7 @@ class WorkerProcess:
     progress: control_pb2.Progress = field(default_factory=empty_progress)
     stop_requested: bool = False  # drain: the worker leaves after its current round
     message: str = ""  # its last error line: why it failed or crashed (peerctl status)
+    export_path: str = ""  # peerctl export: the file the worker should write its model to
     standby: Standby | None = None  # a spare process to start the worker in ([worker] standby)
     _process: asyncio.subprocess.Process | None = None
     _task: asyncio.Task | None = None

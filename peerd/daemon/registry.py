@@ -3,22 +3,24 @@ each of its workers is told of the job's other workers."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib.machinery
 import importlib.util
 import json
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 from peerd.auth import load_secret
 from peerd.config import DaemonConfig
-from peerd.core.codes import ACTIVE_STATES, ENDED_STATES
+from peerd.core.codes import ACTIVE_STATES, ENDED_STATES, WorkerState
 from peerd.core.membership import Membership
 from peerd.core.workers import split_threads
 from peerd.daemon.jobs import ENDED, JOINED, LocalJob, WorkerLaunch, WorkerProcess
 from peerd.daemon.standby import Standby
-from peerd.errors import ConfigError, JobMismatch, UnknownJob
+from peerd.errors import ConfigError, JobMismatch, PeerUnavailable, UnknownJob
 from peerd.jobspec import JobSpec, parse_job
 from peerd.proto.v1 import control_pb2, peer_pb2
 
@@ -112,6 +114,31 @@ class JobRegistry:
         (job.job_dir / JOINED).unlink(missing_ok=True)  # left on purpose: not resumed
         log.info("left job %s%s", name, " after draining" if drain else "")
 
+    async def export(self, name: str, path: str, timeout_s: float) -> control_pb2.ExportReply:
+        """Ask the job's (first) worker to write its model to `path` at its next
+        round boundary, and wait until it says it did."""
+        if not os.path.isabs(path):
+            raise ConfigError(f"export path {path!r}: give an absolute path (it is written by the worker)")
+        if not os.path.isdir(os.path.dirname(path)):
+            raise ConfigError(f"export path {path!r}: no such directory")
+        job = self.get(name)
+        worker = job.first
+        if worker.state != WorkerState.RUNNING:
+            raise ConfigError(f"job {name!r} is {worker.state}, not running: its model is in "
+                              f"{worker.launch.log_path.parent / 'model.pt'} once it finishes")
+        worker.export_path = path
+        deadline = time.monotonic() + timeout_s
+        try:
+            while worker.progress.exported != path:
+                if time.monotonic() > deadline or worker.state != WorkerState.RUNNING:
+                    raise PeerUnavailable(f"job {name!r}: the worker did not write {path} within {timeout_s:.0f} s "
+                                          f"(state {worker.state}); see {worker.launch.log_path}")
+                await asyncio.sleep(0.1)
+        finally:
+            worker.export_path = ""
+        p = worker.progress
+        return control_pb2.ExportReply(path=path, round=p.exported_round, step=p.step)
+
     def worker_view(self, report: control_pb2.WorkerReport, settled: bool) -> tuple[control_pb2.WorkerView, bool]:
         """What a worker's heartbeat gets back: the job's other workers, here and on
         the peers; and whether this report started or stopped its serving."""
@@ -132,7 +159,7 @@ class JobRegistry:
         speeds = {**self.membership.job_speeds(name, fingerprint),
                   **{w.member: w.progress.samples_per_s for w in mine if w is not worker}}
         view = control_pb2.WorkerView(
-            peers=peers, members=members, stop=worker.stop_requested, settled=settled,
+            peers=peers, members=members, stop=worker.stop_requested, settled=settled, export_path=worker.export_path,
             speeds=[control_pb2.MemberSpeed(peer_id=p, samples_per_s=v) for p, v in speeds.items()])
         return view, worker.address != serving
 

@@ -184,6 +184,12 @@ class ControlServicer(control_pb2_grpc.ControlServicer):
             await _abort(context, exc)
         return control_pb2.LeaveReply()
 
+    async def Export(self, request, context):
+        try:
+            return await self._daemon.export(request.name, request.path)
+        except PeerdError as exc:
+            await _abort(context, exc)
+
 
 class SupervisorServicer(control_pb2_grpc.SupervisorServicer):
     def __init__(self, daemon: Daemon) -> None:

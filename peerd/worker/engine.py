@@ -158,6 +158,7 @@ class Engine:
         self._beats: asyncio.Task | None = None
         self._closed = False
         self.left = False  # announced its leave: no more rounds
+        self.exported, self.exported_round = "", 0  # peerctl export: the last file written
         # [gossip] overlap: rounds run in the background (peerd.worker.overlap)
         self.overlap = OverlapRunner(self.store, numel) if spec.gossip.overlap else None
         self._in_flight: tuple[dict[str, str], float] = ({}, 0.0)  # the view and start of the round in flight
@@ -272,12 +273,29 @@ class Engine:
             if self.board.wanted:  # a newcomer asked for our state: copy it between steps
                 await self.board.capture(self.state.parts(), self._meta())
             result = await self._round(self._view, into)
+        if self.link.export_path and self.link.export_path != self.exported:
+            await self._export(self.link.export_path)
         if self._checkpoint_due():
             await self.checkpoint("periodic")
         if self.round % self.spec.eval_every_rounds == 0 and self.evaluate is not None:
             self.metrics = await asyncio.to_thread(self.evaluate)
         self._report(result)
         return self._next_plan()
+
+    async def _export(self, path: str) -> None:
+        """peerctl export: the model of now, as a plain state_dict."""
+        from peerd.worker.training import save_model
+
+        try:
+            await asyncio.to_thread(save_model, self.state.model, Path(path), job=self.spec.name, round=self.round,
+                                    step=self.source.step_count, progress=self.source.progress,
+                                    metric=self.spec.metric, metrics=self.metrics,
+                                    fingerprint=self.identity.fingerprint)
+        except OSError as exc:
+            log.error("export to %s failed: %s", path, exc)
+            return
+        self.exported, self.exported_round = path, self.round
+        log.info("round %d: model exported to %s", self.round, path)
 
     async def leave(self) -> None:
         """Drained or signalled: tell the others, keep a checkpoint."""
@@ -503,6 +521,7 @@ class Engine:
             bytes_received=self.traffic.received, exchange_buckets=self.exchange_times.buckets,
             exchange_sum_s=self.exchange_times.sum_s, exchange_count=self.exchange_times.count,
             checkpoint_round=self.checkpoint_round, checkpoints_written=self.checkpoints_written,
+            exported=self.exported, exported_round=self.exported_round,
         )
         if result is not None:
             p.partners_reached = len(result.reached)

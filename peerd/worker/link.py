@@ -36,6 +36,7 @@ class SupervisorLink:
         self.members: list[str] = []  # every peer in the job, for the data split
         self.speeds: dict[str, float] = {}  # the other members' published speeds (DBS)
         self.stop = False
+        self.export_path = ""  # peerctl export asks for the model here
         self.settled = False  # the daemon's view can be trusted to show a running job
 
     @property
@@ -59,6 +60,7 @@ class SupervisorLink:
         self.members = list(reply.members)
         self.speeds = {s.peer_id: s.samples_per_s for s in reply.speeds}
         self.stop = self.stop or reply.stop
+        self.export_path = reply.export_path
         self.settled = reply.settled
         return True
 

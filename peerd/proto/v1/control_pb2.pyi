@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Progress(_message.Message):
-    __slots__ = ("step", "round", "epoch", "loss", "samples_per_s", "partners_reached", "partners_planned", "metric", "disagreement", "samples", "segment_misses", "finished", "exchange_s", "lr", "phase", "global_batch", "rejected", "local_batch", "share", "compute_s", "metric_name", "metric_higher_better", "metrics", "skipped_steps", "rounds_done", "bytes_sent", "bytes_received", "exchange_buckets", "exchange_sum_s", "exchange_count", "checkpoint_round", "checkpoints_written")
+    __slots__ = ("step", "round", "epoch", "loss", "samples_per_s", "partners_reached", "partners_planned", "metric", "disagreement", "samples", "segment_misses", "finished", "exchange_s", "lr", "phase", "global_batch", "rejected", "local_batch", "share", "compute_s", "metric_name", "metric_higher_better", "metrics", "skipped_steps", "exported", "exported_round", "rounds_done", "bytes_sent", "bytes_received", "exchange_buckets", "exchange_sum_s", "exchange_count", "checkpoint_round", "checkpoints_written")
     class RejectedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -46,6 +46,8 @@ class Progress(_message.Message):
     METRIC_HIGHER_BETTER_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
     SKIPPED_STEPS_FIELD_NUMBER: _ClassVar[int]
+    EXPORTED_FIELD_NUMBER: _ClassVar[int]
+    EXPORTED_ROUND_FIELD_NUMBER: _ClassVar[int]
     ROUNDS_DONE_FIELD_NUMBER: _ClassVar[int]
     BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
     BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
@@ -78,6 +80,8 @@ class Progress(_message.Message):
     metric_higher_better: bool
     metrics: _containers.ScalarMap[str, float]
     skipped_steps: int
+    exported: str
+    exported_round: int
     rounds_done: int
     bytes_sent: int
     bytes_received: int
@@ -86,7 +90,7 @@ class Progress(_message.Message):
     exchange_count: int
     checkpoint_round: int
     checkpoints_written: int
-    def __init__(self, step: _Optional[int] = ..., round: _Optional[int] = ..., epoch: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., partners_reached: _Optional[int] = ..., partners_planned: _Optional[int] = ..., metric: _Optional[float] = ..., disagreement: _Optional[float] = ..., samples: _Optional[int] = ..., segment_misses: _Optional[int] = ..., finished: _Optional[bool] = ..., exchange_s: _Optional[float] = ..., lr: _Optional[float] = ..., phase: _Optional[str] = ..., global_batch: _Optional[int] = ..., rejected: _Optional[_Mapping[str, int]] = ..., local_batch: _Optional[int] = ..., share: _Optional[float] = ..., compute_s: _Optional[float] = ..., metric_name: _Optional[str] = ..., metric_higher_better: _Optional[bool] = ..., metrics: _Optional[_Mapping[str, float]] = ..., skipped_steps: _Optional[int] = ..., rounds_done: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., exchange_buckets: _Optional[_Iterable[int]] = ..., exchange_sum_s: _Optional[float] = ..., exchange_count: _Optional[int] = ..., checkpoint_round: _Optional[int] = ..., checkpoints_written: _Optional[int] = ...) -> None: ...
+    def __init__(self, step: _Optional[int] = ..., round: _Optional[int] = ..., epoch: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., partners_reached: _Optional[int] = ..., partners_planned: _Optional[int] = ..., metric: _Optional[float] = ..., disagreement: _Optional[float] = ..., samples: _Optional[int] = ..., segment_misses: _Optional[int] = ..., finished: _Optional[bool] = ..., exchange_s: _Optional[float] = ..., lr: _Optional[float] = ..., phase: _Optional[str] = ..., global_batch: _Optional[int] = ..., rejected: _Optional[_Mapping[str, int]] = ..., local_batch: _Optional[int] = ..., share: _Optional[float] = ..., compute_s: _Optional[float] = ..., metric_name: _Optional[str] = ..., metric_higher_better: _Optional[bool] = ..., metrics: _Optional[_Mapping[str, float]] = ..., skipped_steps: _Optional[int] = ..., exported: _Optional[str] = ..., exported_round: _Optional[int] = ..., rounds_done: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., exchange_buckets: _Optional[_Iterable[int]] = ..., exchange_sum_s: _Optional[float] = ..., exchange_count: _Optional[int] = ..., checkpoint_round: _Optional[int] = ..., checkpoints_written: _Optional[int] = ...) -> None: ...
 
 class WorkerReport(_message.Message):
     __slots__ = ("job", "pid", "address", "fingerprint", "progress", "member")
@@ -117,18 +121,20 @@ class PeerEndpoint(_message.Message):
     def __init__(self, peer_id: _Optional[str] = ..., address: _Optional[str] = ..., locality: _Optional[str] = ..., daemon: _Optional[str] = ...) -> None: ...
 
 class WorkerView(_message.Message):
-    __slots__ = ("peers", "stop", "members", "settled", "speeds")
+    __slots__ = ("peers", "stop", "members", "settled", "speeds", "export_path")
     PEERS_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     SETTLED_FIELD_NUMBER: _ClassVar[int]
     SPEEDS_FIELD_NUMBER: _ClassVar[int]
+    EXPORT_PATH_FIELD_NUMBER: _ClassVar[int]
     peers: _containers.RepeatedCompositeFieldContainer[PeerEndpoint]
     stop: bool
     members: _containers.RepeatedScalarFieldContainer[str]
     settled: bool
     speeds: _containers.RepeatedCompositeFieldContainer[MemberSpeed]
-    def __init__(self, peers: _Optional[_Iterable[_Union[PeerEndpoint, _Mapping]]] = ..., stop: _Optional[bool] = ..., members: _Optional[_Iterable[str]] = ..., settled: _Optional[bool] = ..., speeds: _Optional[_Iterable[_Union[MemberSpeed, _Mapping]]] = ...) -> None: ...
+    export_path: str
+    def __init__(self, peers: _Optional[_Iterable[_Union[PeerEndpoint, _Mapping]]] = ..., stop: _Optional[bool] = ..., members: _Optional[_Iterable[str]] = ..., settled: _Optional[bool] = ..., speeds: _Optional[_Iterable[_Union[MemberSpeed, _Mapping]]] = ..., export_path: _Optional[str] = ...) -> None: ...
 
 class MemberSpeed(_message.Message):
     __slots__ = ("peer_id", "samples_per_s")
@@ -313,3 +319,21 @@ class LeaveRequest(_message.Message):
 class LeaveReply(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class ExportRequest(_message.Message):
+    __slots__ = ("name", "path")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    path: str
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ...) -> None: ...
+
+class ExportReply(_message.Message):
+    __slots__ = ("path", "round", "step")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    round: int
+    step: int
+    def __init__(self, path: _Optional[str] = ..., round: _Optional[int] = ..., step: _Optional[int] = ...) -> None: ...
