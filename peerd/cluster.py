@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import csv
 import math
-import os
 import secrets
 import shutil
 import signal

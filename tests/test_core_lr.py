@@ -204,7 +204,9 @@ def test_the_ramp_reaches_its_target_within_T_times_the_ratio(a, b, reference, l
     ramp.set_batch(a, 0)
     old, new = ramp.scale(0), scale_for(b / reference, law, cap)
     ramp.set_batch(b, 100)
-    end = 100 + math.ceil(t * max(new / old, old / new))
+    length = ramp_length(old, new, t)  # ⌈T·max(r, 1/r)⌉, up to the last bit of rounding
+    assert old == new or abs(length - t * max(new / old, old / new)) < 1 + 1e-6
+    end = 100 + length
     assert ramp.scale(end) == new
     if end > 101:
         assert ramp.scale(end - 1) != new or old == new

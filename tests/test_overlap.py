@@ -237,7 +237,8 @@ async def test_overlapped_rounds_over_grpc_and_the_bulk_lane():
     """The same with real sockets on 127.0.0.1: partners read the handed-over
     snapshot over the bulk lane while the models move on."""
     from peerd.worker.state import StateBoard, StateServer
-    from peerd.worker.transport import GrpcTransport, start_exchange_server
+    from peerd.worker.exchange_server import start_exchange_server
+    from peerd.worker.transport import GrpcTransport
 
     peers, _ = make_peers(["a", "b"])
     servers, addresses = [], {}

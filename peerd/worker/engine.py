@@ -27,31 +27,22 @@ from typing import Protocol
 import torch
 
 from peerd.auth import Authenticator
-from peerd.core.deadline import DeadlineEstimator
-from peerd.core.groups import plan_hierarchical
-from peerd.core.names import host_of
-from peerd.core.robust import PullClipper
-from peerd.core.segments import split_even
 from peerd.core.shares import BatchPlan, Rebalancer
-from peerd.core.suspicion import Suspicion
-from peerd.core.topology import plan_round
 from peerd.errors import PeerdError
 from peerd.jobspec import JobSpec
 from peerd.proto.v1 import control_pb2
 from peerd.rejections import Rejections
 from peerd.tls import TlsMaterial
 from peerd.worker.checkpoint import CheckpointDir
-from peerd.worker.gossip import RoundResult, gossip_round
-from peerd.worker.hierarchy import hierarchical_round
+from peerd.worker.gossip import RoundResult
 from peerd.worker.link import SupervisorLink
-from peerd.worker.overlap import Exchange, OverlapRunner, flat_exchange, hierarchical_exchange
-from peerd.worker.snapshots import WIRE_DTYPES, Identity, SegmentServer, SnapshotStore, StageStore
+from peerd.worker.rounds import Rounds
+from peerd.worker.snapshots import Identity, SegmentServer
 from peerd.worker.state import StateBoard, StateMeta, StateServer, pull_state
 from peerd.worker.traffic import (
     CountingSegmentServer,
     CountingStateServer,
     CountingTransport,
-    ExchangeTimes,
     Traffic,
 )
 from peerd.worker.trainstate import TrainState
@@ -62,7 +53,6 @@ log = logging.getLogger("peerd.worker")
 
 HEARTBEAT_S = 0.5
 CATCH_UP_ROUNDS = 10  # a partner further ahead than this is logged when this worker steps up to it
-GROUP_LOG_ROUNDS = 100
 SETTLE_WAIT_S = 30.0  # longest wait for a freshly started daemon to hear from its peers
 
 
@@ -117,18 +107,7 @@ class Engine:
         self.host = host
         self.me = peer_id
         self.identity = Identity(spec.name, self.state.fingerprint(spec.fingerprint), self.me)
-        numel = self.state.gossiped
-        segments = 1 if spec.gossip.mode == "whole" else min(spec.gossip.segments, numel)
-        self.layout = split_even(numel, segments)
-        self.store = SnapshotStore(numel)
-        self.stages = StageStore()
-        self.board = StateBoard(self.state.numel, numel)
-        self.recv = torch.empty(numel, dtype=torch.float32)
-        # Averaging runs on the CPU, where the network buffers are: a model on a GPU
-        # is copied here for the round and back after it (two copies per round).
-        # None: the model is on the CPU and the round works on its vector directly.
-        device = self.state.flat.vector.device.type
-        self.work = None if device == "cpu" else torch.empty(numel, dtype=torch.float32, pin_memory=device == "cuda")
+        self.board = StateBoard(self.state.numel, self.state.gossiped)
         self.security = security
         self.rejections = Rejections(log)
         self.traffic = Traffic()
@@ -136,20 +115,15 @@ class Engine:
         self.transport = CountingTransport(
             GrpcTransport(self.identity, security.auth, security.tls, self.rejections, wire=spec.gossip.wire),
             self.traffic, wire_bytes)
+        self.rounds = Rounds(spec, self.me, self.state, link, self.transport)
+        self.store = self.rounds.store
         self.checkpoints = CheckpointDir(out_dir / "checkpoints", spec.name, self.identity.fingerprint, self.state.numel)
         self._checkpoint_at = (0, time.monotonic())  # round and time of the last checkpoint
         self.checkpoint_round = 0
         self.checkpoints_written = 0
-        self.exchange_times = ExchangeTimes()  # one per gossip round this process completed
         self.stop_signal = False  # SIGTERM/SIGINT: finish the round, checkpoint, exit
-        self.deadline = DeadlineEstimator(spec.gossip.deadline_floor_s, spec.gossip.deadline_ceiling_s)
-        self.suspicion = Suspicion()
-        self.clipper = PullClipper(spec.gossip.clip_factor)
-        self.clipped = 0
         self.phase = "joining"
         self.round = 0
-        self.misses = 0
-        self._group_logged: tuple[tuple[str, ...], frozenset[str], int] = ((), frozenset(), 0)
         self.metrics: dict[str, float] = {}  # the last evaluation
         self.evaluate = None  # a callable returning metrics every eval_every_rounds (peerd's own loop)
         self.rebalancer = Rebalancer(spec.global_batch, spec.min_local_batch, spec.rebalance_rounds,
@@ -159,22 +133,20 @@ class Engine:
         self._closed = False
         self.left = False  # announced its leave: no more rounds
         self.exported, self.exported_round = "", 0  # peerctl export: the last file written
-        # [gossip] overlap: rounds run in the background (peerd.worker.overlap)
-        self.overlap = OverlapRunner(self.store, numel) if spec.gossip.overlap else None
-        self._in_flight: tuple[dict[str, str], float] = ({}, 0.0)  # the view and start of the round in flight
 
     async def start(self) -> StepPlan:
         """Serve, hear from the daemon, resume; then the plan of the first steps."""
         chunk_elems = self.spec.gossip.chunk_kib * 1024 // 4
         server = CountingSegmentServer(
-            SegmentServer(self.identity, self.store, len(self.layout), chunk_elems, self.stages, self.spec.gossip.wire),
+            SegmentServer(self.identity, self.store, len(self.rounds.layout), chunk_elems, self.rounds.stages,
+                          self.spec.gossip.wire),
             self.traffic)
         state = CountingStateServer(StateServer(self.identity, self.board, self.store, chunk_elems), self.traffic)
         self._server, address = await start_exchange_server(
             server, state, self.host, auth=self.security.auth, tls=self.security.tls, rejections=self.rejections)
         g = self.spec.gossip
         log.info("serving exchange on %s; %d parameters in %d segments; %s gossip%s, %s on the wire",
-                 address, self.state.flat.numel, len(self.layout), g.mode,
+                 address, self.state.flat.numel, len(self.rounds.layout), g.mode,
                  f" in groups of ≤ {g.group_size}" if g.mode == "hierarchical" else "", g.wire)
         # The first beat, without our address, shows the view without putting us
         # in it: partners do not wait for a worker that is still taking the state.
@@ -199,10 +171,7 @@ class Engine:
         if self._closed:
             return
         self._closed = True
-        if self.overlap is not None:
-            await self.overlap.aclose()
-        await self.store.finish()
-        await self.stages.finish()
+        await self.rounds.aclose()
         await self.board.finish()
         if self._beats is not None:
             self._beats.cancel()
@@ -265,14 +234,10 @@ class Engine:
         """The local steps of a round are done: exchange, then the next plan."""
         if self.left:
             return StepPlan([self.me], 1, None, stop=True)
-        if self.overlap is not None:
-            result = await self._end_round_overlapped()
-        else:
-            self.round += 1
-            into = await self._publish()
-            if self.board.wanted:  # a newcomer asked for our state: copy it between steps
-                await self.board.capture(self.state.parts(), self._meta())
-            result = await self._round(self._view, into)
+        self.round += 1
+        run = self.rounds.run_overlapped if self.rounds.overlap is not None else self.rounds.run
+        result = await run(self.round, self._view, self._capture)
+        await self._catch_up(result)
         if self.link.export_path and self.link.export_path != self.exported:
             await self._export(self.link.export_path)
         if self._checkpoint_due():
@@ -302,7 +267,7 @@ class Engine:
         if self.left:
             return
         self.left = True
-        await self._finish_overlapped()  # the round in flight is this peer's last
+        await self._catch_up(await self.rounds.finish_pending())  # the round in flight is this peer's last
         self.phase = "draining"
         why = "the operator asked" if self.link.stop else "stopped by signal"
         log.info("leaving at round %d: %s", self.round, why)
@@ -312,7 +277,7 @@ class Engine:
     async def settle(self) -> None:
         """Apply the round still in flight (overlapped mode), before the final
         evaluation and the model file."""
-        await self._finish_overlapped()
+        await self._catch_up(await self.rounds.finish_pending())
 
     async def finish(self, metrics: dict[str, float], model_path: Path) -> None:
         """The job is done: the last metrics and where the model went."""
@@ -326,14 +291,6 @@ class Engine:
         t = self.source
         return StateMeta(self.round, t.step_count, t.progress, self.state.extra())
 
-    def _log_group(self, group: tuple[str, ...], groups: int, view: frozenset[str]) -> None:
-        """Hierarchical mode: say which group this worker is in when the view
-        changes (a group re-cut every round is logged every 100 rounds)."""
-        last, last_view, last_round = self._group_logged
-        if view != last_view or (group != last and self.round - last_round >= GROUP_LOG_ROUNDS):
-            self._group_logged = (group, view, self.round)
-            log.info("round %d: in group %s of %d (%d in view)", self.round, ", ".join(group), groups, len(view))
-
     def _plan(self, members: list[str]) -> BatchPlan | None:
         """DBS: the batch plan for this round from the members' published speeds
         (this worker's own is fresher here than the one its daemon relays)."""
@@ -345,131 +302,21 @@ class Engine:
                      " ".join(f"{p}={b}" for p, b in self.rebalancer.plan.batches), self.rebalancer.plan.total)
         return self.rebalancer.plan
 
+    async def _capture(self) -> None:
+        """Between steps: copy the state if a newcomer asked for it."""
+        if self.board.wanted:
+            await self.board.capture(self.state.parts(), self._meta())
+
     async def _announce_leave(self) -> None:
         """Leave after this round: partners asking for a later one are told at
         once (not after their deadline), and the daemon's next Hello, sent at once,
         no longer lists this worker, so the others plan the next round without it."""
         await self.store.finish()
-        await self.stages.finish()
+        await self.rounds.stages.finish()
         self.link.address = ""
         await self.link.beat()
 
-    async def _publish(self) -> torch.Tensor | None:
-        """Publish the model as this round's snapshot. On the CPU its vector itself
-        becomes the snapshot, without a copy, and the round writes the new model
-        into the buffer returned; on a GPU it is copied (None)."""
-        if self.work is not None:
-            await self.store.publish(self.round, self.state.flat.vector)
-            return None
-        return await self.store.hand_over(self.round, self.state.flat.vector)
-
-    async def _round(self, view: dict[str, str], into: torch.Tensor | None) -> RoundResult | None:
-        """This round's exchange; with `into`, the model moves there after it."""
-        if into is None:
-            return await self._gossip(view)
-        snapshot = self.state.flat.vector
-        result = None
-        try:
-            result = await self._gossip(view, into)
-        finally:
-            if result is None:  # nobody to gossip with (or a failure): the model as it was
-                into.copy_(snapshot)
-            self.state.flat.rebind(into)
-        return result
-
-    def _round_plan(self, view: dict[str, str], now: float):
-        """This round's plan and deadline, or None with nobody to gossip with."""
-        peers = self.suspicion.keep(view, now)
-        if len(peers) < 2:
-            return None
-        deadline = self.deadline.deadline()
-        if self.spec.gossip.mode != "hierarchical":
-            return plan_round(self.spec.name, self.round, peers, self.me, len(self.layout)), deadline
-        # Paths are outermost first (label, host, daemon): a daemon's workers group first.
-        localities = {p: (self.link.localities.get(p, ""), host_of(view[p]), self.link.daemons.get(p, p))
-                      for p in peers}
-        plan = plan_hierarchical(self.spec.name, self.round, localities, self.me, len(self.layout),
-                                 self.spec.gossip.group_size)
-        self._log_group(plan.group, len(plan.groups), frozenset(peers))
-        # Three transfers one after another: the floor holds for each of them.
-        return plan, max(deadline, 3 * self.spec.gossip.deadline_floor_s)
-
-    async def _gossip(self, view: dict[str, str], into: torch.Tensor | None = None) -> RoundResult | None:
-        now = time.monotonic()
-        planned = self._round_plan(view, now)
-        if planned is None:
-            return None
-        plan, deadline = planned
-        vector = self.work if self.work is not None else self.state.flat.vector
-        if vector is not self.state.flat.vector:
-            vector.copy_(self.state.flat.vector)
-        if self.spec.gossip.mode == "hierarchical":
-            result = await hierarchical_round(plan, self.me, view, vector, self.recv, self.layout,
-                                              self.transport, self.stages, deadline, self.clipper,
-                                              WIRE_DTYPES[self.spec.gossip.wire], out=into)
-        else:
-            result = await gossip_round(plan, view, vector, self.recv, self.layout, self.transport, deadline,
-                                        self.clipper, out=into)
-        if vector is not self.state.flat.vector:
-            self.state.flat.vector.copy_(vector, non_blocking=True)
-        await self._after_round(result, view, now)
-        return result
-
-    def _exchange(self, view: dict[str, str], now: float) -> tuple[Exchange | None, float]:
-        """Overlapped mode: this round's exchange, to run in the background."""
-        planned = self._round_plan(view, now)
-        if planned is None:
-            return None, 0.0
-        plan, deadline = planned
-        if self.spec.gossip.mode == "hierarchical":
-            return hierarchical_exchange(plan, self.me, view, self.layout, self.transport, self.stages, deadline,
-                                         self.clipper, WIRE_DTYPES[self.spec.gossip.wire]), deadline
-        return flat_exchange(plan, view, self.layout, self.transport, deadline, self.clipper), deadline
-
-    async def _end_round_overlapped(self) -> RoundResult | None:
-        """DESIGN §1.10: apply the correction of the round in flight (one round
-        stale: x ← x + mix(x_r) − x_r), then start this round's exchange on a
-        snapshot of the model of now, which runs while the next steps compute."""
-        result = await self._finish_overlapped()
-        self.round += 1
-        if self.board.wanted:  # nothing in flight: no correction is missing from the copy
-            await self.board.capture(self.state.parts(), self._meta())
-        now = time.monotonic()
-        exchange, deadline = self._exchange(self._view, now)
-        await self.overlap.start(self.round, self.state.flat.vector, exchange, deadline)
-        self._in_flight = (self._view, now)
-        return result
-
-    async def _finish_overlapped(self) -> RoundResult | None:
-        if self.overlap is None or self.overlap.pending is None:
-            return None
-        result = await self.overlap.finish(self.state.flat.vector)
-        if result is not None:
-            view, started = self._in_flight
-            await self._after_round(result, view, started)
-        return result
-
-    async def _after_round(self, result: RoundResult, view: dict[str, str], now: float) -> None:
-        """A round's outcome: misses, deadlines, suspicion, catch-up."""
-        self.misses += result.misses
-        self.exchange_times.observe(result.seconds)
-        if result.clipped:
-            self.clipped += result.clipped
-            log.warning("round %d: clipped %d oversized pull(s) (%d so far; gossip.clip_factor = %g)",
-                        self.round, result.clipped, self.clipped, self.spec.gossip.clip_factor)
-        if result.misses == 0:
-            self.deadline.observe(result.seconds)
-        elif result.errors:
-            log.debug("round %d: %d segment(s) missed: %s", self.round, result.misses,
-                      "; ".join(f"{p}: {e}" for p, e in sorted(result.errors.items())))
-        for partner in result.planned:
-            if self.suspicion.record(partner, partner not in result.unreachable, now):
-                log.info("round %d: suspecting %s (no answer in %d rounds): %s", self.round, partner,
-                         self.suspicion.threshold, result.errors.get(partner, ""))
-        if result.ahead_round > self.round:
-            await self._catch_up(result, view)
-
-    async def _catch_up(self, result: RoundResult, view: dict[str, str]) -> None:
+    async def _catch_up(self, result: RoundResult | None) -> None:
         """A partner is rounds ahead: step up to its round, keeping this model.
 
         Never by taking its state: being ahead in rounds says nothing about being
@@ -478,6 +325,8 @@ class Engine:
         after the heal spread that model, pieced with others, to every peer and
         sent the job to chance accuracy (found by peerd soak). Gossip merges the
         models from here on, as it merges any two."""
+        if result is None or result.ahead_round <= self.round:
+            return
         if result.ahead_round - self.round > CATCH_UP_ROUNDS:
             log.info("round %d: %s is in round %d; stepping up to it", self.round, result.ahead_peer,
                      result.ahead_round)
@@ -497,29 +346,29 @@ class Engine:
         finally:
             self.phase = phase
         self.round = meta.round
-        if self.deadline.measured == 0:
+        if self.rounds.deadline.measured == 0:
             # The state is two model sizes, a round moves about one: a first deadline
             # from this transfer, not the ceiling, so a partner that died while this
             # peer joined costs a short wait (found with peerd.sim, docs/simulation.md).
-            self.deadline.observe((time.monotonic() - started) / 2)
+            self.rounds.deadline.observe((time.monotonic() - started) / 2)
         log.info("%s: took the state of round %d (step %d, epoch %.2f) from %s in %.2fs",
                  why, meta.round, meta.step, meta.progress, ", ".join(used), time.monotonic() - started)
         return True
 
     def _report(self, result: RoundResult | None, finished: bool = False) -> None:
-        t = self.source
+        t, times = self.source, self.rounds.exchange_times
         p = control_pb2.Progress(
             step=t.step_count, round=self.round, epoch=t.epoch, loss=t.loss_ema,
             samples_per_s=t.speed_ema, metric=self.metrics.get(self.spec.metric, math.nan), samples=t.samples,
             metric_name=self.spec.metric, metric_higher_better=self.spec.metric_mode == "max",
             metrics=self.metrics, skipped_steps=t.skipped_steps,
-            segment_misses=self.misses, finished=finished, disagreement=math.nan, exchange_s=math.nan, lr=t.lr,
+            segment_misses=self.rounds.misses, finished=finished, disagreement=math.nan, exchange_s=math.nan, lr=t.lr,
             phase="finished" if finished else self.phase, global_batch=t.global_batch,
             rejected=dict(self.rejections.counts),
             local_batch=t.local_batch, share=t.share, compute_s=t.compute_s,
-            rounds_done=self.exchange_times.count, bytes_sent=self.traffic.sent,
-            bytes_received=self.traffic.received, exchange_buckets=self.exchange_times.buckets,
-            exchange_sum_s=self.exchange_times.sum_s, exchange_count=self.exchange_times.count,
+            rounds_done=times.count, bytes_sent=self.traffic.sent,
+            bytes_received=self.traffic.received, exchange_buckets=times.buckets,
+            exchange_sum_s=times.sum_s, exchange_count=times.count,
             checkpoint_round=self.checkpoint_round, checkpoints_written=self.checkpoints_written,
             exported=self.exported, exported_round=self.exported_round,
         )

@@ -21,7 +21,7 @@ import torch
 from peerd.auth import Authenticator, load_secret
 from peerd.core.codes import ExitCode
 from peerd.errors import ConfigError, PeerdError
-from peerd.jobspec import JobSpec, parse_job
+from peerd.jobspec import parse_job
 from peerd.logs import setup_logging
 from peerd.peer import Launch, Peer, _attached, set_launch
 from peerd.tls import TlsSettings, load_tls
