@@ -6,7 +6,7 @@ averaging a model (their group stage), for N = 2 and 4, in one invocation.
              IntraHostGroup formed from a Rendezvous under a temp "job directory"
              (FileStore, gloo on 127.0.0.1), and per repeat runs hand_over(round),
              plan_hierarchical (all N on one daemon, group_size N: one group) and
-             intrahost_round: an all_gather to agree on the round, then
+             intrahost_round: an all_gather of (round, plan key) to agree, then
              all_reduce(SUM) / N. Every process ends with the exact group mean.
   hier       today's path, measured exactly as bench/exchange_group.py does
              (its run_method): SnapshotStore + StageStore + SegmentServer on
@@ -72,7 +72,8 @@ def _intrahost(rank: int, cfg: dict, barrier) -> dict:
         group = IntraHostGroup(IntraHostSlot(cfg["rendezvous"], rank, procs), torch.device("cpu"), me,
                                timeout_s=exchange_group.BARRIER_TIMEOUT_S)
         try:
-            while not await group.ready(list(localities)):
+            while group.state.formed is None:  # the daemon wrote generation 1: form it, in round 0
+                group.poll(0)
                 await asyncio.sleep(0.05)
             store, stages = SnapshotStore(numel), StageStore()
             transport = MemoryTransport(Identity(JOB, "fp", me), {})  # one group: nothing crosses hosts
@@ -82,7 +83,7 @@ def _intrahost(rank: int, cfg: dict, barrier) -> dict:
                 vector.copy_(own0)
                 await asyncio.to_thread(barrier.wait, exchange_group.BARRIER_TIMEOUT_S)
                 t0, c0 = time.perf_counter(), time.process_time()
-                round_ = i + 1
+                round_ = group.state.start + i  # the group is used from its start round
                 into = await store.hand_over(round_, vector)  # as the worker does with a model on the CPU
                 plan = plan_hierarchical(JOB, round_, localities, me, segments, procs)
                 result = await intrahost_round(group, plan, me, {}, vector, recv, layout, transport, stages,

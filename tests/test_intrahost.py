@@ -21,16 +21,19 @@ import torch
 
 from peerd.core.groups import plan_hierarchical
 from peerd.core.intrahost import (
+    AGREE,
     FALLBACK,
     FORM,
+    NOT_COVERING,
     USE,
+    Decision,
     GroupState,
     IntraHostSlot,
-    agreed,
     backend_for,
     covers,
     round_key,
     stale_stores,
+    start_round,
 )
 from peerd.core.segments import split_even
 from peerd.daemon.intrahost import Rendezvous
@@ -48,21 +51,32 @@ SEGMENTS = 6
 
 def test_a_group_forms_for_each_new_generation_and_a_failed_one_is_not_retried():
     state = GroupState()
-    assert state.decide(None, True).action == FALLBACK  # nothing from the daemon yet
-    assert state.decide(1, True).action == FORM
-    state.forming_started(1)
-    assert state.decide(1, True) == state.decide(1, True) and "forming" in state.decide(1, True).reason
-    state.forming_done(1, True)
-    assert state.decide(1, True).action == USE
-    assert "not the daemon's workers" in state.decide(1, False).reason  # e.g. a sibling missing from the view
+    assert state.decide(None, 5).action == FALLBACK  # nothing from the daemon yet
+    assert state.decide(1, 5) == Decision(FORM, "generation 1", "0")
+    state.forming_started(1, "0")
+    assert "forming" in state.decide(1, 5).reason
+    state.forming_done(1, "0", True, start=7)
+    assert "used from round 7" in state.decide(1, 6).reason  # every member knows it is up by then
+    assert state.decide(1, 7).action == AGREE
     state.broke()  # a collective failed (a sibling died)
-    assert "failed" in state.decide(1, True).reason
-    assert state.decide(2, True).action == FORM  # the daemon restarted it: generation 2
-    state.forming_started(2)
-    state.forming_done(1, True)  # a late answer for an old generation changes nothing
+    assert "failed" in state.decide(1, 8).reason
+    assert state.decide(2, 8).action == FORM  # the daemon restarted it: generation 2
+    state.forming_started(2, "0")
+    state.forming_done(1, "0", True)  # a late answer for an old generation changes nothing
     assert state.formed is None
-    state.forming_done(2, False)
-    assert state.decide(2, True).action == FALLBACK and state.decide(3, True).action == FORM
+    state.forming_done(2, "0", False)
+    assert state.decide(2, 9).action == FALLBACK and state.decide(3, 9).action == FORM
+
+
+def test_the_agreement_goes_on_falls_back_or_re_forms_alike_on_every_member():
+    state = GroupState(formed=(3, "0"), start=0)
+    key = round_key(9, ["a", "b"], ["a", "b"], [None, None])
+    assert state.agreement([(9, key), (9, key)]).action == USE
+    assert "not the daemon's workers" in state.agreement([(9, key), (9, NOT_COVERING)]).reason
+    assert "differ" in state.agreement([(9, key), (9, key + 4)]).reason
+    # One member stepped over a round: the same new tag on every member, from the same keys.
+    assert state.agreement([(9, key), (12, 5)]) == Decision(FORM, "members in rounds 9..12: out of step", "0.12")
+    assert start_round([4, 9, 8]) == 11
 
 
 def test_slots_members_and_plan_keys():
@@ -79,8 +93,7 @@ def test_slots_members_and_plan_keys():
     key = round_key(3, ["a", "b"], ["a", "b"], [None, "c"])
     assert key != round_key(4, ["a", "b"], ["a", "b"], [None, "c"])
     assert key != round_key(3, ["a", "b"], ["a", "b"], ["d", "c"])
-    assert 0 <= key < 2**62
-    assert agreed([(3, key), (3, key)]) and not agreed([(3, key), (4, key)])
+    assert 0 < key < 2**62 and key != NOT_COVERING
     assert stale_stores(["store-1", "store-3", "store-x", "generation", "store-2"], 3) == ["store-1", "store-2"]
 
 
@@ -119,16 +132,21 @@ VIEW = {f"{d}.{k}": ("", f"host-{d}", d) for d in ("ha", "hb") for k in range(2)
 
 
 async def form(tmp_path, daemon: str, size: int = 2, timeout_s: float = 10.0) -> dict[str, IntraHostGroup]:
-    """The daemon's rendezvous and one IntraHostGroup per worker, formed."""
+    """The daemon's rendezvous and one IntraHostGroup per worker, formed while the
+    workers are in round 0: used from round 2."""
     rendezvous = Rendezvous(tmp_path / daemon, size)
     rendezvous.bump()
     groups = {f"{daemon}.{k}": IntraHostGroup(rendezvous.slot(k), torch.device("cpu"), f"{daemon}.{k}",
                                               timeout_s=timeout_s, form_timeout_s=timeout_s) for k in range(size)}
-    everyone = list(groups)
-    assert not any([await g.ready(everyone) for g in groups.values()])  # forming starts in the background
-    await asyncio.wait_for(asyncio.gather(*(g._forming for g in groups.values())), 60)
-    assert all([await g.ready(everyone) for g in groups.values()])
+    assert all(g.poll(0).action == FALLBACK for g in groups.values())  # forming starts in the background
+    await formed(groups)
+    assert all(g.state.start == 2 and g.poll(2).action == AGREE for g in groups.values())
     return groups
+
+
+async def formed(groups) -> None:
+    await asyncio.wait_for(asyncio.gather(*(g._forming for g in groups.values())), 60)
+    assert all(g.state.formed is not None for g in groups.values())
 
 
 async def run_round(peers, view, round_, groups=None, hand_over=False, size=2):
@@ -172,7 +190,7 @@ async def test_the_group_stage_on_gloo_gives_what_the_bulk_lane_gives(tmp_path, 
     plain, tiered = members(VIEW), members(VIEW)
     groups = {**await form(tmp_path, "ha"), **await form(tmp_path, "hb")}
     try:
-        for round_ in (1, 2):
+        for round_ in (10, 11):
             await run_round(plain, VIEW, round_)
             results, used = await run_round(tiered, VIEW, round_, groups, hand_over)
             assert all(used.values())
@@ -192,8 +210,8 @@ async def test_one_host_on_its_group_and_one_without_interoperate(tmp_path):
     plain, tiered = members(VIEW), members(VIEW)
     groups = await form(tmp_path, "ha")
     try:
-        await run_round(plain, VIEW, 1)
-        results, used = await run_round(tiered, VIEW, 1, groups)
+        await run_round(plain, VIEW, 10)
+        results, used = await run_round(tiered, VIEW, 10, groups)
         assert used == {"ha.0": True, "ha.1": True, "hb.0": False, "hb.1": False}
         assert all(r.misses == 0 for r in results.values())
         for p in VIEW:
@@ -208,7 +226,7 @@ async def test_a_single_group_is_one_all_reduce_to_the_exact_mean(tmp_path):
     mean = torch.stack([m.vector for m in peers.values()]).mean(0)
     groups = await form(tmp_path, "h", size=3)
     try:
-        results, used = await run_round(peers, view, 1, groups, hand_over=True, size=3)
+        results, used = await run_round(peers, view, 10, groups, hand_over=True, size=3)
         assert all(used.values()) and all(r.misses == 0 and not r.errors for r in results.values())
         for m in peers.values():
             torch.testing.assert_close(m.vector, mean)
@@ -216,18 +234,50 @@ async def test_a_single_group_is_one_all_reduce_to_the_exact_mean(tmp_path):
         await close(groups)
 
 
-async def test_a_group_that_is_not_the_rounds_group_falls_back(tmp_path):
-    """A sibling missing from the view: the round's group is not the daemon's
-    workers, so the bulk lane carries it; nothing was written."""
-    view = {"h.0": ("", "host", "h"), "h.1": ("", "host", "h"), "x": ("", "other", "x")}
+async def test_views_that_differ_fall_back_together_and_stay_in_step(tmp_path):
+    """h.2 is missing from its siblings' views for a round: their round's group is
+    not the daemon's workers, so all three fall back (h.2 too, though its own view
+    is whole), nothing of the group breaks, and the next round uses it again."""
+    full = {f"h.{k}": ("", "host", "h") for k in range(3)}
+    partial = {p: full[p] for p in ("h.0", "h.1")}
     groups = await form(tmp_path, "h", size=3)
+    peers = members(full)
     try:
-        m = members(view)["h.0"]
-        plan = plan_hierarchical("job", 1, view, "h.0", SEGMENTS, 3)
-        before = m.vector.clone()
-        got = await intrahost_round(groups["h.0"], plan, "h.0", {}, m.vector, m.recv, m.layout,
-                                    MemoryTransport(m.identity, {}), m.stages, 1.0)
-        assert got is None and torch.equal(m.vector, before)
+        async def one(p, view, round_):
+            m = peers[p]
+            plan = plan_hierarchical("job", round_, view, p, SEGMENTS, 3)
+            before = m.vector.clone()
+            got = await intrahost_round(groups[p], plan, p, {}, m.vector, m.recv, m.layout,
+                                        MemoryTransport(m.identity, {}), m.stages, 5.0)
+            if got is None:
+                assert torch.equal(m.vector, before)  # nothing written: the caller's fallback starts clean
+            return got is not None
+
+        views = {"h.0": partial, "h.1": partial, "h.2": full}
+        assert await asyncio.gather(*(one(p, views[p], 10) for p in full)) == [False] * 3
+        assert all(g.state.formed is not None for g in groups.values())
+        assert await asyncio.gather(*(one(p, full, 11) for p in full)) == [True] * 3
+    finally:
+        await close(groups)
+
+
+async def test_a_member_that_stepped_over_a_round_makes_the_group_re_form_in_step(tmp_path):
+    view = {f"h.{k}": ("", "host", "h") for k in range(2)}
+    groups = await form(tmp_path, "h")
+    peers = members(view)
+    try:
+        async def one(p, round_):
+            m = peers[p]
+            plan = plan_hierarchical("job", round_, view, p, SEGMENTS, 2)
+            return await intrahost_round(groups[p], plan, p, {}, m.vector, m.recv, m.layout,
+                                         MemoryTransport(m.identity, {}), m.stages, 5.0) is not None
+
+        # h.1 caught up to a partner's round: 14 where h.0 is in 10.
+        assert await asyncio.gather(one("h.0", 10), one("h.1", 14)) == [False, False]
+        assert {g.state.forming for g in groups.values()} == {(1, "0.14")}
+        await formed(groups)
+        assert {g.state.start for g in groups.values()} == {16}  # h.1 was in 14
+        assert await asyncio.gather(one("h.0", 16), one("h.1", 16)) == [True, True]
     finally:
         await close(groups)
 
@@ -251,9 +301,9 @@ def _member(directory: str, rank: int, size: int, commands, replies) -> None:
             if command is None:
                 break
             kind, round_ = command
-            if kind == "ready":  # poll until the group of the current generation is up
-                ok = await group.ready(list(view))
-                replies.put((rank, "ready", ok, group.generation))
+            if kind == "ready":  # poll (no collective) until the group of the current generation is up
+                group.poll(round_)
+                replies.put((rank, "ready", group.state.formed is not None, group.generation))
                 continue
             m.vector.fill_(float(rank))
             plan = plan_hierarchical("job", round_, view, me, SEGMENTS, size)
@@ -294,9 +344,10 @@ class Members:
             got[rank] = tuple(rest)
         return got
 
-    def wait_formed(self, ranks) -> int:
+    def wait_formed(self, ranks, round_: int) -> int:
+        """Poll every member as in `round_` until each has the current generation's group up."""
         for _ in range(600):
-            got = self.ask(("ready", 0), ranks)
+            got = self.ask(("ready", round_), ranks)
             generations = {g for _, g in got.values()}
             if all(ok for ok, _ in got.values()) and generations == {self.rendezvous.generation}:
                 return generations.pop()
@@ -323,20 +374,20 @@ def test_kill_9_of_a_member_falls_back_then_the_new_generation_re_forms(tmp_path
         for r in range(3):
             m.start(r)
         ranks = [0, 1, 2]
-        first = m.wait_formed(ranks)
-        assert m.ask(("round", 1), ranks) == {r: (True, 1.0) for r in ranks}  # mean of 0, 1, 2
+        first = m.wait_formed(ranks, 8)  # formed while in round 8: used from round 10
+        assert m.ask(("round", 10), ranks) == {r: (True, 1.0) for r in ranks}  # mean of 0, 1, 2
 
         os.kill(m.procs[2].pid, signal.SIGKILL)
         m.procs[2].join(10)
         # The survivors' collective fails (reset or timeout): both fall back, values untouched.
-        assert m.ask(("round", 2), [0, 1]) == {0: (False, 0.0), 1: (False, 1.0)}
+        assert m.ask(("round", 11), [0, 1]) == {0: (False, 0.0), 1: (False, 1.0)}
         # ... and stay on the bulk lane, without waiting for the dead one again.
-        assert m.ask(("round", 3), [0, 1]) == {0: (False, 0.0), 1: (False, 1.0)}
+        assert m.ask(("round", 12), [0, 1]) == {0: (False, 0.0), 1: (False, 1.0)}
 
         m.start(2)  # the daemon restarts it under a new generation
-        second = m.wait_formed(ranks)
+        second = m.wait_formed(ranks, 12)
         assert second > first
-        assert m.ask(("round", 4), ranks) == {r: (True, 1.0) for r in ranks}
+        assert m.ask(("round", 14), ranks) == {r: (True, 1.0) for r in ranks}
     finally:
         m.close()
     assert all(not p.is_alive() for p in m.procs.values())

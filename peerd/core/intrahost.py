@@ -9,14 +9,15 @@ start of each round and this module says what to do:
 
     form      the generation changed (or no group yet): drop the old group and
               form this generation's, in the background (rounds go on meanwhile)
-    use       the group is formed and the round's group is exactly the intra-host
+    agree     the group is up: gather every member's (round, plan key)
+    use       all keys equal and the round's group is exactly the intra-host
               group: run the inner stage as collectives
     fallback  anything else: today's path (hierarchical_round over the bulk lane),
               with the reason, logged when it changes
 
 A group that failed (a member died mid-collective, or never came to form it) is
 not retried until the daemon writes a new generation, so a dead worker costs the
-others one collective timeout, not one per round.
+others one failed collective, not one per round.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ from peerd.core.workers import SEPARATOR, member_ids
 GENERATION_FILE = "generation"  # in the rendezvous directory: the current generation, as text
 STORE_PREFIX = "store-"  # store-<generation>: that generation's FileStore
 
-FORM, USE, FALLBACK = "form", "use", "fallback"
+FORM, AGREE, USE, FALLBACK = "form", "agree", "use", "fallback"
+NOT_COVERING = 0  # the plan key of a member whose round group is not the intra-host group
+START_MARGIN = 2  # a new group is used from (the highest round its members were in) + this
 
 
 @dataclass(frozen=True)
@@ -85,66 +88,94 @@ def parse_generation(text: str) -> int | None:
 
 
 def round_key(round_: int, group: Sequence[str], owners: Sequence[str], sources: Sequence[str | None]) -> int:
-    """A 62-bit digest of one round's plan as this member sees it: members that
-    agree on it agree on every collective that follows (which segments are mixed
-    with a partner group, which member broadcasts each)."""
+    """A 62-bit digest of one round's plan as this member sees it (never
+    NOT_COVERING): members that agree on it agree on every collective that follows
+    (which segments are mixed with a partner group, which member broadcasts each)."""
     text = repr((round_, tuple(group), tuple(owners), tuple(sources)))
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 2
+    return (int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 2) | 1
 
 
-def agreed(keys: Sequence[tuple[int, int]]) -> bool:
-    """Every member gathered (round, key) pairs: use the group only if all are equal.
-    Every member sees the same list, so all decide alike."""
-    return len(set(map(tuple, keys))) == 1
+def covers(group: Sequence[str], members: Sequence[str]) -> bool:
+    """The round's group is the intra-host group: the same members, every one of them."""
+    return len(members) > 1 and sorted(group) == sorted(members)
+
+
+def start_round(rounds: Sequence[int]) -> int:
+    """The first round a freshly formed group is used in: every member will start
+    it after learning the group is up (each was in at most the highest of `rounds`)."""
+    return max(rounds) + START_MARGIN
 
 
 @dataclass(frozen=True)
 class Decision:
-    action: str  # FORM, USE or FALLBACK
+    action: str  # FORM, AGREE, USE or FALLBACK
     reason: str = ""
+    tag: str = ""  # FORM: the rendezvous tag within the generation's store
 
 
 @dataclass
 class GroupState:
-    """Where a worker's group stands; `decide` is called at the start of every round."""
+    """Where a worker's group stands.
 
-    formed: int | None = None  # generation of the group that is up
-    forming: int | None = None  # generation being formed in the background
+    Collectives pair up by their order, so every member must call the same ones:
+    once a group is formed every member calls the agreement (an all_gather of
+    round and plan key) in every round from `start_round` on, whatever its view,
+    and all go on to the round's collectives only if all keys are equal. A member
+    that skipped a round (it stepped up to a partner's round) shows up as keys of
+    different rounds: then all of them, seeing the same keys, re-form under the
+    same new tag and start again from a common round.
+    """
+
+    formed: tuple[int, str] | None = None  # (generation, tag) of the group that is up
+    forming: tuple[int, str] | None = None  # being formed in the background
     failed: int | None = None  # generation whose group failed: not retried
+    start: int = 0  # the first round the formed group is used in
 
-    def decide(self, generation: int | None, covers: bool) -> Decision:
-        """`generation`: the daemon's current one (None: not written yet);
-        `covers`: this round's group is exactly the intra-host group."""
+    def _known(self, generation: int) -> bool:
+        return generation in (self.failed, *(g for g, _ in filter(None, (self.formed, self.forming))))
+
+    def decide(self, generation: int | None, round_: int) -> Decision:
+        """At the start of a round: `generation` is the daemon's current one (None:
+        not written yet)."""
         if generation is None:
             return Decision(FALLBACK, "no generation from the daemon yet")
-        if generation != self.formed and generation != self.forming and generation != self.failed:
-            return Decision(FORM, f"generation {generation}")
+        if not self._known(generation):
+            return Decision(FORM, f"generation {generation}", "0")
         if self.failed == generation:
             return Decision(FALLBACK, f"the group of generation {generation} failed; waiting for a new one")
-        if self.formed != generation:
-            return Decision(FALLBACK, f"the group of generation {generation} is still forming")
-        if not covers:
+        if self.formed is None:
+            return Decision(FALLBACK, f"the group of generation {generation} is forming")
+        if round_ < self.start:
+            return Decision(FALLBACK, f"the group of generation {generation} is used from round {self.start}")
+        return Decision(AGREE)
+
+    def agreement(self, keys: Sequence[tuple[int, int]]) -> Decision:
+        """What every member gathered (the same list on each): go on, fall back
+        this round, or re-form under a tag all of them derive alike."""
+        rounds = sorted({r for r, _ in keys})
+        if len(rounds) > 1:
+            assert self.formed is not None
+            return Decision(FORM, f"members in rounds {rounds[0]}..{rounds[-1]}: out of step",
+                            f"{self.formed[1]}.{rounds[-1]}")
+        if any(k == NOT_COVERING for _, k in keys):
             return Decision(FALLBACK, "this round's group is not the daemon's workers")
+        if len({k for _, k in keys}) > 1:
+            return Decision(FALLBACK, "the members' plans of this round differ (views differ)")
         return Decision(USE)
 
-    def forming_started(self, generation: int) -> None:
-        self.forming, self.formed = generation, None
+    def forming_started(self, generation: int, tag: str) -> None:
+        self.forming, self.formed = (generation, tag), None
 
-    def forming_done(self, generation: int, ok: bool) -> None:
-        if self.forming != generation:
-            return  # a newer generation started meanwhile: this one is dropped
+    def forming_done(self, generation: int, tag: str, ok: bool, start: int = 0) -> None:
+        if self.forming != (generation, tag):
+            return  # a newer one started meanwhile: this one is dropped
         self.forming = None
         if ok:
-            self.formed = generation
+            self.formed, self.start = (generation, tag), start
         else:
             self.failed = generation
 
     def broke(self) -> None:
         """A collective of the formed group failed."""
         if self.formed is not None:
-            self.failed, self.formed = self.formed, None
-
-
-def covers(group: Sequence[str], members: Sequence[str]) -> bool:
-    """The round's group is the intra-host group: the same members, every one of them."""
-    return len(members) > 1 and sorted(group) == sorted(members)
+            self.failed, self.formed = self.formed[0], None

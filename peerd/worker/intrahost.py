@@ -30,7 +30,7 @@ import argparse
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import TypeVar
@@ -40,16 +40,19 @@ import torch.distributed as dist
 
 from peerd.core.groups import GroupPlan
 from peerd.core.intrahost import (
+    AGREE,
     FORM,
     GENERATION_FILE,
+    NOT_COVERING,
     USE,
+    Decision,
     GroupState,
     IntraHostSlot,
-    agreed,
     backend_for,
     covers,
     parse_generation,
     round_key,
+    start_round,
     store_name,
 )
 from peerd.core.robust import PullClipper
@@ -90,6 +93,7 @@ class IntraHostGroup:
         self._pg = None
         self._forming: asyncio.Task | None = None
         self._said = ""  # the last fallback reason logged (logged once per change)
+        self._round = 0  # the round this worker is in, as the last poll saw it
 
     @property
     def directory(self) -> Path:
@@ -101,14 +105,30 @@ class IntraHostGroup:
         except OSError:
             return None
 
-    async def ready(self, group: Sequence[str]) -> bool:
-        """At the start of a round: True when its inner stage can run on the group;
-        starts forming a new generation's group in the background when there is one."""
+    def poll(self, round_: int) -> Decision:
+        """At the start of a round, before any collective: start forming a new
+        generation's group in the background when there is one."""
+        self._round = round_
         generation = self.current_generation()
-        decision = self.state.decide(generation, covers(group, self.members))
+        decision = self.state.decide(generation, round_)
         if decision.action == FORM:
-            self._start_forming(generation)
-            decision = self.state.decide(generation, covers(group, self.members))
+            self._start_forming(generation, decision.tag)
+            decision = self.state.decide(generation, round_)
+        return decision
+
+    async def enter(self, round_: int, key: int) -> bool:
+        """True: this round's inner stage runs on the group (every member got True).
+        `key`: round_key of this member's plan, or NOT_COVERING."""
+        decision = self.poll(round_)
+        if decision.action == AGREE:
+            try:
+                keys = await self.run(self.agree, round_, key)
+            except IntraHostError:
+                return False
+            decision = self.state.agreement(keys)
+            if decision.action == FORM:
+                log.info("round %d: intra-host group re-forms: %s", round_, decision.reason)
+                self._start_forming(self.state.formed[0], decision.tag)
         if decision.action == USE:
             if self._said:
                 log.info("intra-host group in use: generation %d, %s, rank %d of %d", self.generation, self.backend,
@@ -120,32 +140,34 @@ class IntraHostGroup:
             self._said = decision.reason
         return False
 
-    def _start_forming(self, generation: int) -> None:
+    def _start_forming(self, generation: int, tag: str) -> None:
         self._drop()
-        self.state.forming_started(generation)
-        self._forming = asyncio.create_task(self._form(generation), name=f"intrahost-form-{generation}")
+        self.state.forming_started(generation, tag)
+        self._forming = asyncio.create_task(self._form(generation, tag), name=f"intrahost-form-{generation}-{tag}")
 
-    async def _form(self, generation: int) -> None:
+    async def _form(self, generation: int, tag: str) -> None:
         started = time.monotonic()
         try:
-            pg = await asyncio.to_thread(self._connect, generation)
+            pg, start = await asyncio.to_thread(self._connect, generation, tag)
         except (RuntimeError, ValueError, OSError) as exc:  # DistBackendError, DistStoreError: timeouts, resets
             log.warning("intra-host group of generation %d did not form: %s", generation, _short(exc))
-            self.state.forming_done(generation, False)
+            self.state.forming_done(generation, tag, False)
             return
-        if self.state.forming != generation:
-            _abort(pg)  # a newer generation came meanwhile
+        if self.state.forming != (generation, tag):
+            _abort(pg)  # a newer one came meanwhile
             return
         self._pg, self.generation = pg, generation
-        self.state.forming_done(generation, True)
-        log.info("intra-host group formed in %.1fs: generation %d, %s, rank %d of %d (%s)",
+        self.state.forming_done(generation, tag, True, start)
+        log.info("intra-host group formed in %.1fs: generation %d, %s, rank %d of %d (%s); in use from round %d",
                  time.monotonic() - started, generation, self.backend, self.slot.rank, self.slot.size,
-                 ", ".join(self.members))
+                 ", ".join(self.members), start)
 
-    def _connect(self, generation: int):
-        """Blocking: form the group, and prove it with a first collective."""
-        store = dist.FileStore(str(self.directory / store_name(generation)), self.slot.size)
-        store.set_timeout(self.form_timeout)
+    def _connect(self, generation: int, tag: str):
+        """Blocking: form the group; its first collective proves it and gathers the
+        members' rounds, which give the round it is used from."""
+        files = dist.FileStore(str(self.directory / store_name(generation)), self.slot.size)
+        files.set_timeout(self.form_timeout)
+        store = dist.PrefixStore(f"{tag}/", files)
         rank, size = self.slot.rank, self.slot.size
         if self.backend == "gloo":
             options = dist.ProcessGroupGloo._Options()
@@ -159,12 +181,11 @@ class IntraHostGroup:
             options._timeout = self.form_timeout
             with torch.cuda.device(self.device):
                 pg = dist.ProcessGroupNCCL(store, rank, size, options)
-        one = torch.ones(1, device=self.device)
         with _on(self.device):
-            pg.allreduce([one]).wait(self.form_timeout)  # NCCL makes its communicator here
-            if float(one) != size:
-                raise RuntimeError(f"the first all-reduce gave {float(one)}, expected {size}")
-        return pg
+            mine = torch.tensor([self._round], dtype=torch.int64, device=self.device)
+            every = [torch.empty(1, dtype=torch.int64, device=self.device) for _ in range(size)]
+            pg.allgather([every], [mine]).wait(self.form_timeout)  # NCCL makes its communicator here
+            return pg, start_round([int(t) for t in every])
 
     async def run(self, fn: Callable[..., T], *args) -> T:
         """A blocking collective in a thread (the event loop keeps serving partners);
@@ -181,13 +202,13 @@ class IntraHostGroup:
 
     # Blocking collectives: call them through run().
 
-    def agree(self, round_: int, key: int) -> bool:
+    def agree(self, round_: int, key: int) -> list[tuple[int, int]]:
         pg = self._group()
         with _on(self.device):
             mine = torch.tensor([round_, key], dtype=torch.int64, device=self.device)
             every = [torch.empty(2, dtype=torch.int64, device=self.device) for _ in range(self.slot.size)]
             pg.allgather([every], [mine]).wait(self.timeout)
-            return agreed([tuple(t.tolist()) for t in every])
+            return [(int(t[0]), int(t[1])) for t in every]
 
     def all_reduce_mean_(self, tensor: torch.Tensor) -> None:
         pg = self._group()
@@ -283,15 +304,13 @@ async def intrahost_round(
     arguments, same result); None: the group is not usable for this round, and
     `vector` (and `out`) are as they were, so the caller runs hierarchical_round."""
     del wire_dtype  # members get the owner's mix as exact fp32 over the group; only stage 1 crosses hosts
-    if not await group.ready(plan.group):
-        return None
     started = time.monotonic()
+    key = round_key(plan.round, plan.group, plan.owners, plan.sources) if covers(plan.group, group.members) \
+        else NOT_COVERING
+    if not await group.enter(plan.round, key):
+        return None
     work = recv if out is None else out  # the new state; `vector` stays as it was until the round succeeds
     try:
-        if not await group.run(group.agree, plan.round, round_key(plan.round, plan.group, plan.owners, plan.sources)):
-            log.info("round %d: the intra-host group disagrees on the round or its plan; bulk lane this round",
-                     plan.round)
-            return None
         work.copy_(vector)
         await group.run(group.all_reduce_mean_, work)
     except IntraHostError:
