@@ -180,17 +180,20 @@ def run_train(device: str, seconds: float) -> Part:
     x = torch.randn(batch, width, device=device)
     # bf16 matmuls on a CPU without bf16 units take seconds a step: GPU only.
     for dtype in (torch.float32, torch.bfloat16) if device == "cuda" else (torch.float32,):
-        steps, started = 0, time.perf_counter()
-        while (time.perf_counter() - started < seconds / 2 and device == "cuda") or steps < 3:
+        def step() -> None:
             with torch.autocast(device, dtype=dtype, enabled=dtype != torch.float32):
                 loss = model(x).float().pow(2).mean()
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+
+        for _ in range(2):  # warm-up: the first steps pick kernels and allocate
+            step()
+        _sync(device)
+        steps, started = 0, time.perf_counter()
+        while (device == "cuda" and time.perf_counter() - started < seconds / 2) or steps < 3:
+            step()
             steps += 1
-            if steps == 2:  # the first steps warm up kernels: time from here
-                _sync(device)
-                started, steps = time.perf_counter(), 0
         _sync(device)
         elapsed = time.perf_counter() - started
         name = "fp32" if dtype == torch.float32 else "bf16"

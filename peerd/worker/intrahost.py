@@ -57,7 +57,7 @@ from peerd.core.intrahost import (
 )
 from peerd.core.robust import PullClipper
 from peerd.core.segments import Span
-from peerd.errors import PeerdError
+from peerd.errors import PeerdError, PeerUnavailable
 from peerd.worker.gossip import RoundResult, clip_pull, record_failure, relative_gap
 from peerd.worker.snapshots import StageStore
 from peerd.worker.transport import Transport
@@ -350,7 +350,7 @@ async def _cross_hosts(group: IntraHostGroup, plan: GroupPlan, me: str, addresse
         address = addresses.get(source)
         try:
             if address is None:
-                raise PeerdError(f"{source} has no address in this view")
+                raise PeerUnavailable(f"{source} has no address in this view")
             budget = max(0.0, started + deadline_s * 2 / 3 - time.monotonic())
             await asyncio.wait_for(transport.fetch_segment(address, plan.round, s, theirs, budget, 1), budget)
         except (PeerdError, TimeoutError) as exc:
