@@ -34,6 +34,7 @@ from peerd.core.intrahost import (
     round_key,
     stale_stores,
     start_round,
+    wanted,
 )
 from peerd.core.segments import split_even
 from peerd.daemon.intrahost import Rendezvous
@@ -90,6 +91,9 @@ def test_slots_members_and_plan_keys():
     assert covers(("a.1", "a.0"), ["a.0", "a.1"]) and not covers(("a.0",), ["a.0", "a.1"])
     assert not covers(("a",), ["a"])  # one worker: no group to form
     assert backend_for("cuda") == "nccl" and backend_for("cpu") == "gloo"
+    assert wanted(("cuda:0", "cuda:1"), "hierarchical") and wanted(("cpu", "cpu"), "hierarchical")
+    assert not wanted(("cuda:0",), "hierarchical") and not wanted(("cpu", "cpu"), "crossover")
+    assert not wanted(("cpu", "cuda:0"), "hierarchical") and not wanted(("auto", "auto"), "hierarchical")
     key = round_key(3, ["a", "b"], ["a", "b"], [None, "c"])
     assert key != round_key(4, ["a", "b"], ["a", "b"], [None, "c"])
     assert key != round_key(3, ["a", "b"], ["a", "b"], ["d", "c"])

@@ -67,6 +67,14 @@ def backend_for(device_type: str) -> str:
     return "nccl" if device_type == "cuda" else "gloo"
 
 
+def wanted(devices: Sequence[str], mode: str) -> bool:
+    """Whether a daemon gives its workers of a job an intra-host group: several
+    workers, hierarchical gossip, and one kind of device ("cuda:k" for all, NCCL;
+    or "cpu" for all, gloo). "auto" and "mps" workers, or a mix, keep the bulk lane."""
+    kinds = {d.partition(":")[0] for d in devices}
+    return len(devices) > 1 and mode == "hierarchical" and kinds in ({"cuda"}, {"cpu"})
+
+
 def store_name(generation: int) -> str:
     return f"{STORE_PREFIX}{generation}"
 
