@@ -7,8 +7,8 @@ averaging a model (their group stage), for N = 2 and 4, in one invocation.
              (FileStore, gloo on 127.0.0.1), and per repeat runs hand_over(round),
              plan_hierarchical (all N on one daemon, group_size N: one group) and
              intrahost_round: an all_gather of (round, plan key) to agree, then
-             a reduce-scatter + all-gather (out of place) and / N. Every process
-             ends with the exact group mean.
+             all_reduce(SUM) / N into the new state. Every process ends with
+             the exact group mean.
   hier       today's path, measured exactly as bench/exchange_group.py does
              (its run_method): SnapshotStore + StageStore + SegmentServer on
              start_exchange_server, hierarchical_round over GrpcTransport, segments

@@ -11,9 +11,8 @@ start, no port to open: gloo listens on 127.0.0.1 only, and a FileStore is a fil
 
     agree       all_gather of (round, digest of the plan): all members go on
                 together, or all fall back to hierarchical_round in this round
-    stage 1     reduce-scatter + all-gather (out of place, into the new state):
-                every member holds the group mean of every segment (with one
-                group, that is the whole round)
+    stage 1     all_reduce(SUM) / g into the new state: every member holds the
+                group mean of every segment (with one group, the whole round)
     stage 2     the owner of each segment fetches the partner group's stage 1 over
                 the transport (gRPC / bulk lane, as today) and mixes
     all-gather  each mixed segment is broadcast from its owner
@@ -95,7 +94,6 @@ class IntraHostGroup:
         self._forming: asyncio.Task | None = None
         self._said = ""  # the last fallback reason logged (logged once per change)
         self._round = 0  # the round this worker is in, as the last poll saw it
-        self._chunk: torch.Tensor | None = None  # this member's chunk of the reduce-scatter
 
     @property
     def directory(self) -> Path:
@@ -220,27 +218,11 @@ class IntraHostGroup:
 
     def mean_into_(self, source: torch.Tensor, target: torch.Tensor) -> None:
         """target ← the group mean of every member's `source`, which stays as it
-        was: a reduce-scatter into this member's chunk, then an all-gather of the
-        chunks (out of place: no copy of the whole vector first)."""
-        pg, size = self._group(), self.slot.size
-        if source.device != self.device or target.device != self.device:
-            target.copy_(source)  # a host buffer on an NCCL group: staged through the device
-            self.all_reduce_mean_(target)
-            return
-        chunk = source.numel() // size
-        main = chunk * size
-        with _on(self.device):
-            if chunk:
-                if self._chunk is None or self._chunk.numel() != chunk or self._chunk.device != self.device:
-                    self._chunk = torch.empty(chunk, dtype=source.dtype, device=self.device)
-                pg.reduce_scatter([self._chunk], [list(source[:main].split(chunk))]).wait(self.timeout)
-                self._chunk.div_(size)
-                pg.allgather([list(target[:main].split(chunk))], [self._chunk]).wait(self.timeout)
-            if main < source.numel():  # the last few elements (fewer than the members)
-                tail = target[main:]
-                tail.copy_(source[main:])
-                pg.allreduce([tail]).wait(self.timeout)
-                tail.div_(size)
+        was: a copy, then an in-place all-reduce. (An out-of-place reduce-scatter +
+        all-gather saves the copy but doubled gloo's CPU time here: gloo's
+        reduce_scatter is not a ring; docs/benchmarks.md.)"""
+        target.copy_(source)
+        self.all_reduce_mean_(target)
 
     def broadcast_(self, tensor: torch.Tensor, root: int) -> None:
         pg = self._group()
