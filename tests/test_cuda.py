@@ -95,11 +95,12 @@ def test_the_same_job_starts_from_the_same_model_on_cpu_and_gpu_and_steps_alike(
     """The model is built on the CPU with the job's seed, then moved: a GPU peer and
     a CPU peer of a shared-init job start equal, and one step differs by float
     rounding only."""
-    cpu, gpu = trainer(job(), "cpu"), trainer(job(), "cuda")
+    sgd = 'name = "sgd"\nlr = 0.1\nmomentum = 0.9'  # Adam's first step is lr·sign(g): a near-zero g could flip
+    cpu, gpu = trainer(job(optimizer=sgd), "cpu"), trainer(job(optimizer=sgd), "cuda")
     assert torch.equal(cpu.state.vector(), gpu.state.vector())
     cpu.step(MEMBERS)
     gpu.step(MEMBERS)
-    torch.testing.assert_close(gpu.state.vector(), cpu.state.vector(), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(gpu.state.vector(), cpu.state.vector(), rtol=1e-3, atol=1e-5)
 
 
 @cuda_only
