@@ -395,3 +395,18 @@ def test_kill_9_of_a_member_falls_back_then_the_new_generation_re_forms(tmp_path
     finally:
         m.close()
     assert all(not p.is_alive() for p in m.procs.values())
+
+
+def test_the_worker_takes_its_slot_from_the_command_line_the_daemon_writes(tmp_path):
+    import argparse
+
+    from peerd.worker.intrahost import add_arguments, from_args
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    slot = Rendezvous(tmp_path / "job", 2).slot(1)
+    group = from_args(parser.parse_args(slot.argv()), torch.device("cpu"), "peer-a.1")
+    assert group is not None and group.slot == slot and group.members == ["peer-a.0", "peer-a.1"]
+    assert group.backend == "gloo" and group.poll(0).action == FALLBACK  # no generation written yet
+    assert from_args(parser.parse_args([]), torch.device("cpu"), "peer-a") is None  # one worker: today's path
+    assert from_args(parser.parse_args(slot.argv()), torch.device("cpu"), "peer-a.0") is None  # wrong rank: logged
