@@ -26,7 +26,8 @@ from peerd.logs import setup_logging
 from peerd.peer import Launch, Peer, _attached, set_launch
 from peerd.tls import TlsSettings, load_tls
 from peerd.worker.engine import Security
-from peerd.worker.training import Trainer
+from peerd.worker import intrahost
+from peerd.worker.training import Trainer, resolve_device
 
 log = logging.getLogger("peerd.worker")
 
@@ -53,6 +54,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--slowdown", type=float, default=1.0,
                         help="testing knob: after each step sleep (SLOWDOWN − 1) × its compute time (default 1: none)")
     parser.add_argument("--log-format", default="text", choices=["text", "json"], help="log record format")
+    intrahost.add_arguments(parser)
     return parser.parse_args(argv)
 
 
@@ -135,8 +137,9 @@ def run(args: argparse.Namespace) -> int:
     setup_logging("INFO", args.log_format, job=spec.name, peer=args.peer_id)
     log.info("loading job %s on %s", spec.name, args.device)
     torch.set_num_threads(args.threads)
+    group = intrahost.from_args(args, resolve_device(args.device), args.peer_id)
     launch = Launch(spec, args.spec_dir, args.control, args.peer_id, args.host, args.out_dir, args.device,
-                    load_security(args), args.slowdown)
+                    load_security(args), args.slowdown, group)
     return run_script(launch) if spec.script else run_declarative(launch)
 
 
