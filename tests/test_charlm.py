@@ -119,7 +119,9 @@ def test_evaluate_reports_val_loss_and_perplexity(datasets) -> None:
 
 def test_a_short_run_learns_well_below_the_uniform_guess(datasets) -> None:
     """40 AdamW steps of 16 windows (bf16 autocast, clipping) take the validation
-    loss from ln(96) = 4.56 to about 2.6 (measured 2.5); a fixed reference, not a time."""
+    loss from ln(96) = 4.56 to 2.52 (measured): below 3.03, the cross-entropy of
+    the training text's character frequencies on the validation text, so the
+    model uses context. Fixed references, not a time."""
     train, test = datasets
     model = seeded_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1)
@@ -137,4 +139,4 @@ def test_a_short_run_learns_well_below_the_uniform_guess(datasets) -> None:
     model.eval()
     with torch.no_grad():
         metrics = charlm.evaluate(model, DataLoader(Subset(test, range(64)), batch_size=32))
-    assert metrics["val_loss"] < 0.7 * math.log(V)
+    assert metrics["val_loss"] < 2.8
