@@ -3,10 +3,11 @@ transformer trained on Python standard library source shipped with peerd.
 
 The text (data/pystdlib.txt.xz, ~1.2 M characters of CPython 3.11's own
 modules; data/README.md gives its source, licence and how it was built) needs
-no download. The first 94 % is for training, the end (the last modules of the
-list, files the model never sees) for validation. A sample is a window of
-CONTEXT + 1 characters cut at a multiple of CONTEXT: the input is its first
-CONTEXT characters, the target the same shifted by one.
+no download. The first 94 % is for training, the rest for validation: the end
+of traceback.py, then types.py, warnings.py and weakref.py, modules the model
+never reads. A sample is a window of CONTEXT + 1 characters starting at a
+multiple of CONTEXT: the input is its first CONTEXT characters, the target the
+same shifted by one.
 
 A job module in peerd's protocol: make_model, make_datasets, loss, evaluate.
 """
@@ -49,7 +50,8 @@ def load_text() -> str:
 
 
 class CharWindows(Dataset):
-    """Non-overlapping windows of `context` + 1 tokens: (input, target) pairs."""
+    """Windows of `context` + 1 tokens, one every `context` tokens (neighbours
+    share one token), as (input, target) pairs: target = input shifted by one."""
 
     def __init__(self, tokens: torch.Tensor, context: int = CONTEXT) -> None:
         if len(tokens) <= context:
