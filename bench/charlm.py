@@ -13,8 +13,15 @@ job's (peerd.core.schedule, as the worker computes it), over *global* steps of
 
 Variants (run in the order given by --variants):
 
-  single  one process, batches of `reference_batch` samples, a seeded permutation
-          of the training windows per epoch; torch threads from --threads.
+  single      one process, batches of `reference_batch` samples, a seeded
+              permutation of the training windows per epoch; torch threads
+              from --threads. The reference.
+  local-adam  a diagnostic: --peers models in one process, each with its own
+              AdamW stepping on its 1/peers of the same global batches, the
+              parameters averaged exactly after every step: peerd's gossip every
+              step with a perfect all-reduce instead. Its gap to `single` is
+              what per-peer optimizer state costs (Adam's second moment taken
+              from a local batch of reference_batch/peers), not gossip.
 
 Reported per variant: the final validation loss and perplexity, wall time of
 training (the clock starts at the first step; process start, torch import and
@@ -30,6 +37,7 @@ under --out (default runs/charlm-TIMESTAMP).
 from __future__ import annotations
 
 import argparse
+import copy
 import csv
 import json
 import math
@@ -106,6 +114,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--job", type=Path, default=REPO / "peerd/examples/charlm.toml", help="job file")
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {list(VARIANTS)}")
     p.add_argument("--threads", type=int, default=2, help="torch threads of the single process (default 2)")
+    p.add_argument("--peers", type=int, default=3, help="models of the local-adam variant (default 3)")
     p.add_argument("--eval-every", type=int, default=50, help="global steps between evaluations (default 50)")
     p.add_argument("--epochs", type=float, help="override the job file's epochs")
     p.add_argument("--out", type=Path, help="output folder (default runs/charlm-TIMESTAMP)")
@@ -136,6 +145,19 @@ def evaluate(model: torch.nn.Module, test: Dataset, plan: Plan) -> dict[str, flo
     return metrics
 
 
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch, lr: float, plan: Plan) -> None:
+    """As the worker steps: LR, autocast forward, backward, clipping, optimizer step."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=plan.precision == "bf16"):
+        value = charlm.loss(model, batch)
+    optimizer.zero_grad(set_to_none=True)
+    value.backward()
+    if plan.grad_clip_norm > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), plan.grad_clip_norm)
+    optimizer.step()
+
+
 def run_single(plan: Plan, args: argparse.Namespace, curve: Callable[[int, float, dict], None]) -> Result:
     """One process, global batches of reference_batch samples."""
     torch.set_num_threads(args.threads)
@@ -144,20 +166,11 @@ def run_single(plan: Plan, args: argparse.Namespace, curve: Callable[[int, float
     model = charlm.make_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=plan.lr, betas=plan.betas, weight_decay=plan.weight_decay)
     total = round(plan.epochs * len(train))
-    bf16 = plan.precision == "bf16"
     step = samples = 0
     start = time.perf_counter()
     for indices in epoch_batches(len(train), plan.reference_batch, plan.seed, plan.epochs):
-        for group in optimizer.param_groups:
-            group["lr"] = plan.lr_at(step, samples / total)
         batch = torch.utils.data.default_collate([train[i] for i in indices])
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            value = charlm.loss(model, batch)
-        optimizer.zero_grad(set_to_none=True)
-        value.backward()
-        if plan.grad_clip_norm > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), plan.grad_clip_norm)
-        optimizer.step()
+        train_step(model, optimizer, batch, plan.lr_at(step, samples / total), plan)
         step, samples = step + 1, samples + len(indices)
         if step % args.eval_every == 0:
             curve(step, time.perf_counter() - start, evaluate(model, test, plan))
@@ -167,8 +180,45 @@ def run_single(plan: Plan, args: argparse.Namespace, curve: Callable[[int, float
     return Result("single", final["val_loss"], final["perplexity"], wall, step, samples)
 
 
+def run_local_adam(plan: Plan, args: argparse.Namespace, curve: Callable[[int, float, dict], None]) -> Result:
+    """A diagnostic: --peers models in one process, each with its own AdamW, each
+    stepping on its 1/peers of every global batch, parameters averaged exactly
+    after every step. What peerd's gossip every step would reach with a perfect
+    all-reduce of the parameters; the gap to `single` is that of per-peer optimizer
+    state (Adam's second moment from a local batch), not of gossip."""
+    torch.set_num_threads(args.threads)
+    train, test = charlm.make_datasets()
+    torch.manual_seed(plan.seed)
+    first = charlm.make_model()
+    models = [first] + [copy.deepcopy(first) for _ in range(args.peers - 1)]
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=plan.lr, betas=plan.betas, weight_decay=plan.weight_decay)
+                  for m in models]
+    total = round(plan.epochs * len(train))
+    step = samples = 0
+    start = time.perf_counter()
+    for indices in epoch_batches(len(train), plan.reference_batch, plan.seed, plan.epochs):
+        lr = plan.lr_at(step, samples / total)
+        for k, (model, optimizer) in enumerate(zip(models, optimizers)):
+            part = indices[k :: args.peers]
+            if part:
+                train_step(model, optimizer, torch.utils.data.default_collate([train[i] for i in part]), lr, plan)
+        with torch.no_grad():
+            for tensors in zip(*(m.parameters() for m in models)):
+                mean = torch.stack(tensors).mean(0)
+                for t in tensors:
+                    t.copy_(mean)
+        step, samples = step + 1, samples + len(indices)
+        if step % args.eval_every == 0:
+            curve(step, time.perf_counter() - start, evaluate(models[0], test, plan))
+    wall = time.perf_counter() - start
+    final = evaluate(models[0], test, plan)
+    curve(step, wall, final)
+    return Result("local-adam", final["val_loss"], final["perplexity"], wall, step, samples)
+
+
 VARIANTS: dict[str, Callable[[Plan, argparse.Namespace, Callable[[int, float, dict], None]], Result]] = {
     "single": run_single,
+    "local-adam": run_local_adam,
 }
 
 
