@@ -16,6 +16,9 @@ Variants (run in the order given by --variants):
   single      one process, batches of `reference_batch` samples, a seeded
               permutation of the training windows per epoch; torch threads
               from --threads. The reference.
+  peerd       --peers real daemons on 127.0.0.1 with the job file, as
+              `peerd cluster --job charlm` runs it (each worker one thread);
+              the result is the mean of the peers' final validation loss.
   local-adam  a diagnostic: --peers models in one process, each with its own
               AdamW stepping on its 1/peers of the same global batches, the
               parameters averaged exactly after every step: peerd's gossip every
@@ -114,7 +117,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--job", type=Path, default=REPO / "peerd/examples/charlm.toml", help="job file")
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {list(VARIANTS)}")
     p.add_argument("--threads", type=int, default=2, help="torch threads of the single process (default 2)")
-    p.add_argument("--peers", type=int, default=3, help="models of the local-adam variant (default 3)")
+    p.add_argument("--peers", type=int, default=3, help="daemons of the peerd variant, models of local-adam (default 3)")
     p.add_argument("--eval-every", type=int, default=50, help="global steps between evaluations (default 50)")
     p.add_argument("--epochs", type=float, help="override the job file's epochs")
     p.add_argument("--out", type=Path, help="output folder (default runs/charlm-TIMESTAMP)")
@@ -216,8 +219,43 @@ def run_local_adam(plan: Plan, args: argparse.Namespace, curve: Callable[[int, f
     return Result("local-adam", final["val_loss"], final["perplexity"], wall, step, samples)
 
 
+def run_peerd(plan: Plan, args: argparse.Namespace, curve: Callable[[int, float, dict], None]) -> Result:
+    """--peers real daemons on 127.0.0.1 (peerd.cluster.LocalCluster), each joined to
+    the job file: what `peerd cluster --job charlm` runs. The clock starts when the
+    last peer has joined; the result is the mean of the peers' final val_loss."""
+    from peerd.cluster import LocalCluster
+    from peerd.jobspec import load_job
+
+    spec, text = load_job(args.job)
+    out = args.out_dir / "peerd"
+    with LocalCluster(args.peers, out) as cluster:
+        cluster.wait_ready()
+        for peer in cluster.peers:
+            with cluster.client(peer) as c:
+                c.join(text, str(args.job.resolve().parent))
+        start = time.perf_counter()
+        while True:
+            jobs = []
+            for peer in cluster.peers:
+                with cluster.client(peer) as c:
+                    jobs += [j for j in c.status().jobs if j.name == spec.name]
+            if any(j.state == "failed" for j in jobs):
+                raise SystemExit(f"a peer failed; logs under {out}")
+            if len(jobs) == args.peers and all(j.state == "finished" for j in jobs):
+                break
+            time.sleep(2.0)
+        wall = time.perf_counter() - start
+    losses = [j.progress.metrics["val_loss"] for j in jobs]
+    val = sum(losses) / len(losses)
+    steps = max(j.progress.step for j in jobs)
+    curve(steps, wall, {"val_loss": val, "perplexity": math.exp(val)})
+    print(f"   peerd per peer: {', '.join(f'{v:.4f}' for v in losses)}", flush=True)
+    return Result("peerd", val, math.exp(val), wall, steps, sum(j.progress.samples for j in jobs))
+
+
 VARIANTS: dict[str, Callable[[Plan, argparse.Namespace, Callable[[int, float, dict], None]], Result]] = {
     "single": run_single,
+    "peerd": run_peerd,
     "local-adam": run_local_adam,
 }
 
@@ -229,6 +267,7 @@ def main(argv: list[str] | None = None) -> None:
         plan = Plan(**{**asdict(plan), "epochs": args.epochs})
     out = args.out or REPO / "runs" / time.strftime("charlm-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
+    args.out_dir = out
     results, rows = [], []
     for name in args.variants.split(","):
         if name not in VARIANTS:
