@@ -59,7 +59,7 @@ def run(name: str, optimizer: dict, args: argparse.Namespace) -> dict:
         first, *others = cluster.peers
         with cluster.client(first) as c:
             c.join(text)
-        trace: list[tuple[float, int, float, float]] = []  # (t, round, lr, loss) of peer-0
+        trace: list[tuple[float, int, float, float, int]] = []  # (t, round, lr, loss, global batch) of peer-0
         start = time.monotonic()
         while (j := progress(cluster, first, job)) is None or j.progress.round < args.alone:
             time.sleep(0.5)
@@ -70,17 +70,20 @@ def run(name: str, optimizer: dict, args: argparse.Namespace) -> dict:
         while True:
             jobs = [progress(cluster, p, job) for p in cluster.peers]
             p0 = jobs[0].progress
-            trace.append((time.monotonic() - start, p0.round, p0.lr, p0.loss))
+            trace.append((time.monotonic() - start, p0.round, p0.lr, p0.loss, p0.global_batch))
             if any(j is not None and j.state == "failed" for j in jobs):
                 raise SystemExit(f"{name}: a peer failed; logs under {args.out / name}")
             if all(j is not None and j.state == "finished" for j in jobs):
                 break
             time.sleep(0.5)
-    after = [t for t in trace if args.alone < t[1] <= args.alone + args.window]
+    # From the first round peer-0 sees the larger global batch (the newcomers serve).
+    grown = next((t[1] for t in trace if t[4] > 32), None)
+    after = [t for t in trace if grown is not None and grown <= t[1] <= grown + args.window]
     return {"variant": name, "lr_before": before[0], "loss_before": before[1],
             "lr_after": max((t[2] for t in after), default=math.nan),
             "loss_max_after": max((t[3] for t in after), default=math.nan),
-            "accuracy": [j.progress.metric for j in jobs]}
+            "accuracy": [j.progress.metric for j in jobs], "grown_at": grown,
+            "batch_after": max((t[4] for t in after), default=0)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,11 +95,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO / "runs" / time.strftime("lr-grow-%Y%m%d-%H%M%S"))
     args = parser.parse_args(argv)
     results = [run(name, optimizer, args) for name, optimizer in VARIANTS.items()]
-    print(f"| variant | LR before → highest after | loss before → highest in {args.window} rounds after "
-          f"| final test accuracy per peer (mean) |\n|---|---|---|---|")
+    print(f"| variant | global batch grew at round | LR before → highest after | loss before → highest in "
+          f"{args.window} rounds after | final test accuracy per peer (mean) |\n|---|---|---|---|---|")
     for r in results:
         acc = r["accuracy"]
-        print(f"| {r['variant']} | {r['lr_before']:.3f} → {r['lr_after']:.3f} | {r['loss_before']:.3f} → "
+        print(f"| {r['variant']} | {r['grown_at']} (to {r['batch_after']}) | {r['lr_before']:.3f} → {r['lr_after']:.3f} "
+              f"| {r['loss_before']:.3f} → "
               f"{r['loss_max_after']:.3f} | {', '.join(f'{a:.3f}' for a in acc)} ({statistics.fmean(acc):.4f}) |")
     return 0
 
