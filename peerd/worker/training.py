@@ -27,6 +27,7 @@ from peerd.errors import ConfigError
 from peerd.jobspec import JobSpec
 from peerd.worker.data import DataCursor, PeerSampler, View, default_loader, eval_loader
 from peerd.worker.jobmodule import JobCode, JobContext, load_entry  # noqa: F401 (load_entry: tests, bench)
+from peerd.worker.localdata import LocalData
 from peerd.worker.optim import build_optimizer
 from peerd.worker.precision import Precision
 from peerd.worker.trainstate import TrainState
@@ -70,7 +71,8 @@ def to_device(batch, device: torch.device, non_blocking: bool = False):
 
 class Trainer:
     def __init__(
-        self, spec: JobSpec, peer_id: str, spec_dir: str = "", slowdown: float = 1.0, device: str = "cpu"
+        self, spec: JobSpec, peer_id: str, spec_dir: str = "", slowdown: float = 1.0, device: str = "cpu",
+        data_root: str = "",
     ) -> None:
         if not (math.isfinite(slowdown) and slowdown >= 1.0):
             raise ConfigError(f"slowdown must be a number ≥ 1, got {slowdown}")
@@ -78,6 +80,7 @@ class Trainer:
         self.peer_id = peer_id
         self.slowdown = slowdown  # testing knob: sleep (slowdown − 1) × compute after each step
         self.device = resolve_device(device)
+        self.data_root = data_root  # data_mode = "local": where this peer's data is (ctx.data_root)
         self.code = JobCode(spec, spec_dir)
         self.model, self.train_set, self.test_set = self._build()
         self.precision = Precision(spec.train.precision, self.device, spec.train.grad_clip_norm)
@@ -87,7 +90,9 @@ class Trainer:
         self.state = TrainState(self.model, self.optimizer, average_buffers=spec.gossip.average_buffers,
                                 average_optimizer_state=spec.gossip.average_optimizer_state, objects=objects)
         self.flat = self.state.flat
-        self.cursor = DataCursor(spec, peer_id, len(self.train_set))
+        # local mode: this peer's own data set, the members' sizes and its LR weight
+        self.local = LocalData(spec, peer_id, len(self.train_set)) if spec.data_mode == "local" else None
+        self.cursor = self.local.cursor if self.local else DataCursor(spec, peer_id, len(self.train_set))
         self.view = View()
         self._loader_iter = None  # made at the first step: a newcomer seeks first
         self._sampler: PeerSampler | None = None
@@ -124,7 +129,9 @@ class Trainer:
             raise ConfigError(f"{self.code.name('make_model')}: the model has no trainable parameters")
         model = model.float().to(self.device)
         try:
-            sets = self.code.make_datasets()
+            sets = self.code.datasets(self.context())
+        except ConfigError:
+            raise
         except Exception as exc:
             raise ConfigError(f"{self.code.name('make_datasets')} failed: {type(exc).__name__}: {exc}") from exc
         if not (isinstance(sets, (tuple, list)) and len(sets) == 2 and all(hasattr(s, "__len__") for s in sets)):
@@ -167,7 +174,7 @@ class Trainer:
 
     def context(self) -> JobContext:
         d = self.spec.data_loading
-        return JobContext(self.peer_id, self.device, self.spec.local_batch, self.spec.seed,
+        return JobContext(self.peer_id, self.device, self.spec.local_batch, self.spec.seed, self.data_root,
                           loader_workers=d.loader_workers, pin_memory=d.pin_memory and self.device.type == "cuda",
                           prefetch_factor=d.prefetch_factor)
 
@@ -217,6 +224,8 @@ class Trainer:
             global_batch = plan.total
         else:
             global_batch = self.spec.local_batch * (trainers or len(set(members)))
+        if self.local is not None:
+            self.local.plan_step(members, global_batch)
         value, size = self._accumulate(global_batch, plan)
         if size == 0:
             return math.nan
@@ -253,8 +262,7 @@ class Trainer:
                 break
             micro = self._sampler.handed.popleft()
             if size == 0:  # the LR of this step: this peer's batch from the plan as it was handed out
-                scale = micro.step_size / (plan.total / len(plan.ids)) if plan is not None else 1.0
-                self.lr = self._lr(global_batch) * scale
+                self.lr = self._lr(global_batch) * self._lr_weight(micro, plan)
                 for group in self.optimizer.param_groups:  # optimizer state is kept as it is
                     group["lr"] = self.lr
             batch = to_device(batch, self.device, non_blocking=True)
@@ -284,6 +292,24 @@ class Trainer:
         self.extras = extras
         self.last_indices = read
         return (total if finite else math.nan), size
+
+    def _lr_weight(self, micro, plan: BatchPlan | None) -> float:
+        """This peer's LR multiplier. Shared data: b_i / mean(b) under a DBS plan
+        (the large-batch step on the union of the samples), else 1. Local data:
+        its data weight (peerd.core.weighting), whatever its batch."""
+        if self.local is not None:
+            return self.local.weight
+        return micro.step_size / (plan.total / len(plan.ids)) if plan is not None else 1.0
+
+    def set_data_sizes(self, sizes: dict[str, int]) -> None:
+        """local mode: the members' published data set sizes (for the weights and the union)."""
+        if self.local is not None:
+            self.local.set_sizes(sizes)
+
+    @property
+    def data_samples(self) -> int:
+        """local mode: how many training samples this peer holds (published to the others); 0 otherwise."""
+        return self.local.samples if self.local is not None else 0
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
