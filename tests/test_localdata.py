@@ -223,3 +223,61 @@ def test_a_newcomer_takes_the_jobs_progress_and_reads_its_own_data(tmp_path):
     assert b.progress == pytest.approx(a.progress + 15 / 75)
     assert max(b.last_indices) < SIZES["b"]
     assert math.isclose(b.lr, a.lr / SIZES["a"] * SIZES["b"], rel_tol=0.05)  # same schedule, own weight
+
+
+# --- who may take part: a secret and the data ---------------------------------------
+
+
+def local_spec(root: str = ""):
+    data = f'[data]\nroot = "{root}"\n' if root else ""
+    return parse_job(job_text("samples", 1, 0.1, "constant") + data, "test")
+
+
+def test_a_local_job_needs_a_secret_and_a_data_root(tmp_path):
+    from peerd.daemon.localdata import check_local_job
+
+    secret = tmp_path / "job.secret"
+    with pytest.raises(ConfigError, match="needs a job secret.*peerctl secret FILE"):
+        check_local_job(local_spec(), "", None, tmp_path)
+    with pytest.raises(ConfigError, match="names no data root.*\\[data\\] root"):
+        check_local_job(local_spec(), "", secret, None)
+    with pytest.raises(ConfigError, match="is not a directory; this peer holds no data for the job"):
+        check_local_job(local_spec(), "", secret, tmp_path / "absent")
+    assert check_local_job(local_spec(), "", secret, tmp_path) == str(tmp_path)
+    (tmp_path / "mine").mkdir()
+    assert check_local_job(local_spec("mine"), str(tmp_path), secret, None) == str(tmp_path / "mine")
+    shared = parse_job('[job]\nname = "s"\nmodel = "m:f"\ndata = "d:g"\n', "test")
+    assert check_local_job(shared, "", None, None) == ""  # shared-data jobs: as before
+
+
+def test_a_local_worker_without_a_secret_exits_as_a_config_error(tmp_path):
+    from peerd.worker.main import EXIT_CONFIG, main
+
+    job = tmp_path / "job.toml"
+    job.write_text(job_text("samples", 1, 0.1, "constant"))
+    code = main(["--control", f"unix:{tmp_path}/none.sock", "--spec", str(job), "--spec-dir", JOBCODE,
+                 "--peer-id", "a", "--data-root", str(tmp_path)])
+    assert code == EXIT_CONFIG
+
+
+def test_peerctl_writes_a_secret_only_its_owner_can_read(tmp_path, capsys):
+    import os
+    import stat
+
+    from peerd.auth import load_secret
+    from peerd.cli import peerctl
+
+    path = tmp_path / "job.secret"
+    old = os.umask(0o000)  # a careless umask must not widen the file
+    try:
+        assert peerctl.main(["--socket", str(tmp_path / "no.sock"), "secret", str(path)]) == 0
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    first = load_secret(path)
+    assert len(first) >= 32 and "mode 0600" in capsys.readouterr().out
+    assert peerctl.main(["secret", str(path)]) == 1  # kept: every peer must hold the same one
+    assert "exists" in capsys.readouterr().err and load_secret(path) == first
+    path.chmod(0o644)
+    assert peerctl.main(["secret", "--force", str(path)]) == 0
+    assert load_secret(path) != first and stat.S_IMODE(path.stat().st_mode) == 0o600

@@ -27,6 +27,7 @@ from peerd.core.workers import member_ids, split_threads, worker_devices
 from peerd.daemon.devices import local_gpus
 from peerd.daemon.discovery import Discovery
 from peerd.daemon.jobs import ENDED, JOINED, LocalJob, WorkerLaunch, WorkerProcess
+from peerd.daemon.localdata import check_local_job
 from peerd.daemon.metrics import MetricsServer, make_registry
 from peerd.daemon.notify import sd_notify, watchdog_interval_s
 from peerd.daemon.standby import Standby
@@ -295,7 +296,7 @@ class Daemon:
                 self.learn_address(known.peer_id, known.address, via="hello")
         jobs = tuple(
             JobEntry(j.name, j.spec_fingerprint, j.worker_address, j.round, j.state, j.phase, j.lr, j.global_batch,
-                     j.samples_per_s, j.local_batch, j.share, j.member, j.device)
+                     j.samples_per_s, j.local_batch, j.share, j.member, j.device, j.data_samples)
             for j in reply.jobs
         )
         record = PeerRecord(reply.peer_id, address, reply.locality, reply.version, jobs, time.monotonic())
@@ -314,7 +315,7 @@ class Daemon:
         return peer_pb2.JobAd(
             name=job.spec.name, spec_fingerprint=job.spec.fingerprint, worker_address=w.address, round=p.round,
             state=w.state, phase=p.phase, lr=p.lr, global_batch=p.global_batch, samples_per_s=p.samples_per_s,
-            local_batch=p.local_batch, share=p.share, device=w.device,
+            local_batch=p.local_batch, share=p.share, device=w.device, data_samples=p.data_samples,
             member=w.member if w.member != self.peer_id else "",  # a single worker's ad is as before
         )
 
@@ -385,6 +386,7 @@ class Daemon:
         for entry in filter(None, (spec.module, spec.model, spec.data)):
             check_importable(entry, spec_dir)
         secret_file = spec.secret_path(spec_dir) or self.config.job_secret_file
+        data_root = check_local_job(spec, spec_dir, secret_file, self.config.data_root)
         if secret_file is not None:
             load_secret(secret_file)  # refuse the join now, not in a restarting worker
         current = self.jobs.get(spec.name)
@@ -409,7 +411,7 @@ class Daemon:
                 host=self.config.host, threads=split_threads(self.config.worker_threads, count), device=device,
                 spec_path=spec_path, spec_dir=spec_dir, log_path=_worker_dir(job_dir, k, count) / "worker.log",
                 secret_file=secret_file, tls=self.config.tls, slowdown=self.config.slowdown,
-                log_format=self.config.log_format,
+                log_format=self.config.log_format, data_root=data_root,
             )
             for k, (member, device) in enumerate(zip(self.members, self.devices))
         ]
@@ -456,9 +458,12 @@ class Daemon:
         settled = time.monotonic() - self.started >= self.config.peer_timeout_s
         speeds = {**self.membership.job_speeds(name, fingerprint),
                   **{w.member: w.progress.samples_per_s for w in mine if w is not worker}}
+        sizes = {**self.membership.job_data_sizes(name, fingerprint),
+                 **{w.member: w.progress.data_samples for w in mine if w is not worker}}
         return control_pb2.WorkerView(
             peers=peers, members=members, stop=worker.stop_requested, settled=settled,
-            speeds=[control_pb2.MemberSpeed(peer_id=p, samples_per_s=v) for p, v in speeds.items()])
+            speeds=[control_pb2.MemberSpeed(peer_id=p, samples_per_s=v, data_samples=sizes.get(p, 0))
+                    for p, v in speeds.items()])
 
     # ---- control API -------------------------------------------------------
 

@@ -49,6 +49,7 @@ class WorkerLaunch:
     tls: TlsSettings | None = None
     slowdown: float = 1.0  # testing knob (DaemonConfig.slowdown)
     log_format: str = "text"
+    data_root: str = ""  # data_mode = "local": where this peer's data is (peerd.daemon.localdata)
 
     def argv(self) -> list[str]:
         args = [
@@ -61,6 +62,8 @@ class WorkerLaunch:
         ]
         if self.secret_file is not None:
             args += ["--secret-file", str(self.secret_file)]
+        if self.data_root:
+            args += ["--data-root", self.data_root]
         return args + (self.tls.argv() if self.tls else [])
 
 

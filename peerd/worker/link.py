@@ -35,6 +35,7 @@ class SupervisorLink:
         self.daemons: dict[str, str] = {}  # peer id -> its daemon's peer id (several workers may share one)
         self.members: list[str] = []  # every peer in the job, for the data split
         self.speeds: dict[str, float] = {}  # the other members' published speeds (DBS)
+        self.data_sizes: dict[str, int] = {}  # local data: the other members' published data set sizes
         self.stop = False
         self.settled = False  # the daemon's view can be trusted to show a running job
 
@@ -58,6 +59,7 @@ class SupervisorLink:
         self.daemons = {p.peer_id: p.daemon or p.peer_id for p in reply.peers}
         self.members = list(reply.members)
         self.speeds = {s.peer_id: s.samples_per_s for s in reply.speeds}
+        self.data_sizes = {s.peer_id: s.data_samples for s in reply.speeds if s.data_samples}
         self.stop = self.stop or reply.stop
         self.settled = reply.settled
         return True

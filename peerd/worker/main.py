@@ -132,6 +132,7 @@ class Worker:
                  f" in groups of ≤ {g.group_size}" if g.mode == "hierarchical" else "", g.wire)
         # The first beat, without our address, shows the view without putting us
         # in it: partners do not wait for a worker that is still taking the state.
+        self._report(None)  # ... and what the others need of it from the start (local data: its n_i)
         await self.link.beat()
         # A daemon that just (re)started has not heard from its peers yet: an empty
         # view then would start the job over from scratch beside the running one.
@@ -218,6 +219,7 @@ class Worker:
             # will read their shares once they serve.
             members = sorted({*self.link.members, *view})
             plan = self._plan(members)
+            self.trainer.set_data_sizes(self.link.data_sizes)
             for _ in range(self.spec.gossip.period_steps):
                 await asyncio.to_thread(self.trainer.step, members, len(view), plan)
             self.round += 1
@@ -383,6 +385,7 @@ class Worker:
             samples_per_s=t.speed_ema, metric=self.metrics.get(self.spec.metric, math.nan), samples=t.samples,
             metric_name=self.spec.metric, metric_higher_better=self.spec.metric_mode == "max",
             metrics=self.metrics, skipped_steps=t.skipped_steps,
+            data_samples=t.data_samples, data_mode=self.spec.data_mode,
             segment_misses=self.misses, finished=finished, disagreement=math.nan, exchange_s=math.nan, lr=t.lr,
             phase="finished" if finished else self.phase, global_batch=t.ramp.batch,
             rejected=dict(self.rejections.counts),
@@ -421,6 +424,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default="cpu", help='torch device to train on: "auto", "cpu", "cuda", "cuda:N", "mps"')
     parser.add_argument("--secret-file", type=Path, default=None,
                         help="the job secret: every exchange request and reply carries proof of it")
+    parser.add_argument("--data-root", default="",
+                        help='data_mode = "local": the directory holding this peer\'s data (the job reads ctx.data_root)')
     parser.add_argument("--tls-cert", type=Path, help="this peer's certificate (PEM), for mutual TLS")
     parser.add_argument("--tls-key", type=Path, help="its private key (PEM)")
     parser.add_argument("--tls-ca", type=Path, help="the CA that signed every peer's certificate (PEM)")
@@ -444,9 +449,12 @@ async def amain(args: argparse.Namespace) -> int:
     spec = parse_job(args.spec.read_text(), str(args.spec))
     setup_logging("INFO", args.log_format, job=spec.name, peer=args.peer_id)
     log.info("loading job %s on %s", spec.name, args.device)
+    if spec.data_mode == "local" and not args.secret_file:
+        raise ConfigError(f"job {spec.name!r} keeps its data on each peer (data_mode = 'local'): "
+                          "its workers run only with a job secret (--secret-file)")
     security = load_security(args)
     torch.set_num_threads(args.threads)
-    trainer = Trainer(spec, args.peer_id, args.spec_dir, args.slowdown, args.device)
+    trainer = Trainer(spec, args.peer_id, args.spec_dir, args.slowdown, args.device, args.data_root)
     link = SupervisorLink(args.control, spec.name, trainer.state.fingerprint(spec.fingerprint), member=args.peer_id)
     worker = Worker(spec, trainer, link, args.host, args.out_dir, security)
     loop = asyncio.get_running_loop()
