@@ -150,10 +150,11 @@ class LocalCluster:
 
     def __init__(
         self, n: int, out: Path, localities: Sequence[str] = (), slowdowns: tuple[float, ...] | None = None,
-        settings: Settings | None = None,
+        settings: Settings | None = None, wrap: Sequence[str] = (),
     ) -> None:
         """`settings(peer)` adds or replaces config values per peer, e.g.
-        {"metrics": {"port": 9464}}."""
+        {"metrics": {"port": 9464}}; `wrap` runs each daemon under a command,
+        e.g. ("ip", "netns", "exec", NAME)."""
         if n < 1:
             raise PeerdError("--peers must be at least 1")
         if localities and len(localities) != n:
@@ -163,6 +164,7 @@ class LocalCluster:
             raise PeerdError(f"{len(slowdowns)} slowdowns given for {n} peers")
         self.out = out
         self._settings = settings
+        self._wrap = list(wrap)
         # Unix socket paths are limited to ~107 bytes, so they live in a short temp dir.
         self._sockets = Path(tempfile.mkdtemp(prefix="peerd-"))
         self.realm = f"local-{secrets.token_hex(4)}"
@@ -188,7 +190,7 @@ class LocalCluster:
             raise PeerdError(f"{peer.peer_id} is already running")
         with open(peer.dir / "daemon.log", "ab") as log:
             peer.process = subprocess.Popen(
-                [sys.executable, "-m", "peerd.cli.daemon", "--config", str(peer.dir / "peerd.toml")],
+                [*self._wrap, sys.executable, "-m", "peerd.cli.daemon", "--config", str(peer.dir / "peerd.toml")],
                 stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
             )
 

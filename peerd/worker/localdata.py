@@ -11,6 +11,7 @@ sizes and turns them, through peerd.core.weighting, into this peer's LR weight.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping, Sequence
 
@@ -18,6 +19,8 @@ from peerd.core.partition import epoch_permutation
 from peerd.core.shares import BatchPlan
 from peerd.core.weighting import weigh
 from peerd.jobspec import JobSpec
+
+log = logging.getLogger("peerd.worker")
 
 
 class LocalCursor:
@@ -83,15 +86,25 @@ class LocalData:
         self.peer_id = peer_id
         self.samples = samples
         self.cursor = LocalCursor(spec, peer_id, samples)
-        self.sizes: dict[str, int] = {}  # the other members' published data set sizes
+        # The peers it averages with (the serving view), by their published data set
+        # size (0: not known yet); None until told: every member then.
+        self.sizes: dict[str, int] | None = None
         self.weight = 1.0  # this peer's LR multiplier (peerd.core.weighting)
         self.union = float(samples)
 
     def set_sizes(self, sizes: Mapping[str, int]) -> None:
+        """The peers this one averages with now and their data set sizes. Weights
+        and the union are over these (the peers that train), not over members
+        still starting: those would shift the union, and with it each peer's
+        count of the job's progress, differently on different peers."""
         self.sizes = {p: n for p, n in sizes.items() if p != self.peer_id}
 
     def plan_step(self, members: Sequence[str], global_batch: int) -> None:
-        """Before a step: this peer's weight among `members` and what the step adds to the job's progress."""
-        weights = weigh({**self.sizes, self.peer_id: self.samples}, [*members, self.peer_id], self.spec.weighting)
+        """Before a step: this peer's weight and what the step adds to the job's progress."""
+        peers = [*(members if self.sizes is None else self.sizes), self.peer_id]
+        weights = weigh({**(self.sizes or {}), self.peer_id: self.samples}, peers, self.spec.weighting)
+        if abs(weights.of(self.peer_id) - self.weight) > 1e-3 * self.weight or weights.union != self.union:
+            log.info("local data: LR weight %.3f (%s weighting; %d samples here, %.0f in the union of %d peers)",
+                     weights.of(self.peer_id), self.spec.weighting, self.samples, weights.union, len(weights.lr))
         self.weight, self.union = weights.of(self.peer_id), weights.union
         self.cursor.fraction = global_batch / weights.union

@@ -219,7 +219,7 @@ class Worker:
             # will read their shares once they serve.
             members = sorted({*self.link.members, *view})
             plan = self._plan(members)
-            self.trainer.set_data_sizes(self.link.data_sizes)
+            self.trainer.set_data_sizes({p: self.link.data_sizes.get(p, 0) for p in view})
             for _ in range(self.spec.gossip.period_steps):
                 await asyncio.to_thread(self.trainer.step, members, len(view), plan)
             self.round += 1

@@ -302,7 +302,8 @@ class Trainer:
         return micro.step_size / (plan.total / len(plan.ids)) if plan is not None else 1.0
 
     def set_data_sizes(self, sizes: dict[str, int]) -> None:
-        """local mode: the members' published data set sizes (for the weights and the union)."""
+        """local mode: the peers this one averages with and their published data
+        set sizes (for the weights and the union); by default every member."""
         if self.local is not None:
             self.local.set_sizes(sizes)
 
