@@ -200,3 +200,57 @@ def test_no_training_sample_is_ever_on_the_wire_and_a_peer_without_data_is_refus
     # own solutions are ≥ 0.9 away from it), not at either's own.
     for model in models:
         assert (model - pooled(data)).norm() < 0.1, (model, pooled(data))
+
+
+def test_elastic_join_and_a_daemon_restart_with_local_data(local_cluster, tmp_path):
+    """peer-0 and peer-1 start; peer-2 joins late and takes the job's state; peer-1's
+    daemon is killed (-9) and restarted, and resumes from the others. Each keeps
+    its own data throughout, and the job ends near the pooled solution of all three."""
+    roots = [tmp_path / f"data-{k}" for k in range(3)]
+    data = [write_peer_data(roots[k], SIZES[k], TRUTH[k], seed=k) for k in range(3)]
+    cluster = local_cluster(3, settings=lambda peer: {"data": {"root": str(roots[peer.index])}},
+                            slowdowns=(6.0,) * 3)
+    first, restarted, late = cluster.peers
+    wait_for(lambda: all(cluster.client(p).status().peers_known == 2 for p in cluster.peers), 30, "discovery")
+    secret = tmp_path / "job.secret"
+    create_secret_file(secret)
+    text = job_text("elastic-local", secret, 500)
+    for peer in (first, restarted):
+        cluster.client(peer).join(text, JOBCODE)
+
+    def job(peer):
+        jobs = cluster.client(peer).status().jobs
+        return jobs[0] if jobs else None
+
+    def log(peer) -> str:
+        path = peer.dir / "state" / "jobs" / "elastic-local" / "worker.log"
+        return path.read_text() if path.exists() else ""
+
+    def rounds_past(peers, n):
+        return lambda: all((j := job(p)) and j.state == "running" and j.progress.round >= n for p in peers)
+
+    wait_for(rounds_past((first, restarted), 100), 120, "the first two to train 100 rounds")
+    cluster.client(late).join(text, JOBCODE)
+    wait_for(lambda: "joining: took the state of round" in log(late), 120, "the late joiner to take the state")
+    at_join = job(first).progress.round
+    wait_for(rounds_past(cluster.peers, at_join + 100), 120, "all three to train 100 rounds together")
+    took = log(restarted).count("joining: took the state of round")
+    restarted.process.kill()  # kill -9 of the whole daemon: its worker dies with it
+    restarted.process.wait()
+    cluster.start(restarted)
+    cluster.wait_ready()
+    wait_for(lambda: log(restarted).count("joining: took the state of round") > took, 120,
+             "the restarted daemon's worker to resume from the others")
+
+    def finished():
+        jobs = [job(p) for p in cluster.peers]
+        assert all(j is None or j.state not in ("failed",) for j in jobs), jobs
+        return all(j and j.state == "finished" for j in jobs) and jobs
+
+    jobs = wait_for(finished, 400, "all three to finish")
+    assert [j.progress.data_samples for j in jobs] == SIZES
+    for peer, n in zip(cluster.peers, SIZES):
+        assert f"LR weight {n / 80:.3f} (samples weighting; {n} samples here, 240 in the union of 3 peers)" in log(peer)
+    target = pooled(data)
+    for peer in cluster.peers:
+        assert (model_of(peer, "elastic-local") - target).norm() < 0.1, (model_of(peer, "elastic-local"), target)
