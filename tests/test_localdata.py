@@ -281,3 +281,38 @@ def test_peerctl_writes_a_secret_only_its_owner_can_read(tmp_path, capsys):
     path.chmod(0o644)
     assert peerctl.main(["secret", "--force", str(path)]) == 0
     assert load_secret(path) != first and stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+# --- the non-IID digits -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("peers", [1, 3, 5, 10])
+def test_the_digits_split_by_label_gives_every_class_to_exactly_one_peer(peers):
+    from peerd.examples.noniid import classes_of
+
+    held = [classes_of(k, peers) for k in range(peers)]
+    assert sorted(c for h in held for c in h) == list(range(10))
+    assert all(h for h in held) and max(map(len, held)) - min(map(len, held)) <= 1
+
+
+def test_peerd_cluster_writes_each_peers_digits_and_a_secret(tmp_path):
+    import numpy as np
+
+    from peerd.cluster import builtin_job, local_data_settings
+    from peerd.errors import PeerdError
+    from peerd.jobspec import load_job
+
+    spec, _ = load_job(builtin_job("digits-noniid"))
+    settings = local_data_settings(spec, tmp_path, 3)
+    labels = [set(np.load(tmp_path / f"peer-{k}" / "data" / "digits" / "train.npz")["labels"]) for k in range(3)]
+    assert labels == [{0, 1, 2, 3}, {4, 5, 6}, {7, 8, 9}]
+    assert (tmp_path / "job.secret").stat().st_mode & 0o077 == 0
+
+    class Peer:
+        index = 1
+    assert settings(Peer()) == {"data": {"root": str(tmp_path / "peer-1" / "data")},
+                                "auth": {"job_secret_file": str(tmp_path / "job.secret")}}
+    mnist, _ = load_job(builtin_job("mnist"))
+    assert local_data_settings(mnist, tmp_path, 3) is None
+    with pytest.raises(PeerdError, match="among 1..10 peers"):
+        local_data_settings(spec, tmp_path, 11)
