@@ -316,3 +316,17 @@ def test_peerd_cluster_writes_each_peers_digits_and_a_secret(tmp_path):
     assert local_data_settings(mnist, tmp_path, 3) is None
     with pytest.raises(PeerdError, match="among 1..10 peers"):
         local_data_settings(spec, tmp_path, 11)
+
+
+def test_loader_workers_count_the_jobs_progress_from_the_first_step(tmp_path):
+    """Worker processes read batches ahead as soon as the loader starts: each of
+    those steps must already count its share of the union."""
+    write_data(tmp_path)
+    text = job_text("samples", epochs=100, lr=0.1, schedule="constant") + "[data]\nloader_workers = 1\n"
+    t = trainers(text, tmp_path)[0]
+    try:
+        for _ in range(3):
+            t.step(MEMBERS)
+        assert t.progress == pytest.approx(3 * 15 / 75)
+    finally:
+        t.close()

@@ -218,14 +218,14 @@ class Trainer:
         the models gives the large-batch step on the union of the samples."""
         started = time.perf_counter()
         self.view.members, self.view.plan = members, plan
-        if self._loader_iter is None:
-            self._loader_iter = self._loader()
         if plan is not None:
             global_batch = plan.total
         else:
             global_batch = self.spec.local_batch * (trainers or len(set(members)))
-        if self.local is not None:
+        if self.local is not None:  # before the loader: its workers read ahead at once
             self.local.plan_step(members, global_batch)
+        if self._loader_iter is None:
+            self._loader_iter = self._loader()
         value, size = self._accumulate(global_batch, plan)
         if size == 0:
             return math.nan
