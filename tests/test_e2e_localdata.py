@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -204,17 +205,20 @@ def test_no_training_sample_is_ever_on_the_wire_and_a_peer_without_data_is_refus
 
 def test_elastic_join_and_a_daemon_restart_with_local_data(local_cluster, tmp_path):
     """peer-0 and peer-1 start; peer-2 joins late and takes the job's state; peer-1's
-    daemon is killed (-9) and restarted, and resumes from the others. Each keeps
-    its own data throughout, and the job ends near the pooled solution of all three."""
+    daemon is killed (-9) and restarted, and resumes from the others. DBS sizes the
+    batches by measured speed, which must not change whose data counts how much. Each keeps its own data throughout, and the job ends near
+    the pooled solution of all three."""
     roots = [tmp_path / f"data-{k}" for k in range(3)]
     data = [write_peer_data(roots[k], SIZES[k], TRUTH[k], seed=k) for k in range(3)]
     cluster = local_cluster(3, settings=lambda peer: {"data": {"root": str(roots[peer.index])}},
-                            slowdowns=(6.0,) * 3)
+                            slowdowns=(6.0, 6.0, 12.0))
     first, restarted, late = cluster.peers
     wait_for(lambda: all(cluster.client(p).status().peers_known == 2 for p in cluster.peers), 30, "discovery")
     secret = tmp_path / "job.secret"
     create_secret_file(secret)
-    text = job_text("elastic-local", secret, 500)
+    # DBS on; batches of at least 6, as a batch of 1 on a peer of weight 1.5 makes
+    # the end of the job noisy enough to miss the bound below (seen: 0.25 off).
+    text = job_text("elastic-local", secret, 500, global_batch=24, min_local_batch=6)
     for peer in (first, restarted):
         cluster.client(peer).join(text, JOBCODE)
 
@@ -249,6 +253,11 @@ def test_elastic_join_and_a_daemon_restart_with_local_data(local_cluster, tmp_pa
 
     jobs = wait_for(finished, 400, "all three to finish")
     assert [j.progress.data_samples for j in jobs] == SIZES
+    # DBS was in force with all three and gave them unequal batches (from speeds
+    # measured on steps this small they follow noise as much as the slowdowns) ...
+    plans = re.findall(r"batches peer-0=(\d+) peer-1=(\d+) peer-2=(\d+) \(global 24\)", log(first))
+    assert any(len(set(plan)) > 1 for plan in plans), plans
+    # ... and the weights stayed by data:
     for peer, n in zip(cluster.peers, SIZES):
         assert f"LR weight {n / 80:.3f} (samples weighting; {n} samples here, 240 in the union of 3 peers)" in log(peer)
     target = pooled(data)
