@@ -330,3 +330,19 @@ def test_loader_workers_count_the_jobs_progress_from_the_first_step(tmp_path):
         assert t.progress == pytest.approx(3 * 15 / 75)
     finally:
         t.close()
+
+
+def test_the_random_split_gives_disjoint_equal_slices_of_every_class(tmp_path):
+    import numpy as np
+
+    from peerd.examples.noniid import write_split
+
+    roots = [tmp_path / f"s{k}" for k in range(4)]
+    assert write_split(roots, by_label=False) == [1000] * 4
+    parts = [np.load(r / "digits" / "train.npz") for r in roots]
+    assert all(set(p["labels"]) == set(range(10)) for p in parts)
+    from peerd.examples.noniid import TEST_SIZE, bundled
+
+    _, labels = bundled()  # every training digit in exactly one slice: the label counts add up
+    assert (np.bincount(np.concatenate([p["labels"] for p in parts]), minlength=10)
+            == np.bincount(labels[TEST_SIZE:], minlength=10)).all()
