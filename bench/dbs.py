@@ -48,6 +48,12 @@ import time
 import tomllib
 from pathlib import Path
 
+import tomli_w
+from _harness import poll_until
+
+from peerd.core.codes import ENDED_STATES, WorkerState
+from peerd.interrupts import raise_interrupt
+
 REPO = Path(__file__).resolve().parents[1]
 
 POLL_S = 0.5
@@ -206,11 +212,7 @@ def job_text(args: argparse.Namespace, dbs: bool, period: int) -> str:
                        min_local_batch=4, rebalance_rounds=args.rebalance_rounds, rebalance_threshold=0.1)
     data["optimizer"].update(lr=args.lr, reference_batch=args.global_batch, schedule="cosine")
     data["gossip"].update(period_steps=period)
-    lines = []
-    for table, values in data.items():
-        lines.append(f"[{table}]")
-        lines += [f"{k} = {json.dumps(v)}" for k, v in values.items()]
-    return "\n".join(lines) + "\n"
+    return tomli_w.dumps(data)
 
 
 def run_peerd(args: argparse.Namespace, variant: str) -> dict:
@@ -223,7 +225,7 @@ def run_peerd(args: argparse.Namespace, variant: str) -> dict:
     text = job_text(args, dbs=kind == "dbs", period=int(period or args.period_steps))
     with LocalCluster(len(args.slowdown_list), args.out / variant, slowdowns=args.slowdown_list) as cluster:
         cluster.wait_ready()
-        _until(lambda: all(cluster.client(p).status().peers_known == len(cluster.peers) - 1 for p in cluster.peers),
+        poll_until(lambda: all(cluster.client(p).status().peers_known == len(cluster.peers) - 1 for p in cluster.peers),
                30, "discovery")
         for peer in cluster.peers:
             with cluster.client(peer) as c:
@@ -241,10 +243,10 @@ def run_peerd(args: argparse.Namespace, variant: str) -> dict:
                 accs = [j.progress.metric for j in progress]
                 if all(a == a for a in accs):
                     curve.append((t, sum(accs) / len(accs)))
-                if t > args.budget or all(j.state in ("finished", "failed", "stopped") for j in progress):
+                if t > args.budget or all(j.state in ENDED_STATES for j in progress):
                     break
             time.sleep(POLL_S)
-        if any(j.state == "failed" for j in progress):
+        if any(j.state == WorkerState.FAILED for j in progress):
             raise RuntimeError(f"{variant}: a worker failed; see {args.out / variant}")
     wall = rows[-1][0][0]
     last = _last_training(rows)
@@ -267,17 +269,9 @@ def _last_training(rows: list[list[tuple]]) -> list[tuple]:
     last = list(rows[0])
     for row in rows:
         for k, (t, state, p) in enumerate(row):
-            if state == "running" and p.phase == "training":
+            if state == WorkerState.RUNNING and p.phase == "training":
                 last[k] = (t, state, p)
     return last
-
-
-def _until(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out waiting for {what}")
-        time.sleep(POLL_S)
 
 
 # ---- report ------------------------------------------------------------------
@@ -336,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args.out = args.out or REPO / "runs" / time.strftime("dbs-%Y%m%d-%H%M%S")
     args.out.mkdir(parents=True, exist_ok=True)
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    signal.signal(signal.SIGTERM, raise_interrupt)
     results = []
     for variant in args.variants.split(","):
         started = time.monotonic()

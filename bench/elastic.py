@@ -70,13 +70,13 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import tomli_w
+from _harness import ROOT, daemons_alive, poll_until, took_state
 
-from peerd.client import ControlClient  # noqa: E402
-from peerd.cluster import LocalCluster, default_job  # noqa: E402
-from peerd.errors import DaemonNotRunning, PeerdError  # noqa: E402
+from peerd.client import ControlClient
+from peerd.cluster import LocalCluster, default_job
+from peerd.errors import PeerdError
+from peerd.interrupts import raise_interrupt
 
 # One job name for every variant: the data order (my_shard) and the gossip
 # partners (plan_round) are seeded by the job's name, so equal names mean equal
@@ -145,20 +145,7 @@ def job_text(args: argparse.Namespace, ramp_steps: int) -> str:
     # reference_batch 64 = 2 peers × local batch 32: the LR is args.lr with the
     # first two peers, and the linear scaling rule doubles it with four.
     data["optimizer"].update(lr=args.lr, schedule=args.schedule, reference_batch=64, ramp_steps=ramp_steps)
-    lines = []
-    for table, values in data.items():
-        lines.append(f"[{table}]")
-        lines += [f"{k} = {_toml(v)}" for k, v in values.items()]
-        lines.append("")
-    return "\n".join(lines)
-
-
-def _toml(value: object) -> str:
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, str):
-        return json.dumps(value)  # a JSON string is a valid TOML basic string
-    return repr(value)
+    return tomli_w.dumps(data)
 
 
 # ---------------------------------------------------------------- one run
@@ -227,7 +214,7 @@ def run_variant(args: argparse.Namespace, run: Run, out: Path) -> None:
         clients = [ControlClient(p.socket, timeout_s=3.0) for p in cluster.peers]
         try:
             try:
-                _wait(lambda: _alive(cluster) and all(c.status().peers_known == N_DAEMONS - 1 for c in clients),
+                poll_until(lambda: daemons_alive(cluster) and all(c.status().peers_known == N_DAEMONS - 1 for c in clients),
                       DISCOVERY_S, "every daemon to discover the other three")
             except PeerdError as exc:
                 raise StartupFailed(str(exc)) from None
@@ -261,7 +248,7 @@ def run_variant(args: argparse.Namespace, run: Run, out: Path) -> None:
                         for r in rows if r["state"] not in ABSENT), flush=True)
                 if any(r["state"] == "failed" for r in rows):
                     raise PeerdError(f"{run.label}: a worker failed; see the logs in {out}")
-                _alive(cluster)
+                daemons_alive(cluster)
                 active = [r for r in rows if r["state"] not in ABSENT]
                 if active and all(r["state"] in DONE_STATES for r in active) and not (
                         leave_thread and leave_thread.is_alive()):
@@ -284,27 +271,7 @@ def run_variant(args: argparse.Namespace, run: Run, out: Path) -> None:
                 e["error"] = leave_result.get("error", "")
     for e in run.events:  # the newcomers' own logs confirm they continued from the job's state
         if e["kind"] == "join":
-            e["took_state"] = [_took_state(out / f"peer-{i}") for i in e["peers"]]
-
-
-def _wait(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if predicate():
-                return
-        except DaemonNotRunning:  # its control socket is not up yet
-            pass
-        time.sleep(0.2)
-    raise PeerdError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-
-
-def _alive(cluster: LocalCluster) -> bool:
-    for peer in cluster.peers:
-        if peer.process.poll() is not None:
-            raise PeerdError(f"{peer.peer_id}'s daemon exited with {peer.process.returncode}; "
-                             f"see {peer.dir / 'daemon.log'}")
-    return True
+            e["took_state"] = [took_state(out / f"peer-{i}", JOB) for i in e["peers"]]
 
 
 def _all_reached(rows: list[dict], peers: tuple[int, ...], round_: int) -> bool:
@@ -327,7 +294,7 @@ def _join_newcomers(clients: list[ControlClient], run: Run, rows: list[dict]) ->
     run.events.append(_event(run, "join", rows, list(NEWCOMERS), FIRST))
     for i in NEWCOMERS:
         # The daemon learns of the job from its Hello replies; join_by_name fails until then.
-        _wait(lambda: any(j.name == JOB for j in clients[i].jobs().jobs), JOIN_VISIBLE_S,
+        poll_until(lambda: any(j.name == JOB for j in clients[i].jobs().jobs), JOIN_VISIBLE_S,
               f"peer-{i}'s daemon to see job {JOB!r}")
         clients[i].join_by_name(JOB)
 
@@ -356,16 +323,6 @@ def _track(run: Run, rows: list[dict]) -> None:
                 e["batch_after"] = moved[0]["global_batch"]
         if e["kind"] == "join" and math.isnan(e["arrived_t"]) and all(training(rows[i]) for i in e["peers"]):
             e["arrived_t"], e["arrived_round"] = run.t(), min(r["round"] for r in inc)
-
-
-def _took_state(peer_dir: Path) -> str:
-    log = peer_dir / "state" / "jobs" / JOB / "worker.log"
-    if not log.exists():
-        return ""
-    for line in log.read_text(errors="replace").splitlines():
-        if "joining: took the state of round" in line:
-            return line.split(" INFO ", 1)[-1]
-    return ""
 
 
 # ---------------------------------------------------------------- figures
@@ -666,10 +623,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     print(f"elastic benchmark: {', '.join(args.variants)} × {args.repeats}; out {out}", flush=True)
 
-    def interrupt(*_):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)  # SIGTERM stops the clusters as Ctrl+C does
+    previous = signal.signal(signal.SIGTERM, raise_interrupt)  # SIGTERM stops the clusters as Ctrl+C does
     runs: list[Run] = []
     try:
         for repeat in range(1, args.repeats + 1):

@@ -34,21 +34,13 @@ uses file:// and GLOO_SOCKET_IFNAME=lo.
 from __future__ import annotations
 
 import argparse
-import math
 import multiprocessing
 import os
-import queue
-import signal
 import statistics
-import sys
 import tempfile
 import time
-import traceback
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from _harness import collect, quantile, rank_entry, reap, run_main, stop_resource_tracker
 
 METHODS = ("hier", "crossover", "gloo")
 BARRIER_TIMEOUT_S = 180.0
@@ -79,7 +71,8 @@ def _peerd(mode: str, rank: int, cfg: dict, barrier, conn) -> dict:
     from peerd.worker.hierarchy import hierarchical_round
     from peerd.worker.snapshots import Identity, SegmentServer, SnapshotStore, StageStore
     from peerd.worker.state import StateBoard, StateServer
-    from peerd.worker.transport import GrpcTransport, start_exchange_server
+    from peerd.worker.exchange_server import start_exchange_server
+    from peerd.worker.transport import GrpcTransport
 
     numel, segments, procs = cfg["numel"], cfg["segments"], cfg["procs"]
     chunk_elems = cfg["chunk_kib"] * 1024 // 4
@@ -179,20 +172,12 @@ def _gloo(rank: int, cfg: dict, barrier, conn) -> dict:
 
 
 def _worker(method: str, rank: int, cfg: dict, barrier, results, conn) -> None:
-    try:
-        import torch
-
-        torch.set_num_threads(1)
-        if method == "gloo":
-            out = _gloo(rank, cfg, barrier, conn)
-        else:
-            out = _peerd(method, rank, cfg, barrier, conn)
-        results.put({"rank": rank, "ok": True, **out})
-    except Exception:
-        barrier.abort()
-        results.put({"rank": rank, "ok": False, "error": traceback.format_exc()})
-    finally:
-        conn.close()
+    """Entry point of a spawned process: report a result dict or the error."""
+    if method == "gloo":
+        run = lambda: _gloo(rank, cfg, barrier, conn)  # noqa: E731
+    else:
+        run = lambda: _peerd(method, rank, cfg, barrier, conn)  # noqa: E731
+    rank_entry(run, rank, barrier, results, conn)
 
 
 def run_method(method: str, cfg: dict) -> dict:
@@ -203,7 +188,6 @@ def run_method(method: str, cfg: dict) -> dict:
     pipes = [ctx.Pipe(duplex=True) for _ in range(n)]
     procs = [ctx.Process(target=_worker, args=(method, r, cfg, barrier, results, pipes[r][1]),
                          name=f"bench-{method}-{r}", daemon=True) for r in range(n)]
-    got: dict[int, dict] = {}
     try:
         for p in procs:
             p.start()
@@ -216,46 +200,14 @@ def run_method(method: str, cfg: dict) -> dict:
                 addresses[f"p{r}"] = parent.recv()
             for parent, _ in pipes:
                 parent.send(addresses)
-        while len(got) < n:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{method}: no result after {cfg['method_timeout_s']:.0f} s")
-            try:
-                msg = results.get(timeout=0.5)
-            except queue.Empty:
-                dead = [p.name for p in procs if p.exitcode not in (None, 0)]
-                if dead:
-                    raise RuntimeError(f"{method}: {', '.join(dead)} died without a result") from None
-                continue
-            if not msg["ok"]:
-                raise RuntimeError(f"{method} rank {msg['rank']} failed:\n{msg['error']}")
-            got[msg["rank"]] = msg
-        for p in procs:
-            p.join(30)
+        got = collect(method, procs, results, deadline)
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-                p.join(5)
-            if p.is_alive():
-                p.kill()
-                p.join(5)
-        for a, b in pipes:
-            a.close()
-            b.close()
-        results.close()
-        results.cancel_join_thread()
+        reap(procs, [end for pipe in pipes for end in pipe], results)
     if method != "crossover" and len({(g["checksum"], tuple(g["head"])) for g in got.values()}) != 1:
         raise AssertionError(f"{method}: the processes hold different results")
     ranks = [got[r] for r in range(n)]
     return {"times": [max(ts) for ts in zip(*(g["times"] for g in ranks))],
             "cpu": [max(cs) for cs in zip(*(g["cpu"] for g in ranks))]}
-
-
-def quantile(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    pos = q * (len(s) - 1)
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -311,15 +263,5 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
-
-
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        code = main()
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        code = 130
-    sys.exit(code)
+    run_main(main, after=stop_resource_tracker)

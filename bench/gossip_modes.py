@@ -69,9 +69,13 @@ for path in (ROOT, ROOT / "bench"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
+import tomli_w  # noqa: E402
+from _harness import daemons_alive, poll_until, took_state  # noqa: E402
+
 from peerd.client import ControlClient  # noqa: E402
 from peerd.cluster import LocalCluster, default_job  # noqa: E402
-from peerd.errors import DaemonNotRunning, PeerdError  # noqa: E402
+from peerd.errors import PeerdError  # noqa: E402
+from peerd.interrupts import raise_interrupt  # noqa: E402
 
 JOB = "gossip-modes"
 # name -> [gossip] keys that differ from the example job's
@@ -129,20 +133,7 @@ def job_text(args: argparse.Namespace, variant: str) -> str:
     data["job"].update(name=JOB, seed=args.seed, init=args.init, epochs=float(args.epochs),
                        eval_every_rounds=args.eval_every)
     data["gossip"].update(group_size=args.group_size, **VARIANTS[variant])
-    lines = []
-    for table, values in data.items():
-        lines.append(f"[{table}]")
-        lines += [f"{k} = {_toml(v)}" for k, v in values.items()]
-        lines.append("")
-    return "\n".join(lines)
-
-
-def _toml(value: object) -> str:
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, str):
-        return json.dumps(value)  # a JSON string is a valid TOML basic string
-    return repr(value)
+    return tomli_w.dumps(data)
 
 
 # ---------------------------------------------------------------- one run
@@ -159,7 +150,7 @@ def run_variant(args: argparse.Namespace, variant: str, out: Path) -> tuple[list
         cluster.wait_ready()
         clients = [ControlClient(p.socket, timeout_s=3.0) for p in cluster.peers]
         try:
-            _wait(lambda: _alive(cluster) and all(c.status().peers_known == n - 1 for c in clients),
+            poll_until(lambda: daemons_alive(cluster) and all(c.status().peers_known == n - 1 for c in clients),
                   DISCOVERY_S, f"every daemon to discover the other {n - 1}")
             started = time.monotonic()
             for c in clients:
@@ -176,7 +167,7 @@ def run_variant(args: argparse.Namespace, variant: str, out: Path) -> tuple[list
                         for r in polled), flush=True)
                 if any(r["state"] == "failed" for r in polled):
                     raise PeerdError(f"{variant}: a worker failed; see the logs in {out}")
-                _alive(cluster)
+                daemons_alive(cluster)
                 if all(r["state"] in DONE_STATES for r in polled):
                     break
                 if t > args.time_limit:
@@ -204,7 +195,7 @@ def run_variant(args: argparse.Namespace, variant: str, out: Path) -> tuple[list
         "train_t0": train_t0, "finish_t": finish_t,
         "steps": [r["step"] for r in last], "rounds": [r["round"] for r in last],
         "misses": [r["misses"] for r in last],
-        "took_state": [p.peer_id for p in cluster.peers if _took_state(p.dir)],
+        "took_state": [p.peer_id for p in cluster.peers if took_state(p.dir, JOB)],
         "final_accuracy": [r["accuracy"] for r in last if r["state"] == "finished"],
         **consensus([m for m in models if m.exists()]),
     }
@@ -232,13 +223,6 @@ def poll(clients: list[ControlClient], variant: str, t: float) -> list[dict]:
     return rows
 
 
-def _took_state(peer_dir: Path) -> bool:
-    """The worker started while others trained, so it continued from their state
-    instead of its own initial model (peerd's joining rule)."""
-    log = peer_dir / "state" / "jobs" / JOB / "worker.log"
-    return log.exists() and "joining: took the state" in log.read_text(errors="replace")
-
-
 def consensus(paths: list[Path]) -> dict:
     """Mean distance of the peers' final parameters from their average, relative to its norm."""
     import torch
@@ -255,26 +239,6 @@ def consensus(paths: list[Path]) -> dict:
     distances = torch.linalg.vector_norm(stack - mean, dim=1) / torch.linalg.vector_norm(mean)
     return {"consensus_distance": float(distances.mean()), "numel": int(mean.numel()),
             "saved_rounds": [int(torch.load(p, map_location="cpu", weights_only=True)["round"]) for p in paths]}
-
-
-def _wait(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if predicate():
-                return
-        except DaemonNotRunning:
-            pass
-        time.sleep(0.2)
-    raise PeerdError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-
-
-def _alive(cluster: LocalCluster) -> bool:
-    for peer in cluster.peers:
-        if peer.process.poll() is not None:
-            raise PeerdError(f"{peer.peer_id}'s daemon exited with {peer.process.returncode}; "
-                             f"see {peer.dir / 'daemon.log'}")
-    return True
 
 
 # ---------------------------------------------------------------- traffic
@@ -423,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     out = args.out or ROOT / "runs" / time.strftime("gossip-modes-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
-    previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    previous = signal.signal(signal.SIGTERM, raise_interrupt)
     history: list[dict] = []
     settings = {k: (",".join(v) if isinstance(v, list) else str(v)) for k, v in vars(args).items()}
     summary: dict = {"args": settings, "runs": []}

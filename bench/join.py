@@ -25,12 +25,12 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-JOBS = Path(__file__).resolve().parent / "jobs"
-sys.path.insert(0, str(ROOT))
+from _harness import poll_until
 
-from peerd.cluster import LocalCluster  # noqa: E402
-from peerd.errors import PeerdError  # noqa: E402
+from peerd.cluster import LocalCluster
+from peerd.errors import PeerdError
+
+JOBS = Path(__file__).resolve().parent / "jobs"
 
 JOB = f"""\
 [job]
@@ -54,15 +54,6 @@ def stamp_of(log: str, needle: str) -> float:
     raise PeerdError(f"no {needle!r} in the newcomer's log")
 
 
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(0.1)
-    raise PeerdError(f"timed out waiting for {what}")
-
-
 def one_case(donors: int, standby: bool, out: Path) -> dict[str, float]:
     # Only the newcomer may keep a standby worker: the donors' would only load the machine.
     settings = lambda peer: {"worker": {"standby": standby and peer.index == donors}}  # noqa: E731
@@ -71,21 +62,21 @@ def one_case(donors: int, standby: bool, out: Path) -> dict[str, float]:
         *givers, newcomer = cluster.peers
         if standby:
             daemon_log = newcomer.dir / "daemon.log"
-            wait_for(lambda: "standby worker pid" in daemon_log.read_text(), 30, "the newcomer's standby")
-        wait_for(lambda: all(cluster.client(p).status().peers_known == donors for p in cluster.peers), 30, "discovery")
+            poll_until(lambda: "standby worker pid" in daemon_log.read_text(), 30, "the newcomer's standby")
+        poll_until(lambda: all(cluster.client(p).status().peers_known == donors for p in cluster.peers), 30, "discovery")
         for peer in givers:
             cluster.client(peer).join(JOB)
 
         def rounds() -> int:
             return min((cluster.client(p).status().jobs or [None])[0].progress.round for p in givers)
 
-        wait_for(lambda: rounds() >= 20, 180, "the donors to pass round 20")
-        wait_for(lambda: any(j.name == "join-bench" for j in cluster.client(newcomer).jobs().jobs), 30,
+        poll_until(lambda: rounds() >= 20, 180, "the donors to pass round 20")
+        poll_until(lambda: any(j.name == "join-bench" for j in cluster.client(newcomer).jobs().jobs), 30,
                  "the newcomer's daemon to see the job")
         started = time.time()
         cluster.client(newcomer).join_by_name("join-bench")
         log_path = newcomer.dir / "state" / "jobs" / "join-bench" / "worker.log"
-        log = wait_for(lambda: log_path.exists() and "training from round" in (t := log_path.read_text()) and t,
+        log = poll_until(lambda: log_path.exists() and "training from round" in (t := log_path.read_text()) and t,
                        120, "the newcomer's first step")
         pulled = re.search(r"took the state of round \d+ .* from (.*) in ([\d.]+)s", log)
         if pulled is None or len(pulled.group(1).split(", ")) != donors:

@@ -42,7 +42,8 @@ from peerd.worker.gossip import RoundResult, gossip_round  # noqa: E402
 from peerd.worker.hierarchy import hierarchical_round  # noqa: E402
 from peerd.worker.snapshots import Identity, SegmentServer, SnapshotStore, StageStore  # noqa: E402
 from peerd.worker.state import StateBoard, StateServer  # noqa: E402
-from peerd.worker.transport import GrpcTransport, MemoryTransport, start_exchange_server  # noqa: E402
+from peerd.worker.exchange_server import start_exchange_server  # noqa: E402
+from peerd.worker.transport import GrpcTransport, MemoryTransport  # noqa: E402
 
 WIRE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 JOB = "traffic"

@@ -93,5 +93,9 @@ class ControlClient:
         """Join a job already running on the LAN, with the spec taken from a peer."""
         return self._call("Join", control_pb2.JoinRequest(name=name))
 
+    def export(self, name: str, path: str) -> control_pb2.ExportReply:
+        """Have the job's worker write its current model to `path` (a plain state_dict)."""
+        return self._call("Export", control_pb2.ExportRequest(name=name, path=path), timeout=150.0)
+
     def leave(self, name: str, drain: bool = False) -> None:
         self._call("Leave", control_pb2.LeaveRequest(name=name, drain=drain), timeout=150.0)

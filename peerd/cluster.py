@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import csv
 import math
-import os
 import secrets
 import shutil
 import signal
@@ -25,19 +24,21 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+import tomli_w
 from rich import box
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
 from peerd.client import ControlClient
+from peerd.core.codes import ENDED_STATES, ExitCode
 from peerd.errors import PeerdError
+from peerd.interrupts import raise_interrupt
 from peerd.jobspec import load_job
 
 POLL_S = 0.5
 START_TIMEOUT_S = 30.0
 DISCOVERY_TIMEOUT_S = 20.0
-DONE_STATES = {"finished", "failed", "stopped"}
 
 
 def default_job() -> Path:
@@ -132,19 +133,7 @@ def _write_config(peer: Peer, realm: str, settings: Settings | None = None) -> N
         tables["worker"]["slowdown"] = peer.slowdown
     for table, values in (settings(peer) if settings else {}).items():
         tables.setdefault(table, {}).update(values)
-    (peer.dir / "peerd.toml").write_text("".join(
-        f"[{table}]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in values.items()) + "\n"
-        for table, values in tables.items()))
-
-
-def _toml(value: object) -> str:
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
-    return repr(value)
+    (peer.dir / "peerd.toml").write_text(tomli_w.dumps(tables))
 
 
 class LocalCluster:
@@ -348,12 +337,12 @@ def run_cluster(args: argparse.Namespace) -> int:
         spec, text = load_job(job_path)
     except PeerdError as exc:
         console.print(f"[red]peerd cluster: {exc}")
-        return 2
+        return ExitCode.CONFIG
     console.print(f"starting {args.peers} peerd daemons on 127.0.0.1 for job [bold]{spec.name}[/] ({job_path}); logs in {out}")
     history: list[dict] = []
     rows: list[dict] = []
     started = time.monotonic()
-    previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    previous = signal.signal(signal.SIGTERM, raise_interrupt)
     try:
         local = local_data_settings(spec, out, args.peers, args.workers)
 
@@ -407,7 +396,7 @@ def _follow(cluster: LocalCluster, spec, started: float, limit: float, history: 
                     f"{r['peer']} {r['state']} ep {r['epoch']} step {r['step']} loss {_f(r['loss'], 3)} "
                     f"{_f(r['samples_per_s'], 0)}/s partners {r['partners']} {short} {_f(r['metric'], 3)}"
                     for r in rows))
-            if all(r["state"] in DONE_STATES for r in rows):
+            if all(r["state"] in ENDED_STATES for r in rows):
                 return rows
             if elapsed > limit:
                 console.print(f"[yellow]time limit of {limit:.0f}s reached")

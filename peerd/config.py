@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from peerd.core.names import PEER_ID_RULE, valid_address, valid_peer_id
 from peerd.errors import ConfigError
 from peerd.tls import TlsSettings
 from peerd.tomlconf import Table, read_toml_file
@@ -79,7 +80,8 @@ def parse_config(data: dict, source: str) -> DaemonConfig:
     config = DaemonConfig(
         state_dir=Path(daemon.get("state_dir", str, str(d.state_dir))),
         control_socket=Path(daemon.get("control_socket", str, str(d.control_socket))),
-        peer_id=daemon.get("peer_id", str, "", check=_valid_peer_id, expect="1-63 letters, digits or '-'"),
+        peer_id=daemon.get("peer_id", str, "", check=lambda v: v == "" or valid_peer_id(v),
+                             expect=PEER_ID_RULE),
         host=daemon.get("host", str, d.host, check=_is_ip, expect="an IP address"),
         peer_port=daemon.get("peer_port", int, 0, check=lambda v: 0 <= v < 65536, expect="a port 0..65535"),
         locality=daemon.get("locality", str, ""),
@@ -102,7 +104,7 @@ def parse_config(data: dict, source: str) -> DaemonConfig:
                             expect="a number in 1..1000 (a testing knob: 1 is full speed)"),
         stop_timeout_s=daemon.get("stop_timeout_s", float, d.stop_timeout_s, **positive),
         zeroconf=discovery.get("zeroconf", bool, True),
-        seeds=tuple(discovery.get("seeds", list, [], check=lambda v: all(_is_host_port(x) for x in v),
+        seeds=tuple(discovery.get("seeds", list, [], check=lambda v: all(valid_address(x) for x in v),
                                   expect='a list of "host:port" (an IP address, or "[v6]:port")')),
         metrics_host=metrics.get("host", str, d.metrics_host, check=_is_ip, expect="an IP address"),
         metrics_port=metrics.get("port", int, 0, check=lambda v: 0 <= v < 65536, expect="a port 0..65535 (0: off)"),
@@ -212,15 +214,3 @@ def _is_ip(value: str) -> bool:
         return False
     return True
 
-
-def _is_host_port(value: object) -> bool:
-    if not isinstance(value, str) or ":" not in value:
-        return False
-    host, _, port = value.rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    return _is_ip(host) and port.isdigit() and 0 < int(port) < 65536
-
-
-def _valid_peer_id(value: str) -> bool:
-    return value == "" or (len(value) <= 63 and all(c.isalnum() or c == "-" for c in value))

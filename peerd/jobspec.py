@@ -11,6 +11,7 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from peerd.core.lr import DEFAULT_LAW, DEFAULT_MAX_SCALE, DEFAULT_RAMP_STEPS, LAWS
 from peerd.errors import ConfigError
 from peerd.tomlconf import Table, load_toml
 
@@ -53,7 +54,11 @@ class OptimizerSpec:
     schedule: str = "cosine"  # "constant", "cosine" or "linear" (both to 0 over the job's epochs)
     warmup_steps: int = 0  # linear warm-up from 0 over this many steps, then the schedule
     reference_batch: int = 0  # global batch `lr` is meant for; 0: no scaling with the peer count
-    ramp_steps: int = 8  # T of Dynamic mini-batch SGD: ramp over T·max(k, 1/k) steps
+    # How the LR follows the global batch k × reference_batch (docs/algorithms.md):
+    # "linear" (k), "sqrt" (√k) or "none", capped to [1/max_scale, max_scale].
+    scaling: str = DEFAULT_LAW
+    max_scale: float = DEFAULT_MAX_SCALE
+    ramp_steps: int = DEFAULT_RAMP_STEPS  # T: ramp over T·max(r, 1/r) steps, r the multiplier's ratio
     # The optimizer class's own keyword arguments (momentum, betas, weight_decay, ...),
     # sorted by name. SGD gets momentum 0.9 unless the job says otherwise.
     options: tuple[tuple[str, object], ...] = (("momentum", 0.9),)
@@ -81,6 +86,9 @@ class GossipSpec:
     chunk_kib: int = 1024  # streamed chunk size; ~1 MiB is the fast spot for gRPC
     deadline_floor_s: float = 0.5
     deadline_ceiling_s: float = 10.0
+    # Run each round's exchange while the next local steps compute, its effect
+    # applied one round late (docs/algorithms.md, "Overlapped rounds").
+    overlap: bool = False
     # Opt-ins beyond the parameters (float tensors only; integer counters are not averaged).
     average_buffers: bool = False  # e.g. BatchNorm running statistics
     average_optimizer_state: bool = False  # e.g. momentum, Adam's moments
@@ -116,6 +124,10 @@ class JobSpec:
     # The job module: make_model, make_datasets, loss, evaluate, ... by name
     # (docs/operations.md, "Job modules"). `model` and `data` override one callable each.
     module: str = ""
+    # Or the user's own training script, which calls peerd.attach (docs/operations.md,
+    # "Script jobs"): a path next to the job file, and its command-line arguments.
+    script: str = ""
+    args: tuple[str, ...] = ()
     model: str = ""  # "module:callable" returning a torch.nn.Module
     data: str = ""  # "module:callable" returning (train, test) datasets
     metric: str = "accuracy"  # the key of evaluate()'s result that progress shows
@@ -136,6 +148,7 @@ class JobSpec:
     rebalance_rounds: int = 10  # re-evaluate the batches every this many rounds
     rebalance_threshold: float = 0.1  # ... and change them only if one moves by more than this (relative)
     epochs: float = 1.0
+    drop_last: bool = False  # skip an epoch's last batch when it is short (BatchNorm cannot train on 1 sample)
     # Each epoch's permutation is read in this many chunks, each split among the
     # members of the moment: a membership change takes effect at the next chunk.
     epoch_chunks: int = 8
@@ -163,6 +176,11 @@ class JobSpec:
             del fields["weighting"]
         canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:32]
+
+    def script_path(self, spec_dir: str) -> Path:
+        """The script, a relative path taken from the job file's directory."""
+        path = Path(self.script).expanduser()
+        return path if path.is_absolute() or not spec_dir else Path(spec_dir) / path
 
     def secret_path(self, spec_dir: str) -> Path | None:
         """The secret file, a relative path taken from the job file's directory."""
@@ -230,7 +248,12 @@ def _parse_optimizer(opt: Table) -> OptimizerSpec:
         warmup_steps=opt.get("warmup_steps", int, 0, check=lambda v: 0 <= v <= 10_000_000, expect="an integer ≥ 0"),
         reference_batch=opt.get("reference_batch", int, 0, check=lambda v: 0 <= v <= 1 << 24,
                                 expect="an integer ≥ 0 (0: no scaling)"),
-        ramp_steps=opt.get("ramp_steps", int, 8, check=lambda v: 0 <= v <= 100_000, expect="an integer ≥ 0"),
+        scaling=opt.get("scaling", str, DEFAULT_LAW, check=lambda v: v in LAWS,
+                        expect=" or ".join(repr(v) for v in LAWS)),
+        max_scale=opt.get("max_scale", float, DEFAULT_MAX_SCALE, check=lambda v: v >= 1,
+                          expect="a number ≥ 1 (inf: no cap)"),
+        ramp_steps=opt.get("ramp_steps", int, DEFAULT_RAMP_STEPS, check=lambda v: 0 <= v <= 100_000,
+                           expect="an integer ≥ 0"),
         options=_optimizer_options(opt, name),
     )
 
@@ -252,6 +275,7 @@ def _parse_gossip(gossip: Table) -> GossipSpec:
                              expect="an integer in 4..16384"),
         deadline_floor_s=gossip.get("deadline_floor_s", float, 0.5, **positive),
         deadline_ceiling_s=gossip.get("deadline_ceiling_s", float, 10.0, **positive),
+        overlap=gossip.get("overlap", bool, False),
         average_buffers=gossip.get("average_buffers", bool, False),
         average_optimizer_state=gossip.get("average_optimizer_state", bool, False),
     )
@@ -286,6 +310,10 @@ def _parse_job_table(job: Table) -> dict[str, object]:
     return dict(
         name=job.get("name", str, check=_NAME.fullmatch, expect="a name of letters, digits, '_', '.', '-' (≤ 63)"),
         module=job.get("module", str, "", check=_module_name, expect="a module name, e.g. 'mylab.jobs.resnet'"),
+        script=job.get("script", str, "", check=lambda v: 0 < len(v) <= 4096 and "\0" not in v and v.endswith(".py"),
+                       expect="the path of a Python script (.py), relative to the job file"),
+        args=tuple(job.get("args", list, [], check=lambda v: all(isinstance(a, str) for a in v),
+                           expect="a list of strings")),
         model=job.get("model", str, "", **entry),
         data=job.get("data", str, "", **entry),
         metric=metric,
@@ -309,6 +337,7 @@ def _parse_job_table(job: Table) -> dict[str, object]:
         rebalance_threshold=job.get("rebalance_threshold", float, 0.1, check=lambda v: 0 <= v <= 10,
                                     expect="a number in [0, 10]"),
         epochs=job.get("epochs", float, 1.0, **positive),
+        drop_last=job.get("drop_last", bool, False),
         epoch_chunks=job.get("epoch_chunks", int, 8, check=lambda v: 1 <= v <= 65536,
                              expect="an integer in 1..65536 (1: one split per epoch)"),
         eval_every_rounds=job.get("eval_every_rounds", int, 100, **positive),
@@ -340,11 +369,22 @@ def parse_job(text: str, source: str) -> JobSpec:
 
 def _check_together(spec: JobSpec, source: str) -> None:
     """Rules that span keys."""
+    if spec.script:
+        if spec.module or spec.model or spec.data:
+            raise ConfigError(f"{source}: job.script runs the script's own loop; "
+                              "drop job.module, job.model and job.data")
+        return _check_batches(spec, source)
+    if spec.args:
+        raise ConfigError(f"{source}: job.args are a script's arguments; set job.script too")
     if not spec.module and not spec.model:
         raise ConfigError(f"{source}: [job] needs module = 'package.module' (the job module), "
-                          "or model = 'module:callable'")
+                          "model = 'module:callable', or script = 'train.py'")
     if not spec.module and not spec.data:
         raise ConfigError(f"{source}: job.data = 'module:callable' is required without a job module")
+    _check_batches(spec, source)
+
+
+def _check_batches(spec: JobSpec, source: str) -> None:
     if spec.global_batch and spec.global_batch < spec.min_local_batch:
         raise ConfigError(f"{source}: job.global_batch must be at least job.min_local_batch")
     if spec.max_local_batch and spec.max_local_batch < spec.min_local_batch:

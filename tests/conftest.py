@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
+import subprocess
+import sys
+import threading
 import time
 import tomllib
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import tomli_w
 
 from peerd.cluster import LocalCluster, default_job
+from peerd.config import DaemonConfig
+from peerd.daemon.app import Daemon
+from peerd.soak.netns import made_here
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -20,18 +30,7 @@ def example_job(**tables: dict[str, object]) -> str:
     data = tomllib.loads(default_job().read_text())
     for table, values in tables.items():
         data.setdefault(table, {}).update(values)
-    return "".join(
-        f"[{table}]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in values.items()) + "\n"
-        for table, values in data.items()
-    )
-
-
-def _toml_value(value: object) -> str:
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    return repr(value)
+    return tomli_w.dumps(data)
 
 
 def wait_for(predicate: Callable[[], object], timeout_s: float, what: str, interval_s: float = 0.25):
@@ -46,13 +45,120 @@ def wait_for(predicate: Callable[[], object], timeout_s: float, what: str, inter
         time.sleep(interval_s)
 
 
-async def until(predicate: Callable[[], object], timeout_s: float = 20.0) -> None:
+async def until(predicate: Callable[[], object], what: str, timeout_s: float = 20.0):
     """The in-process twin of wait_for: poll without blocking the event loop."""
-    async def poll():
-        while not predicate():
-            await asyncio.sleep(0.05)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        await asyncio.sleep(0.05)
 
-    await asyncio.wait_for(poll(), timeout_s)
+
+# --- leak check: a test must not leave threads, child processes or namespaces behind -----------
+
+LEAK_GRACE_S = 10.0  # how long a thread or process that is already stopping may take to end
+# Process-wide threads libraries start once, on first use, and keep: not a test's leak.
+LIBRARY_THREADS = ("(_poll_wrapper)",)  # grpc.aio's completion-queue poller
+# multiprocessing's helpers (a DataLoader's workers start them), kept for the process's life.
+LIBRARY_PROCESSES = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+
+
+def _threads() -> dict[int, str]:
+    return {t.ident: t.name for t in threading.enumerate() if t.ident is not None}
+
+
+def _children() -> dict[int, str]:
+    """Direct child processes of this process (from /proc: psutil is not a dependency)."""
+    pids: set[int] = set()
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        try:
+            pids.update(int(p) for p in (task / "children").read_text().split())
+        except (FileNotFoundError, ProcessLookupError):
+            pass  # the thread ended while we looked
+    out = {}
+    for pid in pids:
+        try:
+            out[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200]
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return out
+
+
+def _namespaces() -> set[str]:
+    """Network namespaces this process made (peerd.soak.netns): the machine-wide list
+    also holds other processes', which come and go while a test runs."""
+    return made_here()
+
+
+def _left_behind(before: tuple[dict, dict, set]) -> list[str]:
+    threads, children, namespaces = before
+    leaks = [f"thread {name!r}" for ident, name in _threads().items()
+             if ident not in threads and not name.endswith(LIBRARY_THREADS)]
+    leaks += [f"child process {pid}: {cmd}" for pid, cmd in _children().items()
+              if pid not in children and not any(name in cmd for name in LIBRARY_PROCESSES)]
+    leaks += [f"network namespace {ns}" for ns in sorted(_namespaces() - namespaces)]
+    return leaks
+
+
+@pytest.fixture(autouse=True)
+def no_leaks():
+    """Fail a test that leaves a thread, child process or network namespace it created.
+
+    Autouse fixtures are set up first and so torn down last: other fixtures have cleaned up by
+    the time this looks. Threads and processes that existed before the test (zeroconf's, grpc's,
+    a session-wide server) are not counted; new ones get LEAK_GRACE_S to finish ending.
+    """
+    before = (_threads(), _children(), _namespaces())
+    yield
+    deadline = time.monotonic() + LEAK_GRACE_S
+    while (leaks := _left_behind(before)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if leaks:
+        pytest.fail("the test left behind: " + "; ".join(leaks), pytrace=False)
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def peerctl(peer, *args: str) -> subprocess.CompletedProcess:
+    """`peerctl ARGS` against a LocalCluster peer's daemon, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "peerd.cli.peerctl", "--socket", str(peer.socket), *args],
+                          capture_output=True, text=True, timeout=30)
+
+
+def daemon_config(tmp_path: Path, name: str, realm: str = "", **changes) -> DaemonConfig:
+    """An in-process daemon's settings: fast Hellos, loopback only, no standby; realm
+    defaults to one of this test's own."""
+    base = DaemonConfig(
+        state_dir=tmp_path / name, control_socket=tmp_path / f"{name}.sock", peer_id=name,
+        interfaces=("127.0.0.1",), hello_interval_s=0.2, peer_timeout_s=1.5, worker_standby=False,
+        realm=realm or tmp_path.name,
+    )
+    return replace(base, **changes)
+
+
+@pytest.fixture
+async def daemons(tmp_path):
+    """Factory: start a Daemon in this test's loop, daemons("alpha", seeds=...); all
+    are closed when the test ends."""
+    started: list[Daemon] = []
+
+    async def start(name: str, realm: str = "", **changes) -> Daemon:
+        daemon = Daemon(daemon_config(tmp_path, name, realm, **changes))
+        started.append(daemon)
+        await daemon.start()
+        return daemon
+
+    yield start
+    for daemon in started:
+        await daemon.aclose()
 
 
 @pytest.fixture

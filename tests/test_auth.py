@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from peerd.auth import AUTH_KEY, Authenticator, NonceCache, load_secret, new_secret_file
-from peerd.config import DaemonConfig
 from peerd.daemon.app import Daemon
 from peerd.daemon.services import HELLO, PeerClient
 from peerd.errors import ConfigError, PeerUnavailable, Unauthenticated
@@ -23,12 +22,13 @@ from peerd.rejections import Rejections
 from peerd.tls import TlsSettings
 from peerd.worker.snapshots import Identity
 from peerd.worker.state import StateMeta
-from peerd.worker.transport import FETCH_SEGMENT, GrpcTransport, start_exchange_server
+from peerd.worker.exchange_server import start_exchange_server
+from peerd.worker.transport import FETCH_SEGMENT, GrpcTransport
 
 from certs import make_ca, material, needs_openssl, settings
 from test_exchange import NUMEL, SEGMENTS, Peer, two_peers
 
-from conftest import until
+from conftest import daemon_config, until
 
 SECRET = b"0123456789abcdef-the-job-secret"
 OTHER = b"0123456789abcdef-another-secret"
@@ -276,13 +276,6 @@ async def test_mutual_tls_accepts_the_labs_ca_and_refuses_another(serve, tmp_pat
 # ---- daemons: realm secret and TLS on the Peer service -----------------------------------
 
 
-def daemon_config(tmp_path, name: str, realm: str, **security) -> DaemonConfig:
-    return DaemonConfig(
-        state_dir=tmp_path / name, control_socket=tmp_path / f"{name}.sock", peer_id=name,
-        interfaces=("127.0.0.1",), hello_interval_s=0.2, peer_timeout_s=1.5, worker_standby=False, realm=realm, **security,
-    )
-
-
 
 @needs_openssl
 async def test_daemons_with_the_realm_secret_and_tls_see_each_other_and_no_one_else(tmp_path):
@@ -301,11 +294,12 @@ async def test_daemons_with_the_realm_secret_and_tls_see_each_other_and_no_one_e
     try:
         for d in daemons:
             await d.start()
-        await until(lambda: alpha.membership.get("beta") and beta.membership.get("alpha"))
+        await until(lambda: alpha.membership.get("beta") and beta.membership.get("alpha"),
+                    "alpha and beta to know each other")
         await asyncio.sleep(1.0)  # several Hello rounds: gamma, with another secret, stays out
         assert alpha.membership.get("gamma") is None and beta.membership.get("gamma") is None
         assert gamma.membership.peers() == []
-        await until(lambda: gamma.peer_servicer.rejections.counts["bad_mac"] > 0)  # it refuses their Hellos
+        await until(lambda: gamma.peer_servicer.rejections.counts["bad_mac"] > 0, "gamma to refuse a Hello")  # it refuses their Hellos
         # A Hello with no proof over TLS: refused, and the address it offers is not learned.
         client = PeerClient(None, material(tmp_path, "lab", "outsider"))
         channel = client.channel(alpha.peer_address)
@@ -315,7 +309,7 @@ async def test_daemons_with_the_realm_secret_and_tls_see_each_other_and_no_one_e
                     peer_id="mallory", address="127.0.0.1:9", realm=realm), peer_pb2.HelloReply, 2.0)
         finally:
             await channel.close()
-        assert "mallory" not in alpha._addresses
+        assert "mallory" not in alpha.directory
     finally:
         for d in daemons:
             await d.aclose()

@@ -15,8 +15,11 @@ from peerd.auth import Authenticator, ReplyMac
 from peerd.errors import PeerUnavailable, RoundMismatch, Unauthenticated
 from peerd.proto.v1 import peer_pb2
 from peerd.rejections import Rejections
-from peerd.worker import bulk
-from peerd.worker.bulk import BulkClient, BulkServer
+from peerd.worker import bulk_client
+from peerd.worker.bulk import BulkServer
+from peerd.worker.bulk_client import BulkClient
+
+from conftest import until
 from peerd.worker.snapshots import Identity, SegmentServer, SnapshotStore
 
 NUMEL = 40_003
@@ -117,7 +120,7 @@ async def test_a_deadline_fails_the_pipe_and_the_next_fetch_reconnects():
 
 
 async def test_an_idle_connection_is_closed_and_its_thread_ends(monkeypatch):
-    monkeypatch.setattr(bulk, "IDLE_S", 0.2)
+    monkeypatch.setattr(bulk_client, "IDLE_S", 0.2)
     async with Lane() as lane:
         client = BulkClient()
         try:
@@ -126,11 +129,7 @@ async def test_an_idle_connection_is_closed_and_its_thread_ends(monkeypatch):
             out = torch.empty(lane.layout[0].size)
             await client.fetch("127.0.0.1", lane.port, _request(1, 0), out, 5.0)
             assert _reader_threads() == before + 1
-            for _ in range(50):
-                if _reader_threads() == before:
-                    break
-                await asyncio.sleep(0.05)
-            assert _reader_threads() == before
+            await until(lambda: _reader_threads() == before, "the idle connection's reader thread to end")
             out1 = torch.empty(lane.layout[1].size)
             await client.fetch("127.0.0.1", lane.port, _request(1, 1), out1, 5.0)  # a fresh connection
             assert torch.equal(out1, lane.segment(1))

@@ -239,6 +239,7 @@ def test_wrong_types_raise_naming_file_and_key(text, key):
         ("[daemon]\npeer_port = -1", "daemon.peer_port"),
         ('[daemon]\npeer_id = "has space"', "daemon.peer_id"),
         ('[daemon]\npeer_id = "under_score"', "daemon.peer_id"),
+        ('[daemon]\npeer_id = "bücher"', "daemon.peer_id"),  # every peer's Hello would refuse it
         (f'[daemon]\npeer_id = "{"x" * 64}"', "daemon.peer_id"),
         ('[discovery]\ninterfaces = ["eth0"]', "discovery.interfaces"),
         ('[discovery]\ninterfaces = ["127.0.0.1", "wlan0"]', "discovery.interfaces"),

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from peerd.core.membership import JobEntry, Membership, PeerRecord
+from peerd.core.membership import JobEntry, Membership, PeerRecord, liveness
 
 FAST = settings(max_examples=60, deadline=None)
 
@@ -299,3 +299,9 @@ def test_a_daemon_with_several_workers_lists_each_as_a_member():
     assert m.job_members("mnist", "fp1") == ["a.0", "a.1", "b"]
     assert set(m.job_speeds("mnist", "fp1")) == {"a.0", "a.1", "b"}
     assert m.jobs() == {("mnist", "fp1"): ["a", "b"]}  # daemons, for peerctl jobs and join by name
+
+
+def test_a_peer_not_heard_from_past_the_bound_is_suspected():
+    peers = [PeerRecord("a", "a:1", last_seen=10.0), PeerRecord("b", "b:1", last_seen=6.0)]
+    assert liveness(peers, now=12.0, suspect_after_s=4.0) == {"a": "alive", "b": "suspected"}
+    assert liveness(peers, now=10.0, suspect_after_s=4.0) == {"a": "alive", "b": "alive"}  # at the bound: alive

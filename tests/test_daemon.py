@@ -12,40 +12,16 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from peerd.config import DaemonConfig
 from peerd.daemon.app import Daemon
 from peerd.errors import ConfigError, UnknownJob
 from peerd.proto.v1 import peer_pb2, peer_pb2_grpc
 
-from conftest import until
-
-
-def config(tmp_path, name: str, realm: str = "") -> DaemonConfig:
-    return DaemonConfig(
-        state_dir=tmp_path / name, control_socket=tmp_path / f"{name}.sock", peer_id=name,
-        interfaces=("127.0.0.1",), hello_interval_s=0.2, peer_timeout_s=1.5, worker_standby=False, realm=realm or tmp_path.name,
-    )
-
-
-@pytest.fixture
-async def daemons(tmp_path):
-    started: list[Daemon] = []
-
-    async def start(name: str, realm: str = "") -> Daemon:
-        daemon = Daemon(config(tmp_path, name, realm))
-        started.append(daemon)
-        await daemon.start()
-        return daemon
-
-    yield start
-    for daemon in started:
-        await daemon.aclose()
-
+from conftest import daemon_config, until
 
 
 async def test_two_daemons_find_each_other_and_answer_hello_and_health(daemons, tmp_path):
     a, b = await daemons("alpha"), await daemons("beta")
-    await until(lambda: a.membership.get("beta") and b.membership.get("alpha"))
+    await until(lambda: a.membership.get("beta") and b.membership.get("alpha"), "alpha and beta to know each other")
     assert a.status().peers_known == 1
     assert [p.peer_id for p in b.list_peers().peers] == ["alpha"]
 
@@ -60,7 +36,7 @@ async def test_two_daemons_find_each_other_and_answer_hello_and_health(daemons, 
 async def test_daemons_of_different_realms_ignore_each_other(daemons):
     a, b = await daemons("alpha", realm="lab-a"), await daemons("beta", realm="lab-b")
     c = await daemons("gamma", realm="lab-a")
-    await until(lambda: a.membership.get("gamma") and c.membership.get("alpha"))
+    await until(lambda: a.membership.get("gamma") and c.membership.get("alpha"), "alpha and gamma to know each other")
     await asyncio.sleep(1.0)  # several Hello rounds: beta must stay out
     assert a.membership.get("beta") is None and c.membership.get("beta") is None
     assert b.membership.peers() == []
@@ -69,10 +45,10 @@ async def test_daemons_of_different_realms_ignore_each_other(daemons):
 async def test_the_same_peer_id_may_live_in_two_realms(daemons, tmp_path):
     a = await daemons("alpha", realm="lab-a")
     b = await daemons("beta", realm="lab-a")
-    twin = Daemon(replace(config(tmp_path, "alpha-b", realm="lab-b"), peer_id="alpha"))
+    twin = Daemon(replace(daemon_config(tmp_path, "alpha-b", realm="lab-b"), peer_id="alpha"))
     await twin.start()  # another realm: no clash of mDNS names
     try:
-        await until(lambda: a.membership.get("beta") and b.membership.get("alpha"))
+        await until(lambda: a.membership.get("beta") and b.membership.get("alpha"), "alpha and beta to know each other")
         assert b.membership.get("alpha").address == a.peer_address
     finally:
         await twin.aclose()
@@ -80,15 +56,15 @@ async def test_the_same_peer_id_may_live_in_two_realms(daemons, tmp_path):
 
 async def test_a_stopped_daemon_leaves_the_view(daemons):
     a, b = await daemons("alpha"), await daemons("beta")
-    await until(lambda: a.membership.get("beta"))
+    await until(lambda: a.membership.get("beta"), "alpha to know beta")
     await b.aclose()
     # Zeroconf goodbye or the Hello timeout, whichever comes first.
-    await until(lambda: a.membership.get("beta") is None)
+    await until(lambda: a.membership.get("beta") is None, "alpha to forget beta after it left")
 
 
 async def test_a_second_daemon_on_the_same_socket_is_refused(daemons, tmp_path):
     first = await daemons("alpha")
-    twin = Daemon(config(tmp_path, "alpha"))
+    twin = Daemon(daemon_config(tmp_path, "alpha"))
     with pytest.raises(ConfigError, match="already serving"):
         await twin.start()
     await twin.aclose()

@@ -12,46 +12,14 @@ import stat
 import subprocess
 import sys
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from peerd.config import DaemonConfig
 from peerd.daemon.app import Daemon, _give_to_group
 
-from conftest import until
-
-
-def config(tmp_path, name: str, realm: str, **changes) -> DaemonConfig:
-    base = DaemonConfig(
-        state_dir=tmp_path / name, control_socket=tmp_path / f"{name}.sock", peer_id=name,
-        interfaces=("127.0.0.1",), hello_interval_s=0.2, peer_timeout_s=1.5, worker_standby=False, realm=realm,
-    )
-    return replace(base, **changes)
-
-
-@pytest.fixture
-async def daemons(tmp_path):
-    started: list[Daemon] = []
-
-    async def start(name: str, **changes) -> Daemon:
-        daemon = Daemon(config(tmp_path, name, changes.pop("realm", f"seeds-{tmp_path.name}"), **changes))
-        started.append(daemon)
-        await daemon.start()
-        return daemon
-
-    yield start
-    for daemon in started:
-        await daemon.aclose()
-
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from conftest import daemon_config, free_port, until
 
 
 async def test_without_zeroconf_daemons_find_each_other_through_seeds_and_pass_peers_on(daemons):
@@ -61,7 +29,7 @@ async def test_without_zeroconf_daemons_find_each_other_through_seeds_and_pass_p
     b = await daemons("beta", zeroconf=False, seeds=(hub.peer_address,))
     await until(lambda: all(d.membership.get(o) for d, others in
                             ((hub, ("alpha", "beta")), (a, ("hub", "beta")), (b, ("hub", "alpha")))
-                            for o in others))
+                            for o in others), "every daemon to know the other two through the seed")
     assert a.membership.get("beta").address == b.peer_address
     assert [p.state for p in a.list_peers().peers] == ["alive", "alive"]
 
@@ -71,7 +39,7 @@ async def test_seeds_and_zeroconf_together(daemons):
     a = await daemons("alpha")
     b = await daemons("beta")
     c = await daemons("gamma", zeroconf=False, seeds=(a.peer_address,))
-    await until(lambda: c.membership.get("alpha") and c.membership.get("beta") and b.membership.get("gamma"))
+    await until(lambda: c.membership.get("alpha") and c.membership.get("beta") and b.membership.get("gamma"), "gamma to be known through the seeds")
 
 
 async def test_a_seed_of_another_realm_is_ignored(daemons):
@@ -85,9 +53,9 @@ async def test_a_peer_heard_of_that_goes_silent_is_forgotten(daemons):
     hub = await daemons("hub", zeroconf=False)
     a = await daemons("alpha", zeroconf=False, seeds=(hub.peer_address,))
     b = await daemons("beta", zeroconf=False, seeds=(hub.peer_address,))
-    await until(lambda: a.membership.get("beta"))
+    await until(lambda: a.membership.get("beta"), "alpha to know beta")
     await b.aclose()
-    await until(lambda: a.membership.get("beta") is None and "beta" not in a._addresses)
+    await until(lambda: a.membership.get("beta") is None and "beta" not in a.directory, "alpha to forget beta and its address")
     assert a.membership.get("hub")  # the seed stays
 
 
@@ -111,7 +79,7 @@ async def test_metrics_endpoint_is_served_and_follows_the_view(daemons):
     assert value(body, "peerd_peers_known") == 0
     assert any(f.name == "process_cpu_seconds" for f in text_string_to_metric_families(body))
     await daemons("beta", zeroconf=False, seeds=(a.peer_address,))
-    await until(lambda: a.membership.get("beta"))
+    await until(lambda: a.membership.get("beta"), "alpha to know beta")
     _, body = await scrape()
     assert value(body, "peerd_peers_known") == 1
     assert (await scrape("/other"))[0] == "HTTP/1.0 404 Not Found"
@@ -164,7 +132,7 @@ async def test_systemd_hears_ready_status_and_stopping_in_order(tmp_path, monkey
         sock.bind(path)
         sock.setblocking(False)
         monkeypatch.setenv("NOTIFY_SOCKET", path)
-        daemon = Daemon(config(tmp_path, "alpha", f"notify-{tmp_path.name}", zeroconf=False))
+        daemon = Daemon(daemon_config(tmp_path, "alpha", f"notify-{tmp_path.name}", zeroconf=False))
         await daemon.start()
         await asyncio.sleep(0.5)  # a Hello round or two
         await daemon.aclose()
@@ -196,7 +164,7 @@ async def test_a_worker_that_starts_or_stops_serving_reaches_the_others_before_t
     slow = dict(zeroconf=False, hello_interval_s=60.0, peer_timeout_s=130.0)
     b = await daemons("beta", **slow)
     a = await daemons("alpha", seeds=(b.peer_address,), **slow)
-    await until(lambda: "alpha" in b._addresses)  # from a's first Hello; b asks a again in 60 s
+    await until(lambda: "alpha" in b.directory, "beta to learn alpha's address")  # from a's first Hello; b asks a again in 60 s
     spec = parse_job(example_job(job={"name": "pushed"}), "test")
     launch = WorkerLaunch("unix:/nowhere", "alpha", "127.0.0.1", 1, tmp_path / "job.toml", "", tmp_path / "w.log")
     a.jobs[spec.name] = LocalJob.create(spec, tmp_path, [launch], 1.0, 1.0)  # supervised by nobody: reports only
@@ -205,7 +173,9 @@ async def test_a_worker_that_starts_or_stops_serving_reaches_the_others_before_t
         a.worker_heartbeat(control_pb2.WorkerReport(job=spec.name, pid=1, address=address, fingerprint="f"))
 
     report("127.0.0.1:9")
-    await until(lambda: b.membership.job_view(spec.name, spec.fingerprint) == [("alpha", "127.0.0.1:9")])
+    await until(lambda: b.membership.job_view(spec.name, spec.fingerprint) == [("alpha", "127.0.0.1:9")],
+                "beta to see alpha serving the job")
     report("")  # leaving: no longer serving
-    await until(lambda: b.membership.job_view(spec.name, spec.fingerprint) == [])
+    await until(lambda: b.membership.job_view(spec.name, spec.fingerprint) == [],
+                "beta to see alpha no longer serving")
     assert b.membership.job_members(spec.name, spec.fingerprint) == ["alpha"]  # still a member, not serving

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import wait_for
+from conftest import peerctl, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -23,6 +23,7 @@ module = "real_job"
 local_batch = 8
 epochs = 300
 epoch_chunks = 2
+drop_last = true          # BatchNorm cannot train on an epoch's 1-sample remainder
 eval_every_rounds = 10
 
 [optimizer]
@@ -42,7 +43,7 @@ loader_workers = 1
 """
 
 
-def test_a_batchnorm_adamw_bf16_job_with_a_late_joiner(local_cluster):
+def test_a_batchnorm_adamw_bf16_job_with_a_late_joiner(local_cluster, tmp_path):
     cluster = local_cluster(3)
     first, second, late = cluster.peers
     wait_for(lambda: all(cluster.client(p).status().peers_known == 2 for p in cluster.peers), 30,
@@ -56,6 +57,15 @@ def test_a_batchnorm_adamw_bf16_job_with_a_late_joiner(local_cluster):
 
     wait_for(lambda: min(round_of(first), round_of(second)) >= 30, 120, "the first two peers to train 30 rounds")
     cluster.client(late).join(JOB, str(JOBCODE))
+
+    # peerctl export: the model of now, loadable by plain PyTorch, while the job runs.
+    out = peerctl(first, "export", "lab", str(tmp_path / "now.pt"))
+    assert out.returncode == 0 and "wrote the model of lab at round" in out.stdout, out.stderr
+    model = nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3))
+    model.load_state_dict(torch.load(tmp_path / "now.pt", weights_only=True))
+    assert (tmp_path / "now.json").exists()
+    out = peerctl(first, "export", "lab", str(tmp_path / "no" / "such" / "dir.pt"))
+    assert out.returncode != 0 and "no such directory" in out.stderr
 
     def finished():
         jobs = [cluster.client(p).status().jobs[0] for p in cluster.peers]
@@ -77,3 +87,36 @@ def test_a_batchnorm_adamw_bf16_job_with_a_late_joiner(local_cluster):
         model.load_state_dict(saved)
         assert int(saved["1.num_batches_tracked"]) == p.step, (peer.peer_id, p.step)
     assert jobs[2].progress.step > 30
+
+
+def test_overlapped_rounds_through_real_daemons_with_a_late_joiner(local_cluster):
+    """[gossip] overlap: each round's exchange runs while the next steps compute;
+    the job still mixes (every peer reached partners), a newcomer takes the
+    state, and all end far above chance."""
+    from conftest import example_job
+
+    cluster = local_cluster(3)
+    first, second, late = cluster.peers
+    wait_for(lambda: all(cluster.client(p).status().peers_known == 2 for p in cluster.peers), 30,
+             "the three daemons to discover each other")
+    text = example_job(job={"name": "overlap", "epochs": 6, "eval_every_rounds": 20}, gossip={"overlap": True})
+    for peer in (first, second):
+        cluster.client(peer).join(text)
+    wait_for(lambda: all((j := cluster.client(p).status().jobs) and j[0].progress.round >= 20
+                         for p in (first, second)), 120, "the first two peers to train 20 rounds")
+    cluster.client(late).join(text)
+
+    reached = set()
+
+    def finished():
+        jobs = [cluster.client(p).status().jobs[0] for p in cluster.peers]
+        assert all(j.state not in ("failed", "restarting") for j in jobs), jobs
+        reached.update(p.peer_id for p, j in zip(cluster.peers, jobs) if j.progress.partners_reached >= 1)
+        return all(j.state == "finished" for j in jobs) and jobs
+
+    jobs = wait_for(finished, 300, "all three peers to finish the overlapped job")
+    assert reached == {p.peer_id for p in cluster.peers}
+    log = (late.dir / "state" / "jobs" / "overlap" / "worker.log").read_text()
+    assert re.search(r"joining: took the state of round \d+", log), log[:3000]
+    for job in jobs:
+        assert job.progress.metric > 0.8, job  # chance is 0.1

@@ -13,7 +13,8 @@ from peerd.errors import InvalidMessage, JobMismatch, PeerUnavailable, RoundMism
 from peerd.worker.gossip import gossip_round
 from peerd.worker.snapshots import Identity, SegmentServer, SnapshotStore
 from peerd.worker.state import StateBoard, StateMeta, StatePart, StateServer, digest, pull_state, verify_part
-from peerd.worker.transport import GrpcTransport, MemoryTransport, start_exchange_server
+from peerd.worker.exchange_server import start_exchange_server
+from peerd.worker.transport import GrpcTransport, MemoryTransport
 
 NUMEL = 10_007  # not a multiple of the segment or chunk size
 SEGMENTS = 5
@@ -179,7 +180,7 @@ async def test_a_failed_donor_is_replaced_and_a_corrupt_range_is_rejected(grpc_p
         verify_part(part, b"not the digest")
     bad = StatePart(meta, Span(0, 2), torch.tensor([1.0, float("nan")]))
     with pytest.raises(PeerUnavailable, match="non-finite"):
-        verify_part(bad, digest(bad.values))
+        verify_part(bad, digest(bad.values, meta.extra))  # the checksum covers the extra part too
 
 
 async def test_state_in_memory_matches_the_grpc_path():

@@ -34,11 +34,13 @@ from hypothesis import strategies as st
 from peerd.auth import Authenticator
 from peerd.config import DaemonConfig
 from peerd.daemon.app import Daemon
-from peerd.daemon.services import GET_JOB_SPEC, HELLO, PeerClient, PeerServicer, start_peer_server, valid_address
+from peerd.daemon.services import GET_JOB_SPEC, HELLO, PeerClient, PeerServicer, start_peer_server
+from peerd.core.names import valid_address
 from peerd.proto.v1 import peer_pb2
 from peerd.worker.snapshots import Identity
 from peerd.worker.state import StateMeta
-from peerd.worker.transport import FETCH_SEGMENT, FETCH_STATE, GrpcTransport, start_exchange_server
+from peerd.worker.exchange_server import start_exchange_server
+from peerd.worker.transport import FETCH_SEGMENT, FETCH_STATE, GrpcTransport
 
 from test_exchange import NUMEL, SEGMENTS, Peer
 
@@ -232,5 +234,5 @@ def test_random_and_mutated_messages_are_each_answered_with_a_status(servers):
     # Every kind of answer came up, so the messages reached past every check.
     assert {"OK", "UNAUTHENTICATED", "INVALID_ARGUMENT", "FAILED_PRECONDITION", "UNIMPLEMENTED"} <= set(codes)
     servers.run(servers.check_still_serving())
-    learned = servers.daemon._addresses
+    learned = dict(servers.daemon.directory.items())
     assert all(valid_address(a) for a in learned.values()), learned

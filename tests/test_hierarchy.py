@@ -11,7 +11,8 @@ from peerd.core.groups import plan_hierarchical
 from peerd.core.segments import split_even
 from peerd.worker.hierarchy import hierarchical_round
 from peerd.worker.snapshots import Identity, SegmentServer, SnapshotStore, StageStore
-from peerd.worker.transport import GrpcTransport, MemoryTransport, start_exchange_server
+from peerd.worker.exchange_server import start_exchange_server
+from peerd.worker.transport import GrpcTransport, MemoryTransport
 from peerd.worker.state import StateBoard, StateServer
 
 NUMEL = 5_003

@@ -14,6 +14,7 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
+import tomli_w
 
 from peerd.errors import ConfigError
 from peerd.jobspec import TrainSpec, GossipSpec, JobSpec, OptimizerSpec, load_job, parse_job
@@ -25,36 +26,16 @@ MNIST_DATA = tomllib.loads(MNIST_TEXT)
 SRC = "JOB.toml"
 
 
-def dump(data: dict) -> str:
-    """A minimal TOML writer for job specs (tables of str/int/float/bool)."""
-    lines: list[str] = []
-    for table, values in data.items():
-        if not isinstance(values, dict):
-            lines.insert(0, f"{table} = {_value(values)}")
-            continue
-        lines.append(f"[{table}]")
-        lines.extend(f"{k} = {_value(v)}" for k, v in values.items())
-    return "\n".join(lines) + "\n"
-
-
-def _value(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return json.dumps(v)
-    return repr(v)
-
-
 def changed(table: str, key: str, value) -> str:
     data = copy.deepcopy(MNIST_DATA)
     data.setdefault(table, {})[key] = value
-    return dump(data)
+    return tomli_w.dumps(data)
 
 
 def without(table: str, key: str) -> str:
     data = copy.deepcopy(MNIST_DATA)
     del data[table][key]
-    return dump(data)
+    return tomli_w.dumps(data)
 
 
 # --- the built-in example ------------------------------------------------------------------
@@ -102,7 +83,7 @@ def test_fingerprint_is_32_hex():
 def test_fingerprint_equal_for_same_text_and_ignores_source_and_comments():
     a = parse_job(MNIST_TEXT, "a/JOB.toml")
     b = parse_job(MNIST_TEXT, "b/other.toml")
-    c = parse_job(dump(MNIST_DATA), SRC)  # no comments, different layout
+    c = parse_job(tomli_w.dumps(MNIST_DATA), SRC)  # no comments, different layout
     assert a.fingerprint == b.fingerprint == c.fingerprint
 
 
@@ -123,7 +104,7 @@ def test_fingerprint_same_when_defaults_are_explicit_or_omitted():
     minimal = '[job]\nname = "j"\nmodel = "m:f"\ndata = "d:g"\n'
     # The optimizer's own keywords are passed on as written (peerd does not know
     # every class's defaults), except SGD's momentum, whose default is peerd's.
-    full = dump({"job": {"name": "j", "model": "m:f", "data": "d:g", "seed": 0, "init": "shared", "data_mode": "shared",
+    full = tomli_w.dumps({"job": {"name": "j", "model": "m:f", "data": "d:g", "seed": 0, "init": "shared", "data_mode": "shared",
                          "local_batch": 32, "epochs": 1.0, "eval_every_rounds": 100, "metric": "accuracy",
                          "metric_mode": "max"},
                  "optimizer": {"name": "SGD", "lr": 0.05, "momentum": 0.9, "schedule": "cosine", "warmup_steps": 0},
@@ -144,6 +125,7 @@ CHANGES = [
     ("job", "data", "peerd.examples.mnist:other_data"),
     ("job", "metric", "loss"),
     ("job", "metric_mode", "min"),
+    ("job", "drop_last", True),
     ("job", "seed", 1),
     ("job", "init", "per-peer"),
     ("job", "local_batch", 64),
@@ -161,9 +143,12 @@ CHANGES = [
     ("optimizer", "nesterov", True),
     ("optimizer", "name", "adamw"),
     ("optimizer", "warmup_steps", 100),
+    ("optimizer", "scaling", "linear"),
+    ("optimizer", "max_scale", 4.0),
     ("train", "precision", "bf16"),
     ("train", "grad_clip_norm", 1.0),
     ("gossip", "average_buffers", True),
+    ("gossip", "overlap", True),
     ("gossip", "average_optimizer_state", True),
     ("optimizer", "schedule", "constant"),
     ("optimizer", "reference_batch", 64),
@@ -207,8 +192,9 @@ def test_every_field_is_covered_by_changes():
     fields |= {f"train.{k}" for k in TrainSpec.__dataclass_fields__}
     covered = {f"{t}.{k}" for t, k, _ in CHANGES} | {"optimizer.options"}  # momentum, nesterov, ...
     # weighting is local mode's (test below); secret_file is left out of the
-    # fingerprint on purpose (test below).
-    assert fields - covered == {"job.weighting", "job.secret_file"}
+    # fingerprint on purpose (test below); script and args exclude a job module
+    # (test below).
+    assert fields - covered == {"job.weighting", "job.secret_file", "job.script", "job.args"}
 
 
 def test_local_mode_weighting_is_in_the_fingerprint_and_shared_fingerprints_are_as_before():
@@ -218,7 +204,7 @@ def test_local_mode_weighting_is_in_the_fingerprint_and_shared_fingerprints_are_
     local = parse_job(changed("job", "data_mode", "local"), SRC)
     data = copy.deepcopy(MNIST_DATA)
     data["job"].update(data_mode="local", weighting="uniform")
-    uniform = parse_job(dump(data), SRC)
+    uniform = parse_job(tomli_w.dumps(data), SRC)
     assert local.weighting == "samples" and uniform.weighting == "uniform"
     assert len({shared.fingerprint, local.fingerprint, uniform.fingerprint}) == 3
     # A shared-data job's canonical form has no weighting: peers of before local mode still match.
@@ -241,13 +227,32 @@ def test_local_mode_keys_are_refused_with_shared_data(table, key, value, message
 def test_data_root_is_the_jobs_own_or_the_daemons(tmp_path):
     data = copy.deepcopy(MNIST_DATA)
     data["job"]["data_mode"] = "local"
-    spec = parse_job(dump(data), SRC)
+    spec = parse_job(tomli_w.dumps(data), SRC)
     assert spec.data_root(str(tmp_path), "/srv/data") == "/srv/data"
     data["data"] = {"root": "mine"}
-    spec = parse_job(dump(data), SRC)
+    spec = parse_job(tomli_w.dumps(data), SRC)
     assert spec.data_root(str(tmp_path), "/srv/data") == str(tmp_path / "mine")
     assert spec.data_loading.root == "mine" and spec.fingerprint == parse_job(
-        dump({**data, "data": {"root": "/elsewhere"}}), SRC).fingerprint
+        tomli_w.dumps({**data, "data": {"root": "/elsewhere"}}), SRC).fingerprint
+
+
+def test_a_script_job_and_its_arguments_are_in_the_fingerprint():
+    base = '[job]\nname = "s"\nscript = "train.py"\n'
+    specs = [parse_job(base + extra, SRC) for extra in ("", 'args = ["--lr", "1"]\n', 'args = ["--lr", "2"]\n')]
+    specs.append(parse_job(base.replace("train.py", "other.py"), SRC))
+    assert len({s.fingerprint for s in specs}) == 4
+    assert specs[1].args == ("--lr", "1") and specs[0].script_path("/jobs") == Path("/jobs/train.py")
+
+
+@pytest.mark.parametrize("extra, message", [
+    ('script = "train.py"\nmodule = "m"\n', "job.script runs the script's own loop; drop job.module"),
+    ('module = "m"\nargs = ["x"]\n', "job.args are a script's arguments; set job.script too"),
+    ('script = "train.sh"\n', "job.script = 'train.sh': expected the path of a Python script"),
+    ("", "needs module = 'package.module' (the job module), model = 'module:callable', or script = 'train.py'"),
+])
+def test_script_jobs_are_checked(extra, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse_job('[job]\nname = "s"\n' + extra, SRC)
 
 
 def test_secret_file_is_not_in_the_fingerprint_and_resolves_next_to_the_job_file(tmp_path):
@@ -372,6 +377,8 @@ BAD = [
     ("optimizer", "weight_decay", -0.001),
     ("optimizer", "name", "adam w"),
     ("optimizer", "schedule", "step"),
+    ("optimizer", "scaling", "cubic"),
+    ("optimizer", "max_scale", 0.5),
     ("optimizer", "betas", [0.9]),
     ("optimizer", "betas", [0.9, 1.0]),
     ("optimizer", "nesterov", 1),
@@ -486,7 +493,7 @@ def test_deadline_floor_above_ceiling():
     data = copy.deepcopy(MNIST_DATA)
     data["gossip"].update(deadline_floor_s=11.0, deadline_ceiling_s=10.0)
     with pytest.raises(ConfigError) as info:
-        parse_job(dump(data), SRC)
+        parse_job(tomli_w.dumps(data), SRC)
     message = str(info.value)
     assert message.startswith(f"{SRC}: ")
     assert "deadline_floor_s" in message and "deadline_ceiling_s" in message
@@ -494,13 +501,13 @@ def test_deadline_floor_above_ceiling():
 
 def test_deadline_floor_above_default_ceiling():
     with pytest.raises(ConfigError, match="deadline_floor_s"):
-        parse_job(dump({**MNIST_DATA, "gossip": {"deadline_floor_s": 12}}), SRC)
+        parse_job(tomli_w.dumps({**MNIST_DATA, "gossip": {"deadline_floor_s": 12}}), SRC)
 
 
 def test_deadline_floor_equal_to_ceiling_is_fine():
     data = copy.deepcopy(MNIST_DATA)
     data["gossip"].update(deadline_floor_s=3.0, deadline_ceiling_s=3.0)
-    assert parse_job(dump(data), SRC).gossip.deadline_floor_s == 3.0
+    assert parse_job(tomli_w.dumps(data), SRC).gossip.deadline_floor_s == 3.0
 
 
 @pytest.mark.parametrize("text", ["job = 5\n", "[job]\nname = 'x'\n[[gossip]]\nsegments = 2\n"])

@@ -251,13 +251,14 @@ def test_a_local_job_needs_a_secret_and_a_data_root(tmp_path):
 
 
 def test_a_local_worker_without_a_secret_exits_as_a_config_error(tmp_path):
-    from peerd.worker.main import EXIT_CONFIG, main
+    from peerd.core.codes import ExitCode
+    from peerd.worker.main import main
 
     job = tmp_path / "job.toml"
     job.write_text(job_text("samples", 1, 0.1, "constant"))
     code = main(["--control", f"unix:{tmp_path}/none.sock", "--spec", str(job), "--spec-dir", JOBCODE,
                  "--peer-id", "a", "--data-root", str(tmp_path)])
-    assert code == EXIT_CONFIG
+    assert code == ExitCode.CONFIG
 
 
 def test_peerctl_writes_a_secret_only_its_owner_can_read(tmp_path, capsys):

@@ -8,22 +8,15 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from conftest import example_job, wait_for
+from conftest import example_job, peerctl, wait_for
 
 pytestmark = pytest.mark.e2e
 
 TWO_CPU_WORKERS = {"worker": {"devices": ["cpu", "cpu"]}}
-
-
-def peerctl(peer, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "peerd.cli.peerctl", "--socket", str(peer.socket), *args],
-                          capture_output=True, text=True, timeout=30)
 
 
 def workers(cluster, peer) -> dict:

@@ -5,7 +5,6 @@ Prometheus metrics that move as rounds complete, one-line logs."""
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import urllib.request
 
@@ -18,16 +17,10 @@ from peerd.jobspec import parse_job
 from peerd.worker.checkpoint import CheckpointDir
 from peerd.worker.flat import FlatParams
 
-from conftest import example_job, wait_for
+from conftest import example_job, free_port, wait_for
 
 pytestmark = pytest.mark.e2e
 STOP_TIMEOUT_S = 20.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def checkpoints_of(peer, text: str) -> CheckpointDir:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import csv
 import json
+import math
 
 import numpy as np
 import pytest
@@ -203,7 +205,8 @@ def test_network_tiers_and_shared_cards():
 
 def test_local_batch_scales_the_lr_smoothly_when_peers_join():
     events = parse_schedule(["join:8@0.1"])
-    cfg = SimConfig(peers=8, rounds=30, local_batch=16, lr=0.1, schedule=events, ramp_steps=4)
+    cfg = SimConfig(peers=8, rounds=30, local_batch=16, lr=0.1, schedule=events, ramp_steps=4,
+                    scaling="linear", max_scale=math.inf)
     rows = Simulation(cfg, TASK).run().rounds
     assert rows[0]["global_batch"] == 128 and rows[-1]["global_batch"] == 256
     joined = next(k for k, r in enumerate(rows) if r["global_batch"] == 256)
@@ -212,3 +215,26 @@ def test_local_batch_scales_the_lr_smoothly_when_peers_join():
     assert scale[joined - 1] == pytest.approx(1.0)
     assert 1.0 < scale[joined + 1] < 2.0  # ramping: neither the old LR nor the jump
     assert scale[joined + 8] == pytest.approx(2.0)  # k = 2: T·k = 8 steps later at the linear rule
+
+
+@pytest.mark.parametrize(("scaling", "max_scale", "settles_at"), [
+    ("linear", "inf", 4.0), ("linear", "2", 2.0), ("sqrt", "inf", 2.0), ("sqrt", "1.5", 1.5), ("none", "4", 1.0),
+])
+def test_scaling_and_max_scale_set_where_the_lr_settles(tmp_path, scaling, max_scale, settles_at):
+    args = ["--peers", "4", "--local-batch", "8", "--rounds", "40", "--lr", "0.1", "--event", "join:12@0.05",
+            "--ramp-steps", "2", "--scaling", scaling, "--max-scale", max_scale, "--out", str(tmp_path),
+            "--no-plot", "--quiet"]
+    assert main(args) == 0
+    rows = list(csv.DictReader((tmp_path / "crossover-4p-s0" / "rounds.csv").open()))
+    scale = [float(r["lr"]) / (0.1 * cosine(int(r["round"]) / 40)) for r in rows]
+    assert scale[0] == pytest.approx(1.0)
+    assert int(rows[-1]["peers"]) == 16 and scale[-1] == pytest.approx(settles_at)
+    assert all(b >= a - 1e-9 for a, b in zip(scale, scale[1:]))  # a ramp up, never past the target
+    summary = json.loads((tmp_path / "crossover-4p-s0" / "summary.json").read_text())
+    assert summary["scaling"] == scaling and summary["max_scale"] == float(max_scale)
+
+
+def test_a_cap_below_one_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        main(["--peers", "4", "--rounds", "2", "--max-scale", "0.5", "--no-plot", "--quiet"])
+    assert "max_scale" in capsys.readouterr().err

@@ -11,7 +11,7 @@ import pytest
 
 from peerd.daemon.standby import Standby
 
-from conftest import example_job, wait_for
+from conftest import example_job, until, wait_for
 
 
 def _alive(pid: int) -> bool:
@@ -69,10 +69,7 @@ async def test_the_standby_runs_the_command_line_it_is_given_and_is_replaced(tmp
         output = await asyncio.wait_for(process.stdout.read(), 120)
         assert await process.wait() == 2, output
         assert b"name" in output
-        for _ in range(100):
-            if standby.spares:
-                break
-            await asyncio.sleep(0.1)
+        await until(lambda: standby.spares, "a new spare after the first was taken")
         assert [s.pid for s in standby.spares] != [process.pid] and len(standby.spares) == 1
     finally:
         await standby.aclose()

@@ -17,7 +17,8 @@ from peerd.worker.traffic import (
     ExchangeTimes,
     Traffic,
 )
-from peerd.worker.transport import GrpcTransport, start_exchange_server
+from peerd.worker.exchange_server import start_exchange_server
+from peerd.worker.transport import GrpcTransport
 
 N = 10_000
 CHUNK = 1024

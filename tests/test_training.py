@@ -66,7 +66,7 @@ def test_more_peers_ramp_the_lr_up_smoothly_and_keep_momentum():
     job = spec(epochs=100)
     text = ('[job]\nname = "tiny"\nmodel = "tiny_job:make_model"\ndata = "tiny_job:make_data"\n'
             'local_batch = 2\nepochs = 100\n[optimizer]\nlr = 0.1\nschedule = "constant"\n'
-            'reference_batch = 4\nramp_steps = 8\n')
+            'reference_batch = 4\nramp_steps = 8\nscaling = "linear"\nmax_scale = inf\n')
     job = parse_job(text, "test")
     t = Trainer(job, "a", JOBCODE)
     for _ in range(3):

@@ -21,9 +21,9 @@ from peerd.proto.v1 import peer_pb2
 from peerd.rejections import LOG_EVERY_S, Rejections
 from peerd.worker.codec import encode_segment_chunk
 from peerd.worker.snapshots import Identity
+from peerd.worker.exchange_server import start_exchange_server
 from peerd.worker.transport import (
     EXCHANGE_SERVICE, FETCH_SEGMENT, FETCH_STATE, MAX_CHUNK_BYTES, MAX_REQUEST_BYTES, GrpcTransport,
-    start_exchange_server,
 )
 
 from test_exchange import NUMEL, SEGMENTS, Peer, two_peers

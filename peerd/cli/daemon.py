@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from peerd.config import DEFAULT_PATH, config_path, load_config
+from peerd.core.codes import ExitCode
 from peerd.errors import ConfigError, PeerdError
 from peerd.logs import setup_logging
 
@@ -108,11 +109,11 @@ def main(argv: list[str] | None = None) -> int:
         uvloop.run(_run_daemon(config))
     except ConfigError as exc:
         print(f"peerd: {exc}", file=sys.stderr)
-        return 2
+        return ExitCode.CONFIG
     except PeerdError as exc:
         print(f"peerd: {exc}", file=sys.stderr)
-        return 1
-    return 0
+        return ExitCode.ERROR
+    return ExitCode.FINISHED
 
 
 if __name__ == "__main__":

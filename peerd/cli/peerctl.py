@@ -47,7 +47,10 @@ def cmd_status(client: ControlClient, args) -> tuple[object, str]:
     table = render(["job", "worker", "device", "state", "phase", "step", "round", "epoch", "loss", "lr",
                     "global batch", "batch", "share", "samples/s", "partners", "metric", "restarts", "pid"],
                    [row for j in s.jobs for row in _progress_rows(j)])
-    return s, head + ("\n\n" + table if s.jobs else "\n\nno jobs (peerctl join JOB.toml)")
+    notes = [f"{j.name}/{w.member}: {w.state}: {w.message}" for j in s.jobs for w in j.workers if w.message]
+    notes = "".join("\n" + n for n in notes)
+    return s, head + ("\n\n" + table + ("\n" + notes if notes else "") if s.jobs
+                      else "\n\nno jobs (peerctl join JOB.toml)")
 
 
 def cmd_peers(client: ControlClient, args) -> tuple[object, str]:
@@ -104,6 +107,14 @@ def cmd_secret(args) -> tuple[object, str]:
             "[auth] job_secret_file; never put the secret itself in a job file.")
 
 
+def cmd_export(client: ControlClient, args) -> tuple[object, str]:
+    path = os.path.abspath(args.path)
+    reply = client.export(args.job, path)
+    return ({"job": args.job, "path": reply.path, "round": reply.round, "step": reply.step},
+            f"wrote the model of {args.job} at round {reply.round} (step {reply.step}) to {reply.path}; "
+            f"load it with model.load_state_dict(torch.load({reply.path!r}))")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="peerctl", description="Control the local peerd daemon: inspect peers and jobs, join and leave jobs.")
@@ -130,6 +141,12 @@ def build_parser() -> argparse.ArgumentParser:
     secret.add_argument("file", metavar="FILE", type=Path, help="where to write it")
     secret.add_argument("--force", action="store_true", help="replace an existing file")
     secret.set_defaults(local=cmd_secret)
+    export = sub.add_parser("export", parents=[common],
+                            help="write the current model of a running job to a file (a plain state_dict, "
+                                 "with PATH.json beside it)")
+    export.add_argument("job", metavar="JOB", help="job name")
+    export.add_argument("path", metavar="PATH", help="file to write, on this machine (e.g. model.pt)")
+    export.set_defaults(run=cmd_export)
     return parser
 
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from peerd.core.codes import ACTIVE_STATES, WorkerState
 
-ACTIVE_STATES = ("starting", "running", "restarting")  # a job in these states holds its name
+
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ class JobEntry:
 
     @property
     def serving(self) -> bool:
-        return bool(self.worker_address) and self.state == "running"
+        return bool(self.worker_address) and self.state == WorkerState.RUNNING
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,11 @@ class Membership:
                     if record.peer_id not in ids:
                         ids.append(record.peer_id)
         return out
+
+
+def liveness(peers: list[PeerRecord], now: float, suspect_after_s: float) -> dict[str, str]:
+    """Peer id -> "alive", or "suspected" when not heard from for suspect_after_s."""
+    return {r.peer_id: "suspected" if now - r.last_seen > suspect_after_s else "alive" for r in peers}
 
 
 def _active(entry: JobEntry) -> bool:

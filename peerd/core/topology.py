@@ -10,7 +10,7 @@ stochastic, and different segments go to different partners.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from peerd.core.rng import SeededStream, derive_seed
 
@@ -37,6 +37,7 @@ class RoundPlan:
 
     round: int
     sources: tuple[str, ...]  # sources[s] is the peer to fetch segment s from
+    me: str = field(default="", compare=False)  # the peer the plan is for ("": unknown)
 
     @property
     def partners(self) -> frozenset[str]:
@@ -61,4 +62,4 @@ def plan_round(
         ordered[derangement(len(ordered), derive_seed(job, round_, s))[i]]
         for s in range(segments)
     )
-    return RoundPlan(round_, sources)
+    return RoundPlan(round_, sources, me)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from zeroconf import InterfaceChoice, IPVersion, NonUniqueNameException, ServiceStateChange
 from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZeroconf
 
+from peerd.core.names import join_host_port
 from peerd.errors import ConfigError
 
 SERVICE_TYPE = "_peerd._tcp.local."
@@ -106,7 +107,7 @@ class Discovery:
         if props.get("realm", "") != self._realm:
             return  # another cluster on the same LAN
         host = addresses[0]
-        address = f"[{host}]:{info.port}" if ":" in host else f"{host}:{info.port}"
+        address = join_host_port(host, info.port)
         self._names[name] = peer_id
         self._on_found(peer_id, address)
 

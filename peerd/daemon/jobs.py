@@ -8,13 +8,17 @@ daemon never shares a process with torch, so a crashing job cannot take it down.
 from __future__ import annotations
 
 import asyncio
+import re
 import logging
 import signal
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from peerd.core.codes import ACTIVE_STATES, WorkerState
+from peerd.core.restarts import Backoff, RestartHistory, after_exit
 from peerd.daemon.process import RELAY_LINE_LIMIT
 from peerd.lifeline import parent_env
 from peerd.daemon.standby import Standby
@@ -24,9 +28,6 @@ from peerd.proto.v1 import control_pb2
 from peerd.tls import TlsSettings
 
 log = logging.getLogger("peerd.jobs")
-# Worker exit codes (peerd.worker.main); anything else is a crash and is restarted.
-EXIT_FINISHED = 0
-EXIT_CONFIG = 2
 JOINED = "joined.json"  # in the job's directory while this peer is in the job: resumed on restart
 ENDED = "ended"  # the job finished or failed here: not resumed
 STOP_GRACE_S = 10.0
@@ -78,12 +79,15 @@ class WorkerProcess:
     backoff_max_s: float
     stop_grace_s: float = STOP_GRACE_S  # after SIGTERM, how long the worker may take to checkpoint and exit
     on_end: Callable[[], None] = lambda: None  # it finished or failed: not restarted
-    state: str = "starting"
+    clock: Callable[[], float] = time.monotonic
+    state: WorkerState = WorkerState.STARTING
     restarts: int = 0
     address: str = ""
     fingerprint: str = ""
     progress: control_pb2.Progress = field(default_factory=empty_progress)
     stop_requested: bool = False  # drain: the worker leaves after its current round
+    message: str = ""  # its last error line: why it failed or crashed (peerctl status)
+    export_path: str = ""  # peerctl export: the file the worker should write its model to
     standby: Standby | None = None  # a spare process to start the worker in ([worker] standby)
     _process: asyncio.subprocess.Process | None = None
     _task: asyncio.Task | None = None
@@ -101,31 +105,29 @@ class WorkerProcess:
         self._task = asyncio.create_task(self._supervise(), name=f"job:{self.job}:{self.member}")
 
     async def _supervise(self) -> None:
-        delay = self.backoff_s
+        """Run the worker; after each exit, carry out what restarts.after_exit decides."""
+        backoff, history = Backoff(self.backoff_s, self.backoff_max_s), RestartHistory()
         while not self._stopping:
-            self.state, self.address = "starting", ""
+            self.state, self.address = WorkerState.STARTING, ""
             code = await self._run_once()
             self.address = ""
-            if self._stopping or self.stop_requested:
-                self.state = "stopped"
+            action = after_exit(code, self._stopping or self.stop_requested, history, backoff, self.clock())
+            self.state, history, self.restarts = action.state, action.history, action.history.restarts
+            if not action.restarts:
+                self._log_end(code)
+                if action.state != WorkerState.STOPPED:
+                    self.on_end()
                 return
-            if code == EXIT_FINISHED:
-                self.state = "finished"
-                log.info("job %s: worker %s finished: %s %.4f", self.job, self.member,
-                         self.progress.metric_name or "metric", self.progress.metric)
-                self.on_end()
-                return
-            if code == EXIT_CONFIG:
-                self.state = "failed"
-                log.error("job %s cannot run (see %s); not restarting", self.job, self.launch.log_path)
-                self.on_end()
-                return
-            self.restarts += 1
-            self.state = "restarting"
             log.warning("worker %s of %s exited with %s; restart %d in %.1fs",
-                        self.member, self.job, code, self.restarts, delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, self.backoff_max_s)
+                        self.member, self.job, code, self.restarts, action.delay_s)
+            await asyncio.sleep(max(0.0, action.restart_at - self.clock()))
+
+    def _log_end(self, code: int) -> None:
+        if self.state == WorkerState.FINISHED:
+            log.info("job %s: worker %s finished: %s %.4f", self.job, self.member,
+                     self.progress.metric_name or "metric", self.progress.metric)
+        elif self.state == WorkerState.FAILED:
+            log.error("job %s cannot run (see %s); not restarting", self.job, self.launch.log_path)
 
     async def _run_once(self) -> int:
         self.launch.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -142,15 +144,19 @@ class WorkerProcess:
                 )
             log.info("job %s: worker %s pid %d started on %s (%s)", self.job, self.member, self._process.pid,
                      self.device, how)
-            await _relay(self._process.stdout, out)
+            await _relay(self._process.stdout, out, self._on_error)
             return await self._process.wait()
+
+    def _on_error(self, message: str) -> None:
+        self.message = message
 
     def on_heartbeat(self, report: control_pb2.WorkerReport) -> None:
         self.address = report.address
         self.fingerprint = report.fingerprint
         self.progress = report.progress
-        if self.state == "starting" and report.address:
-            self.state = "running"
+        if self.state == WorkerState.STARTING and report.address:
+            self.state = WorkerState.RUNNING
+            self.message = ""
 
     async def stop(self, drain: bool) -> None:
         """Drain: let the worker finish its round and leave. Otherwise stop it now."""
@@ -167,8 +173,8 @@ class WorkerProcess:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        if self.state not in ("finished", "failed"):
-            self.state = "stopped"
+        if self.state not in (WorkerState.FINISHED, WorkerState.FAILED):
+            self.state = WorkerState.STOPPED
 
     async def _terminate(self) -> None:
         process = self._process
@@ -201,16 +207,16 @@ class LocalJob:
         return job
 
     @property
-    def state(self) -> str:
+    def state(self) -> WorkerState:
         """The job's state here: active while any worker is; else failed if one
         failed, finished if all finished, stopped otherwise."""
         states = {w.state for w in self.workers}
-        for active in ("running", "restarting", "starting"):
+        for active in ACTIVE_STATES:
             if active in states:
                 return active
-        if "failed" in states:
-            return "failed"
-        return "finished" if states == {"finished"} else "stopped"
+        if WorkerState.FAILED in states:
+            return WorkerState.FAILED
+        return WorkerState.FINISHED if states == {WorkerState.FINISHED} else WorkerState.STOPPED
 
     @property
     def first(self) -> WorkerProcess:
@@ -228,7 +234,7 @@ class LocalJob:
 
     def _worker_ended(self) -> None:
         # A daemon restarted later resumes only jobs that neither ended nor were left.
-        if all(w.state in ("finished", "failed") for w in self.workers):
+        if all(w.state in (WorkerState.FINISHED, WorkerState.FAILED) for w in self.workers):
             (self.job_dir / ENDED).write_text(self.state + "\n")
 
     async def stop(self, drain: bool) -> None:
@@ -236,9 +242,24 @@ class LocalJob:
         await asyncio.gather(*(w.stop(drain) for w in self.workers))
 
 
-async def _relay(stream: asyncio.StreamReader, out) -> None:
+_ERROR_MSG = re.compile(rb'level=error .*?msg="(.*)"\s*$')
+_EXCEPTION = re.compile(rb"^(\w+\.)*\w*(Error|Exception|Interrupt|Exit)\b.*$")
+
+
+def error_line(line: bytes) -> str:
+    """The message of a worker's error record or the last line of a traceback
+    ("ModuleNotFoundError: No module named 'foo'"); "" for any other line."""
+    match = _ERROR_MSG.search(line) or _EXCEPTION.match(line.strip())
+    if not match:
+        return ""
+    text = (match.group(1) if match.re is _ERROR_MSG else match.group(0)).decode(errors="replace")
+    return text.replace("\\n", " ").strip()[:500]
+
+
+async def _relay(stream: asyncio.StreamReader, out, on_error=lambda message: None) -> None:
     """Copy the worker's output, line by line, to its log file and to the
-    daemon's stderr (journald under systemd), until the worker closes it."""
+    daemon's stderr (journald under systemd), until the worker closes it;
+    error lines go to `on_error` too (peerctl status shows the last one)."""
     while True:
         try:
             line = await stream.readline()
@@ -248,6 +269,8 @@ async def _relay(stream: asyncio.StreamReader, out) -> None:
             return
         out.write(line)
         out.flush()
+        if message := error_line(line):
+            on_error(message)
         try:
             sys.stderr.write(line.decode(errors="replace"))
             sys.stderr.flush()

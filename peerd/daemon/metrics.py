@@ -28,6 +28,7 @@ from prometheus_client.core import (
 )
 
 from peerd import __version__
+from peerd.core.names import join_host_port
 from peerd.errors import ConfigError
 from peerd.progress import EXCHANGE_BUCKETS_S
 from peerd.proto.v1 import control_pb2
@@ -159,8 +160,7 @@ class MetricsServer:
         except OSError as exc:
             raise ConfigError(f"cannot serve metrics on {self._host}:{self._port}: {exc.strerror}") from None
         sock = self._server.sockets[0].getsockname()
-        host = f"[{sock[0]}]" if ":" in sock[0] else sock[0]
-        self.address = f"{host}:{sock[1]}"
+        self.address = join_host_port(sock[0], sock[1])
 
     async def aclose(self) -> None:
         if self._server is not None:

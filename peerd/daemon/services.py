@@ -5,7 +5,6 @@ peerd errors become status codes here and nowhere else.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 from typing import TYPE_CHECKING
 
@@ -14,6 +13,7 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2_grpc
 
 from peerd import __version__
+from peerd.core.names import PEER_ID_RULE, join_host_port, valid_address, valid_peer_id
 from peerd.auth import AUTH_KEY, REPLY_KEY, Authenticator, metadata_value
 from peerd.errors import ConfigError, JobMismatch, PeerdError, PeerUnavailable, Unauthenticated, UnknownJob
 from peerd.proto.v1 import control_pb2, control_pb2_grpc, peer_pb2
@@ -90,7 +90,7 @@ class PeerServicer:
         if request.realm == self._daemon.config.realm and (request.peer_id or request.address):
             if not (valid_peer_id(request.peer_id) and valid_address(request.address)):
                 await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, "bad_request",
-                                   "Hello needs a peer_id of 1-63 letters, digits or '-' and an IP:port address")
+                                   f"Hello needs a peer_id of {PEER_ID_RULE} and an IP:port address")
             self._daemon.learn_address(request.peer_id, request.address, via="hello")
             if request.changed:
                 self._daemon.pull_soon(request.peer_id)
@@ -104,24 +104,6 @@ class PeerServicer:
             await _abort(context, exc)
 
 
-def valid_peer_id(value: str) -> bool:
-    return 0 < len(value) <= 63 and all(c.isascii() and (c.isalnum() or c == "-") for c in value)
-
-
-def valid_address(value: str) -> bool:
-    """host:port with an IP host ([v6]:port for IPv6) and a port 1..65535."""
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        return False
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
-
-
 async def start_peer_server(
     servicer: PeerServicer, health, host: str, port: int, tls: TlsMaterial | None
 ) -> tuple[grpc.aio.Server, str]:
@@ -133,12 +115,11 @@ async def start_peer_server(
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(PEER_SERVICE, handlers),))
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    host = f"[{host}]" if ":" in host else host
-    bound = add_port(server, f"{host}:{port}", tls)
+    bound = add_port(server, join_host_port(host, port), tls)
     if bound == 0:
-        raise ConfigError(f"cannot bind the peer service to {host}:{port}")
+        raise ConfigError(f"cannot bind the peer service to {join_host_port(host, port)}")
     await server.start()
-    return server, f"{host}:{bound}"
+    return server, join_host_port(host, bound)
 
 
 class PeerClient:
@@ -202,6 +183,12 @@ class ControlServicer(control_pb2_grpc.ControlServicer):
         except PeerdError as exc:
             await _abort(context, exc)
         return control_pb2.LeaveReply()
+
+    async def Export(self, request, context):
+        try:
+            return await self._daemon.export(request.name, request.path)
+        except PeerdError as exc:
+            await _abort(context, exc)
 
 
 class SupervisorServicer(control_pb2_grpc.SupervisorServicer):

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from peerd.core.lr import DEFAULT_LAW, DEFAULT_MAX_SCALE, DEFAULT_RAMP_STEPS, LAWS
 from peerd.sim.algorithms import ALGORITHMS
 from peerd.sim.config import SimConfig
 from peerd.sim.network import NetworkSpec, Tier
@@ -34,6 +35,8 @@ examples:
       --groups 8 --global-batch 1024 --model mlp --out sim-out/paper
   python -m peerd.sim --peers 1024 --algorithm crossover --rounds 300 --global-batch 4096
   python -m peerd.sim --peers 64 --event fail:5@2.0 --event join:4@3.0 --event speed:7@1=0.25
+  python -m peerd.sim --peers 4 --local-batch 32 --model mlp --hidden 64 --lr 0.2 --rounds 300 \\
+      --event join:28@1.0 --scaling linear --max-scale inf --ramp-steps 32   # 4 -> 32 peers, LR x8
 
 Each run writes RUN/rounds.csv (one row per round), RUN/peers.csv (one row per
 peer), RUN/summary.json and RUN/run.png under --out; a sweep adds sweep.csv,
@@ -90,12 +93,17 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--global-batch", type=int, default=512, help="samples per round over all peers, split equally (default 512)")
     train.add_argument("--local-batch", type=int, default=0,
                        help="samples per peer per round instead (peerd's way): the global batch follows the peers "
-                       "and the LR follows it by the linear rule, ramped over T·max(k, 1/k) steps (default 0 = off)")
+                       "and the LR follows it by --scaling, ramped over T·max(r, 1/r) steps for a multiplier ratio r (default 0 = off)")
     train.add_argument("--lr", type=float, default=0.1, help="learning rate at the starting global batch; cosine to 0 over the run (default 0.1)")
     train.add_argument("--momentum", type=float, default=0.9, help="SGD momentum, kept per peer (default 0.9)")
     train.add_argument("--weight-decay", type=float, default=1e-4, help="L2 penalty (default 1e-4)")
     train.add_argument("--warmup-rounds", type=int, default=0, help="linear LR warm-up rounds (default 0)")
-    train.add_argument("--ramp-steps", type=int, default=8, help="T of the LR ramp on a global batch change (default 8)")
+    train.add_argument("--ramp-steps", type=int, default=DEFAULT_RAMP_STEPS,
+                       help=f"T of the LR ramp on a global batch change (default {DEFAULT_RAMP_STEPS})")
+    train.add_argument("--scaling", choices=LAWS, default=DEFAULT_LAW,
+                       help=f"LR multiplier for a global batch k× the starting one: k, √k or 1 (default {DEFAULT_LAW})")
+    train.add_argument("--max-scale", type=float, default=DEFAULT_MAX_SCALE,
+                       help=f"cap on the LR multiplier, 1/cap its floor; inf = no cap (default {DEFAULT_MAX_SCALE:g})")
     gossip = p.add_argument_group("averaging")
     gossip.add_argument("--segments", type=int, default=8, help="segments of the model for crossover/hierarchical (default 8)")
     gossip.add_argument("--group-size", type=int, default=8, help="most members of a hierarchical group (default 8)")
@@ -139,6 +147,7 @@ def config_for(args: argparse.Namespace, algorithm: str, peers: int, seed: int) 
         peers=peers, algorithm=algorithm, rounds=args.rounds, epochs=args.epochs, global_batch=args.global_batch,
         local_batch=args.local_batch,
         lr=args.lr, momentum=args.momentum, warmup_rounds=args.warmup_rounds, ramp_steps=args.ramp_steps,
+        scaling=args.scaling, max_scale=args.max_scale,
         segments=args.segments, group_size=math.ceil(peers / args.groups) if args.groups else args.group_size,
         model=args.model, hidden=args.hidden, weight_decay=args.weight_decay, model_bytes=args.model_bytes,
         seed=seed, network=network, sample_time=args.sample_time, step_overhead=args.step_overhead,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from peerd.core.lr import DEFAULT_LAW, DEFAULT_MAX_SCALE, DEFAULT_RAMP_STEPS, check_law
 from peerd.sim.algorithms import ALGORITHMS
 from peerd.sim.network import NetworkSpec
 from peerd.sim.schedule import Event
@@ -24,7 +25,9 @@ class SimConfig:
     lr: float = 0.1
     momentum: float = 0.9
     warmup_rounds: int = 0
-    ramp_steps: int = 8
+    ramp_steps: int = DEFAULT_RAMP_STEPS
+    scaling: str = DEFAULT_LAW  # the LR scaling law with the global batch: linear, sqrt or none
+    max_scale: float = DEFAULT_MAX_SCALE  # cap on the LR multiplier (1/cap its floor); inf: none
     segments: int = 8
     group_size: int = 8
     model: str = "logreg"
@@ -52,6 +55,7 @@ class SimConfig:
             raise ValueError(f"unknown algorithm {self.algorithm!r}; choose from {', '.join(ALGORITHMS)}")
         if self.model not in MODELS:
             raise ValueError(f"unknown model {self.model!r}; choose from {', '.join(MODELS)}")
+        check_law(self.scaling, self.max_scale)
         checks = {
             "peers ≥ 1": self.peers >= 1,
             "rounds ≥ 0": self.rounds >= 0,
@@ -59,6 +63,7 @@ class SimConfig:
             "global_batch ≥ peers": self.global_batch >= self.peers,
             "local_batch ≥ 0": self.local_batch >= 0,
             "lr > 0": self.lr > 0,
+            "ramp_steps ≥ 0": self.ramp_steps >= 0,
             "0 ≤ momentum < 1": 0 <= self.momentum < 1,
             "segments ≥ 1": self.segments >= 1,
             "group_size ≥ 1": self.group_size >= 1,

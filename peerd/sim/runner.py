@@ -47,7 +47,7 @@ class Simulation:
         self.speed = SpeedModel(c.sample_time, c.step_overhead, c.speed_spread, c.jitter_prob, c.jitter_factor, c.seed)
         self.membership = Membership(me="simulator", timeout_s=c.detect_s)
         self.reader = Reader(TRAIN_SIZE, c.job)
-        self.ramp = ScaleRamp(reference_batch=c.reference_batch, ramp_steps=c.ramp_steps)
+        self.ramp = ScaleRamp(c.reference_batch, c.ramp_steps, c.scaling, c.max_scale)
         self.live: set[int] = set(range(c.peers))
         self.crashed: set[int] = set()
         self.free_at = {s: 0.0 for s in self.live}  # when each peer starts its next step
@@ -226,6 +226,9 @@ class Simulation:
             "algorithm": self.cfg.algorithm,
             "peers_start": self.cfg.peers,
             "peers_end": len(live),
+            "scaling": self.cfg.scaling,
+            "max_scale": self.cfg.max_scale,
+            "ramp_steps": self.cfg.ramp_steps,
             "rounds": rounds,
             "params": int(self.state.x.shape[1]),
             "model_bytes": self.segs.model_bytes,

@@ -10,10 +10,10 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
+from peerd.core.codes import WorkerState
 from peerd.soak.schedule import PARTITION, RESTARTS
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
-ACTIVE = ("starting", "running", "restarting")
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class Sample:
 
     @property
     def training(self) -> bool:
-        return self.up and self.state == "running" and self.phase == "training"
+        return self.up and self.state == WorkerState.RUNNING and self.phase == "training"
 
 
 @dataclass(frozen=True)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import time
 from pathlib import Path
 
+from peerd.core.codes import ExitCode
 from peerd.errors import ConfigError
+from peerd.interrupts import sigterm_interrupts
 from peerd.soak.schedule import KINDS
 
 DESCRIPTION = """\
@@ -105,22 +106,15 @@ def run(args: argparse.Namespace) -> int:
             load_schedule(settings.schedule)  # bad files fail here, before anything starts
     except ConfigError as exc:
         print(f"peerd soak: {exc}", file=sys.stderr)
-        return 2
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    try:
+        return ExitCode.CONFIG
+    with sigterm_interrupts():
         result = run_soak(settings, settings.job or default_job())
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     checks = run_checks(result.samples, result.events, ceiling_s=result.spec.gossip.deadline_ceiling_s,
                         stall_s=settings.stall_s, converge_s=settings.converge_s,
                         target=settings.target_accuracy, checkpoints=result.checkpoints)
     report = write_report(result, checks, settings.out)
     print(summary(result, checks, report))
     return 1 if result.interrupted or any(c.verdict == FAIL for c in checks) else 0
-
-
-def _interrupt(*_) -> None:
-    raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:

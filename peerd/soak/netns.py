@@ -41,6 +41,19 @@ class PeerNet:
         return ["ip", "netns", "exec", self.namespace, *argv] if self.namespace else argv
 
 
+_MADE_HERE: set[str] = set()  # namespaces this process added and has not deleted
+
+
+def made_here() -> set[str]:
+    """The network namespaces this process made that still exist (a leak check's
+    view: the namespace list is machine-wide, other processes' are not ours)."""
+    try:
+        existing = set(os.listdir("/run/netns"))
+    except FileNotFoundError:
+        existing = set()
+    return _MADE_HERE & existing
+
+
 def _ip(*args: str, timeout: float = IP_TIMEOUT_S) -> str:
     try:
         done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=timeout)
@@ -48,6 +61,10 @@ def _ip(*args: str, timeout: float = IP_TIMEOUT_S) -> str:
         raise PeerdError(f"`ip {' '.join(args)}` did not finish in {timeout:.0f}s") from None
     if done.returncode != 0:
         raise PeerdError(f"`ip {' '.join(args)}` failed: {done.stderr.strip()}")
+    if args[:2] == ("netns", "add"):
+        _MADE_HERE.add(args[2])
+    elif args[:2] == ("netns", "del"):
+        _MADE_HERE.discard(args[2])
     return done.stdout
 
 

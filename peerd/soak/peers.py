@@ -19,7 +19,8 @@ from pathlib import Path
 from peerd.client import ControlClient
 from peerd.config import parse_config
 from peerd.errors import ConfigError, PeerdError
-from peerd.soak.checks import ACTIVE, Sample
+from peerd.core.codes import ACTIVE_STATES
+from peerd.soak.checks import Sample
 from peerd.soak.netns import PeerNet
 
 READY_TIMEOUT_S = 90.0
@@ -165,11 +166,11 @@ class SoakPeer:
                 status, peers = c.status(), c.peers()
         except PeerdError:
             return Sample(**truth, state="unanswered", tx_bytes=tx, rx_bytes=rx)
-        view = {p.peer_id for p in peers.peers if any(j.name == job and j.state in ACTIVE for j in p.job_states)}
+        view = {p.peer_id for p in peers.peers if any(j.name == job and j.state in ACTIVE_STATES for j in p.job_states)}
         local = next((j for j in status.jobs if j.name == job), None)
         if local is None:
             return Sample(**truth, state="", view=frozenset(view), tx_bytes=tx, rx_bytes=rx)
-        if local.state in ACTIVE:
+        if local.state in ACTIVE_STATES:
             view.add(self.peer_id)
         if local.worker_pid:
             self.worker_pids.add(local.worker_pid)

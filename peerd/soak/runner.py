@@ -23,6 +23,8 @@ import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import tomli_w
+
 from peerd.errors import PeerdError
 from peerd.jobspec import JobSpec, parse_job
 from peerd.soak import schedule as sch
@@ -75,20 +77,7 @@ def soak_job_text(path: Path, epochs: float) -> str:
     """The job's text with `epochs` raised, so it trains for the whole soak."""
     data = tomllib.loads(path.read_text())
     data.setdefault("job", {})["epochs"] = float(epochs)
-    lines = []
-    for table, values in data.items():
-        lines.append(f"[{table}]")
-        lines += [f"{k} = {_toml(v)}" for k, v in values.items()]
-        lines.append("")
-    return "\n".join(lines)
-
-
-def _toml(value: object) -> str:
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    return repr(value)
+    return tomli_w.dumps(data)
 
 
 class Soak:

@@ -121,11 +121,21 @@ class PeerSampler(Sampler[list[int]]):
         self.micro = micro  # 0: a step is one forward pass
         self.handed: deque[Micro] = deque()
 
+    def __len__(self) -> int:
+        """The batches still to come, estimated from the members and batch of
+        now (the membership may change: for progress bars and the like)."""
+        left = max(0.0, self.cursor.spec.epochs - self.cursor.progress) * self.cursor.bounds[-1]
+        members = max(1, len(self.view.members))
+        return math.ceil(left / members / max(1, self.batch_size(self.view)))
+
     def __iter__(self) -> Iterator[list[int]]:
         while not self.cursor.done:
-            indices = self.cursor.take(self.batch_size(self.view), self.view.members, self.view.plan)
+            size = self.batch_size(self.view)
+            indices = self.cursor.take(size, self.view.members, self.view.plan)
             if not indices:
                 return
+            if len(indices) < size and self.cursor.spec.drop_last:
+                continue  # an epoch's short last batch: read, not trained on
             step = self.micro or len(indices)
             for start in range(0, len(indices), step):
                 part = indices[start : start + step]

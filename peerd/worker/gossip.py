@@ -17,7 +17,8 @@ import torch
 from peerd.core.robust import PullClipper
 from peerd.core.segments import Span
 from peerd.core.topology import RoundPlan
-from peerd.errors import PeerdError, PeerUnavailable, RoundMismatch
+from peerd.errors import InvalidMessage, PeerdError, PeerUnavailable, RoundMismatch
+from peerd.worker.codec import finite_by_sum
 from peerd.worker.transport import Transport
 
 
@@ -73,7 +74,30 @@ def relative_gap(own: torch.Tensor, theirs: torch.Tensor) -> float:
     """||own − theirs|| / ||own|| estimated on a contiguous sample of the segment."""
     n = max(1, own.numel() // DISAGREEMENT_SAMPLE)
     a, b = own[:n], theirs[:n]
-    return float(torch.linalg.vector_norm(a - b) / (torch.linalg.vector_norm(a) + 1e-12))
+    return float(torch.dist(a, b)) / (float(torch.linalg.vector_norm(a)) + 1e-12)
+
+
+def average_pair(own: torch.Tensor, theirs: torch.Tensor, into: torch.Tensor, own_first: bool) -> bool:
+    """into ← ½(own + theirs) in one pass over the values, checked afterwards: a
+    non-finite value in `theirs` makes the average non-finite, and then `into`
+    gets `own` back and this returns False. `into` may be `own` itself (then
+    `theirs` is checked first, as `own` cannot be restored).
+
+    lerp(a, b, ½) reads both and writes once, where add-then-halve writes twice;
+    it is not symmetric in a and b, so the operands go in an order both peers of
+    a pair agree on (`own_first`: this peer's id sorts first), and the two end
+    with bit-identical values, as (a + b)·½ gave them."""
+    a, b = (own, theirs) if own_first else (theirs, own)
+    if into.data_ptr() == own.data_ptr():
+        if not finite_by_sum(theirs):
+            return False
+        torch.lerp(a, b, 0.5, out=into)
+        return True
+    torch.lerp(a, b, 0.5, out=into)
+    if finite_by_sum(into):
+        return True
+    into.copy_(own)
+    return False
 
 
 async def gossip_round(
@@ -100,19 +124,27 @@ async def gossip_round(
     async def fetch(s: int) -> None:
         span = layout[s]
         own, theirs = vector[span.start : span.stop], recv[span.start : span.stop]
-        await transport.fetch_segment(addresses[plan.sources[s]], plan.round, s, theirs, deadline_s)
+        source = plan.sources[s]
+        await transport.fetch_segment(addresses[source], plan.round, s, theirs, deadline_s)
         # Averaged as soon as it is here, while the next segment is still arriving
         # (no await below: a deadline cannot cut an average in half).
-        gaps.append(relative_gap(own, theirs))
-        result.clipped += clip_pull(own, theirs, clipper) < 1.0
-        # (own + theirs)·½, not lerp: addition commutes exactly in IEEE arithmetic,
-        # so both partners of a pair end with bit-identical values.
-        torch.add(own, theirs, out=into[span.start : span.stop]).mul_(0.5)
+        gap = relative_gap(own, theirs)
+        clipped = clip_pull(own, theirs, clipper) < 1.0
+        if not average_pair(own, theirs, into[span.start : span.stop], plan.me < source):
+            raise InvalidMessage(f"{source} sent non-finite values in segment {s}", "non_finite")
+        result.reached.add(source)
+        gaps.append(gap)
+        result.clipped += clipped
         averaged.add(s)
-        result.reached.add(plan.sources[s])
 
     tasks = {asyncio.ensure_future(fetch(s)): s for s in range(len(layout))}
-    done, pending = await asyncio.wait(tasks, timeout=deadline_s)
+    try:
+        done, pending = await asyncio.wait(tasks, timeout=deadline_s)
+    except asyncio.CancelledError:  # the round given up (an overlapped round past its grace): no fetch outlives it
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
     for task in pending:
         task.cancel()
     await asyncio.gather(*pending, return_exceptions=True)

@@ -11,6 +11,9 @@ group that does not answer still leaves time for the all-gather: its members
 then get the in-group average. A member that misses a stage keeps its own value
 for the segments concerned; a dead member costs the round only its own
 segments.
+
+The arithmetic (reduce, mix, round to the wire dtype) is peerd.worker.reduce;
+this module only fetches under the deadline and publishes the stages.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ import torch
 from peerd.core.groups import GroupPlan
 from peerd.core.robust import PullClipper
 from peerd.core.segments import Span
-from peerd.errors import PeerdError, PeerUnavailable
+from peerd.errors import InvalidMessage, PeerdError, PeerUnavailable
 from peerd.worker.gossip import RoundResult, clip_pull, keep_own, record_failure, relative_gap
+from peerd.worker.reduce import mix_groups, reduce_group, round_to_wire
 from peerd.worker.snapshots import StageStore
 from peerd.worker.transport import Transport
 
@@ -46,81 +50,116 @@ async def hierarchical_round(
     """Run this peer's part of the round; `vector` (its state at the start of
     the round, already published as its snapshot) is updated in place, or left
     as it was with the new state written into `out`."""
-    into = vector if out is None else out
-    written: set[int] = set()
-    started = time.monotonic()
+    return await _Round(plan, me, addresses, vector, recv, layout, transport, stages, deadline_s, clipper,
+                        wire_dtype, out).run()
+
+
+def planned_partners(plan: GroupPlan, me: str) -> frozenset[str]:
+    """Everyone this peer fetches from in the round: its groupmates, and the
+    partner group's owners of the segments it owns."""
     owned = plan.owned_by(me)
-    others = [m for m in plan.group if m != me]
-    planned = set(others) | {plan.sources[s] for s in owned if plan.sources[s] is not None}
-    result = RoundResult(plan.round, frozenset(planned))
-    await stages.begin(plan.round, owned)
+    sources = {plan.sources[s] for s in owned if plan.sources[s] is not None}
+    return frozenset((set(plan.group) | set(plan.owners) | sources) - {me})
 
-    def left(stage_end: float) -> float:
-        return max(0.0, started + stage_end * deadline_s - time.monotonic())
 
-    async def fetch(peer: str, s: int, out: torch.Tensor, stage: int, until: float) -> bool:
-        address = addresses.get(peer)
+class _Round:
+    """One peer's part of one round: the fetches and the stage publishing."""
+
+    def __init__(self, plan: GroupPlan, me: str, addresses: dict[str, str], vector: torch.Tensor,
+                 recv: torch.Tensor, layout: list[Span], transport: Transport, stages: StageStore,
+                 deadline_s: float, clipper: PullClipper | None, wire_dtype: torch.dtype,
+                 out: torch.Tensor | None) -> None:
+        self.plan, self.me, self.addresses, self.layout = plan, me, addresses, layout
+        self.vector, self.recv, self.out = vector, recv, out
+        self.transport, self.stages, self.clipper, self.wire_dtype = transport, stages, clipper, wire_dtype
+        self.deadline_s = deadline_s
+        self.into = vector if out is None else out  # where the new state goes
+        self.others = [m for m in plan.group if m != me]
+        self.result = RoundResult(plan.round, planned_partners(plan, me))
+        self.written: set[int] = set()
+        self.gaps: list[float] = []
+        self.started = time.monotonic()
+
+    async def run(self) -> RoundResult:
+        owned = self.plan.owned_by(self.me)
+        await self.stages.begin(self.plan.round, owned)
+        await asyncio.gather(*(self._own(s) for s in owned),
+                             *(self._gather(s) for s in range(len(self.layout)) if s not in owned))
+        if self.out is not None:
+            keep_own(self.out, self.vector, self.layout, self.written)
+        if self.gaps:
+            self.result.disagreement = sum(self.gaps) / len(self.gaps)
+        self.result.seconds = time.monotonic() - self.started
+        return self.result
+
+    def _left(self, stage_end: float) -> float:
+        """The time left until the end of a stage, as a fraction of the deadline."""
+        return max(0.0, self.started + stage_end * self.deadline_s - time.monotonic())
+
+    async def _fetch(self, peer: str, s: int, into: torch.Tensor, stage: int, until: float) -> bool:
+        address = self.addresses.get(peer)
         try:
             if address is None:
                 raise PeerUnavailable(f"{peer} has no address in this view")
-            budget = left(until)
-            await asyncio.wait_for(transport.fetch_segment(address, plan.round, s, out, budget, stage), budget)
+            budget = self._left(until)
+            await asyncio.wait_for(
+                self.transport.fetch_segment(address, self.plan.round, s, into, budget, stage), budget)
         except (PeerdError, TimeoutError) as exc:
-            record_failure(result, peer, plan.round, exc)
+            record_failure(self.result, peer, self.plan.round, exc)
             return False
-        result.reached.add(peer)
+        self.result.reached.add(peer)
         return True
 
-    async def own(s: int) -> None:
-        span = layout[s]
-        mine = vector[span.start : span.stop]
-        buffers = [torch.empty(span.size) for _ in others]
-        got = await asyncio.gather(*(fetch(p, s, b, 0, 1 / 3) for p, b in zip(others, buffers)))
-        arrived = [buffer for ok, buffer in zip(got, buffers) if ok]
-        for buffer in arrived:
-            result.clipped += clip_pull(mine, buffer, clipper) < 1.0
-        # The first sum makes the new tensor: no separate copy of `mine`.
-        total = torch.add(mine, arrived[0]) if arrived else mine.clone()
-        for buffer in arrived[1:]:
-            total.add_(buffer)
-        total.div_(1 + len(arrived))
-        await stages.put(plan.round, 1, s, total)
-        mixed = total
-        source = plan.sources[s]
-        if source is not None:
-            theirs = buffers[0] if buffers else torch.empty(span.size)
-            if await fetch(source, s, theirs, 1, 2 / 3):
-                result.clipped += clip_pull(total, theirs, clipper) < 1.0
-                mixed = total.mul(1 - plan.weight).add_(theirs, alpha=plan.weight)
-        if wire_dtype != torch.float32:
-            # The members get this value rounded to the wire type: the owner keeps the
-            # same rounding, or the group could never agree closer than the rounding.
-            mixed = mixed.to(wire_dtype).float()
-        await stages.put(plan.round, 2, s, mixed)
-        into[span.start : span.stop].copy_(mixed)
-        written.add(s)
+    def _refuse(self, peer: str, s: int, stage: int) -> None:
+        record_failure(self.result, peer, self.plan.round,
+                       InvalidMessage(f"{peer} sent non-finite values in stage {stage} of segment {s}", "non_finite"))
 
-    async def gather(s: int) -> None:
-        span = layout[s]
+    def _clip(self, own: torch.Tensor, theirs: torch.Tensor) -> None:
+        self.result.clipped += clip_pull(own, theirs, self.clipper) < 1.0
+
+    async def _own(self, s: int) -> None:
+        """A segment this peer owns: reduce it over the group, mix it with the
+        partner group's, publish both stages, keep the result."""
+        span = self.layout[s]
+        mine = self.vector[span.start : span.stop]
+        buffers = [torch.empty(span.size) for _ in self.others]
+        got = await asyncio.gather(*(self._fetch(p, s, b, 0, 1 / 3) for p, b in zip(self.others, buffers)))
+        arrived = [(p, b) for p, b, ok in zip(self.others, buffers, got) if ok]
+        for _, values in arrived:
+            self._clip(mine, values)
+        total, refused = reduce_group(mine, [values for _, values in arrived])
+        for i in refused:
+            self._refuse(arrived[i][0], s, 0)
+        await self.stages.put(self.plan.round, 1, s, total)
+        mixed = total
+        source = self.plan.sources[s]
+        if source is not None:
+            theirs = buffers[0] if buffers else torch.empty(span.size)  # free again: `total` is a new tensor
+            if await self._fetch(source, s, theirs, 1, 2 / 3):
+                self._clip(total, theirs)
+                mixed = mix_groups(total, theirs, self.plan.weight)
+                if mixed is None:
+                    self._refuse(source, s, 1)
+                    mixed = total
+        mixed = round_to_wire(mixed, self.wire_dtype)
+        await self.stages.put(self.plan.round, 2, s, mixed)
+        self.into[span.start : span.stop].copy_(mixed)
+        self.written.add(s)
+
+    async def _gather(self, s: int) -> None:
+        """A segment another member owns: take its final value from the owner."""
+        span = self.layout[s]
         # Into the new state directly when there is one (`vector` stays as it was):
         # a segment that fails half-way is refilled from `vector` at the end.
-        theirs = (recv if out is None else out)[span.start : span.stop]
-        if await fetch(plan.owners[s], s, theirs, 2, 1.0):
-            mine = vector[span.start : span.stop]
-            gaps.append(relative_gap(mine, theirs))
-            result.clipped += clip_pull(mine, theirs, clipper) < 1.0
-            if out is None:
-                mine.copy_(theirs)
-            written.add(s)
-
-    gaps: list[float] = []
-    owners = {plan.owners[s] for s in range(len(layout))} - {me}
-    result.planned = frozenset(planned | owners)
-    await asyncio.gather(*(own(s) for s in owned), *(gather(s) for s in range(len(layout)) if s not in owned))
-    if out is not None:
-        keep_own(out, vector, layout, written)
-    if gaps:
-        result.disagreement = sum(gaps) / len(gaps)
-    result.seconds = time.monotonic() - started
-    return result
-
+        theirs = (self.recv if self.out is None else self.out)[span.start : span.stop]
+        owner = self.plan.owners[s]
+        # Stage 2 values are taken as they are, nothing is computed from them: the
+        # transport checks them (a transport may leave stages 0 and 1 to the round).
+        if not await self._fetch(owner, s, theirs, 2, 1.0):
+            return
+        mine = self.vector[span.start : span.stop]
+        self.gaps.append(relative_gap(mine, theirs))
+        self._clip(mine, theirs)
+        if self.out is None:
+            mine.copy_(theirs)
+        self.written.add(s)

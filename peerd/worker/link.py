@@ -37,6 +37,7 @@ class SupervisorLink:
         self.speeds: dict[str, float] = {}  # the other members' published speeds (DBS)
         self.data_sizes: dict[str, int] = {}  # local data: the other members' published data set sizes
         self.stop = False
+        self.export_path = ""  # peerctl export asks for the model here
         self.settled = False  # the daemon's view can be trusted to show a running job
 
     @property
@@ -61,6 +62,7 @@ class SupervisorLink:
         self.speeds = {s.peer_id: s.samples_per_s for s in reply.speeds}
         self.data_sizes = {s.peer_id: s.data_samples for s in reply.speeds if s.data_samples}
         self.stop = self.stop or reply.stop
+        self.export_path = reply.export_path
         self.settled = reply.settled
         return True
 

@@ -19,15 +19,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from peerd.core.lr import ScaleRamp
 from peerd.core.rng import derive_seed
 from peerd.core.schedule import schedule_factor
 from peerd.core.shares import BatchPlan
 from peerd.errors import ConfigError
 from peerd.jobspec import JobSpec
 from peerd.worker.data import DataCursor, PeerSampler, View, default_loader, eval_loader
-from peerd.worker.jobmodule import JobCode, JobContext, load_entry  # noqa: F401 (load_entry: tests, bench)
+from peerd.worker.jobmodule import JobCode, JobContext
 from peerd.worker.localdata import LocalData
+from peerd.worker.lrcontrol import LrControl
 from peerd.worker.optim import build_optimizer
 from peerd.worker.precision import Precision
 from peerd.worker.trainstate import TrainState
@@ -108,8 +108,8 @@ class Trainer:
         self.local_batch = spec.local_batch  # of the last step
         self.share = math.nan  # this peer's part of the current chunk's data (DBS), NaN when equal
         self.compute_s = 0.0  # total time in steps, the slowdown's sleep included
-        opt = spec.optimizer
-        self.ramp = ScaleRamp(opt.reference_batch, opt.ramp_steps)
+        self.lr_control = LrControl(spec.optimizer)
+        self.lr_control.install(self.optimizer)
         self.lr = math.nan
         self._check_job_code()
 
@@ -169,6 +169,15 @@ class Trainer:
         return int(self.progress)
 
     @property
+    def ramp(self):
+        return self.lr_control.ramp
+
+    @property
+    def global_batch(self) -> int:
+        """The global batch the LR is scaled for."""
+        return self.lr_control.ramp.batch
+
+    @property
     def done(self) -> bool:
         return self.progress >= self.spec.epochs
 
@@ -193,14 +202,15 @@ class Trainer:
                                     ctx.prefetch_factor)
         return iter(loader)
 
-    def _lr(self, global_batch: int) -> float:
-        """Schedule × linear-scaling multiplier, ramped when the global batch changes."""
+    def _set_lr(self, global_batch: int, batch_scale: float) -> None:
+        """The job's schedule sets the base LR; peerd's multiplier (scaling with
+        the global batch, its ramp, the DBS share) is applied around the step."""
         opt = self.spec.optimizer
-        if self.ramp.set_batch(global_batch, self.step_count):
-            log.info("global batch now %d: LR scale ramps to %.3f", self.ramp.batch,
-                     self.ramp.batch / opt.reference_batch)
-        factor = schedule_factor(opt.schedule, self.progress / self.spec.epochs, self.step_count, opt.warmup_steps)
-        return opt.lr * factor * self.ramp.scale(self.step_count)
+        base = opt.lr * schedule_factor(opt.schedule, self.progress / self.spec.epochs, self.step_count,
+                                        opt.warmup_steps)
+        for group in self.optimizer.param_groups:  # optimizer state is kept as it is
+            group["lr"] = base
+        self.lr = base * self.lr_control.update(global_batch, self.step_count, batch_scale)
 
     def step(self, members: Sequence[str], trainers: int = 0, plan: BatchPlan | None = None) -> float:
         """One optimizer step on the next local batch; returns the loss (NaN
@@ -258,13 +268,12 @@ class Trainer:
         while True:
             try:
                 batch = next(self._loader_iter)
-            except StopIteration:
+            except StopIteration:  # the job's data is read (a dropped last batch moved the cursor too)
+                self.progress = max(self.progress, self.cursor.progress)
                 break
             micro = self._sampler.handed.popleft()
             if size == 0:  # the LR of this step: this peer's batch from the plan as it was handed out
-                self.lr = self._lr(global_batch) * self._lr_weight(micro, plan)
-                for group in self.optimizer.param_groups:  # optimizer state is kept as it is
-                    group["lr"] = self.lr
+                self._set_lr(global_batch, self._lr_weight(micro, plan))
             batch = to_device(batch, self.device, non_blocking=True)
             with self.precision.autocast():
                 loss, extra = self.code.loss(self.model, batch)
@@ -299,7 +308,7 @@ class Trainer:
         its data weight (peerd.core.weighting), whatever its batch."""
         if self.local is not None:
             return self.local.weight
-        return micro.step_size / (plan.total / len(plan.ids)) if plan is not None else 1.0
+        return micro.step_size / plan.mean if plan is not None else 1.0
 
     def set_data_sizes(self, sizes: dict[str, int]) -> None:
         """local mode: the peers this one averages with and their published data
@@ -321,15 +330,8 @@ class Trainer:
             return self.code.evaluate(self.model, batches)
 
     def save(self, path: Path, **meta: object) -> None:
-        """Write the model as a plain state_dict (`model.load_state_dict(torch.load(path))`
-        works without peerd), atomically, with its metadata beside it as JSON.
-        Tensors are saved from the CPU, so the file loads on any machine."""
-        state = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
-        _write_atomic(path, lambda f: torch.save(state, f))
-        info = {"job": self.spec.name, "step": self.step_count, "progress": self.progress,
-                "metric": self.spec.metric, **meta}
-        _write_atomic(path.with_suffix(".json"),
-                      lambda f: f.write((json.dumps(info, indent=1, sort_keys=True, default=float) + "\n").encode()))
+        save_model(self.model, path, job=self.spec.name, step=self.step_count, progress=self.progress,
+                   metric=self.spec.metric, **meta)
 
     def adopt_state(self, vector: torch.Tensor, extra: bytes, step: int, progress: float) -> None:
         """Continue from a donor's state: everything registered, the step count
@@ -343,6 +345,16 @@ class Trainer:
     def close(self) -> None:
         """Stop the loader's worker processes."""
         self._loader_iter = None
+
+
+def save_model(model: nn.Module, path: Path, **info: object) -> None:
+    """Write the model as a plain state_dict (`model.load_state_dict(torch.load(path))`
+    works without peerd), atomically, with `info` beside it as JSON (model.json).
+    Tensors are saved from the CPU, so the file loads on any machine."""
+    state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    _write_atomic(path, lambda f: torch.save(state, f))
+    text = json.dumps(info, indent=1, sort_keys=True, default=float) + "\n"
+    _write_atomic(path.with_suffix(".json"), lambda f: f.write(text.encode()))
 
 
 def _write_atomic(path: Path, write) -> None:

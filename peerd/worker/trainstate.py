@@ -99,6 +99,7 @@ class TrainState:
                 if f"{k}.{key}" not in self._moment_keys:
                     scalars[f"{k}.{key}"] = value.detach().cpu() if isinstance(value, torch.Tensor) else value
         blob = {
+            "lrs": [float(group["lr"]) for group in self.optimizer.param_groups],
             "buffers": {name: buf.detach().cpu() for name, buf in self._int_buffers},
             "optimizer": scalars,
             "objects": {name: obj.state_dict() for name, obj in sorted(self.objects.items())},
@@ -128,6 +129,10 @@ class TrainState:
                     current.copy_(value)
                 else:
                     self.optimizer.state[p][key] = value
+        # The LR in the optimizer's groups too: a scheduler's restored position
+        # alone does not reach them (torchtitan's newcomers trained at the wrong LR).
+        for group, lr in zip(self.optimizer.param_groups, blob["lrs"]):
+            group["lr"] = lr
         for name, obj in self.objects.items():
             obj.load_state_dict(blob["objects"][name])
 
@@ -136,7 +141,10 @@ class TrainState:
             blob = torch.load(io.BytesIO(extra), weights_only=True)
         except Exception as exc:  # noqa: BLE001 - a corrupt or hostile blob, whatever unpickling says
             raise ValueError(f"the state's extra part does not load: {type(exc).__name__}: {exc}") from None
+        if isinstance(blob, dict) and len(blob.get("lrs", ())) != len(self.optimizer.param_groups):
+            raise ValueError("the state's optimizer has another number of parameter groups")
         want = {
+            "lrs": None,
             "buffers": {name for name, _ in self._int_buffers},
             "optimizer": {f"{k}.{key}" for k, p in enumerate(self.params) for key in self.optimizer.state.get(p, {})}
             - self._moment_keys,
@@ -145,6 +153,6 @@ class TrainState:
         if not isinstance(blob, dict) or set(blob) != set(want):
             raise ValueError("the state's extra part is not a peerd training state")
         for part, names in want.items():
-            if not isinstance(blob[part], dict) or set(blob[part]) != names:
+            if names is not None and (not isinstance(blob[part], dict) or set(blob[part]) != names):
                 raise ValueError(f"the state's {part} hold {sorted(blob[part])}, expected {sorted(names)}")
         return blob

@@ -1,32 +1,32 @@
 """How a worker fetches from its partners: one small interface, two transports.
 
 `GrpcTransport` is the real one; `MemoryTransport` wires workers of one process
-together with no network, for tests of the exchange logic.
+together with no network, for tests of the exchange logic. The serving side is
+peerd.worker.exchange_server.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from contextlib import aclosing
 from typing import Protocol
 
 import grpc
-import numpy as np
 import torch
 
 from google.protobuf.message import DecodeError
 
-from peerd.auth import AUTH_KEY, REPLY_KEY, Authenticator, ReplyMac, metadata_value
+from peerd.auth import REPLY_KEY, Authenticator, ReplyMac, metadata_value
+from peerd.core.names import host_of
 from peerd.core.segments import Span
 from peerd.errors import InvalidMessage, JobMismatch, PeerdError, PeerUnavailable, RoundMismatch, Unauthenticated
 from peerd.proto.v1 import peer_pb2
 from peerd.rejections import Rejections
-from peerd.tls import TlsMaterial, add_port, open_channel
-from peerd.worker.bulk import BulkClient, BulkServer, split_address
-from peerd.worker.codec import ChunkView, decode_segment_chunk, encode_segment_chunk, fill_values
-from peerd.worker.snapshots import Identity, SegmentServer, check_identity
+from peerd.tls import TlsMaterial, open_channel
+from peerd.worker.bulk_client import BulkClient
+from peerd.worker.codec import ChunkView, decode_segment_chunk, fill_values
+from peerd.worker.snapshots import Identity, SegmentServer
 from peerd.worker.state import StateMeta, StatePart, StateServer, verify_part
 
 log = logging.getLogger("peerd.worker")
@@ -35,18 +35,11 @@ log = logging.getLogger("peerd.worker")
 # chunk_kib (≤ 16 MiB) plus a few header bytes.
 MAX_REQUEST_BYTES = 64 * 1024
 MAX_CHUNK_BYTES = 16 * 1024 * 1024 + 1024
-MAX_WAIT_S = 60.0  # the longest a request may ask the callee to wait for a round
-MAX_CONCURRENT_RPCS = 256
-_KEEPALIVE = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000)]
+KEEPALIVE = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000)]
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_CHUNK_BYTES),
     ("grpc.max_send_message_length", MAX_REQUEST_BYTES),
-    *_KEEPALIVE,
-]
-SERVER_OPTIONS = [
-    ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
-    ("grpc.max_send_message_length", MAX_CHUNK_BYTES),
-    *_KEEPALIVE,
+    *KEEPALIVE,
 ]
 
 
@@ -101,7 +94,7 @@ def _decode_state_chunk(raw: bytes) -> peer_pb2.StateChunk:
         raise InvalidMessage("undecodable StateChunk", "malformed") from None
 
 
-def _state_fields(c: peer_pb2.StateChunk) -> tuple:
+def state_fields(c: peer_pb2.StateChunk) -> tuple:
     """What the reply proof covers of a StateChunk: every field, the data by its
     length (the range's sha256, covered here, checks the data)."""
     return c.round, c.step, c.offset, c.total, c.progress, c.sha256, c.params, len(c.data), c.extra
@@ -166,7 +159,7 @@ class GrpcTransport:
         port = await self._lane(address, timeout)
         if port:
             try:
-                await self._bulk.fetch(split_address(address)[0], port, request, out, timeout, audience=address)
+                await self._bulk.fetch(host_of(address), port, request, out, timeout, audience=address)
             except (InvalidMessage, Unauthenticated) as exc:
                 self.rejections.record(address, exc.reason, str(exc))
                 raise
@@ -236,7 +229,7 @@ class GrpcTransport:
             async for raw in call:
                 c = _decode_state_chunk(raw)
                 if reply is not None:
-                    reply.update_fields(*_state_fields(c))
+                    reply.update_fields(*state_fields(c))
                 assembly.add(StateMeta(c.round, c.step, c.progress, c.extra), c.offset, c.sha256, c.data)
             if reply is not None:
                 reply.check(metadata_value(await call.trailing_metadata(), REPLY_KEY))
@@ -276,176 +269,6 @@ class GrpcTransport:
         await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
         if self._bulk is not None:
             await self._bulk.aclose()
-
-
-def _peer_host(context) -> str:
-    """The caller's address without its (ephemeral) port, for logs."""
-    peer = context.peer() or "unknown"
-    return peer.rsplit(":", 1)[0] if peer.count(":") >= 2 else peer
-
-
-class ExchangeServicer:
-    """gRPC edge of a SegmentServer and a StateServer: requests arrive as raw
-    bytes, are checked for proof of the secret, parsed and validated here; peerd
-    errors become status codes here only."""
-
-    def __init__(
-        self, server: SegmentServer, state: StateServer, auth: Authenticator | None = None,
-        rejections: Rejections | None = None,
-    ) -> None:
-        self._server = server
-        self._state = state
-        self._auth = auth
-        self.rejections = rejections or Rejections(log)
-        self.address = ""  # as callers dial it: their proofs are made for it
-        self.bulk_port = 0  # this worker's bulk lane, told by Lanes (0: none)
-
-    async def _refuse(self, context, code: grpc.StatusCode, reason: str, message: str) -> None:
-        self.rejections.record(_peer_host(context), reason, message)
-        await context.abort(code, message)
-
-    async def _admit(self, method: str, raw: bytes, message_type, context):
-        """The parsed request and the reply MAC (None without a secret), or abort."""
-        reply = None
-        if self._auth is not None:
-            try:
-                reply = self._auth.verify(
-                    method, raw, metadata_value(context.invocation_metadata(), AUTH_KEY), self.address)
-            except Unauthenticated as exc:
-                await self._refuse(context, grpc.StatusCode.UNAUTHENTICATED, exc.reason, str(exc))
-        try:
-            request = message_type.FromString(raw)
-        except DecodeError:
-            await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, "malformed", "undecodable request")
-        if not math.isfinite(request.wait_s):
-            await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, "bad_request", "wait_s is not finite")
-        remaining = context.time_remaining()
-        wait_s = min(max(request.wait_s, 0.0), MAX_WAIT_S, remaining if remaining is not None else MAX_WAIT_S)
-        return request, wait_s, reply
-
-    def _finish(self, context, reply: ReplyMac | None) -> None:
-        if reply is not None:
-            context.set_trailing_metadata(((REPLY_KEY, reply.digest()),))
-
-    async def _abort_peerd(self, context, exc: PeerdError, reply: ReplyMac | None) -> None:
-        if isinstance(exc, RoundMismatch):
-            current = str(max(exc.current_round, 0))
-            trailer = [(ROUND_KEY, current)]
-            if reply is not None:
-                trailer.append((REPLY_KEY, reply.digest(f"ABORTED:{current}")))
-            context.set_trailing_metadata(tuple(trailer))
-            await context.abort(grpc.StatusCode.ABORTED, str(exc))
-        if isinstance(exc, JobMismatch):
-            await self._refuse(context, grpc.StatusCode.FAILED_PRECONDITION, "job_mismatch", str(exc))
-        if isinstance(exc, InvalidMessage):
-            await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, exc.reason, str(exc))
-        await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-
-    async def Lanes(self, raw: bytes, context) -> bytes:
-        mac = None
-        if self._auth is not None:
-            try:
-                mac = self._auth.verify(LANES, raw, metadata_value(context.invocation_metadata(), AUTH_KEY), self.address)
-            except Unauthenticated as exc:
-                await self._refuse(context, grpc.StatusCode.UNAUTHENTICATED, exc.reason, str(exc))
-        try:
-            request = peer_pb2.LanesRequest.FromString(raw)
-            check_identity(self._server.identity, request.job, request.fingerprint)
-        except DecodeError:
-            await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, "malformed", "undecodable request")
-        except JobMismatch as exc:
-            await self._refuse(context, grpc.StatusCode.FAILED_PRECONDITION, "job_mismatch", str(exc))
-        reply = peer_pb2.LanesReply(bulk_port=self.bulk_port).SerializeToString()
-        if mac is not None:  # the port is covered too: a forged one could only point at a lane without the secret
-            mac.update(reply)
-            context.set_trailing_metadata(((REPLY_KEY, mac.digest()),))
-        return reply
-
-    async def FetchSegment(self, raw: bytes, context):
-        request, wait_s, reply = await self._admit(FETCH_SEGMENT, raw, peer_pb2.SegmentRequest, context)
-        try:
-            # aclosing: a client that goes away (deadline, crash) must release the
-            # snapshot it read at once, not whenever the generator is collected.
-            async with aclosing(self._server.segment(
-                request.job, request.fingerprint, request.round, request.segment, wait_s, request.stage
-            )) as chunks:
-                async for offset, total, data in chunks:
-                    if reply is not None:
-                        reply.update_fields(request.round, request.segment, offset, total, data.nbytes)
-                    yield encode_segment_chunk(request.round, request.segment, offset, total, data)
-        except PeerdError as exc:
-            await self._abort_peerd(context, exc, reply)
-        self._finish(context, reply)
-
-    async def FetchState(self, raw: bytes, context):
-        request, wait_s, reply = await self._admit(FETCH_STATE, raw, peer_pb2.StateRequest, context)
-        try:
-            async with aclosing(self._state.state(
-                request.job, request.fingerprint, request.offset, request.length, wait_s
-            )) as chunks:
-                async for meta, offset, total, sha, data in chunks:
-                    chunk = peer_pb2.StateChunk(
-                        round=meta.round, step=meta.step, progress=meta.progress, offset=offset,
-                        total=total, params=self._state.board.params, sha256=sha, data=data,
-                        extra=meta.extra if sha else b"",
-                    )
-                    if reply is not None:
-                        reply.update_fields(*_state_fields(chunk))
-                    yield chunk.SerializeToString()
-        except PeerdError as exc:
-            await self._abort_peerd(context, exc, reply)
-        self._finish(context, reply)
-
-
-class ExchangeServer:
-    """The gRPC server and the bulk lane of one worker, stopped together."""
-
-    def __init__(self, grpc_server: grpc.aio.Server, bulk: BulkServer | None) -> None:
-        self.grpc = grpc_server
-        self.bulk = bulk
-
-    async def stop(self, grace: float | None) -> None:
-        if self.bulk is not None:
-            await self.bulk.close()
-        await self.grpc.stop(grace)
-
-
-async def start_exchange_server(
-    server: SegmentServer, state: StateServer, host: str, port: int = 0, *,
-    auth: Authenticator | None = None, tls: TlsMaterial | None = None, rejections: Rejections | None = None,
-    bulk: bool = True,
-) -> tuple[ExchangeServer, str]:
-    """Serve segments and state on host:port (0: any free port), and segments on
-    a bulk lane beside it (with the same proofs; not with TLS, which it lacks);
-    returns the server and its gRPC address."""
-    grpc_server = grpc.aio.server(options=SERVER_OPTIONS, maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS)
-    servicer = ExchangeServicer(server, state, auth, rejections)
-    lane = BulkServer(server, auth, servicer.rejections) if bulk and tls is None else None
-    if lane is not None:
-        servicer.bulk_port = await lane.start(host)
-    # Registered by hand, with no (de)serializers: requests are checked against
-    # their proof as the bytes that came, and chunks go out as peerd.worker.codec
-    # encoded them.
-    handlers = {
-        "FetchSegment": grpc.unary_stream_rpc_method_handler(servicer.FetchSegment),
-        "FetchState": grpc.unary_stream_rpc_method_handler(servicer.FetchState),
-        "Lanes": grpc.unary_unary_rpc_method_handler(servicer.Lanes),
-    }
-    grpc_server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(EXCHANGE_SERVICE, handlers),))
-    bound = add_port(grpc_server, _join(host, port), tls)
-    if bound == 0:
-        if lane is not None:
-            await lane.close()
-        raise PeerUnavailable(f"cannot bind the exchange service to {host}:{port}")
-    await grpc_server.start()
-    servicer.address = _join(host, bound)
-    if lane is not None:
-        lane.audience = servicer.address  # what callers' proofs name
-    return ExchangeServer(grpc_server, lane), servicer.address
-
-
-def _join(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class MemoryTransport:

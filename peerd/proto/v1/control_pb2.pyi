@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Progress(_message.Message):
-    __slots__ = ("step", "round", "epoch", "loss", "samples_per_s", "partners_reached", "partners_planned", "metric", "disagreement", "samples", "segment_misses", "finished", "exchange_s", "lr", "phase", "global_batch", "rejected", "local_batch", "share", "compute_s", "metric_name", "metric_higher_better", "metrics", "skipped_steps", "data_samples", "data_mode", "rounds_done", "bytes_sent", "bytes_received", "exchange_buckets", "exchange_sum_s", "exchange_count", "checkpoint_round", "checkpoints_written")
+    __slots__ = ("step", "round", "epoch", "loss", "samples_per_s", "partners_reached", "partners_planned", "metric", "disagreement", "samples", "segment_misses", "finished", "exchange_s", "lr", "phase", "global_batch", "rejected", "local_batch", "share", "compute_s", "metric_name", "metric_higher_better", "metrics", "skipped_steps", "exported", "exported_round", "data_samples", "data_mode", "rounds_done", "bytes_sent", "bytes_received", "exchange_buckets", "exchange_sum_s", "exchange_count", "checkpoint_round", "checkpoints_written")
     class RejectedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -46,6 +46,8 @@ class Progress(_message.Message):
     METRIC_HIGHER_BETTER_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
     SKIPPED_STEPS_FIELD_NUMBER: _ClassVar[int]
+    EXPORTED_FIELD_NUMBER: _ClassVar[int]
+    EXPORTED_ROUND_FIELD_NUMBER: _ClassVar[int]
     DATA_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     DATA_MODE_FIELD_NUMBER: _ClassVar[int]
     ROUNDS_DONE_FIELD_NUMBER: _ClassVar[int]
@@ -80,6 +82,8 @@ class Progress(_message.Message):
     metric_higher_better: bool
     metrics: _containers.ScalarMap[str, float]
     skipped_steps: int
+    exported: str
+    exported_round: int
     data_samples: int
     data_mode: str
     rounds_done: int
@@ -90,7 +94,7 @@ class Progress(_message.Message):
     exchange_count: int
     checkpoint_round: int
     checkpoints_written: int
-    def __init__(self, step: _Optional[int] = ..., round: _Optional[int] = ..., epoch: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., partners_reached: _Optional[int] = ..., partners_planned: _Optional[int] = ..., metric: _Optional[float] = ..., disagreement: _Optional[float] = ..., samples: _Optional[int] = ..., segment_misses: _Optional[int] = ..., finished: _Optional[bool] = ..., exchange_s: _Optional[float] = ..., lr: _Optional[float] = ..., phase: _Optional[str] = ..., global_batch: _Optional[int] = ..., rejected: _Optional[_Mapping[str, int]] = ..., local_batch: _Optional[int] = ..., share: _Optional[float] = ..., compute_s: _Optional[float] = ..., metric_name: _Optional[str] = ..., metric_higher_better: _Optional[bool] = ..., metrics: _Optional[_Mapping[str, float]] = ..., skipped_steps: _Optional[int] = ..., data_samples: _Optional[int] = ..., data_mode: _Optional[str] = ..., rounds_done: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., exchange_buckets: _Optional[_Iterable[int]] = ..., exchange_sum_s: _Optional[float] = ..., exchange_count: _Optional[int] = ..., checkpoint_round: _Optional[int] = ..., checkpoints_written: _Optional[int] = ...) -> None: ...
+    def __init__(self, step: _Optional[int] = ..., round: _Optional[int] = ..., epoch: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., partners_reached: _Optional[int] = ..., partners_planned: _Optional[int] = ..., metric: _Optional[float] = ..., disagreement: _Optional[float] = ..., samples: _Optional[int] = ..., segment_misses: _Optional[int] = ..., finished: _Optional[bool] = ..., exchange_s: _Optional[float] = ..., lr: _Optional[float] = ..., phase: _Optional[str] = ..., global_batch: _Optional[int] = ..., rejected: _Optional[_Mapping[str, int]] = ..., local_batch: _Optional[int] = ..., share: _Optional[float] = ..., compute_s: _Optional[float] = ..., metric_name: _Optional[str] = ..., metric_higher_better: _Optional[bool] = ..., metrics: _Optional[_Mapping[str, float]] = ..., skipped_steps: _Optional[int] = ..., exported: _Optional[str] = ..., exported_round: _Optional[int] = ..., data_samples: _Optional[int] = ..., data_mode: _Optional[str] = ..., rounds_done: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., exchange_buckets: _Optional[_Iterable[int]] = ..., exchange_sum_s: _Optional[float] = ..., exchange_count: _Optional[int] = ..., checkpoint_round: _Optional[int] = ..., checkpoints_written: _Optional[int] = ...) -> None: ...
 
 class WorkerReport(_message.Message):
     __slots__ = ("job", "pid", "address", "fingerprint", "progress", "member")
@@ -121,18 +125,20 @@ class PeerEndpoint(_message.Message):
     def __init__(self, peer_id: _Optional[str] = ..., address: _Optional[str] = ..., locality: _Optional[str] = ..., daemon: _Optional[str] = ...) -> None: ...
 
 class WorkerView(_message.Message):
-    __slots__ = ("peers", "stop", "members", "settled", "speeds")
+    __slots__ = ("peers", "stop", "members", "settled", "speeds", "export_path")
     PEERS_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     SETTLED_FIELD_NUMBER: _ClassVar[int]
     SPEEDS_FIELD_NUMBER: _ClassVar[int]
+    EXPORT_PATH_FIELD_NUMBER: _ClassVar[int]
     peers: _containers.RepeatedCompositeFieldContainer[PeerEndpoint]
     stop: bool
     members: _containers.RepeatedScalarFieldContainer[str]
     settled: bool
     speeds: _containers.RepeatedCompositeFieldContainer[MemberSpeed]
-    def __init__(self, peers: _Optional[_Iterable[_Union[PeerEndpoint, _Mapping]]] = ..., stop: _Optional[bool] = ..., members: _Optional[_Iterable[str]] = ..., settled: _Optional[bool] = ..., speeds: _Optional[_Iterable[_Union[MemberSpeed, _Mapping]]] = ...) -> None: ...
+    export_path: str
+    def __init__(self, peers: _Optional[_Iterable[_Union[PeerEndpoint, _Mapping]]] = ..., stop: _Optional[bool] = ..., members: _Optional[_Iterable[str]] = ..., settled: _Optional[bool] = ..., speeds: _Optional[_Iterable[_Union[MemberSpeed, _Mapping]]] = ..., export_path: _Optional[str] = ...) -> None: ...
 
 class MemberSpeed(_message.Message):
     __slots__ = ("peer_id", "samples_per_s", "data_samples")
@@ -149,7 +155,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class LocalJob(_message.Message):
-    __slots__ = ("name", "state", "spec_fingerprint", "worker_pid", "restarts", "view_size", "progress", "log_path", "workers")
+    __slots__ = ("name", "state", "spec_fingerprint", "worker_pid", "restarts", "view_size", "progress", "log_path", "workers", "message")
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     SPEC_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -159,6 +165,7 @@ class LocalJob(_message.Message):
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     LOG_PATH_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
     name: str
     state: str
     spec_fingerprint: str
@@ -168,10 +175,11 @@ class LocalJob(_message.Message):
     progress: Progress
     log_path: str
     workers: _containers.RepeatedCompositeFieldContainer[LocalWorker]
-    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., spec_fingerprint: _Optional[str] = ..., worker_pid: _Optional[int] = ..., restarts: _Optional[int] = ..., view_size: _Optional[int] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., log_path: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[LocalWorker, _Mapping]]] = ...) -> None: ...
+    message: str
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., spec_fingerprint: _Optional[str] = ..., worker_pid: _Optional[int] = ..., restarts: _Optional[int] = ..., view_size: _Optional[int] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., log_path: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[LocalWorker, _Mapping]]] = ..., message: _Optional[str] = ...) -> None: ...
 
 class LocalWorker(_message.Message):
-    __slots__ = ("member", "device", "state", "pid", "restarts", "progress", "log_path", "address")
+    __slots__ = ("member", "device", "state", "pid", "restarts", "progress", "log_path", "address", "message")
     MEMBER_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -180,6 +188,7 @@ class LocalWorker(_message.Message):
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     LOG_PATH_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
     member: str
     device: str
     state: str
@@ -188,7 +197,8 @@ class LocalWorker(_message.Message):
     progress: Progress
     log_path: str
     address: str
-    def __init__(self, member: _Optional[str] = ..., device: _Optional[str] = ..., state: _Optional[str] = ..., pid: _Optional[int] = ..., restarts: _Optional[int] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., log_path: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
+    message: str
+    def __init__(self, member: _Optional[str] = ..., device: _Optional[str] = ..., state: _Optional[str] = ..., pid: _Optional[int] = ..., restarts: _Optional[int] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., log_path: _Optional[str] = ..., address: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class StatusReply(_message.Message):
     __slots__ = ("peer_id", "version", "uptime_s", "peer_address", "locality", "peers_known", "jobs")
@@ -315,3 +325,21 @@ class LeaveRequest(_message.Message):
 class LeaveReply(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class ExportRequest(_message.Message):
+    __slots__ = ("name", "path")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    path: str
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ...) -> None: ...
+
+class ExportReply(_message.Message):
+    __slots__ = ("path", "round", "step")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    round: int
+    step: int
+    def __init__(self, path: _Optional[str] = ..., round: _Optional[int] = ..., step: _Optional[int] = ...) -> None: ...

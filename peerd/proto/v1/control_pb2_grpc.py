@@ -59,6 +59,11 @@ class ControlStub:
                 request_serializer=peerd_dot_proto_dot_v1_dot_control__pb2.LeaveRequest.SerializeToString,
                 response_deserializer=peerd_dot_proto_dot_v1_dot_control__pb2.LeaveReply.FromString,
                 _registered_method=True)
+        self.Export = channel.unary_unary(
+                '/peerd.v1.Control/Export',
+                request_serializer=peerd_dot_proto_dot_v1_dot_control__pb2.ExportRequest.SerializeToString,
+                response_deserializer=peerd_dot_proto_dot_v1_dot_control__pb2.ExportReply.FromString,
+                _registered_method=True)
 
 
 class ControlServicer:
@@ -94,6 +99,13 @@ class ControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Export(self, request, context):
+        """Write the current model of a running job to a file (a plain state_dict).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -121,6 +133,11 @@ def add_ControlServicer_to_server(servicer, server):
                     servicer.Leave,
                     request_deserializer=peerd_dot_proto_dot_v1_dot_control__pb2.LeaveRequest.FromString,
                     response_serializer=peerd_dot_proto_dot_v1_dot_control__pb2.LeaveReply.SerializeToString,
+            ),
+            'Export': grpc.unary_unary_rpc_method_handler(
+                    servicer.Export,
+                    request_deserializer=peerd_dot_proto_dot_v1_dot_control__pb2.ExportRequest.FromString,
+                    response_serializer=peerd_dot_proto_dot_v1_dot_control__pb2.ExportReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -258,6 +275,33 @@ class Control:
             '/peerd.v1.Control/Leave',
             peerd_dot_proto_dot_v1_dot_control__pb2.LeaveRequest.SerializeToString,
             peerd_dot_proto_dot_v1_dot_control__pb2.LeaveReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Export(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/peerd.v1.Control/Export',
+            peerd_dot_proto_dot_v1_dot_control__pb2.ExportRequest.SerializeToString,
+            peerd_dot_proto_dot_v1_dot_control__pb2.ExportReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,156 @@
+"""The Hello client: asks every known peer (and each seed) who it is and what it
+runs, every hello_interval_s, and keeps the address book and the membership
+view from the answers. Owns the channels to the peers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+import grpc
+
+from peerd.auth import Authenticator
+from peerd.config import DaemonConfig
+from peerd.core.directory import HELLO, ZEROCONF, PeerDirectory
+from peerd.core.membership import JobEntry, Membership, PeerRecord
+from peerd.daemon.services import GET_JOB_SPEC, HELLO as HELLO_METHOD, PeerClient, hello_request
+from peerd.errors import PeerdError
+from peerd.proto.v1 import peer_pb2
+from peerd.tls import TlsMaterial
+
+log = logging.getLogger("peerd")
+HELLO_TIMEOUT_S = 2.0
+
+
+class HelloClient:
+    def __init__(self, peer_id: str, config: DaemonConfig, membership: Membership, auth: Authenticator | None,
+                 tls: TlsMaterial | None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.peer_id, self.config, self.membership, self.clock = peer_id, config, membership, clock
+        self.directory = PeerDirectory(peer_id)
+        self.peer_address = ""  # this daemon's, once its Peer service is bound
+        self.worker_changed = asyncio.Event()  # a worker started or stopped serving: Hello now
+        self._peers = PeerClient(auth, tls)
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._background: set[asyncio.Task] = set()  # channel closes and out-of-turn Hellos in flight
+        self._pulling: set[str] = set()  # peers asked out of turn, until they answer
+
+    # ---- the address book ------------------------------------------------
+
+    def learn_address(self, peer_id: str, address: str, via: str = ZEROCONF) -> None:
+        """A peer's address from zeroconf, or (via="hello") from a Hello."""
+        change = self.directory.learn(peer_id, address, via, self.clock())
+        if change.found:
+            log.info("found peer %s at %s (%s)", peer_id, address, via)
+        self._close_channel(change.unused)
+
+    def forget_address(self, peer_id: str) -> None:
+        self._close_channel(self.directory.forget(peer_id))
+
+    def lost(self, peer_id: str) -> None:
+        """Zeroconf says the peer withdrew its announcement."""
+        log.info("peer %s withdrew its announcement", peer_id)
+        self.forget_address(peer_id)
+        self.membership.forget(peer_id)
+
+    def _close_channel(self, address: str | None) -> None:
+        channel = self._channels.pop(address, None) if address is not None else None
+        if channel is not None:
+            self._in_background(asyncio.ensure_future(channel.close()))
+
+    def _in_background(self, task: asyncio.Future) -> None:
+        self._background.add(task)  # awaited on shutdown
+        task.add_done_callback(self._background.discard)
+
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = self._peers.channel(address)
+        return channel
+
+    # ---- Hello rounds ------------------------------------------------------
+
+    async def run(self, after_round: Callable[[], Awaitable[None]]) -> None:
+        """Hello everyone every interval, or at once (asking the others back) when
+        a worker starts or stops serving; `after_round` after each round."""
+        changed = False
+        while True:
+            try:
+                await self.hello_all(changed)
+                await after_round()
+            except Exception:  # one bad round must not stop discovery for good
+                log.exception("hello round failed")
+            try:
+                await asyncio.wait_for(self.worker_changed.wait(), self.config.hello_interval_s)
+            except TimeoutError:
+                pass
+            changed = self.worker_changed.is_set()
+            self.worker_changed.clear()
+
+    async def hello_all(self, changed: bool = False) -> None:
+        known = self.directory.addresses()
+        seeds = [a for a in self.config.seeds if a not in known and a != self.peer_address]
+        await asyncio.gather(*(self.hello(p, a, changed) for p, a in self.directory.items()),
+                             *(self.hello("", a, changed) for a in seeds))
+        now = self.clock()
+        for peer_id in self.membership.expire(now):
+            log.warning("peer %s timed out", peer_id)
+        answering = lambda p: self.membership.get(p) is not None  # noqa: E731
+        for address in self.directory.expire(now, self.config.peer_timeout_s, answering):
+            self._close_channel(address)  # heard of, but silent: not tried forever
+
+    def pull_soon(self, peer_id: str) -> None:
+        """A peer says its workers changed: ask it now rather than at the next
+        interval (one ask in flight per peer), so a leave or a join reaches the
+        other workers' views within a Hello round trip."""
+        address = self.directory.address(peer_id)
+        if address is None or peer_id in self._pulling:
+            return
+        self._pulling.add(peer_id)
+        task = asyncio.create_task(self.hello(peer_id, address))
+        task.add_done_callback(lambda _: self._pulling.discard(peer_id))
+        self._in_background(task)
+
+    async def hello(self, peer_id: str, address: str, changed: bool = False) -> None:
+        try:
+            reply = await self._peers.call(
+                self._channel(address), HELLO_METHOD,
+                hello_request(self.peer_id, self.peer_address, self.config.realm, changed),
+                peer_pb2.HelloReply, HELLO_TIMEOUT_S)
+        except PeerdError as exc:
+            log.debug("hello to %s at %s failed: %s", peer_id, address, exc)
+            return  # silence counts against it through the membership timeout
+        if reply.realm != self.config.realm:
+            if peer_id:
+                self.forget_address(peer_id)
+            return
+        if not peer_id:  # a seed: now we know who answers there
+            if reply.peer_id == self.peer_id or not reply.peer_id:
+                return
+            self.learn_address(reply.peer_id, address, via=HELLO)
+        for known in reply.known:  # passed onward: discovery reaches beyond the seeds
+            if known.peer_id and known.address and known.peer_id not in self.directory:
+                self.learn_address(known.peer_id, known.address, via=HELLO)
+        self._observe(reply, address)
+
+    def _observe(self, reply: peer_pb2.HelloReply, address: str) -> None:
+        jobs = tuple(
+            JobEntry(j.name, j.spec_fingerprint, j.worker_address, j.round, j.state, j.phase, j.lr, j.global_batch,
+                     j.samples_per_s, j.local_batch, j.share, j.member, j.device, j.data_samples)
+            for j in reply.jobs
+        )
+        record = PeerRecord(reply.peer_id, address, reply.locality, reply.version, jobs, self.clock())
+        if self.membership.observe(record):
+            log.info("peer %s joined the view (%d known)", reply.peer_id, len(self.membership.peers()))
+
+    async def job_spec(self, peer_id: str, name: str) -> peer_pb2.JobSpecReply:
+        """The spec of job `name` as `peer_id` has it (a member of the view)."""
+        record = self.membership.get(peer_id)
+        return await self._peers.call(
+            self._channel(record.address), GET_JOB_SPEC, peer_pb2.JobSpecRequest(name=name),
+            peer_pb2.JobSpecReply, HELLO_TIMEOUT_S)
+
+    async def aclose(self) -> None:
+        await asyncio.gather(*self._background, *(c.close() for c in self._channels.values()),
+                             return_exceptions=True)

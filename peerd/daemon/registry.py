@@ -1,0 +1,223 @@
+"""The jobs this daemon runs: joining (checks, files, workers), leaving, and what
+each of its workers is told of the job's other workers."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.machinery
+import importlib.util
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+from peerd.auth import load_secret
+from peerd.config import DaemonConfig
+from peerd.core.codes import ACTIVE_STATES, ENDED_STATES, WorkerState
+from peerd.core.membership import Membership
+from peerd.core.workers import split_threads
+from peerd.daemon.jobs import ENDED, JOINED, LocalJob, WorkerLaunch, WorkerProcess
+from peerd.daemon.localdata import check_local_job
+from peerd.daemon.standby import Standby
+from peerd.errors import ConfigError, JobMismatch, PeerUnavailable, UnknownJob
+from peerd.jobspec import JobSpec, parse_job
+from peerd.proto.v1 import control_pb2, peer_pb2
+
+log = logging.getLogger("peerd")
+SHUTDOWN_RESERVE_S = 5.0  # of daemon.stop_timeout_s, kept for unannouncing and stopping the servers
+
+
+class JobRegistry:
+    def __init__(self, config: DaemonConfig, peer_id: str, devices: list[str], members: list[str],
+                 membership: Membership, standby: Standby | None) -> None:
+        self.config, self.peer_id, self.devices, self.members = config, peer_id, devices, members
+        self.membership, self.standby = membership, standby
+        self.jobs: dict[str, LocalJob] = {}
+
+    def get(self, name: str) -> LocalJob:
+        job = self.jobs.get(name)
+        if job is None:
+            raise UnknownJob(f"this peer does not run job {name!r}")
+        return job
+
+    def active(self) -> list[str]:
+        """Names of the jobs a worker here is active in, sorted."""
+        return sorted(n for n, j in self.jobs.items() if j.state in ACTIVE_STATES)
+
+    def to_resume(self) -> list[Path]:
+        """The directories of the jobs this peer was in when the daemon stopped or died."""
+        return [d for d in sorted((self.config.state_dir / "jobs").glob("*"))
+                if (d / JOINED).exists() and not (d / ENDED).exists()]
+
+    def spec_reply(self, name: str) -> peer_pb2.JobSpecReply:
+        job = self.get(name)
+        return peer_pb2.JobSpecReply(name=name, spec_toml=(job.job_dir / "job.toml").read_text(),
+                                     spec_fingerprint=job.spec.fingerprint)
+
+    def join(self, spec_toml: str, spec_dir: str) -> JobSpec:
+        spec = parse_job(spec_toml, "job spec")
+        secret_file = self._check_joinable(spec, spec_dir)
+        data_root = check_local_job(spec, spec_dir, secret_file, self.config.data_root)
+        job_dir = self.config.state_dir / "jobs" / spec.name
+        job_dir.mkdir(parents=True, exist_ok=True)
+        spec_path = job_dir / "job.toml"
+        write_atomic(spec_path, spec_toml)
+        write_atomic(job_dir / JOINED, json.dumps({"spec_dir": spec_dir}) + "\n")
+        (job_dir / ENDED).unlink(missing_ok=True)
+        job = LocalJob.create(spec, job_dir, self._launches(job_dir, spec_path, spec_dir, secret_file, data_root),
+                              self.config.restart_backoff_s, self.config.restart_backoff_max_s,
+                              stop_grace_s=max(1.0, self.config.stop_timeout_s - SHUTDOWN_RESERVE_S),
+                              standby=self.standby)
+        self.jobs[spec.name] = job
+        job.start()
+        log.info("joined job %s (fingerprint %s)", spec.name, spec.fingerprint)
+        return spec
+
+    def _check_joinable(self, spec: JobSpec, spec_dir: str) -> Path | None:
+        """Refuse a join now, not in a restarting worker; the job's secret file."""
+        for entry in filter(None, (spec.module, spec.model, spec.data)):
+            check_importable(entry, spec_dir)
+        if spec.script and not spec.script_path(spec_dir).is_file():
+            raise ConfigError(f"job.script = {spec.script!r}: no such file {spec.script_path(spec_dir)} on this "
+                              "machine (a relative path is taken from the job file's directory)")
+        secret_file = spec.secret_path(spec_dir) or self.config.job_secret_file
+        if secret_file is not None:
+            load_secret(secret_file)
+        current = self.jobs.get(spec.name)
+        if current is not None and current.state not in ENDED_STATES:
+            raise ConfigError(f"this peer already runs job {spec.name!r} (state {current.state})")
+        for (name, fingerprint), peers in self.membership.jobs().items():
+            if name == spec.name and fingerprint != spec.fingerprint:
+                raise JobMismatch(
+                    f"job {spec.name!r} runs on {', '.join(peers)} with another spec "
+                    f"(fingerprint {fingerprint}, yours {spec.fingerprint}); use the same job file"
+                )
+        return secret_file
+
+    def _launches(self, job_dir: Path, spec_path: Path, spec_dir: str, secret_file: Path | None,
+                  data_root: str = "") -> list[WorkerLaunch]:
+        count = len(self.devices)
+        return [
+            WorkerLaunch(
+                control_address=f"unix:{self.config.control_socket}", peer_id=member,
+                host=self.config.host, threads=split_threads(self.config.worker_threads, count), device=device,
+                spec_path=spec_path, spec_dir=spec_dir, log_path=_worker_dir(job_dir, k, count) / "worker.log",
+                secret_file=secret_file, tls=self.config.tls, slowdown=self.config.slowdown,
+                log_format=self.config.log_format, data_root=data_root,
+            )
+            for k, (member, device) in enumerate(zip(self.members, self.devices))
+        ]
+
+    async def leave(self, name: str, drain: bool) -> None:
+        job = self.get(name)
+        await job.stop(drain)
+        del self.jobs[name]
+        (job.job_dir / JOINED).unlink(missing_ok=True)  # left on purpose: not resumed
+        log.info("left job %s%s", name, " after draining" if drain else "")
+
+    async def export(self, name: str, path: str, timeout_s: float) -> control_pb2.ExportReply:
+        """Ask the job's (first) worker to write its model to `path` at its next
+        round boundary, and wait until it says it did."""
+        if not os.path.isabs(path):
+            raise ConfigError(f"export path {path!r}: give an absolute path (it is written by the worker)")
+        if not os.path.isdir(os.path.dirname(path)):
+            raise ConfigError(f"export path {path!r}: no such directory")
+        job = self.get(name)
+        worker = job.first
+        if worker.state != WorkerState.RUNNING:
+            raise ConfigError(f"job {name!r} is {worker.state}, not running: its model is in "
+                              f"{worker.launch.log_path.parent / 'model.pt'} once it finishes")
+        worker.export_path = path
+        deadline = time.monotonic() + timeout_s
+        try:
+            while worker.progress.exported != path:
+                if time.monotonic() > deadline or worker.state != WorkerState.RUNNING:
+                    raise PeerUnavailable(f"job {name!r}: the worker did not write {path} within {timeout_s:.0f} s "
+                                          f"(state {worker.state}); see {worker.launch.log_path}")
+                await asyncio.sleep(0.1)
+        finally:
+            worker.export_path = ""
+        p = worker.progress
+        return control_pb2.ExportReply(path=path, round=p.exported_round, step=p.step)
+
+    def worker_view(self, report: control_pb2.WorkerReport, settled: bool) -> tuple[control_pb2.WorkerView, bool]:
+        """What a worker's heartbeat gets back: the job's other workers, here and on
+        the peers; and whether this report started or stopped its serving."""
+        job = self.get(report.job)
+        worker = job.worker(report.member)
+        if worker is None:
+            raise UnknownJob(f"this peer runs no worker {report.member!r} of job {report.job!r}")
+        serving = worker.address
+        worker.on_heartbeat(report)
+        name, fingerprint = job.spec.name, job.spec.fingerprint
+        peers = [control_pb2.PeerEndpoint(peer_id=w.member, address=w.address, locality=w.locality, daemon=w.daemon)
+                 for w in self.membership.job_workers(name, fingerprint)]
+        # This daemon's own workers: the one reporting, and its siblings of the job.
+        mine = [w for w in job.workers if w is worker or w.state in ACTIVE_STATES]
+        peers += [control_pb2.PeerEndpoint(peer_id=w.member, address=w.address, locality=self.config.locality,
+                                           daemon=self.peer_id) for w in mine if w.address]
+        members = [*self.membership.job_members(name, fingerprint), *(w.member for w in mine)]
+        speeds = {**self.membership.job_speeds(name, fingerprint),
+                  **{w.member: w.progress.samples_per_s for w in mine if w is not worker}}
+        sizes = {**self.membership.job_data_sizes(name, fingerprint),
+                 **{w.member: w.progress.data_samples for w in mine if w is not worker}}
+        view = control_pb2.WorkerView(
+            peers=peers, members=members, stop=worker.stop_requested, settled=settled, export_path=worker.export_path,
+            speeds=[control_pb2.MemberSpeed(peer_id=p, samples_per_s=v, data_samples=sizes.get(p, 0))
+                    for p, v in speeds.items()])
+        return view, worker.address != serving
+
+    def local_job(self, job: LocalJob) -> control_pb2.LocalJob:
+        first = job.first
+        workers = [
+            control_pb2.LocalWorker(member=w.member, device=w.device, state=w.state, pid=w.pid, restarts=w.restarts,
+                                    progress=w.progress, log_path=str(w.launch.log_path), address=w.address,
+                                    message=w.message)
+            for w in job.workers
+        ]
+        return control_pb2.LocalJob(
+            name=job.spec.name, state=job.state, spec_fingerprint=job.spec.fingerprint, worker_pid=first.pid,
+            restarts=sum(w.restarts for w in job.workers), progress=first.progress,
+            log_path=str(first.launch.log_path), workers=workers, message=first.message,
+            view_size=len(self.membership.job_view(job.spec.name, job.spec.fingerprint)) + len(job.workers),
+        )
+
+    def job_ads(self) -> list[peer_pb2.JobAd]:
+        """Each worker of each job, as a Hello reply tells the peers."""
+        return [self._job_ad(j, w) for j in self.jobs.values() for w in j.workers]
+
+    def _job_ad(self, job: LocalJob, w: WorkerProcess) -> peer_pb2.JobAd:
+        p = w.progress
+        return peer_pb2.JobAd(
+            name=job.spec.name, spec_fingerprint=job.spec.fingerprint, worker_address=w.address, round=p.round,
+            state=w.state, phase=p.phase, lr=p.lr, global_batch=p.global_batch, samples_per_s=p.samples_per_s,
+            local_batch=p.local_batch, share=p.share, device=w.device, data_samples=p.data_samples,
+            member=w.member if w.member != self.peer_id else "",  # a single worker's ad is as before
+        )
+
+
+def _worker_dir(job_dir: Path, k: int, count: int) -> Path:
+    """Where worker k keeps its log, checkpoints and model: the job's directory
+    for a single worker (as before several were possible), else worker-<k>/."""
+    return job_dir if count == 1 else job_dir / f"worker-{k}"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def check_importable(entry: str, spec_dir: str) -> None:
+    """Fail a join early, with the module's name, when the job's code is not on
+    this machine. Only locates the top-level package: the daemon imports no job code."""
+    module = entry.partition(":")[0]
+    top = module.split(".")[0]
+    search = [spec_dir, *sys.path] if spec_dir else sys.path
+    if importlib.machinery.PathFinder.find_spec(top, search) is None and importlib.util.find_spec(top) is None:
+        raise ConfigError(
+            f"the job's code is not on this machine: no module named {top!r} (for {entry!r}); "
+            "install it, or put it next to the job file"
+        )

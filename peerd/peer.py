@@ -1,0 +1,418 @@
+"""`peerd.attach`: a training script joins its peerd job with a handful of lines.
+
+    import peerd
+    peer = peerd.attach(model, optimizer, scheduler=sched, scaler=scaler)
+    for batch in peer.loader(train_set, batch_size=32):
+        loss = compute_loss(model, batch); loss.backward()
+        optimizer.step(); optimizer.zero_grad()
+        peer.step(batch_size=len(batch[0]))
+        if peer.should_stop:
+            break
+    peer.report({"val_loss": evaluate(model)})
+
+A scheduler given to attach() follows the job's position (see
+Peer._advance_scheduler): written for one process, it ends with the job.
+attach() registers the training state (the model, the optimizer's state made up
+front, the scheduler's and scaler's state, anything else with state_dict and
+load_state_dict) and blocks until this peer holds the job's state: from the
+running peers (verified), from its own checkpoint, or the fresh one when it is
+the first. The engine (peerd.worker.engine) then runs in a background thread:
+it serves partners while the script computes and takes the gossip round when
+peer.step() says the round's local steps are done. peerd's own training loop
+(peerd.worker.main) is a client of this same class.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import signal
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from peerd.errors import ConfigError
+from peerd.jobspec import JobSpec
+from peerd.worker.data import DataCursor, PeerSampler, View, default_loader
+from peerd.worker.engine import Engine, Security, StepPlan
+from peerd.worker.link import SupervisorLink
+from peerd.worker.lrcontrol import LrControl
+from peerd.worker.optim import init_state
+from peerd.worker.trainstate import Stateful, TrainState
+
+log = logging.getLogger("peerd.worker")
+
+NO_STEP_WARNING_S = 120.0  # a script that has not called peer.step() by then is told so in its log
+CLOSE_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How the daemon started this worker (the arguments of python -m peerd.worker)."""
+
+    spec: JobSpec
+    spec_dir: str
+    control: str
+    peer_id: str
+    host: str = "127.0.0.1"
+    out_dir: Path = Path(".")
+    device: str = "cpu"
+    security: Security = field(default_factory=Security)
+    slowdown: float = 1.0
+    data_root: str = ""  # data_mode = "local": where this peer's data is (ctx.data_root)
+
+
+_launch: Launch | None = None  # set by peerd.worker.main before it runs a script job
+_attached: list[Peer] = []
+
+
+def set_launch(launch: Launch | None) -> None:
+    global _launch
+    _launch = launch
+
+
+def attach(model: nn.Module, optimizer: torch.optim.Optimizer, *, scheduler: Stateful | None = None,
+           scaler: Stateful | None = None, state: dict[str, Stateful] | None = None) -> Peer:
+    """Join this script's peerd job with `model` and `optimizer` (and whatever
+    else a newcomer must receive); returns once this peer holds the job's state."""
+    if _launch is None:
+        raise ConfigError("peerd.attach(): this script was not started by peerd; run it as a script job "
+                          "(a job file with [job] script = \"...\", then peerctl join JOB.toml, "
+                          "or peerd cluster --job JOB.toml)")
+    if _attached and not _attached[-1].closed:
+        raise ConfigError("peerd.attach() was called twice: a worker trains one job with one model")
+    if any(p.dtype != torch.float32 for p in model.parameters() if p.requires_grad):
+        raise ConfigError("peerd.attach(): peerd averages fp32 parameters; keep the model in fp32 and use "
+                          "autocast (bf16/fp16) for speed")
+    objects = {k: v for k, v in (("scheduler", scheduler), ("scaler", scaler)) if v is not None}
+    objects.update(state or {})
+    init_state(optimizer)
+    spec = _launch.spec
+    train_state = TrainState(model, optimizer, average_buffers=spec.gossip.average_buffers,
+                             average_optimizer_state=spec.gossip.average_optimizer_state, objects=objects)
+    lr = LrControl(spec.optimizer)
+    lr.install(optimizer)
+    peer = Peer(_launch, ScriptSource(train_state, spec, _launch.peer_id, lr))
+    _attached.append(peer)
+    return peer
+
+
+class ScriptSource:
+    """A script's training as the engine sees it: counted by peer.step()."""
+
+    def __init__(self, state: TrainState, spec: JobSpec, peer_id: str, lr: LrControl) -> None:
+        self.state = state
+        self.spec = spec
+        self.peer_id = peer_id
+        self.lr_control = lr
+        self.cursor: DataCursor | None = None
+        self.sampler: PeerSampler | None = None
+        self.steps_per_epoch = 0.0  # a single process's steps per epoch at the script's batch size
+        self._seek: float | None = None  # a donor's position, for the loader made later
+        self.step_count = self.samples = self.skipped_steps = 0
+        self.progress = 0.0
+        self.loss_ema = self.speed_ema = self.share = self.lr = math.nan
+        self.local_batch = spec.local_batch
+        self.compute_s = 0.0
+        self._ema_samples = self._ema_seconds = 0.0
+
+    @property
+    def epoch(self) -> int:
+        return int(self.progress)
+
+    @property
+    def global_batch(self) -> int:
+        return self.lr_control.ramp.batch
+
+    @property
+    def done(self) -> bool:
+        read = self.cursor is not None and self.cursor.done and not (self.sampler and self.sampler.handed)
+        return self.progress >= self.spec.epochs or read
+
+    def adopt_state(self, vector: torch.Tensor, extra: bytes, step: int, progress: float) -> None:
+        self.state.adopt(vector, extra)
+        self.step_count, self.progress, self._seek = step, progress, progress
+        if self.cursor is not None:
+            self.cursor.seek(progress)
+
+    def new_cursor(self, samples: int) -> DataCursor:
+        self.cursor = DataCursor(self.spec, self.peer_id, samples)
+        if self._seek is not None:
+            self.cursor.seek(self._seek)
+        return self.cursor
+
+    def record(self, batch_size: int | None, loss: float | None, seconds: float) -> None:
+        """One step of the script: its samples (from the loader's record when not
+        given), loss and compute time."""
+        taken = 0
+        while self.sampler is not None and self.sampler.handed and (batch_size is None or taken < batch_size):
+            micro = self.sampler.handed.popleft()
+            taken += len(micro.indices)
+            self.progress, self.share = micro.progress, micro.share
+            if micro.last and batch_size is None:
+                break
+        size = batch_size if batch_size is not None else taken
+        self.step_count += 1
+        self.samples += size
+        self.local_batch = size
+        self.compute_s += seconds
+        self.lr = self.lr_control.lr
+        if loss is not None and math.isfinite(loss):
+            self.loss_ema = loss if math.isnan(self.loss_ema) else 0.9 * self.loss_ema + 0.1 * loss
+        self._ema_samples = 0.9 * self._ema_samples + 0.1 * size
+        self._ema_seconds = 0.9 * self._ema_seconds + 0.1 * max(seconds, 1e-9)
+        self.speed_ema = self._ema_samples / self._ema_seconds
+
+
+class _LoopThread:
+    """An event loop of the engine's own, in a daemon thread."""
+
+    def __init__(self) -> None:
+        try:
+            import uvloop
+
+            self.loop = uvloop.new_event_loop()
+        except ImportError:  # no uvloop on this platform
+            self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="peerd-engine", daemon=True)
+        self._thread.start()
+
+    def call(self, coro: Coroutine, timeout: float | None = None):
+        """Run `coro` in the loop and wait for it; an interrupt cancels it."""
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(timeout)
+        except BaseException:
+            future.cancel()
+            raise
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(CLOSE_TIMEOUT_S)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+
+class Peer:
+    """This worker's handle on its job: made by peerd.attach (a script) or by
+    peerd's own loop. Not thread-safe: call it from the training thread."""
+
+    def __init__(self, launch: Launch, source, evaluate: Callable[[], dict[str, float]] | None = None) -> None:
+        self.launch = launch
+        self.spec = launch.spec
+        self.source = source
+        self.state: TrainState = source.state
+        self.metrics: dict[str, float] = {}
+        self._script = isinstance(source, ScriptSource)
+        self._since_round = 0
+        self._steps = 0
+        self._left = self.closed = False
+        self.outcome = ""
+        self._signals = 0
+        self._loop = _LoopThread()
+        try:
+            self._engine: Engine = self._loop.call(self._make_engine(evaluate))
+            self._install_signals()
+            self._plan: StepPlan = self._loop.call(self._engine.start())
+        except BaseException:
+            self._abort()
+            raise
+        self._watch = asyncio.run_coroutine_threadsafe(self._watch_first_step(), self._loop.loop)
+        if self._script:
+            self._update_lr()
+        self._last = time.perf_counter()
+
+    async def _make_engine(self, evaluate) -> Engine:
+        """Made in the engine's loop: its gRPC channels belong to that loop."""
+        launch = self.launch
+        link = SupervisorLink(launch.control, self.spec.name, self.state.fingerprint(self.spec.fingerprint),
+                              member=launch.peer_id)
+        engine = Engine(self.spec, self.source, launch.peer_id, link, launch.host, launch.out_dir, launch.security)
+        engine.evaluate = evaluate
+        return engine
+
+    # -- what a script reads ------------------------------------------------------------------
+
+    @property
+    def peer_id(self) -> str:
+        return self.launch.peer_id
+
+    @property
+    def device(self) -> torch.device:
+        """The device this worker was given ([worker] device / devices)."""
+        from peerd.worker.training import resolve_device
+
+        return resolve_device(self.launch.device)
+
+    @property
+    def round(self) -> int:
+        return self._engine.round
+
+    @property
+    def plan(self) -> StepPlan:
+        """Members, trainers and the DBS batches for the next local steps."""
+        return self._plan
+
+    @property
+    def done(self) -> bool:
+        return getattr(self.source, "done", False)
+
+    @property
+    def should_stop(self) -> bool:
+        """Stop training: the job's epochs are done, or this peer left (drained,
+        or stopped by a signal after its round and checkpoint)."""
+        return self._left or self.done
+
+    # -- what a script calls ----------------------------------------------------------------
+
+    def loader(self, dataset: Dataset, batch_size: int | None = None, **options) -> DataLoader:
+        """This peer's part of `dataset` for the whole job (every epoch), in
+        batches of the job's local_batch (or `batch_size`; with DBS, the size the
+        measured speeds give). `options` go to the DataLoader (num_workers,
+        pin_memory, collate_fn, ...); the sampler is peerd's."""
+        if not self._script:
+            raise ConfigError("peer.loader() is for scripts; peerd's own loop reads through its job module")
+        if "batch_size" in options or "shuffle" in options or "sampler" in options:
+            raise ConfigError("peer.loader(): peerd decides the batches (its sampler splits the data among "
+                              "the peers); drop batch_size/shuffle/sampler from the options")
+        size = batch_size or self.spec.local_batch
+        source: ScriptSource = self.source
+        cursor = source.new_cursor(len(dataset))
+        view = View()
+
+        def batch(v: View) -> int:
+            plan = self._plan
+            v.members, v.plan = plan.members, plan.plan
+            return plan.plan.batch(self.peer_id) if plan.plan is not None else size
+
+        source.sampler = PeerSampler(cursor, view, batch, 0)
+        source.local_batch = size
+        source.steps_per_epoch = len(dataset) / size
+        if not options:
+            d = self.spec.data_loading
+            return default_loader(dataset, source.sampler, d.loader_workers, False, d.prefetch_factor)
+        return DataLoader(dataset, batch_sampler=source.sampler, **options)
+
+    def step(self, batch_size: int | None = None, loss: float | None = None) -> None:
+        """A local step is done (call it after optimizer.step(), also when a
+        GradScaler skipped the step): the gossip round when one is due."""
+        now = time.perf_counter()
+        if self._script:
+            elapsed = now - self._last
+            if self.launch.slowdown > 1.0:  # testing knob: emulate a slower device
+                time.sleep((self.launch.slowdown - 1.0) * elapsed)
+                elapsed = time.perf_counter() - self._last
+            self.source.record(batch_size, float(loss) if loss is not None else None, elapsed)
+        self._steps += 1
+        self._since_round += 1
+        if self._since_round >= self.spec.gossip.period_steps and not self._left:
+            self._since_round = 0
+            self._plan = self._loop.call(self._engine.end_round())
+            if self._plan.stop:
+                self._loop.call(self._engine.leave())
+                self._left = True
+        if self._script:
+            self._advance_scheduler()
+            self._update_lr()
+        self._last = time.perf_counter()
+
+    def report(self, metrics: dict[str, float]) -> None:
+        """The script's evaluation: shown by peerctl status and the metrics
+        endpoint (the job's `metric` key is the headline), kept in model.json."""
+        self.metrics = {str(k): float(v) for k, v in metrics.items()}
+        self._engine.metrics = self.metrics
+
+    def close(self, finished: bool | None = None) -> str:
+        """Leave the job in order: "finished" (the model is saved to model.pt),
+        "left" (drained), or "stopped". Idempotent; runs at exit too."""
+        if self.closed:
+            return self.outcome
+        if finished is None:
+            finished = not self._left
+        try:
+            if finished and not self._left:
+                self._loop.call(self._engine.settle(), CLOSE_TIMEOUT_S)
+                metrics = self._engine.evaluate() if self._engine.evaluate is not None else self.metrics
+                from peerd.worker.training import save_model
+
+                path = self.launch.out_dir / "model.pt"
+                save_model(self.state.model, path, job=self.spec.name, step=self.source.step_count,
+                           progress=self.source.progress, round=self._engine.round, metric=self.spec.metric,
+                           metrics=metrics, fingerprint=self._engine.identity.fingerprint)
+                self._loop.call(self._engine.finish(metrics, path), CLOSE_TIMEOUT_S)
+                self.outcome = "finished"
+            else:
+                self.outcome = "left" if self._engine.link.stop else "stopped"
+        finally:
+            self._abort()
+        return self.outcome
+
+    # -- inside -----------------------------------------------------------------------------
+
+    def _advance_scheduler(self) -> None:
+        """A registered scheduler follows the job's position: as many steps as a
+        single process at the script's batch size would have taken to get here
+        (its own calls count too). With n peers that is about n per local
+        step, so a schedule written for one process (T_max = epochs × steps per
+        epoch) ends with the job, whatever joins or leaves."""
+        scheduler = self.state.objects.get("scheduler")
+        source: ScriptSource = self.source
+        if scheduler is None or source.sampler is None or not hasattr(scheduler, "last_epoch"):
+            return
+        target = int(source.progress * source.steps_per_epoch)
+        while scheduler.last_epoch < target:
+            scheduler.step()
+
+    def _update_lr(self) -> None:
+        """The multiplier for the script's next optimizer step."""
+        source: ScriptSource = self.source
+        plan = self._plan
+        if plan.plan is not None:
+            batch = plan.plan.batch(self.peer_id)
+            source.lr_control.update(plan.plan.total, source.step_count, batch / plan.plan.mean)
+        else:
+            source.lr_control.update(source.local_batch * plan.trainers, source.step_count)
+
+    async def _watch_first_step(self) -> None:
+        await asyncio.sleep(NO_STEP_WARNING_S)
+        if self._steps == 0 and not self.closed:
+            log.warning("no peer.step() in %.0f s since peerd.attach(): call it after every optimizer step, "
+                        "or the job never averages", NO_STEP_WARNING_S)
+            self._engine.phase = "waiting for peer.step()"
+
+    def _install_signals(self) -> None:
+        """SIGTERM/SIGINT: leave after the round under way, with a checkpoint; a
+        second one, or one before training began, stops at once."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def handle(signum, frame) -> None:
+            self._signals += 1
+            if self._signals > 1 or self._engine.phase != "training":
+                raise KeyboardInterrupt
+            self._engine.stop_signal = True
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, handle)
+
+    def _abort(self) -> None:
+        """Stop the engine and its thread, whatever state they are in."""
+        self.closed = True
+        watch = getattr(self, "_watch", None)
+        if watch is not None:
+            watch.cancel()
+        engine = getattr(self, "_engine", None)
+        try:
+            if engine is not None:
+                self._loop.call(engine.close(), CLOSE_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - closing after a failure: say so, go on
+            log.warning("closing the engine: %s: %s", type(exc).__name__, exc)
+        finally:
+            self._loop.stop()

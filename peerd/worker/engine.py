@@ -1,0 +1,389 @@
+"""The engine under every worker: the exchange server, the daemon link, rounds.
+
+It trains nothing itself. Something that trains (peerd's own loop, or a user's
+script through `peerd.attach`) tells it when local steps are done; the engine
+then runs the gossip round on the registered state, serves newcomers, writes
+checkpoints and reports progress. It lives in an asyncio loop of its own: the
+Peer facade (peerd.peer) runs it in a background thread, so a script's loop and
+the engine's server never wait on each other except at a round.
+
+    start()   serve, hear from the daemon, resume (peers' state, or a checkpoint)
+    end_round() after period_steps local steps: publish, exchange, checkpoint, report
+    leave()   drained or signalled: announce, checkpoint
+    finish()  the job is done: final report
+    close()   stop serving
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from peerd.auth import Authenticator
+from peerd.core.shares import BatchPlan, Rebalancer
+from peerd.errors import PeerdError
+from peerd.jobspec import JobSpec
+from peerd.proto.v1 import control_pb2
+from peerd.rejections import Rejections
+from peerd.tls import TlsMaterial
+from peerd.worker.checkpoint import CheckpointDir
+from peerd.worker.gossip import RoundResult
+from peerd.worker.link import SupervisorLink
+from peerd.worker.rounds import Rounds
+from peerd.worker.snapshots import Identity, SegmentServer
+from peerd.worker.state import StateBoard, StateMeta, StateServer, pull_state
+from peerd.worker.traffic import (
+    CountingSegmentServer,
+    CountingStateServer,
+    CountingTransport,
+    Traffic,
+)
+from peerd.worker.trainstate import TrainState
+from peerd.worker.exchange_server import start_exchange_server
+from peerd.worker.transport import GrpcTransport
+
+log = logging.getLogger("peerd.worker")
+
+HEARTBEAT_S = 0.5
+CATCH_UP_ROUNDS = 10  # a partner further ahead than this is logged when this worker steps up to it
+SETTLE_WAIT_S = 30.0  # longest wait for a freshly started daemon to hear from its peers
+
+
+@dataclass(frozen=True)
+class Security:
+    """The job secret and the TLS material: both absent means an open data plane."""
+
+    auth: Authenticator | None = None
+    tls: TlsMaterial | None = None
+
+
+class Source(Protocol):
+    """The training side, as the engine sees it: its counters and its state."""
+
+    state: TrainState
+    step_count: int
+    samples: int
+    progress: float  # epochs done, fractional
+    epoch: int
+    loss_ema: float
+    speed_ema: float  # samples/s of compute, no network wait (DBS)
+    local_batch: int
+    share: float
+    compute_s: float
+    lr: float
+    global_batch: int
+    skipped_steps: int
+
+    def adopt_state(self, vector: torch.Tensor, extra: bytes, step: int, progress: float) -> None: ...
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What the next local steps train with: decided by the engine at a round."""
+
+    members: list[str]  # every peer in the job, also those still starting: the data split
+    trainers: int  # peers serving now: the global batch the LR is scaled for
+    plan: BatchPlan | None  # DBS: each member's batch
+    stop: bool = False  # leave now: drained, signalled, or the daemon is gone
+    # local data: the serving peers' published data set sizes (0: not known yet), for the weights
+    data_sizes: dict[str, int] = field(default_factory=dict)
+
+
+class Engine:
+    def __init__(
+        self, spec: JobSpec, source: Source, peer_id: str, link: SupervisorLink, host: str, out_dir: Path,
+        security: Security = Security(),
+    ) -> None:
+        self.spec = spec
+        self.out_dir = out_dir
+        self.source = source
+        self.state = source.state
+        self.link = link
+        self.host = host
+        self.me = peer_id
+        self.identity = Identity(spec.name, self.state.fingerprint(spec.fingerprint), self.me)
+        self.board = StateBoard(self.state.numel, self.state.gossiped)
+        self.security = security
+        self.rejections = Rejections(log)
+        self.traffic = Traffic()
+        wire_bytes = 4 if spec.gossip.wire == "fp32" else 2
+        self.transport = CountingTransport(
+            GrpcTransport(self.identity, security.auth, security.tls, self.rejections, wire=spec.gossip.wire),
+            self.traffic, wire_bytes)
+        self.rounds = Rounds(spec, self.me, self.state, link, self.transport)
+        self.store = self.rounds.store
+        self.checkpoints = CheckpointDir(out_dir / "checkpoints", spec.name, self.identity.fingerprint, self.state.numel)
+        self._checkpoint_at = (0, time.monotonic())  # round and time of the last checkpoint
+        self.checkpoint_round = 0
+        self.checkpoints_written = 0
+        self.stop_signal = False  # SIGTERM/SIGINT: finish the round, checkpoint, exit
+        self.phase = "joining"
+        self.round = 0
+        self.metrics: dict[str, float] = {}  # the last evaluation
+        self.evaluate = None  # a callable returning metrics every eval_every_rounds (peerd's own loop)
+        self.rebalancer = Rebalancer(spec.global_batch, spec.min_local_batch, spec.rebalance_rounds,
+                                     spec.rebalance_threshold) if spec.global_batch else None
+        self._server = None
+        self._beats: asyncio.Task | None = None
+        self._closed = False
+        self.left = False  # announced its leave: no more rounds
+        self.exported, self.exported_round = "", 0  # peerctl export: the last file written
+
+    async def start(self) -> StepPlan:
+        """Serve, hear from the daemon, resume; then the plan of the first steps."""
+        chunk_elems = self.spec.gossip.chunk_kib * 1024 // 4
+        server = CountingSegmentServer(
+            SegmentServer(self.identity, self.store, len(self.rounds.layout), chunk_elems, self.rounds.stages,
+                          self.spec.gossip.wire),
+            self.traffic)
+        state = CountingStateServer(StateServer(self.identity, self.board, self.store, chunk_elems), self.traffic)
+        self._server, address = await start_exchange_server(
+            server, state, self.host, auth=self.security.auth, tls=self.security.tls, rejections=self.rejections)
+        g = self.spec.gossip
+        log.info("serving exchange on %s; %d parameters in %d segments; %s gossip%s, %s on the wire",
+                 address, self.state.flat.numel, len(self.rounds.layout), g.mode,
+                 f" in groups of ≤ {g.group_size}" if g.mode == "hierarchical" else "", g.wire)
+        # The first beat, without our address, shows the view without putting us
+        # in it: partners do not wait for a worker that is still taking the state.
+        self._report(None)  # ... and what the others need of it from the start (local data: its n_i)
+        await self.link.beat()
+        # A daemon that just (re)started has not heard from its peers yet: an empty
+        # view then would start the job over from scratch beside the running one.
+        settle_by = time.monotonic() + SETTLE_WAIT_S
+        while not self.link.settled and not self.link.view.keys() - {self.me} and time.monotonic() < settle_by:
+            await asyncio.sleep(HEARTBEAT_S)
+            await self.link.beat()
+        await self._resume()
+        self.phase = "training"
+        log.info("training from round %d, step %d", self.round, self.source.step_count)
+        await self.store.publish(self.round, self.state.flat.vector)
+        self.link.address = address
+        await self.link.beat()  # the view now decides the split of the first chunk
+        self._beats = asyncio.create_task(self.link.run(HEARTBEAT_S))
+        return self._next_plan()
+
+    async def close(self) -> None:
+        """Stop serving and say so to the daemon (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        await self.rounds.aclose()
+        await self.board.finish()
+        if self._beats is not None:
+            self._beats.cancel()
+            await asyncio.gather(self._beats, return_exceptions=True)
+        await self.link.beat()
+        if self._server is not None:
+            await self._server.stop(grace=1.0)
+        await self.transport.aclose()
+        await self.link.aclose()
+
+    async def _resume(self) -> None:
+        """Continue the job: from the running peers if there are any (their state
+        is the job's), else from this peer's newest valid checkpoint, else from
+        scratch. A checkpoint further along than the peers' state wins."""
+        checkpoint = await asyncio.to_thread(self.checkpoints.load_newest)
+        donors = {p: a for p, a in self.link.view.items() if p != self.me}
+        if donors and await self._take_state(donors, "joining"):
+            ours = (self.round, self.source.step_count)
+            if checkpoint is None or (checkpoint.meta.round, checkpoint.meta.step) <= ours:
+                return
+            log.info("the checkpoint of round %d is ahead of the peers' state: using it", checkpoint.meta.round)
+        if checkpoint is not None:
+            meta = checkpoint.meta
+            self.source.adopt_state(checkpoint.vector, meta.extra, meta.step, meta.progress)
+            self.round = self.checkpoint_round = meta.round
+            self._checkpoint_at = (meta.round, time.monotonic())
+            log.info("resumed from checkpoint %s: round %d, step %d, epoch %.2f",
+                     checkpoint.path.name, meta.round, meta.step, meta.progress)
+
+    async def checkpoint(self, why: str) -> None:
+        meta = self._meta()
+        # A copy on the CPU (the model may live on a GPU): training goes on meanwhile.
+        vector = self.state.vector()
+        path = await asyncio.to_thread(self.checkpoints.save, meta, vector)
+        self._checkpoint_at = (self.round, time.monotonic())
+        self.checkpoint_round = self.round
+        self.checkpoints_written += 1
+        log.info("checkpoint of round %d written (%s): %s", self.round, why, path.name)
+
+    def _checkpoint_due(self) -> bool:
+        every = self.spec.checkpoint
+        last_round, last_time = self._checkpoint_at
+        return ((every.every_rounds > 0 and self.round - last_round >= every.every_rounds)
+                or (every.every_s > 0 and time.monotonic() - last_time >= every.every_s))
+
+    def _next_plan(self) -> StepPlan:
+        """The plan of the next local steps, from the view of now."""
+        if self.link.orphaned:
+            raise PeerdError("lost the daemon: no heartbeat answer; stopping")
+        view = dict(self.link.view)
+        view[self.me] = self.link.address
+        # Split the data among every member, also those still starting: they
+        # will read their shares once they serve.
+        members = sorted({*self.link.members, *view})
+        self._view = view
+        stop = self.link.stop or self.stop_signal
+        sizes = {p: self.link.data_sizes.get(p, 0) for p in view}
+        return StepPlan(members, len(view), self._plan(members), stop, sizes)
+
+    async def end_round(self) -> StepPlan:
+        """The local steps of a round are done: exchange, then the next plan."""
+        if self.left:
+            return StepPlan([self.me], 1, None, stop=True)
+        self.round += 1
+        run = self.rounds.run_overlapped if self.rounds.overlap is not None else self.rounds.run
+        result = await run(self.round, self._view, self._capture)
+        await self._catch_up(result)
+        if self.link.export_path and self.link.export_path != self.exported:
+            await self._export(self.link.export_path)
+        if self._checkpoint_due():
+            await self.checkpoint("periodic")
+        if self.round % self.spec.eval_every_rounds == 0 and self.evaluate is not None:
+            self.metrics = await asyncio.to_thread(self.evaluate)
+        self._report(result)
+        return self._next_plan()
+
+    async def _export(self, path: str) -> None:
+        """peerctl export: the model of now, as a plain state_dict."""
+        from peerd.worker.training import save_model
+
+        try:
+            await asyncio.to_thread(save_model, self.state.model, Path(path), job=self.spec.name, round=self.round,
+                                    step=self.source.step_count, progress=self.source.progress,
+                                    metric=self.spec.metric, metrics=self.metrics,
+                                    fingerprint=self.identity.fingerprint)
+        except OSError as exc:
+            log.error("export to %s failed: %s", path, exc)
+            return
+        self.exported, self.exported_round = path, self.round
+        log.info("round %d: model exported to %s", self.round, path)
+
+    async def leave(self) -> None:
+        """Drained or signalled: tell the others, keep a checkpoint."""
+        if self.left:
+            return
+        self.left = True
+        await self._catch_up(await self.rounds.finish_pending())  # the round in flight is this peer's last
+        self.phase = "draining"
+        why = "the operator asked" if self.link.stop else "stopped by signal"
+        log.info("leaving at round %d: %s", self.round, why)
+        await self._announce_leave()
+        await self.checkpoint(why)
+
+    async def settle(self) -> None:
+        """Apply the round still in flight (overlapped mode), before the final
+        evaluation and the model file."""
+        await self._catch_up(await self.rounds.finish_pending())
+
+    async def finish(self, metrics: dict[str, float], model_path: Path) -> None:
+        """The job is done: the last metrics and where the model went."""
+        self.metrics = metrics
+        self._report(None, finished=True)
+        log.info("finished: %d steps, %d rounds, %s %.4f; model saved to %s", self.source.step_count,
+                 self.round, self.spec.metric, metrics.get(self.spec.metric, math.nan), model_path)
+
+    def _meta(self) -> StateMeta:
+        """Where this worker stands, with the state that is not the vector."""
+        t = self.source
+        return StateMeta(self.round, t.step_count, t.progress, self.state.extra())
+
+    def _plan(self, members: list[str]) -> BatchPlan | None:
+        """DBS: the batch plan for this round from the members' published speeds
+        (this worker's own is fresher here than the one its daemon relays)."""
+        if self.rebalancer is None:
+            return None
+        speeds = {**self.link.speeds, self.me: self.source.speed_ema}
+        if self.rebalancer.update(self.round, members, speeds):
+            log.info("round %d: batches %s (global %d)", self.round,
+                     " ".join(f"{p}={b}" for p, b in self.rebalancer.plan.batches), self.rebalancer.plan.total)
+        return self.rebalancer.plan
+
+    async def _capture(self) -> None:
+        """Between steps: copy the state if a newcomer asked for it."""
+        if self.board.wanted:
+            await self.board.capture(self.state.parts(), self._meta())
+
+    async def _announce_leave(self) -> None:
+        """Leave after this round: partners asking for a later one are told at
+        once (not after their deadline), and the daemon's next Hello, sent at once,
+        no longer lists this worker, so the others plan the next round without it."""
+        await self.store.finish()
+        await self.rounds.stages.finish()
+        self.link.address = ""
+        await self.link.beat()
+
+    async def _catch_up(self, result: RoundResult | None) -> None:
+        """A partner is rounds ahead: step up to its round, keeping this model.
+
+        Never by taking its state: being ahead in rounds says nothing about being
+        right. A peer cut off by a partition races ahead in rounds (nobody to wait
+        for) on a model that diverged; taking "the state of whoever is ahead"
+        after the heal spread that model, pieced with others, to every peer and
+        sent the job to chance accuracy (found by peerd soak). Gossip merges the
+        models from here on, as it merges any two."""
+        if result is None or result.ahead_round <= self.round:
+            return
+        if result.ahead_round - self.round > CATCH_UP_ROUNDS:
+            log.info("round %d: %s is in round %d; stepping up to it", self.round, result.ahead_peer,
+                     result.ahead_round)
+        self.round = max(self.round, result.ahead_round - 1)
+
+    async def _take_state(self, donors: dict[str, str], why: str) -> bool:
+        """Pull the training state from `donors` in parallel and continue from it."""
+        started, phase = time.monotonic(), self.phase
+        self.phase = "syncing"
+        try:
+            vector, meta, used = await pull_state(
+                self.transport, donors, self.board.numel, self.spec.gossip.deadline_ceiling_s)
+            self.source.adopt_state(vector, meta.extra, meta.step, meta.progress)
+        except (PeerdError, ValueError) as exc:
+            log.warning("%s: could not take the state from %s: %s", why, ", ".join(sorted(donors)), exc)
+            return False
+        finally:
+            self.phase = phase
+        self.round = meta.round
+        if self.rounds.deadline.measured == 0:
+            # The state is two model sizes, a round moves about one: a first deadline
+            # from this transfer, not the ceiling, so a partner that died while this
+            # peer joined costs a short wait (found with peerd.sim, docs/simulation.md).
+            self.rounds.deadline.observe((time.monotonic() - started) / 2)
+        log.info("%s: took the state of round %d (step %d, epoch %.2f) from %s in %.2fs",
+                 why, meta.round, meta.step, meta.progress, ", ".join(used), time.monotonic() - started)
+        return True
+
+    def _report(self, result: RoundResult | None, finished: bool = False) -> None:
+        t, times = self.source, self.rounds.exchange_times
+        p = control_pb2.Progress(
+            step=t.step_count, round=self.round, epoch=t.epoch, loss=t.loss_ema,
+            samples_per_s=t.speed_ema, metric=self.metrics.get(self.spec.metric, math.nan), samples=t.samples,
+            metric_name=self.spec.metric, metric_higher_better=self.spec.metric_mode == "max",
+            metrics=self.metrics, skipped_steps=t.skipped_steps,
+            segment_misses=self.rounds.misses, finished=finished, disagreement=math.nan, exchange_s=math.nan, lr=t.lr,
+            phase="finished" if finished else self.phase, global_batch=t.global_batch,
+            rejected=dict(self.rejections.counts),
+            local_batch=t.local_batch, share=t.share, compute_s=t.compute_s,
+            rounds_done=times.count, bytes_sent=self.traffic.sent,
+            bytes_received=self.traffic.received, exchange_buckets=times.buckets,
+            exchange_sum_s=times.sum_s, exchange_count=times.count,
+            checkpoint_round=self.checkpoint_round, checkpoints_written=self.checkpoints_written,
+            exported=self.exported, exported_round=self.exported_round,
+            data_samples=getattr(t, "data_samples", 0), data_mode=self.spec.data_mode,
+        )
+        if result is not None:
+            p.partners_reached = len(result.reached)
+            p.partners_planned = len(result.planned)
+            p.disagreement = result.disagreement
+            p.exchange_s = result.seconds
+        elif self.link.progress.partners_planned:
+            old = self.link.progress
+            p.partners_reached, p.partners_planned = old.partners_reached, old.partners_planned
+            p.disagreement, p.exchange_s = old.disagreement, old.exchange_s
+        self.link.progress = p

@@ -1,0 +1,163 @@
+"""Overlapped rounds in the worker: the exchange of round r runs in the background
+while the next local steps compute, and its effect lands one round stale
+(peerd.worker.correction; docs/algorithms.md, "Overlapped rounds").
+
+    runner = OverlapRunner(store, numel)
+    await runner.start(r, model_vector, flat_exchange(plan, view, layout, transport, deadline))
+    ... local steps on model_vector ...
+    result = await runner.finish(model_vector)   # None: no correction was applied
+
+The runner owns three CPU buffers: the snapshot it publishes (handed to the
+snapshot store, so partners read it without a copy), the buffer the round
+writes the new state into, and the receive buffer. At most one round is in
+flight: `start` refuses a second one before `finish`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import torch
+
+from peerd.core.groups import GroupPlan
+from peerd.core.robust import PullClipper
+from peerd.core.segments import Span
+from peerd.core.topology import RoundPlan
+from peerd.errors import PeerdError
+from peerd.worker.correction import PendingRound
+from peerd.worker.gossip import RoundResult, gossip_round
+from peerd.worker.hierarchy import hierarchical_round
+from peerd.worker.snapshots import SnapshotStore, StageStore
+from peerd.worker.transport import Transport
+
+log = logging.getLogger("peerd.worker")
+
+GRACE_S = 1.0  # past the round's deadline, how long `finish` waits before it gives the round up
+
+
+@dataclass(frozen=True)
+class RoundBuffers:
+    """What one overlapped round works on: `snapshot` is this peer's published
+    state (read only), `recv` scratch for received values, and `out` must hold
+    the whole new state when the round returns (the round functions' `out=`)."""
+
+    snapshot: torch.Tensor
+    recv: torch.Tensor
+    out: torch.Tensor
+
+
+Exchange = Callable[[RoundBuffers], Awaitable[RoundResult | None]]
+
+
+def flat_exchange(
+    plan: RoundPlan, addresses: dict[str, str], layout: list[Span], transport: Transport, deadline_s: float,
+    clipper: PullClipper | None = None,
+) -> Exchange:
+    """A flat crossover round (peerd.worker.gossip) as an overlapped exchange."""
+    def run(b: RoundBuffers) -> Awaitable[RoundResult]:
+        return gossip_round(plan, addresses, b.snapshot, b.recv, layout, transport, deadline_s, clipper, out=b.out)
+    return run
+
+
+def hierarchical_exchange(
+    plan: GroupPlan, me: str, addresses: dict[str, str], layout: list[Span], transport: Transport,
+    stages: StageStore, deadline_s: float, clipper: PullClipper | None = None,
+    wire_dtype: torch.dtype = torch.float32,
+) -> Exchange:
+    """A hierarchical round (peerd.worker.hierarchy) as an overlapped exchange."""
+    def run(b: RoundBuffers) -> Awaitable[RoundResult]:
+        return hierarchical_round(plan, me, addresses, b.snapshot, b.recv, layout, transport, stages, deadline_s,
+                                  clipper, wire_dtype, out=b.out)
+    return run
+
+
+class OverlapRunner:
+    """Runs one round at a time in the background and applies its correction."""
+
+    def __init__(self, store: SnapshotStore, numel: int, grace_s: float = GRACE_S) -> None:
+        self._store = store
+        self._numel = numel
+        self._grace_s = grace_s
+        self._snapshot = self._buffer()
+        self._recv = self._buffer()
+        self._out = self._buffer()
+        self._task: asyncio.Task | None = None
+        self._pending: PendingRound | None = None
+        self._until = 0.0
+
+    def _buffer(self) -> torch.Tensor:
+        return torch.empty(self._numel, dtype=torch.float32)
+
+    @property
+    def pending(self) -> int | None:
+        """The round in flight, or None."""
+        return None if self._pending is None else self._pending.round
+
+    async def start(
+        self, round_: int, vector: torch.Tensor, exchange: Exchange | None, deadline_s: float = 0.0,
+    ) -> None:
+        """Publish `vector` (the model now, on any device) as the snapshot of
+        `round_` and start its exchange; returns at once. `deadline_s` bounds the
+        whole exchange: `finish` gives it up `grace_s` later. With no exchange
+        (nobody to gossip with) the snapshot is only published, for partners
+        that still plan with this peer."""
+        if self._pending is not None:
+            raise RuntimeError(f"round {self._pending.round} is still in flight: finish it first")
+        snapshot = self._snapshot
+        snapshot.copy_(vector)  # the one copy per round (device-to-host on a GPU)
+        # The store serves this buffer itself and gives back the one it retires.
+        self._snapshot = await self._store.hand_over(round_, snapshot)
+        if exchange is None:
+            return
+        self._pending = PendingRound(round_, snapshot, self._out)
+        self._until = time.monotonic() + deadline_s + self._grace_s
+        self._task = asyncio.ensure_future(exchange(RoundBuffers(snapshot, self._recv, self._out)))
+
+    async def finish(self, vector: torch.Tensor) -> RoundResult | None:
+        """Wait for the round in flight (up to its deadline and the grace) and add
+        its correction to `vector`. None, with `vector` untouched: nothing was in
+        flight, nobody to gossip with, the round failed or was given up."""
+        pending, task = self._pending, self._task
+        if pending is None or task is None:
+            return None
+        self._pending = self._task = None
+        done, _ = await asyncio.wait({task}, timeout=max(0.0, self._until - time.monotonic()))
+        if not done:
+            await self._give_up(task, pending.round)
+            return None
+        result = self._outcome(task, pending.round)
+        if result is not None:
+            pending.apply(vector)
+        return result
+
+    def _outcome(self, task: asyncio.Task, round_: int) -> RoundResult | None:
+        """The round's result; a partner's fault is logged, a bug re-raised."""
+        if task.cancelled():
+            return None
+        exc = task.exception()
+        if exc is None:
+            return task.result()
+        if isinstance(exc, (PeerdError, TimeoutError)):
+            log.warning("round %d: exchange failed, no correction applied: %s", round_, exc)
+            return None
+        raise exc
+
+    async def _give_up(self, task: asyncio.Task, round_: int) -> None:
+        log.warning("round %d: exchange still running past its deadline; given up, no correction applied", round_)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        # Fetches the round started may still write into these after the cancel:
+        # the next round gets buffers of its own.
+        self._recv, self._out = self._buffer(), self._buffer()
+
+    async def aclose(self) -> None:
+        """Give up the round in flight without applying it (shutdown)."""
+        task, self._task, self._pending = self._task, None, None
+        if task is not None and not task.done():
+            await self._give_up(task, -1)
+        elif task is not None:
+            await asyncio.gather(task, return_exceptions=True)
