@@ -66,6 +66,7 @@ class Launch:
     device: str = "cpu"
     security: Security = field(default_factory=Security)
     slowdown: float = 1.0
+    intrahost: object | None = None  # the daemon's intra-host group for this worker (peerd.worker.intrahost)
     data_root: str = ""  # data_mode = "local": where this peer's data is (ctx.data_root)
 
 
@@ -234,7 +235,8 @@ class Peer:
         launch = self.launch
         link = SupervisorLink(launch.control, self.spec.name, self.state.fingerprint(self.spec.fingerprint),
                               member=launch.peer_id)
-        engine = Engine(self.spec, self.source, launch.peer_id, link, launch.host, launch.out_dir, launch.security)
+        engine = Engine(self.spec, self.source, launch.peer_id, link, launch.host, launch.out_dir, launch.security,
+                        intrahost=launch.intrahost)
         engine.evaluate = evaluate
         return engine
 

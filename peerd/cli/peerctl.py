@@ -48,6 +48,8 @@ def cmd_status(client: ControlClient, args) -> tuple[object, str]:
                     "global batch", "batch", "share", "samples/s", "partners", "metric", "restarts", "pid"],
                    [row for j in s.jobs for row in _progress_rows(j)])
     notes = [f"{j.name}/{w.member}: {w.state}: {w.message}" for j in s.jobs for w in j.workers if w.message]
+    notes += [f"{j.name}/{w.member}: intra-host group: {w.progress.intrahost}" for j in s.jobs for w in j.workers
+              if w.progress.intrahost]
     notes = "".join("\n" + n for n in notes)
     return s, head + ("\n\n" + table + ("\n" + notes if notes else "") if s.jobs
                       else "\n\nno jobs (peerctl join JOB.toml)")

@@ -8,8 +8,8 @@ daemon never shares a process with torch, so a crashing job cannot take it down.
 from __future__ import annotations
 
 import asyncio
-import re
 import logging
+import re
 import signal
 import sys
 import time
@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from peerd.core.codes import ACTIVE_STATES, WorkerState
+from peerd.core.intrahost import IntraHostSlot
 from peerd.core.restarts import Backoff, RestartHistory, after_exit
 from peerd.daemon.process import RELAY_LINE_LIMIT
 from peerd.lifeline import parent_env
@@ -50,6 +51,7 @@ class WorkerLaunch:
     tls: TlsSettings | None = None
     slowdown: float = 1.0  # testing knob (DaemonConfig.slowdown)
     log_format: str = "text"
+    intrahost: IntraHostSlot | None = None  # its place in the daemon's intra-host group (peerd.worker.intrahost)
     data_root: str = ""  # data_mode = "local": where this peer's data is (peerd.daemon.localdata)
 
     def argv(self) -> list[str]:
@@ -63,6 +65,8 @@ class WorkerLaunch:
         ]
         if self.secret_file is not None:
             args += ["--secret-file", str(self.secret_file)]
+        if self.intrahost is not None:
+            args += self.intrahost.argv()
         if self.data_root:
             args += ["--data-root", self.data_root]
         return args + (self.tls.argv() if self.tls else [])
@@ -79,6 +83,7 @@ class WorkerProcess:
     backoff_max_s: float
     stop_grace_s: float = STOP_GRACE_S  # after SIGTERM, how long the worker may take to checkpoint and exit
     on_end: Callable[[], None] = lambda: None  # it finished or failed: not restarted
+    on_restart: Callable[[], object] = lambda: None  # called before a restarted worker starts
     clock: Callable[[], float] = time.monotonic
     state: WorkerState = WorkerState.STARTING
     restarts: int = 0
@@ -109,6 +114,8 @@ class WorkerProcess:
         backoff, history = Backoff(self.backoff_s, self.backoff_max_s), RestartHistory()
         while not self._stopping:
             self.state, self.address = WorkerState.STARTING, ""
+            if self.restarts:
+                self.on_restart()  # e.g. a new intra-host group generation for the restarted worker
             code = await self._run_once()
             self.address = ""
             action = after_exit(code, self._stopping or self.stop_requested, history, backoff, self.clock())
@@ -200,10 +207,11 @@ class LocalJob:
     @classmethod
     def create(cls, spec: JobSpec, job_dir: Path, launches: list[WorkerLaunch], backoff_s: float,
                backoff_max_s: float, stop_grace_s: float = STOP_GRACE_S,
-               standby: Standby | None = None) -> LocalJob:
+               standby: Standby | None = None, on_restart: Callable[[], object] = lambda: None) -> LocalJob:
         job = cls(spec, job_dir, [])
         job.workers = [WorkerProcess(spec.name, launch.peer_id, launch, backoff_s, backoff_max_s, stop_grace_s,
-                                     on_end=job._worker_ended, standby=standby) for launch in launches]
+                                     on_end=job._worker_ended, on_restart=on_restart, standby=standby)
+                       for launch in launches]
         return job
 
     @property

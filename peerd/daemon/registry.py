@@ -18,6 +18,8 @@ from peerd.config import DaemonConfig
 from peerd.core.codes import ACTIVE_STATES, ENDED_STATES, WorkerState
 from peerd.core.membership import Membership
 from peerd.core.workers import split_threads
+from peerd.core.intrahost import wanted
+from peerd.daemon.intrahost import Rendezvous
 from peerd.daemon.jobs import ENDED, JOINED, LocalJob, WorkerLaunch, WorkerProcess
 from peerd.daemon.localdata import check_local_job
 from peerd.daemon.standby import Standby
@@ -66,10 +68,16 @@ class JobRegistry:
         write_atomic(spec_path, spec_toml)
         write_atomic(job_dir / JOINED, json.dumps({"spec_dir": spec_dir}) + "\n")
         (job_dir / ENDED).unlink(missing_ok=True)
-        job = LocalJob.create(spec, job_dir, self._launches(job_dir, spec_path, spec_dir, secret_file, data_root),
+        # The workers of one daemon average their group stage on torch.distributed
+        # (gloo on CPUs, NCCL on GPUs), re-formed when one of them restarts.
+        rendezvous = Rendezvous(job_dir, len(self.devices)) if wanted(self.devices, spec.gossip.mode) else None
+        if rendezvous is not None:
+            rendezvous.bump()
+        job = LocalJob.create(spec, job_dir, self._launches(job_dir, spec_path, spec_dir, secret_file, rendezvous,
+                                                            data_root),
                               self.config.restart_backoff_s, self.config.restart_backoff_max_s,
                               stop_grace_s=max(1.0, self.config.stop_timeout_s - SHUTDOWN_RESERVE_S),
-                              standby=self.standby)
+                              standby=self.standby, on_restart=rendezvous.bump if rendezvous else lambda: None)
         self.jobs[spec.name] = job
         job.start()
         log.info("joined job %s (fingerprint %s)", spec.name, spec.fingerprint)
@@ -97,7 +105,7 @@ class JobRegistry:
         return secret_file
 
     def _launches(self, job_dir: Path, spec_path: Path, spec_dir: str, secret_file: Path | None,
-                  data_root: str = "") -> list[WorkerLaunch]:
+                  rendezvous: Rendezvous | None = None, data_root: str = "") -> list[WorkerLaunch]:
         count = len(self.devices)
         return [
             WorkerLaunch(
@@ -105,7 +113,8 @@ class JobRegistry:
                 host=self.config.host, threads=split_threads(self.config.worker_threads, count), device=device,
                 spec_path=spec_path, spec_dir=spec_dir, log_path=_worker_dir(job_dir, k, count) / "worker.log",
                 secret_file=secret_file, tls=self.config.tls, slowdown=self.config.slowdown,
-                log_format=self.config.log_format, data_root=data_root,
+                log_format=self.config.log_format, intrahost=rendezvous.slot(k) if rendezvous else None,
+                data_root=data_root,
             )
             for k, (member, device) in enumerate(zip(self.members, self.devices))
         ]

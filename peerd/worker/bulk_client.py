@@ -278,11 +278,12 @@ class BulkClient:
             pending.add_done_callback(_retrieve)  # its callers may all have timed out
             self._connecting[key] = pending
             pending.add_done_callback(lambda _: self._connecting.pop(key, None))
-        pipe = await asyncio.shield(pending)
-        self._pipes[key] = pipe
-        return pipe
+        return await asyncio.shield(pending)
 
     async def _connect(self, key: tuple[str, int, int]) -> _Pipe:
+        """A new pipe, kept in _pipes by the connect itself: when every caller has
+        timed out meanwhile, it is still the client's to reuse and to close (else
+        its reader thread and socket outlived the client)."""
         host, port, _ = key
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -290,12 +291,17 @@ class BulkClient:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             await asyncio.get_running_loop().sock_connect(sock, (host, port))
-            return _Pipe(sock, self._wire, self._auth)
         except BaseException:
             sock.close()
             raise
+        pipe = self._pipes[key] = _Pipe(sock, self._wire, self._auth)
+        return pipe
 
     async def aclose(self) -> None:
+        connecting = list(self._connecting.values())
+        for pending in connecting:
+            pending.cancel()
+        await asyncio.gather(*connecting, return_exceptions=True)  # none adds a pipe after this
         pipes = list(self._pipes.values())
         self._pipes.clear()
         await asyncio.gather(*(pipe.close() for pipe in pipes), return_exceptions=True)

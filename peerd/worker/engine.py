@@ -99,7 +99,7 @@ class StepPlan:
 class Engine:
     def __init__(
         self, spec: JobSpec, source: Source, peer_id: str, link: SupervisorLink, host: str, out_dir: Path,
-        security: Security = Security(),
+        security: Security = Security(), intrahost=None,
     ) -> None:
         self.spec = spec
         self.out_dir = out_dir
@@ -117,7 +117,7 @@ class Engine:
         self.transport = CountingTransport(
             GrpcTransport(self.identity, security.auth, security.tls, self.rejections, wire=spec.gossip.wire),
             self.traffic, wire_bytes)
-        self.rounds = Rounds(spec, self.me, self.state, link, self.transport)
+        self.rounds = Rounds(spec, self.me, self.state, link, self.transport, intrahost)
         self.store = self.rounds.store
         self.checkpoints = CheckpointDir(out_dir / "checkpoints", spec.name, self.identity.fingerprint, self.state.numel)
         self._checkpoint_at = (0, time.monotonic())  # round and time of the last checkpoint
@@ -374,7 +374,7 @@ class Engine:
             bytes_received=self.traffic.received, exchange_buckets=times.buckets,
             exchange_sum_s=times.sum_s, exchange_count=times.count,
             checkpoint_round=self.checkpoint_round, checkpoints_written=self.checkpoints_written,
-            exported=self.exported, exported_round=self.exported_round,
+            exported=self.exported, exported_round=self.exported_round, intrahost=self.rounds.intrahost_status,
             data_samples=getattr(t, "data_samples", 0), data_mode=self.spec.data_mode,
         )
         if result is not None:

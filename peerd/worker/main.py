@@ -26,7 +26,8 @@ from peerd.logs import setup_logging
 from peerd.peer import Launch, Peer, _attached, set_launch
 from peerd.tls import TlsSettings, load_tls
 from peerd.worker.engine import Security
-from peerd.worker.training import Trainer
+from peerd.worker import intrahost
+from peerd.worker.training import Trainer, resolve_device
 
 log = logging.getLogger("peerd.worker")
 
@@ -55,6 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--slowdown", type=float, default=1.0,
                         help="testing knob: after each step sleep (SLOWDOWN − 1) × its compute time (default 1: none)")
     parser.add_argument("--log-format", default="text", choices=["text", "json"], help="log record format")
+    intrahost.add_arguments(parser)
     return parser.parse_args(argv)
 
 
@@ -142,8 +144,9 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"job {spec.name!r} keeps its data on each peer (data_mode = 'local'): "
                           "its workers run only with a job secret (--secret-file)")
     torch.set_num_threads(args.threads)
+    group = intrahost.from_args(args, resolve_device(args.device), args.peer_id)
     launch = Launch(spec, args.spec_dir, args.control, args.peer_id, args.host, args.out_dir, args.device,
-                    load_security(args), args.slowdown, args.data_root)
+                    load_security(args), args.slowdown, group, data_root=args.data_root)
     return run_script(launch) if spec.script else run_declarative(launch)
 
 

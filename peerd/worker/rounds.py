@@ -23,6 +23,7 @@ from peerd.core.topology import plan_round
 from peerd.jobspec import JobSpec
 from peerd.worker.gossip import RoundResult, gossip_round
 from peerd.worker.hierarchy import hierarchical_round
+from peerd.worker.intrahost import IntraHostGroup, intrahost_round
 from peerd.worker.link import SupervisorLink
 from peerd.worker.overlap import Exchange, OverlapRunner, flat_exchange, hierarchical_exchange
 from peerd.worker.snapshots import WIRE_DTYPES, SnapshotStore, StageStore
@@ -35,8 +36,10 @@ GROUP_LOG_ROUNDS = 100
 
 
 class Rounds:
-    def __init__(self, spec: JobSpec, me: str, state: TrainState, link: SupervisorLink, transport) -> None:
+    def __init__(self, spec: JobSpec, me: str, state: TrainState, link: SupervisorLink, transport,
+                 intrahost: IntraHostGroup | None = None) -> None:
         self.spec = spec
+        self.intrahost = intrahost  # the group stage on torch.distributed, with the daemon's other workers
         self.me = me
         self.state = state
         self.link = link
@@ -122,9 +125,13 @@ class Rounds:
         if vector is not self.state.flat.vector:
             vector.copy_(self.state.flat.vector)
         if self.spec.gossip.mode == "hierarchical":
-            result = await hierarchical_round(plan, self.me, view, vector, self.recv, self.layout,
-                                              self.transport, self.stages, deadline, self.clipper,
-                                              WIRE_DTYPES[self.spec.gossip.wire], out=into)
+            args = (plan, self.me, view, vector, self.recv, self.layout, self.transport, self.stages, deadline,
+                    self.clipper, WIRE_DTYPES[self.spec.gossip.wire])
+            # Every worker of the group makes this call in every round, whatever its
+            # view: intrahost_round agrees with the others or falls back (None).
+            result = await intrahost_round(self.intrahost, *args, out=into) if self.intrahost else None
+            if result is None:
+                result = await hierarchical_round(*args, out=into)
         else:
             result = await gossip_round(plan, view, vector, self.recv, self.layout, self.transport, deadline,
                                         self.clipper, out=into)
@@ -170,9 +177,18 @@ class Rounds:
             await self._after_round(result, view, started)
         return result
 
+    @property
+    def intrahost_status(self) -> str:
+        group = self.intrahost
+        if group is None or group.generation is None:
+            return ""
+        return f"{group.backend} generation {group.generation}, {group.rounds} rounds"
+
     async def aclose(self) -> None:
         if self.overlap is not None:
             await self.overlap.aclose()
+        if self.intrahost is not None:
+            await self.intrahost.aclose()
         await self.store.finish()
         await self.stages.finish()
 

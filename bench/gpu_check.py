@@ -1,0 +1,342 @@
+#!/usr/bin/env python
+"""One prepared check of a GPU machine (≤ 5 minutes on one GPU), with one summary.
+
+  tests     the CUDA tests: `pytest -m cuda tests/test_cuda.py` (training on cuda,
+            devices = "auto", state CPU<->GPU, a GPU checkpoint read on a CPU, bf16,
+            fp16 GradScaler, the pinned-copy round, a daemon with one worker per GPU)
+  cluster   a 2-peer local cluster of real daemons (peerd.cluster.LocalCluster):
+            peer-0 trains on cuda, peer-1 on the CPU, one epoch of the MNIST example
+  train     training throughput on the device: the MNIST example through the real
+            Trainer (fp32, bf16), and a 64 MiB MLP (fp32, bf16) step by step
+  exchange  exchange-and-average of a 64 MiB model between 2 worker processes over
+            127.0.0.1 (bench/exchange.py, method peerd-copy: the path a GPU model
+            takes), plus the GPU -> pinned host -> GPU copies a GPU worker adds per round
+
+Where torch sees no CUDA device it says so, runs the CPU parts that make sense (the
+CPU variants of the same tests, the cluster with both peers on the CPU, throughput
+and exchange on the CPU) and exits 0 when they pass. Exit 1: a part failed.
+
+    .venv/bin/python bench/gpu_check.py
+    .venv/bin/python bench/gpu_check.py --skip cluster,tests --out /tmp/gpu-check
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+PARTS = ("tests", "cluster", "train", "exchange")
+MIB = 64
+
+
+@dataclass
+class Part:
+    name: str
+    ok: bool | None = None  # None: skipped
+    lines: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def device_info() -> tuple[str, list[str]]:
+    import torch
+
+    if not torch.cuda.is_available():
+        return "cpu", [f"no GPU found: torch {torch.__version__} sees no CUDA device "
+                       f"(CUDA build: {torch.version.cuda or 'none'}); running the CPU parts"]
+    lines = [f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.device_count()} GPU(s)"]
+    for k in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(k)
+        lines.append(f"cuda:{k} {p.name}, {p.total_memory / 2**30:.0f} GiB, capability {p.major}.{p.minor}, "
+                     f"bf16 {'yes' if torch.cuda.is_bf16_supported() else 'no'}")
+    return "cuda", lines
+
+
+# --- the parts ---------------------------------------------------------------------------
+
+
+def run_tests(device: str, budget_s: float) -> Part:
+    """The CUDA tests on a GPU; the CPU variants of the same tests without one."""
+    part = Part("tests")
+    select = "cuda" if device == "cuda" else "not cuda"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", select, "tests/test_cuda.py"]
+    part.lines.append("$ " + " ".join(["pytest", "-m", repr(select), "tests/test_cuda.py"]))
+    try:
+        run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=budget_s,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+    except subprocess.TimeoutExpired:
+        part.ok = False
+        part.lines.append(f"timed out after {budget_s:.0f} s")
+        return part
+    tail = [line for line in run.stdout.splitlines() if line.strip()]
+    part.lines.append(tail[-1] if tail else "(no output)")
+    if run.returncode != 0:
+        part.lines += [line for line in tail if line.startswith(("FAILED", "ERROR"))][:10]
+    part.ok = run.returncode == 0
+    return part
+
+
+def run_cluster(device: str, budget_s: float, out: Path) -> Part:
+    """Two real daemons on 127.0.0.1: peer-0 on cuda (when there is one), peer-1 on the CPU."""
+    from peerd.cluster import LocalCluster, default_job
+    from peerd.errors import PeerdError
+
+    part = Part("cluster")
+    devices = {0: device, 1: "cpu"}
+    data = tomllib.loads(default_job().read_text())
+    data["job"].update(name="gpu-check", epochs=1, eval_every_rounds=20)
+    text = "".join(f"[{t}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in vals.items()) + "\n"
+                   for t, vals in data.items())
+    started = time.monotonic()
+    try:
+        with LocalCluster(2, out / "cluster", settings=lambda peer: {"worker": {"device": devices[peer.index]}}) as c:
+            c.wait_ready()
+            until(lambda: all(_status(c, p).peers_known == 1 for p in c.peers), 30)
+            for peer in c.peers:
+                with c.client(peer) as client:
+                    client.join(text)
+            deadline = started + budget_s
+
+            def workers():
+                return [w for p in c.peers for j in _status(c, p).jobs for w in j.workers]
+
+            while time.monotonic() < deadline:
+                ws = workers()
+                if any(w.state == "failed" for w in ws):
+                    break
+                if len(ws) == 2 and all(w.state == "finished" for w in ws):
+                    break
+                time.sleep(1.0)
+            ws = workers()
+    except (PeerdError, OSError, TimeoutError) as exc:
+        part.ok = False
+        part.lines.append(f"{type(exc).__name__}: {exc} (logs under {out / 'cluster'})")
+        return part
+    for w in ws:
+        p = w.progress
+        part.lines.append(f"{w.member}: {w.device:<6} {w.state:<9} accuracy {p.metric:.3f}, {p.samples_per_s:.0f} "
+                          f"samples/s, {p.round} rounds, partners {p.partners_reached}/{p.partners_planned}")
+    part.ok = len(ws) == 2 and all(w.state == "finished" and w.progress.metric > 0.5 for w in ws)
+    if not part.ok:
+        part.lines.append(f"not finished with accuracy > 0.5 in {budget_s:.0f} s; logs under {out / 'cluster'}")
+    return part
+
+
+def _status(cluster, peer):
+    with cluster.client(peer) as client:
+        return client.status()
+
+
+def until(predicate: Callable[[], object], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not so after {timeout_s:.0f} s")
+        time.sleep(0.5)
+
+
+def run_train(device: str, seconds: float) -> Part:
+    """Samples/s on the device: the MNIST example through the Trainer, and a 64 MiB MLP."""
+    import torch
+
+    from peerd.cluster import default_job
+    from peerd.jobspec import parse_job
+    from peerd.worker.training import Trainer
+
+    part = Part("train")
+    base = default_job().read_text()
+    for precision in ("fp32", "bf16") if device == "cuda" else ("fp32",):
+        spec = parse_job(base + f'\n[train]\nprecision = "{precision}"\n', "mnist")
+        t = Trainer(spec, "check", device=device)
+        for _ in range(2):  # warm-up: the loader starts, kernels are picked
+            t.step(["check"])
+        _sync(device)
+        steps, samples, started = 0, t.samples, time.perf_counter()
+        while (time.perf_counter() - started < seconds or steps < 3) and not t.done:
+            t.step(["check"])
+            steps += 1
+        _sync(device)
+        elapsed = time.perf_counter() - started
+        t.close()
+        part.lines.append(f"MNIST example, Trainer on {device}, {precision}: {(t.samples - samples) / elapsed:,.0f} "
+                          f"samples/s (batch {t.local_batch}, {steps} steps)")
+    numel = MIB * 2**20 // 4
+    width = int(math.isqrt(numel))  # one width × width Linear: 64 MiB of fp32 weights
+    model = torch.nn.Sequential(torch.nn.Linear(width, width, bias=False)).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
+    batch = 256 if device == "cuda" else 8
+    x = torch.randn(batch, width, device=device)
+    # bf16 matmuls on a CPU without bf16 units take seconds a step: GPU only.
+    for dtype in (torch.float32, torch.bfloat16) if device == "cuda" else (torch.float32,):
+        def step() -> None:
+            with torch.autocast(device, dtype=dtype, enabled=dtype != torch.float32):
+                loss = model(x).float().pow(2).mean()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        for _ in range(2):  # warm-up: the first steps pick kernels and allocate
+            step()
+        _sync(device)
+        steps, started = 0, time.perf_counter()
+        while (device == "cuda" and time.perf_counter() - started < seconds / 2) or steps < 3:
+            step()
+            steps += 1
+        _sync(device)
+        elapsed = time.perf_counter() - started
+        name = "fp32" if dtype == torch.float32 else "bf16"
+        part.lines.append(f"64 MiB MLP ({width}x{width}), {device}, {name}: {steps * batch / elapsed:,.0f} samples/s "
+                          f"({elapsed / steps * 1e3:.1f} ms/step, batch {batch})")
+    part.ok = True
+    return part
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def run_exchange(device: str, budget_s: float, tmp: Path) -> Part:
+    """The 2-process exchange of 64 MiB over 127.0.0.1, and what a GPU worker adds."""
+    import torch
+
+    part = Part("exchange")
+    report = tmp / "exchange.json"
+    cmd = [sys.executable, str(ROOT / "bench" / "exchange.py"), "--methods", "peerd-copy,peerd", "--mib", str(MIB),
+           "--repeats", "5", "--json", str(report)]
+    part.lines.append("$ bench/exchange.py --methods peerd-copy,peerd --mib 64 --repeats 5")
+    try:
+        run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=budget_s)
+    except subprocess.TimeoutExpired:
+        part.ok = False
+        part.lines.append(f"timed out after {budget_s:.0f} s")
+        return part
+    if run.returncode != 0:
+        part.ok = False
+        part.lines += run.stderr.strip().splitlines()[-5:]
+        return part
+    ms = json.loads(report.read_text())["ms"]
+    part.lines.append(f"2 processes, 64 MiB, bulk lane: snapshot copied (a GPU model's path) {ms['peerd-copy']['median']:.1f} "
+                      f"ms, handed over (a CPU model's path) {ms['peerd']['median']:.1f} ms (medians)")
+    if device == "cuda":
+        copies = _device_copies(MIB * 2**20 // 4)
+        part.lines.append(f"GPU worker's copies per round (cuda -> pinned host, pinned host -> cuda): "
+                          f"{copies:.1f} ms; a GPU model's round ~ {ms['peerd-copy']['median'] + copies:.1f} ms")
+    else:
+        part.lines.append("no GPU: the device copies of a GPU worker (cuda <-> pinned host) not measured")
+    del torch
+    part.ok = True
+    return part
+
+
+def _device_copies(numel: int, repeats: int = 10) -> float:
+    """Median ms of Worker's two copies: the device vector into the pinned work buffer,
+    and back (non-blocking, then synchronised, as the next step would wait for it)."""
+    import torch
+
+    gpu = torch.randn(numel, device="cuda")
+    work = torch.empty(numel, pin_memory=True)
+    times = []
+    for _ in range(repeats + 1):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        work.copy_(gpu)
+        gpu.copy_(work, non_blocking=True)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:]) * 1e3
+
+
+# --- the summary -------------------------------------------------------------------------
+
+
+def summary(device: str, info: list[str], parts: list[Part], elapsed: float) -> str:
+    mark = {True: "PASS", False: "FAIL", None: "skip"}
+    lines = ["", "=" * 78, "peerd GPU check: " + ("GPU found" if device == "cuda" else "NO GPU FOUND (CPU parts only)"),
+             *("  " + line for line in info)]
+    for p in parts:
+        lines.append(f"[{mark[p.ok]}] {p.name} ({p.seconds:.0f} s)")
+        lines += ["       " + line for line in p.lines]
+    failed = [p.name for p in parts if p.ok is False]
+    lines.append(f"{'FAILED: ' + ', '.join(failed) if failed else 'all parts run passed'} in {elapsed:.0f} s")
+    lines.append("=" * 78)
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="bench/gpu_check.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--skip", default="", help="comma-separated parts to skip: " + ", ".join(PARTS))
+    p.add_argument("--train-seconds", type=float, default=10.0, help="seconds per throughput measurement")
+    p.add_argument("--out", type=Path, default=None, help="keep the cluster's logs here (default: a temp dir)")
+    args = p.parse_args(argv)
+    args.skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    if args.skip - set(PARTS):
+        p.error(f"--skip: unknown part(s) {sorted(args.skip - set(PARTS))}; choose from {', '.join(PARTS)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = time.monotonic()
+    device, info = device_info()
+    print("\n".join(info), flush=True)
+    tmp = Path(tempfile.mkdtemp(prefix="peerd-gpu-check-"))
+    out = args.out or tmp
+    # Budgets (s) that keep the whole check within 5 minutes on a GPU machine.
+    plan: list[tuple[str, Callable[[], Part]]] = [
+        ("tests", lambda: run_tests(device, 150.0 if device == "cuda" else 400.0)),
+        ("train", lambda: run_train(device, args.train_seconds)),
+        ("exchange", lambda: run_exchange(device, 120.0, tmp)),
+        ("cluster", lambda: run_cluster(device, 90.0 if device == "cuda" else 240.0, out)),
+    ]
+    parts = []
+    try:
+        for name, run in plan:
+            if name in args.skip:
+                parts.append(Part(name, None, ["skipped (--skip)"]))
+                continue
+            print(f"running {name} ...", flush=True)
+            t = time.monotonic()
+            try:
+                part = run()
+            except Exception as exc:  # noqa: BLE001 - one broken part must not hide the others' results
+                part = Part(name, False, [f"{type(exc).__name__}: {exc}"])
+            part.seconds = time.monotonic() - t
+            parts.append(part)
+            print(f"  {name}: {'ok' if part.ok else 'FAILED'} in {part.seconds:.0f} s", flush=True)
+    finally:
+        if args.out is None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    print(summary(device, info, parts, time.monotonic() - started), flush=True)
+    return 1 if any(p.ok is False for p in parts) else 0
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
