@@ -347,3 +347,19 @@ def test_the_random_split_gives_disjoint_equal_slices_of_every_class(tmp_path):
     _, labels = bundled()  # every training digit in exactly one slice: the label counts add up
     assert (np.bincount(np.concatenate([p["labels"] for p in parts]), minlength=10)
             == np.bincount(labels[TEST_SIZE:], minlength=10)).all()
+
+
+def test_a_peer_keeps_up_with_the_furthest_count_of_the_jobs_epochs(tmp_path):
+    """Views that differ for a while make the peers' counts drift; each keeps up with
+    the furthest it hears of, never goes back, and so they end together."""
+    write_data(tmp_path)
+    a, b, _ = trainers(job_text("samples", epochs=10, lr=0.1, schedule="cosine"), tmp_path)
+    for _ in range(5):
+        a.step(MEMBERS)
+    b.step(MEMBERS)
+    b.set_data_sizes(SIZES, {"a": a.progress, "c": 0.1})
+    assert b.progress == a.progress
+    b.step(MEMBERS)
+    assert b.progress == pytest.approx(a.progress + 15 / 75)
+    b.set_data_sizes(SIZES, {"a": a.progress})  # behind now: no step back
+    assert b.progress == pytest.approx(a.progress + 15 / 75)

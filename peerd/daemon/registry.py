@@ -172,9 +172,12 @@ class JobRegistry:
                   **{w.member: w.progress.samples_per_s for w in mine if w is not worker}}
         sizes = {**self.membership.job_data_sizes(name, fingerprint),
                  **{w.member: w.progress.data_samples for w in mine if w is not worker}}
+        progress = {**self.membership.job_progress(name, fingerprint),
+                    **{w.member: w.progress.job_progress for w in mine if w is not worker}}
         view = control_pb2.WorkerView(
             peers=peers, members=members, stop=worker.stop_requested, settled=settled, export_path=worker.export_path,
-            speeds=[control_pb2.MemberSpeed(peer_id=p, samples_per_s=v, data_samples=sizes.get(p, 0))
+            speeds=[control_pb2.MemberSpeed(peer_id=p, samples_per_s=v, data_samples=sizes.get(p, 0),
+                                            progress=progress.get(p, 0.0))
                     for p, v in speeds.items()])
         return view, worker.address != serving
 
@@ -203,6 +206,7 @@ class JobRegistry:
             name=job.spec.name, spec_fingerprint=job.spec.fingerprint, worker_address=w.address, round=p.round,
             state=w.state, phase=p.phase, lr=p.lr, global_batch=p.global_batch, samples_per_s=p.samples_per_s,
             local_batch=p.local_batch, share=p.share, device=w.device, data_samples=p.data_samples,
+            progress=p.job_progress,
             member=w.member if w.member != self.peer_id else "",  # a single worker's ad is as before
         )
 

@@ -94,6 +94,7 @@ class StepPlan:
     stop: bool = False  # leave now: drained, signalled, or the daemon is gone
     # local data: the serving peers' published data set sizes (0: not known yet), for the weights
     data_sizes: dict[str, int] = field(default_factory=dict)
+    progresses: dict[str, float] = field(default_factory=dict)  # ... and their counts of the job's epochs
 
 
 class Engine:
@@ -232,7 +233,8 @@ class Engine:
         self._view = view
         stop = self.link.stop or self.stop_signal
         sizes = {p: self.link.data_sizes.get(p, 0) for p in view}
-        return StepPlan(members, len(view), self._plan(members), stop, sizes)
+        progresses = {p: self.link.progresses[p] for p in view if p in self.link.progresses}
+        return StepPlan(members, len(view), self._plan(members), stop, sizes, progresses)
 
     async def end_round(self) -> StepPlan:
         """The local steps of a round are done: exchange, then the next plan."""
@@ -376,6 +378,7 @@ class Engine:
             checkpoint_round=self.checkpoint_round, checkpoints_written=self.checkpoints_written,
             exported=self.exported, exported_round=self.exported_round, intrahost=self.rounds.intrahost_status,
             data_samples=getattr(t, "data_samples", 0), data_mode=self.spec.data_mode,
+            job_progress=getattr(t, "progress", 0.0),
         )
         if result is not None:
             p.partners_reached = len(result.reached)

@@ -99,6 +99,21 @@ class LocalData:
         count of the job's progress, differently on different peers."""
         self.sizes = {p: n for p, n in sizes.items() if p != self.peer_id}
 
+    def keep_up(self, progresses: Mapping[str, float], trained: float) -> float:
+        """The job's clock is the furthest count of the peers it averages with
+        (published, so a second or two old): views that differed for a while
+        (a peer counted in one union and not in another) made the counts drift,
+        and a peer that lags would train alone, toward its own data, after the
+        others finished. Returns this peer's progress (`trained`, or the new count)."""
+        ahead = max(progresses.values(), default=0.0)
+        if ahead <= self.cursor.progress:
+            return trained
+        if ahead - self.cursor.progress > 0.01 * self.spec.epochs:
+            log.info("local data: the job is at epoch %.2f among the peers, this peer at %.2f: keeping up",
+                     ahead, self.cursor.progress)
+        self.cursor.progress = ahead
+        return max(trained, ahead)
+
     def plan_step(self, members: Sequence[str], global_batch: int) -> None:
         """Before a step: this peer's weight and what the step adds to the job's progress."""
         peers = [*(members if self.sizes is None else self.sizes), self.peer_id]

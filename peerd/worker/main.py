@@ -78,7 +78,7 @@ def run_declarative(launch: Launch) -> int:
         peer = Peer(launch, trainer, evaluate=trainer.evaluate)
         while not peer.should_stop:
             plan = peer.plan
-            trainer.set_data_sizes(plan.data_sizes)
+            trainer.set_data_sizes(plan.data_sizes, plan.progresses)
             trainer.step(plan.members, plan.trainers, plan.plan)
             peer.step()
         outcome = peer.close(finished=trainer.done)

@@ -310,11 +310,14 @@ class Trainer:
             return self.local.weight
         return micro.step_size / plan.mean if plan is not None else 1.0
 
-    def set_data_sizes(self, sizes: dict[str, int]) -> None:
-        """local mode: the peers this one averages with and their published data
-        set sizes (for the weights and the union); by default every member."""
+    def set_data_sizes(self, sizes: dict[str, int], progresses: dict[str, float] | None = None) -> None:
+        """local mode: the peers this one averages with, their published data set
+        sizes (for the weights and the union) and counts of the job's epochs
+        (this peer keeps up with the furthest); by default every member."""
         if self.local is not None:
             self.local.set_sizes(sizes)
+            if progresses:
+                self.progress = self.local.keep_up(progresses, self.progress)
 
     @property
     def data_samples(self) -> int:
