@@ -53,12 +53,12 @@ def test_a_slowed_peer_gets_a_smaller_batch_and_share(local_cluster):
     # Another peer sees the same through its daemon's Hello view: `peerctl peers`
     # (as of each peer's last Hello, a second or so behind: polled).
     def seen_through_hello():
-        out = peerctl(cluster, cluster.peers[0], "--json", "peers")
+        out = peerctl(cluster.peers[0], "--json", "peers")
         assert out.returncode == 0, out.stderr
         seen = {p["peer_id"]: p["job_states"][0] for p in json.loads(out.stdout)["peers"]}
         return (seen["peer-2"]["local_batch"] < seen["peer-1"]["local_batch"]
                 and seen["peer-2"]["samples_per_s"] < seen["peer-1"]["samples_per_s"])
 
     wait_for(seen_through_hello, 30, "peerctl peers to show peer-2 with a smaller batch and speed than peer-1")
-    table = peerctl(cluster, cluster.peers[0], "peers").stdout
+    table = peerctl(cluster.peers[0], "peers").stdout
     assert "samples/s" in table and "share" in table and "%" in table

@@ -36,7 +36,7 @@ def test_peers_with_the_job_secret_train_together_and_never_average_with_a_wrong
             directory.mkdir()
             new_secret_file(directory / "job.secret")
             (directory / "job.toml").write_text(text)
-        out = peerctl(cluster, peer, "join", str(directory / "job.toml"))
+        out = peerctl(peer, "join", str(directory / "job.toml"))
         assert out.returncode == 0, out.stderr
 
     history: list[tuple[str, int]] = []

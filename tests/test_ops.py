@@ -12,10 +12,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from peerd.errors import PeerdError
-from peerd.examples.mnist import make_model
 from peerd.jobspec import parse_job
 from peerd.worker.checkpoint import CheckpointDir
-from peerd.worker.flat import FlatParams
+from peerd.worker.training import Trainer
 
 from conftest import example_job, free_port, wait_for
 
@@ -24,10 +23,12 @@ STOP_TIMEOUT_S = 20.0
 
 
 def checkpoints_of(peer, text: str) -> CheckpointDir:
+    """The peer's checkpoints of the job, read as its worker reads them (the layout
+    of the whole training state: parameters, SGD momentum, the extra part)."""
     spec = parse_job(text, "job")
-    flat = FlatParams(make_model().float())
+    state = Trainer(spec, peer.peer_id).state
     return CheckpointDir(peer.dir / "state" / "jobs" / spec.name / "checkpoints", spec.name,
-                         flat.fingerprint(spec.fingerprint), 2 * flat.numel)
+                         state.fingerprint(spec.fingerprint), state.numel)
 
 
 def job_of(cluster, peer):

@@ -9,8 +9,6 @@ the job averages too (BatchNorm statistics, optimizer moments: the
 
 from __future__ import annotations
 
-import hashlib
-
 import torch
 from torch import nn
 
@@ -55,8 +53,3 @@ class FlatParams:
     @property
     def numel(self) -> int:
         return self.vector.numel()
-
-    def fingerprint(self, spec_fingerprint: str) -> str:
-        """Spec and parameter shapes: peers must agree on both to exchange."""
-        text = spec_fingerprint + repr(self.shapes)
-        return hashlib.sha256(text.encode()).hexdigest()[:32]
