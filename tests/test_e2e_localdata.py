@@ -9,10 +9,8 @@
 
 from __future__ import annotations
 
-import os
 import re
 import secrets
-import shutil
 import signal
 import struct
 import subprocess

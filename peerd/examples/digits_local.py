@@ -14,8 +14,10 @@ import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
-from peerd.examples.mnist import make_model  # noqa: F401 (the job module's make_model)
+from peerd.examples.mnist import make_model
 from peerd.examples.noniid import FILE, TEST_SIZE, bundled
+
+__all__ = ["make_model", "make_datasets"]  # the job module's callables (make_model: the example's CNN)
 
 
 def _tensors(images: np.ndarray, labels: np.ndarray) -> TensorDataset:
