@@ -41,7 +41,7 @@ VARIANTS = {
 def job_text(name: str, optimizer: dict, epochs: float) -> str:
     data = tomllib.loads(default_job().read_text())
     data["job"].update(name=name, epochs=epochs, eval_every_rounds=50)
-    data["optimizer"].update(lr=0.05, schedule="constant", reference_batch=32, ramp_steps=8, **optimizer)
+    data["optimizer"].update({"lr": 0.05, "schedule": "constant", "reference_batch": 32, "ramp_steps": 8, **optimizer})
     return tomli_w.dumps(data)
 
 
