@@ -57,6 +57,25 @@ def load_secret(path: Path) -> bytes:
     return data
 
 
+def create_secret_file(path: Path, overwrite: bool = False) -> None:
+    """A fresh random secret (256 bits) in `path`, readable by its owner only
+    (0600, whatever the umask or an old file's mode); an existing file is kept
+    unless `overwrite`."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if overwrite else os.O_EXCL)
+    try:
+        fd = os.open(path, flags, 0o600)
+    except FileExistsError:
+        raise ConfigError(f"{path} exists; keep it (every peer must hold the same secret), "
+                          "or replace it with --force") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot write secret file {path}: {exc.strerror}") from None
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), 0o600)
+        f.write(secrets.token_urlsafe(32) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def new_secret_file(path: Path) -> None:
     """Write a fresh random secret, mode 0600 (tests and `peerd` docs)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

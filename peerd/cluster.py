@@ -50,7 +50,9 @@ def builtin_job(name: str) -> Path:
 
 
 BUILTIN_JOBS = {"mnist": "a LeNet-sized CNN on 5,000 MNIST digits (SGD, accuracy)",
-                "charlm": "a character-level transformer on Python's own source (AdamW, bf16, val_loss)"}
+                "charlm": "a character-level transformer on Python's own source (AdamW, bf16, val_loss)",
+                "digits-noniid": "the CNN in local-data mode, each peer holding the digits of a few classes only "
+                                 "(split into per-peer data roots)"}
 
 
 def _job_file(text: str) -> Path:
@@ -139,10 +141,11 @@ class LocalCluster:
 
     def __init__(
         self, n: int, out: Path, localities: Sequence[str] = (), slowdowns: tuple[float, ...] | None = None,
-        settings: Settings | None = None,
+        settings: Settings | None = None, wrap: Sequence[str] = (),
     ) -> None:
         """`settings(peer)` adds or replaces config values per peer, e.g.
-        {"metrics": {"port": 9464}}."""
+        {"metrics": {"port": 9464}}; `wrap` runs each daemon under a command,
+        e.g. ("ip", "netns", "exec", NAME)."""
         if n < 1:
             raise PeerdError("--peers must be at least 1")
         if localities and len(localities) != n:
@@ -152,6 +155,7 @@ class LocalCluster:
             raise PeerdError(f"{len(slowdowns)} slowdowns given for {n} peers")
         self.out = out
         self._settings = settings
+        self._wrap = list(wrap)
         # Unix socket paths are limited to ~107 bytes, so they live in a short temp dir.
         self._sockets = Path(tempfile.mkdtemp(prefix="peerd-"))
         self.realm = f"local-{secrets.token_hex(4)}"
@@ -177,7 +181,7 @@ class LocalCluster:
             raise PeerdError(f"{peer.peer_id} is already running")
         with open(peer.dir / "daemon.log", "ab") as log:
             peer.process = subprocess.Popen(
-                [sys.executable, "-m", "peerd.cli.daemon", "--config", str(peer.dir / "peerd.toml")],
+                [*self._wrap, sys.executable, "-m", "peerd.cli.daemon", "--config", str(peer.dir / "peerd.toml")],
                 stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
             )
 
@@ -243,6 +247,30 @@ def _table(rows: list[dict], elapsed: float, metric: str) -> Table:
 
 def _f(value: float, digits: int) -> str:
     return "-" if value is None or math.isnan(value) else f"{value:.{digits}f}"
+
+
+def local_data_settings(spec, out: Path, peers: int, workers: int = 1) -> Settings | None:
+    """A local-data job: each peer's data root and the job secret, made in `out`.
+    Only the built-in digits job has data peerd can split (by label); None for
+    a shared-data job."""
+    if spec.data_mode != "local":
+        return None
+    if spec.module != "peerd.examples.digits_local":
+        raise PeerdError(f"job {spec.name!r} keeps its data on each peer (data_mode = 'local'); peerd cluster "
+                         "prepares such data only for the built-in digits-noniid job (--job digits-noniid)")
+    if workers > 1:
+        raise PeerdError("--workers > 1 with local data: every worker of a daemon would read the same data")
+    from peerd.auth import create_secret_file
+    from peerd.examples.noniid import write_split
+
+    roots = [out / f"peer-{k}" / "data" for k in range(peers)]
+    try:
+        write_split(roots)
+    except ValueError as exc:
+        raise PeerdError(str(exc)) from None
+    secret = out / "job.secret"
+    create_secret_file(secret, overwrite=True)
+    return lambda peer: {"data": {"root": str(roots[peer.index])}, "auth": {"job_secret_file": str(secret)}}
 
 
 def _poll(cluster: LocalCluster, job: str, elapsed: float) -> list[dict]:
@@ -316,7 +344,16 @@ def run_cluster(args: argparse.Namespace) -> int:
     started = time.monotonic()
     previous = signal.signal(signal.SIGTERM, raise_interrupt)
     try:
-        settings = (lambda peer: {"worker": {"devices": ["cpu"] * args.workers}}) if args.workers > 1 else None
+        local = local_data_settings(spec, out, args.peers, args.workers)
+
+        def settings(peer: Peer) -> dict[str, dict[str, object]]:
+            tables = local(peer) if local else {}
+            if args.workers > 1:
+                tables["worker"] = {"devices": ["cpu"] * args.workers}
+            return tables
+
+        if local:
+            console.print(f"local data: the digits split by label into {out}/peer-N/data; a job secret in {out}")
         with LocalCluster(args.peers, out, slowdowns=args.slowdowns, settings=settings) as cluster:
             cluster.wait_ready()
             cluster.wait_discovery(console)
@@ -324,7 +361,7 @@ def run_cluster(args: argparse.Namespace) -> int:
                 with cluster.client(peer) as c:
                     c.join(text, str(job_path.resolve().parent))
             console.print(f"all {args.peers} peers joined {spec.name}; training "
-                          f"({spec.epochs:g} epochs over the shared data set)")
+                          f"({spec.epochs:g} epochs over the {'union of the peers' if local else 'shared'} data)")
             rows = _follow(cluster, spec, started, args.time_limit, history, console)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: stopped every daemon")

@@ -25,6 +25,7 @@ ENV_OVERRIDES = {
     "PEERD_LOCALITY": ("daemon", "locality", str),
     "PEERD_METRICS_PORT": ("metrics", "port", int),
     "PEERD_SEEDS": ("discovery", "seeds", list),  # comma-separated host:port
+    "PEERD_DATA_ROOT": ("data", "root", str),
 }
 _DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d{1,3})?")
 _LISTED_DEVICE = re.compile(r"cpu|mps|cuda(:\d{1,3})?")
@@ -64,13 +65,16 @@ class DaemonConfig:
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 0  # Prometheus endpoint; 0: off
     log_format: str = "text"  # "text" (logfmt-like) or "json", one record per line
+    # Where this machine's own data sets are: jobs with data_mode = "local" read
+    # theirs under it (a job's [data] root overrides it). None: no local data here.
+    data_root: Path | None = None
 
 
 def parse_config(data: dict, source: str) -> DaemonConfig:
     root = Table(data, source, "")
     daemon, discovery, worker = root.sub("daemon"), root.sub("discovery"), root.sub("worker")
     auth, tls = root.sub("auth"), root.sub("tls")
-    metrics, logging_ = root.sub("metrics"), root.sub("log")
+    metrics, logging_, data = root.sub("metrics"), root.sub("log"), root.sub("data")
     d = DaemonConfig()
     positive = dict(check=lambda v: v > 0, expect="a number > 0")
     config = DaemonConfig(
@@ -106,8 +110,9 @@ def parse_config(data: dict, source: str) -> DaemonConfig:
         metrics_port=metrics.get("port", int, 0, check=lambda v: 0 <= v < 65536, expect="a port 0..65535 (0: off)"),
         log_format=logging_.get("format", str, "text", check=lambda v: v in LOG_FORMATS,
                                 expect="'text' or 'json'"),
+        data_root=_path(data, "root", source, "a directory holding this machine's data sets"),
     )
-    for table in (daemon, discovery, worker, auth, tls, metrics, logging_, root):
+    for table in (daemon, discovery, worker, auth, tls, metrics, logging_, data, root):
         table.finish()
     if config.restart_backoff_s > config.restart_backoff_max_s:
         raise ConfigError(f"{source}: worker.restart_backoff_s must not exceed worker.restart_backoff_max_s")
@@ -135,9 +140,9 @@ def _devices(table: Table, source: str) -> tuple[str, ...]:
     return chosen
 
 
-def _path(table: Table, key: str, source: str) -> Path | None:
+def _path(table: Table, key: str, source: str, expect: str = "a file path") -> Path | None:
     """An optional file path; a relative one is taken from the config file's directory."""
-    value = table.get(key, str, "", check=lambda v: 0 < len(v) <= 4096 and "\0" not in v, expect="a file path")
+    value = table.get(key, str, "", check=lambda v: 0 < len(v) <= 4096 and "\0" not in v, expect=expect)
     if not value:
         return None
     path = Path(value).expanduser()

@@ -26,6 +26,8 @@ _OPTION_NAME = re.compile(r"^[a-z_]\w{0,62}$")
 SCHEDULES = ("constant", "cosine", "linear")
 PRECISIONS = ("fp32", "bf16", "fp16")
 METRIC_MODES = ("max", "min")
+DATA_MODES = ("shared", "local")
+WEIGHTINGS = ("samples", "uniform")  # peerd.core.weighting
 # Checks for the keyword arguments torch.optim's classes share, so that a typo'd
 # value is refused by peerctl, on a machine without torch. Any other keyword is
 # checked by the worker against the optimizer class itself.
@@ -105,6 +107,9 @@ class DataSpec:
     loader_workers: int = 0  # DataLoader worker processes; 0: load in the training thread
     pin_memory: bool = True  # page-locked batches for a GPU (ignored on the CPU)
     prefetch_factor: int = 2  # batches each loader worker prepares ahead
+    # data_mode = "local": where this peer's data is (the job's make_datasets(ctx)
+    # reads ctx.data_root); empty: the daemon's [data] root. Relative: to the job file.
+    root: str = ""
 
 
 @dataclass(frozen=True)
@@ -129,7 +134,12 @@ class JobSpec:
     metric_mode: str = "max"  # "max": higher is better; "min": lower (losses)
     seed: int = 0
     init: str = "shared"  # "shared": every peer starts from the same model; "per-peer": each from its own
+    # "shared": every peer can read the whole data set and peerd splits it; "local":
+    # each peer trains on its own data only (its data root), which never leaves it.
     data_mode: str = "shared"
+    # local mode: "samples" (every sample of the union counts once) or "uniform"
+    # (every peer's data counts equally); peerd.core.weighting, docs/algorithms.md.
+    weighting: str = "samples"
     local_batch: int = 32  # per peer, when global_batch is 0
     # Dynamic batch size (DBS): with global_batch > 0 each peer's batch follows its measured speed.
     global_batch: int = 0  # target Σ of the local batches; 0: every peer keeps local_batch
@@ -162,6 +172,8 @@ class JobSpec:
         del fields["secret_file"]
         del fields["checkpoint"]
         del fields["data_loading"]
+        if self.data_mode == "shared":  # fingerprints of shared-data jobs as before local mode
+            del fields["weighting"]
         canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:32]
 
@@ -182,6 +194,16 @@ class JobSpec:
                 f"job {self.name!r}: secret_file {self.secret_file!r} is relative, and this job came "
                 "without a job file to resolve it from; join with the job file, or use an absolute path")
         return Path(spec_dir) / path
+
+    def data_root(self, spec_dir: str, daemon_root: str) -> str:
+        """local mode: this peer's data root, the job's own (relative to the job
+        file) or else the daemon's; "" when neither names one."""
+        if not self.data_loading.root:
+            return daemon_root
+        path = Path(self.data_loading.root).expanduser()
+        if path.is_absolute() or not spec_dir:
+            return str(path)
+        return str(Path(spec_dir) / path)
 
 
 def _module_name(value: str) -> bool:
@@ -275,6 +297,8 @@ def _parse_data(data: Table) -> DataSpec:
         pin_memory=data.get("pin_memory", bool, True),
         prefetch_factor=data.get("prefetch_factor", int, 2, check=lambda v: 1 <= v <= 64,
                                  expect="an integer in 1..64"),
+        root=data.get("root", str, "", check=lambda v: 0 < len(v) <= 4096 and "\0" not in v,
+                      expect="a directory holding this peer's data"),
     )
 
 
@@ -298,8 +322,10 @@ def _parse_job_table(job: Table) -> dict[str, object]:
         seed=job.get("seed", int, 0),
         init=job.get("init", str, "shared", check=lambda v: v in ("shared", "per-peer"),
                      expect="'shared' or 'per-peer'"),
-        data_mode=job.get("data_mode", str, "shared", check=lambda v: v == "shared",
-                          expect="'shared' (the only mode so far)"),
+        data_mode=job.get("data_mode", str, "shared", check=lambda v: v in DATA_MODES,
+                          expect="'shared' (every peer reads the whole data set) or 'local' (each its own)"),
+        weighting=job.get("weighting", str, "samples", check=lambda v: v in WEIGHTINGS,
+                          expect="'samples' (every sample counts once) or 'uniform' (every peer's data equally)"),
         local_batch=job.get("local_batch", int, 32, check=lambda v: 1 <= v <= 65536, expect="an integer in 1..65536"),
         global_batch=job.get("global_batch", int, 0, check=lambda v: 0 <= v <= 1 << 24,
                              expect="an integer ≥ 0 (0: fixed local_batch)"),
@@ -363,6 +389,11 @@ def _check_batches(spec: JobSpec, source: str) -> None:
         raise ConfigError(f"{source}: job.global_batch must be at least job.min_local_batch")
     if spec.max_local_batch and spec.max_local_batch < spec.min_local_batch:
         raise ConfigError(f"{source}: job.max_local_batch must be 0 or at least job.min_local_batch")
+    if spec.data_mode == "shared" and spec.weighting != "samples":
+        raise ConfigError(f"{source}: job.weighting applies to data_mode = 'local' only "
+                          "(shared data is one data set: every sample counts once)")
+    if spec.data_mode == "shared" and spec.data_loading.root:
+        raise ConfigError(f"{source}: data.root applies to data_mode = 'local' only")
     if spec.gossip.deadline_floor_s > spec.gossip.deadline_ceiling_s:
         raise ConfigError(f"{source}: gossip.deadline_floor_s must not exceed gossip.deadline_ceiling_s")
 

@@ -67,6 +67,7 @@ class Launch:
     security: Security = field(default_factory=Security)
     slowdown: float = 1.0
     intrahost: object | None = None  # the daemon's intra-host group for this worker (peerd.worker.intrahost)
+    data_root: str = ""  # data_mode = "local": where this peer's data is (ctx.data_root)
 
 
 _launch: Launch | None = None  # set by peerd.worker.main before it runs a script job

@@ -81,6 +81,9 @@ port = 9464
 
 [log]
 format = "json"
+
+[data]
+root = "/srv/data"
 """
 
 
@@ -105,6 +108,7 @@ def test_every_key_is_read():
         metrics_host="127.0.0.1",
         metrics_port=9464,
         log_format="json",
+        data_root=Path("/srv/data"),
     )
     assert isinstance(config.state_dir, Path) and isinstance(config.control_socket, Path)
     assert isinstance(config.interfaces, tuple)
@@ -475,6 +479,11 @@ def test_environment_overrides_the_file(tmp_path):
     assert config.seeds == ("10.0.0.1:7070", "10.0.0.2:7070")
     assert config.hello_interval_s == 2.5  # the rest still comes from the file
     assert load_config(path, {"PEERD_PEER_ID": ""}).peer_id == "lab-box-7"  # empty: not set
+    assert load_config(path, {"PEERD_DATA_ROOT": "/mnt/scans"}).data_root == Path("/mnt/scans")
+
+
+def test_a_relative_data_root_is_taken_from_the_config_files_directory(tmp_path):
+    assert load_config(write(tmp_path, '[data]\nroot = "data"\n'), {}).data_root == tmp_path / "data"
 
 
 def test_peerd_config_names_the_file(tmp_path, monkeypatch):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import os
 import re
 import subprocess
@@ -160,6 +162,7 @@ CHANGES = [
     ("gossip", "chunk_kib", 512),
     ("gossip", "deadline_floor_s", 0.25),
     ("gossip", "deadline_ceiling_s", 20.0),
+    ("job", "data_mode", "local"),
 ]
 
 
@@ -188,10 +191,49 @@ def test_every_field_is_covered_by_changes():
     fields |= {f"gossip.{k}" for k in GossipSpec.__dataclass_fields__}
     fields |= {f"train.{k}" for k in TrainSpec.__dataclass_fields__}
     covered = {f"{t}.{k}" for t, k, _ in CHANGES} | {"optimizer.options"}  # momentum, nesterov, ...
-    # data_mode has a single legal value, so it cannot change; secret_file is
-    # left out of the fingerprint on purpose (test below); script and args
-    # exclude a job module (test below).
-    assert fields - covered == {"job.data_mode", "job.secret_file", "job.script", "job.args"}
+    # weighting is local mode's (test below); secret_file is left out of the
+    # fingerprint on purpose (test below); script and args exclude a job module
+    # (test below).
+    assert fields - covered == {"job.weighting", "job.secret_file", "job.script", "job.args"}
+
+
+def test_local_mode_weighting_is_in_the_fingerprint_and_shared_fingerprints_are_as_before():
+    import dataclasses
+
+    shared = parse_job(MNIST_TEXT, SRC)
+    local = parse_job(changed("job", "data_mode", "local"), SRC)
+    data = copy.deepcopy(MNIST_DATA)
+    data["job"].update(data_mode="local", weighting="uniform")
+    uniform = parse_job(tomli_w.dumps(data), SRC)
+    assert local.weighting == "samples" and uniform.weighting == "uniform"
+    assert len({shared.fingerprint, local.fingerprint, uniform.fingerprint}) == 3
+    # A shared-data job's canonical form has no weighting: peers of before local mode still match.
+    fields = dataclasses.asdict(shared)
+    for key in ("secret_file", "checkpoint", "data_loading", "weighting"):
+        del fields[key]
+    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+    assert shared.fingerprint == hashlib.sha256(canonical.encode()).hexdigest()[:32]
+
+
+@pytest.mark.parametrize("table, key, value, message", [
+    ("job", "weighting", "uniform", "weighting applies to data_mode = 'local' only"),
+    ("data", "root", "/srv/data", "data.root applies to data_mode = 'local' only"),
+])
+def test_local_mode_keys_are_refused_with_shared_data(table, key, value, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_job(changed(table, key, value), SRC)
+
+
+def test_data_root_is_the_jobs_own_or_the_daemons(tmp_path):
+    data = copy.deepcopy(MNIST_DATA)
+    data["job"]["data_mode"] = "local"
+    spec = parse_job(tomli_w.dumps(data), SRC)
+    assert spec.data_root(str(tmp_path), "/srv/data") == "/srv/data"
+    data["data"] = {"root": "mine"}
+    spec = parse_job(tomli_w.dumps(data), SRC)
+    assert spec.data_root(str(tmp_path), "/srv/data") == str(tmp_path / "mine")
+    assert spec.data_loading.root == "mine" and spec.fingerprint == parse_job(
+        tomli_w.dumps({**data, "data": {"root": "/elsewhere"}}), SRC).fingerprint
 
 
 def test_a_script_job_and_its_arguments_are_in_the_fingerprint():
@@ -366,7 +408,8 @@ BAD = [
     ("job", "init", "per_peer"),
     ("job", "init", True),
     ("job", "data_mode", "sharded"),
-    ("job", "data_mode", "local"),
+    ("job", "data_mode", "Local"),
+    ("job", "weighting", "by_speed"),
     ("job", "local_batch", 0),
     ("job", "local_batch", 65537),
     ("job", "epochs", 0),

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from google.protobuf.json_format import MessageToDict
 
+from peerd.auth import create_secret_file
 from peerd.cli.table import render
 from peerd.client import ControlClient
 from peerd.errors import PeerdError
@@ -99,6 +100,15 @@ def cmd_leave(client: ControlClient, args) -> tuple[object, str]:
     return {"left": args.job, "drain": args.drain}, f"left {args.job} {how}"
 
 
+def cmd_secret(args) -> tuple[object, str]:
+    """A new job secret file; no daemon needed."""
+    create_secret_file(args.file, overwrite=args.force)
+    return ({"secret_file": str(args.file), "mode": "0600"},
+            f"wrote a new job secret to {args.file} (mode 0600). Copy it to every peer of the job over a "
+            "private channel (e.g. scp), and name it in the job's [job] secret_file or in peerd.toml's "
+            "[auth] job_secret_file; never put the secret itself in a job file.")
+
+
 def cmd_export(client: ControlClient, args) -> tuple[object, str]:
     path = os.path.abspath(args.path)
     reply = client.export(args.job, path)
@@ -128,6 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
     leave.add_argument("job", metavar="JOB", help="job name")
     leave.add_argument("--drain", action="store_true", help="finish the current round first")
     leave.set_defaults(run=cmd_leave)
+    secret = sub.add_parser("secret", parents=[common],
+                            help="write a new random job secret to FILE, readable by its owner only (no daemon needed)")
+    secret.add_argument("file", metavar="FILE", type=Path, help="where to write it")
+    secret.add_argument("--force", action="store_true", help="replace an existing file")
+    secret.set_defaults(local=cmd_secret)
     export = sub.add_parser("export", parents=[common],
                             help="write the current model of a running job to a file (a plain state_dict, "
                                  "with PATH.json beside it)")
@@ -140,8 +155,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        with ControlClient(Path(args.socket)) as client:
-            reply, text = args.run(client, args)
+        if hasattr(args, "local"):
+            reply, text = args.local(args)
+        else:
+            with ControlClient(Path(args.socket)) as client:
+                reply, text = args.run(client, args)
     except PeerdError as exc:
         print(f"peerctl: {exc}", file=sys.stderr)
         return 1

@@ -30,6 +30,8 @@ class JobEntry:
     share: float = float("nan")
     member: str = ""  # the worker's id in the job; "": the daemon's only worker, known by the peer id
     device: str = ""
+    data_samples: int = 0  # data_mode = "local": training samples its worker holds (n_i); 0: unknown
+    progress: float = 0.0  # data_mode = "local": its count of the job's epochs
 
     @property
     def serving(self) -> bool:
@@ -120,6 +122,14 @@ class Membership:
     def job_speeds(self, job: str, spec_fingerprint: str) -> dict[str, float]:
         """member id -> published speed of every other daemon's worker in `job` with the same spec."""
         return {member: entry.speed for member, _, entry in self._entries(job, spec_fingerprint, _active)}
+
+    def job_data_sizes(self, job: str, spec_fingerprint: str) -> dict[str, int]:
+        """member id -> published data set size (local data) of every other daemon's worker in `job`."""
+        return {member: entry.data_samples for member, _, entry in self._entries(job, spec_fingerprint, _active)}
+
+    def job_progress(self, job: str, spec_fingerprint: str) -> dict[str, float]:
+        """member id -> published job progress (local data) of every other daemon's worker in `job`."""
+        return {member: entry.progress for member, _, entry in self._entries(job, spec_fingerprint, _active)}
 
     def jobs(self) -> dict[tuple[str, str], list[str]]:
         """(job name, spec fingerprint) -> ids of the peers running it."""

@@ -137,7 +137,8 @@ class HelloClient:
     def _observe(self, reply: peer_pb2.HelloReply, address: str) -> None:
         jobs = tuple(
             JobEntry(j.name, j.spec_fingerprint, j.worker_address, j.round, j.state, j.phase, j.lr, j.global_batch,
-                     j.samples_per_s, j.local_batch, j.share, j.member, j.device)
+                     j.samples_per_s, j.local_batch, j.share, j.member, j.device, j.data_samples,
+                     j.progress)
             for j in reply.jobs
         )
         record = PeerRecord(reply.peer_id, address, reply.locality, reply.version, jobs, self.clock())

@@ -52,6 +52,7 @@ class WorkerLaunch:
     slowdown: float = 1.0  # testing knob (DaemonConfig.slowdown)
     log_format: str = "text"
     intrahost: IntraHostSlot | None = None  # its place in the daemon's intra-host group (peerd.worker.intrahost)
+    data_root: str = ""  # data_mode = "local": where this peer's data is (peerd.daemon.localdata)
 
     def argv(self) -> list[str]:
         args = [
@@ -66,6 +67,8 @@ class WorkerLaunch:
             args += ["--secret-file", str(self.secret_file)]
         if self.intrahost is not None:
             args += self.intrahost.argv()
+        if self.data_root:
+            args += ["--data-root", self.data_root]
         return args + (self.tls.argv() if self.tls else [])
 
 

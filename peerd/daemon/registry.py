@@ -21,6 +21,7 @@ from peerd.core.workers import split_threads
 from peerd.core.intrahost import wanted
 from peerd.daemon.intrahost import Rendezvous
 from peerd.daemon.jobs import ENDED, JOINED, LocalJob, WorkerLaunch, WorkerProcess
+from peerd.daemon.localdata import check_local_job
 from peerd.daemon.standby import Standby
 from peerd.errors import ConfigError, JobMismatch, PeerUnavailable, UnknownJob
 from peerd.jobspec import JobSpec, parse_job
@@ -60,6 +61,7 @@ class JobRegistry:
     def join(self, spec_toml: str, spec_dir: str) -> JobSpec:
         spec = parse_job(spec_toml, "job spec")
         secret_file = self._check_joinable(spec, spec_dir)
+        data_root = check_local_job(spec, spec_dir, secret_file, self.config.data_root)
         job_dir = self.config.state_dir / "jobs" / spec.name
         job_dir.mkdir(parents=True, exist_ok=True)
         spec_path = job_dir / "job.toml"
@@ -71,7 +73,8 @@ class JobRegistry:
         rendezvous = Rendezvous(job_dir, len(self.devices)) if wanted(self.devices, spec.gossip.mode) else None
         if rendezvous is not None:
             rendezvous.bump()
-        job = LocalJob.create(spec, job_dir, self._launches(job_dir, spec_path, spec_dir, secret_file, rendezvous),
+        job = LocalJob.create(spec, job_dir, self._launches(job_dir, spec_path, spec_dir, secret_file, rendezvous,
+                                                            data_root),
                               self.config.restart_backoff_s, self.config.restart_backoff_max_s,
                               stop_grace_s=max(1.0, self.config.stop_timeout_s - SHUTDOWN_RESERVE_S),
                               standby=self.standby, on_restart=rendezvous.bump if rendezvous else lambda: None)
@@ -102,7 +105,7 @@ class JobRegistry:
         return secret_file
 
     def _launches(self, job_dir: Path, spec_path: Path, spec_dir: str, secret_file: Path | None,
-                  rendezvous: Rendezvous | None = None) -> list[WorkerLaunch]:
+                  rendezvous: Rendezvous | None = None, data_root: str = "") -> list[WorkerLaunch]:
         count = len(self.devices)
         return [
             WorkerLaunch(
@@ -111,6 +114,7 @@ class JobRegistry:
                 spec_path=spec_path, spec_dir=spec_dir, log_path=_worker_dir(job_dir, k, count) / "worker.log",
                 secret_file=secret_file, tls=self.config.tls, slowdown=self.config.slowdown,
                 log_format=self.config.log_format, intrahost=rendezvous.slot(k) if rendezvous else None,
+                data_root=data_root,
             )
             for k, (member, device) in enumerate(zip(self.members, self.devices))
         ]
@@ -166,9 +170,15 @@ class JobRegistry:
         members = [*self.membership.job_members(name, fingerprint), *(w.member for w in mine)]
         speeds = {**self.membership.job_speeds(name, fingerprint),
                   **{w.member: w.progress.samples_per_s for w in mine if w is not worker}}
+        sizes = {**self.membership.job_data_sizes(name, fingerprint),
+                 **{w.member: w.progress.data_samples for w in mine if w is not worker}}
+        progress = {**self.membership.job_progress(name, fingerprint),
+                    **{w.member: w.progress.job_progress for w in mine if w is not worker}}
         view = control_pb2.WorkerView(
             peers=peers, members=members, stop=worker.stop_requested, settled=settled, export_path=worker.export_path,
-            speeds=[control_pb2.MemberSpeed(peer_id=p, samples_per_s=v) for p, v in speeds.items()])
+            speeds=[control_pb2.MemberSpeed(peer_id=p, samples_per_s=v, data_samples=sizes.get(p, 0),
+                                            progress=progress.get(p, 0.0))
+                    for p, v in speeds.items()])
         return view, worker.address != serving
 
     def local_job(self, job: LocalJob) -> control_pb2.LocalJob:
@@ -195,7 +205,8 @@ class JobRegistry:
         return peer_pb2.JobAd(
             name=job.spec.name, spec_fingerprint=job.spec.fingerprint, worker_address=w.address, round=p.round,
             state=w.state, phase=p.phase, lr=p.lr, global_batch=p.global_batch, samples_per_s=p.samples_per_s,
-            local_batch=p.local_batch, share=p.share, device=w.device,
+            local_batch=p.local_batch, share=p.share, device=w.device, data_samples=p.data_samples,
+            progress=p.job_progress,
             member=w.member if w.member != self.peer_id else "",  # a single worker's ad is as before
         )
 

@@ -64,7 +64,8 @@ class SoakPeer:
     def client(self, timeout_s: float = CLIENT_TIMEOUT_S) -> ControlClient:
         return ControlClient(self.socket, timeout_s=timeout_s)
 
-    def write_config(self, realm: str, slowdown_key: str | None) -> None:
+    def write_config(self, realm: str, slowdown_key: str | None, extra: str = "") -> None:
+        """`extra`: more tables (TOML), e.g. a local-data job's [data] and [auth]."""
         slow = f"\n[{slowdown_key}]\nslowdown = {self.slowdown}\n" if slowdown_key and self.slowdown != 1.0 else ""
         (self.dir / "peerd.toml").write_text(
             "[daemon]\n"
@@ -74,7 +75,7 @@ class SoakPeer:
             f'host = "{self.net.address}"\n\n'
             "[discovery]\n"
             f'interfaces = ["{self.net.address}"]  # mDNS only on this peer\'s link\n'
-            f'realm = "{realm}"\n' + slow
+            f'realm = "{realm}"\n' + slow + extra
         )
 
     def start(self) -> None:

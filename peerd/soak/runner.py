@@ -97,6 +97,7 @@ class Soak:
         self.realm = f"soak-{self.tag}"
         self._sockets = Path(tempfile.mkdtemp(prefix="peerd-soak-"))
         self.peers: dict[int, SoakPeer] = {}
+        self.data_roots: list[Path] = []  # local data: the slices of the digits, peer k on slice k mod len
         self._t0 = time.monotonic()
         self._lock = threading.Lock()
 
@@ -113,7 +114,7 @@ class Soak:
                         slowdown=s.slowdowns[index % len(s.slowdowns)] if self.slowdown_key and s.slowdowns else 1.0,
                         rate_mbit=rate if self.net.shaped else 0.0)
         peer.dir.mkdir(parents=True, exist_ok=True)
-        peer.write_config(self.realm, self.slowdown_key)
+        peer.write_config(self.realm, self.slowdown_key, self._data_config(index))
         with self._lock:
             self.peers[index] = peer
         return peer
@@ -121,6 +122,7 @@ class Soak:
     def setup(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "job.toml").write_text(self.job_text)
+        self._local_data()
         self.net.open()
         for i in range(self.s.peers):
             self.add_peer(i)
@@ -139,6 +141,32 @@ class Soak:
         self._t0 += shift
         self.run.t_training = shift
         self.run.samples = [replace(s, t=round(s.t - shift, 2)) for s in self.run.samples]
+
+    def _local_data(self) -> None:
+        """A local-data job: the digits in up to 10 disjoint random slices (one per
+        starting peer) and a job secret. Random, not by label: a peer that leaves
+        for good then takes a tenth of the data away, not whole classes, so the
+        accuracy check still means what it does with shared data. A peer that joins
+        later holds the slice of its index mod the slices (another copy of one)."""
+        spec = self.run.spec
+        if spec.data_mode != "local":
+            return
+        if spec.module != "peerd.examples.digits_local":
+            raise PeerdError(f"job {spec.name!r} keeps its data on each peer; the soak prepares such data "
+                             "only for the built-in digits job (--job peerd/examples/digits-noniid.toml)")
+        from peerd.auth import create_secret_file
+        from peerd.examples.noniid import CLASSES, write_split
+
+        out = self.out.resolve()  # the daemons' configs live elsewhere: absolute paths
+        self.data_roots = [out / "data" / f"slice-{k}" for k in range(min(CLASSES, self.s.peers))]
+        write_split(self.data_roots, by_label=False)
+        create_secret_file(out / "job.secret", overwrite=True)
+
+    def _data_config(self, index: int) -> str:
+        if not self.data_roots:
+            return ""
+        root = self.data_roots[index % len(self.data_roots)]
+        return f'\n[data]\nroot = "{root}"\n\n[auth]\njob_secret_file = "{self.out.resolve() / "job.secret"}"\n'
 
     def _wait(self, predicate, what: str, timeout_s: float = SETUP_TIMEOUT_S) -> None:
         deadline = time.monotonic() + timeout_s
@@ -221,7 +249,7 @@ class Soak:
                 raise Unsupported("this build's daemon config has no `slowdown`")
             peer.stop()
             peer.slowdown = e.factor
-            peer.write_config(self.realm, self.slowdown_key)
+            peer.write_config(self.realm, self.slowdown_key, self._data_config(peer.index))
             peer.start()
             peer.wait_ready()
             return f"daemon restarted with slowdown {e.factor:g}"

@@ -20,7 +20,7 @@ import asyncio
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -92,6 +92,9 @@ class StepPlan:
     trainers: int  # peers serving now: the global batch the LR is scaled for
     plan: BatchPlan | None  # DBS: each member's batch
     stop: bool = False  # leave now: drained, signalled, or the daemon is gone
+    # local data: the serving peers' published data set sizes (0: not known yet), for the weights
+    data_sizes: dict[str, int] = field(default_factory=dict)
+    progresses: dict[str, float] = field(default_factory=dict)  # ... and their counts of the job's epochs
 
 
 class Engine:
@@ -150,6 +153,7 @@ class Engine:
                  f" in groups of ≤ {g.group_size}" if g.mode == "hierarchical" else "", g.wire)
         # The first beat, without our address, shows the view without putting us
         # in it: partners do not wait for a worker that is still taking the state.
+        self._report(None)  # ... and what the others need of it from the start (local data: its n_i)
         await self.link.beat()
         # A daemon that just (re)started has not heard from its peers yet: an empty
         # view then would start the job over from scratch beside the running one.
@@ -228,7 +232,9 @@ class Engine:
         members = sorted({*self.link.members, *view})
         self._view = view
         stop = self.link.stop or self.stop_signal
-        return StepPlan(members, len(view), self._plan(members), stop)
+        sizes = {p: self.link.data_sizes.get(p, 0) for p in view}
+        progresses = {p: self.link.progresses[p] for p in view if p in self.link.progresses}
+        return StepPlan(members, len(view), self._plan(members), stop, sizes, progresses)
 
     async def end_round(self) -> StepPlan:
         """The local steps of a round are done: exchange, then the next plan."""
@@ -371,6 +377,8 @@ class Engine:
             exchange_sum_s=times.sum_s, exchange_count=times.count,
             checkpoint_round=self.checkpoint_round, checkpoints_written=self.checkpoints_written,
             exported=self.exported, exported_round=self.exported_round, intrahost=self.rounds.intrahost_status,
+            data_samples=getattr(t, "data_samples", 0), data_mode=self.spec.data_mode,
+            job_progress=getattr(t, "progress", 0.0),
         )
         if result is not None:
             p.partners_reached = len(result.reached)

@@ -3,7 +3,8 @@
 A job module needs only `make_model()`. Everything else has today's behaviour as
 its default (docs/operations.md, "Job modules"):
 
-    make_datasets() -> (train, test)          map-style datasets
+    make_datasets() -> (train, test)          map-style datasets; make_datasets(ctx)
+                                              to read this peer's files (data_mode = "local")
     make_loader(dataset, batch_sampler, ctx)  a DataLoader over peerd's sampler
     loss(model, batch) -> Tensor | (Tensor, dict)
     evaluate(model, batches) -> dict[str, float]
@@ -17,6 +18,7 @@ callable and what was expected, raised at join, before any training.
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 import sys
 from collections.abc import Callable, Iterable
@@ -98,6 +100,19 @@ class JobCode:
         self.evaluate_fn: Callable = found.get("evaluate", default_evaluate)
         self.make_optimizer: Callable | None = found.get("make_optimizer")
         self.metric = spec.metric
+        self.data_mode = spec.data_mode
+
+    def datasets(self, ctx: JobContext):
+        """make_datasets(ctx) when it takes the context, else make_datasets().
+        With local data it must take it: ctx.data_root is where this peer's data is."""
+        try:
+            takes_ctx = bool(inspect.signature(self.make_datasets).parameters)
+        except (TypeError, ValueError):  # a builtin or C callable: no signature to read
+            takes_ctx = False
+        if not takes_ctx and self.data_mode == "local":
+            raise ConfigError(f"{self.name('make_datasets')} takes no argument, but data_mode = 'local' needs "
+                              "make_datasets(ctx): each peer reads its own data under ctx.data_root")
+        return self.make_datasets(ctx) if takes_ctx else self.make_datasets()
 
     def name(self, callable_name: str) -> str:
         """How messages name a callable: the job's own, or peerd's default."""

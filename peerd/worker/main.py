@@ -47,6 +47,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default="cpu", help='torch device to train on: "auto", "cpu", "cuda", "cuda:N", "mps"')
     parser.add_argument("--secret-file", type=Path, default=None,
                         help="the job secret: every exchange request and reply carries proof of it")
+    parser.add_argument("--data-root", default="",
+                        help='data_mode = "local": the directory holding this peer\'s data (the job reads ctx.data_root)')
     parser.add_argument("--tls-cert", type=Path, help="this peer's certificate (PEM), for mutual TLS")
     parser.add_argument("--tls-key", type=Path, help="its private key (PEM)")
     parser.add_argument("--tls-ca", type=Path, help="the CA that signed every peer's certificate (PEM)")
@@ -69,12 +71,14 @@ def load_security(args: argparse.Namespace) -> Security:
 
 def run_declarative(launch: Launch) -> int:
     """peerd's own loop over a job module, as a client of the Peer API."""
-    trainer = Trainer(launch.spec, launch.peer_id, launch.spec_dir, launch.slowdown, launch.device)
+    trainer = Trainer(launch.spec, launch.peer_id, launch.spec_dir, launch.slowdown, launch.device,
+                      launch.data_root)
     peer = None
     try:
         peer = Peer(launch, trainer, evaluate=trainer.evaluate)
         while not peer.should_stop:
             plan = peer.plan
+            trainer.set_data_sizes(plan.data_sizes, plan.progresses)
             trainer.step(plan.members, plan.trainers, plan.plan)
             peer.step()
         outcome = peer.close(finished=trainer.done)
@@ -136,10 +140,13 @@ def run(args: argparse.Namespace) -> int:
     spec = parse_job(args.spec.read_text(), str(args.spec))
     setup_logging("INFO", args.log_format, job=spec.name, peer=args.peer_id)
     log.info("loading job %s on %s", spec.name, args.device)
+    if spec.data_mode == "local" and not args.secret_file:
+        raise ConfigError(f"job {spec.name!r} keeps its data on each peer (data_mode = 'local'): "
+                          "its workers run only with a job secret (--secret-file)")
     torch.set_num_threads(args.threads)
     group = intrahost.from_args(args, resolve_device(args.device), args.peer_id)
     launch = Launch(spec, args.spec_dir, args.control, args.peer_id, args.host, args.out_dir, args.device,
-                    load_security(args), args.slowdown, group)
+                    load_security(args), args.slowdown, group, data_root=args.data_root)
     return run_script(launch) if spec.script else run_declarative(launch)
 
 

@@ -26,6 +26,7 @@ from peerd.errors import ConfigError
 from peerd.jobspec import JobSpec
 from peerd.worker.data import DataCursor, PeerSampler, View, default_loader, eval_loader
 from peerd.worker.jobmodule import JobCode, JobContext
+from peerd.worker.localdata import LocalData
 from peerd.worker.lrcontrol import LrControl
 from peerd.worker.optim import build_optimizer
 from peerd.worker.precision import Precision
@@ -70,7 +71,8 @@ def to_device(batch, device: torch.device, non_blocking: bool = False):
 
 class Trainer:
     def __init__(
-        self, spec: JobSpec, peer_id: str, spec_dir: str = "", slowdown: float = 1.0, device: str = "cpu"
+        self, spec: JobSpec, peer_id: str, spec_dir: str = "", slowdown: float = 1.0, device: str = "cpu",
+        data_root: str = "",
     ) -> None:
         if not (math.isfinite(slowdown) and slowdown >= 1.0):
             raise ConfigError(f"slowdown must be a number ≥ 1, got {slowdown}")
@@ -78,6 +80,7 @@ class Trainer:
         self.peer_id = peer_id
         self.slowdown = slowdown  # testing knob: sleep (slowdown − 1) × compute after each step
         self.device = resolve_device(device)
+        self.data_root = data_root  # data_mode = "local": where this peer's data is (ctx.data_root)
         self.code = JobCode(spec, spec_dir)
         self.model, self.train_set, self.test_set = self._build()
         self.precision = Precision(spec.train.precision, self.device, spec.train.grad_clip_norm)
@@ -87,7 +90,9 @@ class Trainer:
         self.state = TrainState(self.model, self.optimizer, average_buffers=spec.gossip.average_buffers,
                                 average_optimizer_state=spec.gossip.average_optimizer_state, objects=objects)
         self.flat = self.state.flat
-        self.cursor = DataCursor(spec, peer_id, len(self.train_set))
+        # local mode: this peer's own data set, the members' sizes and its LR weight
+        self.local = LocalData(spec, peer_id, len(self.train_set)) if spec.data_mode == "local" else None
+        self.cursor = self.local.cursor if self.local else DataCursor(spec, peer_id, len(self.train_set))
         self.view = View()
         self._loader_iter = None  # made at the first step: a newcomer seeks first
         self._sampler: PeerSampler | None = None
@@ -124,7 +129,9 @@ class Trainer:
             raise ConfigError(f"{self.code.name('make_model')}: the model has no trainable parameters")
         model = model.float().to(self.device)
         try:
-            sets = self.code.make_datasets()
+            sets = self.code.datasets(self.context())
+        except ConfigError:
+            raise
         except Exception as exc:
             raise ConfigError(f"{self.code.name('make_datasets')} failed: {type(exc).__name__}: {exc}") from exc
         if not (isinstance(sets, (tuple, list)) and len(sets) == 2 and all(hasattr(s, "__len__") for s in sets)):
@@ -176,7 +183,7 @@ class Trainer:
 
     def context(self) -> JobContext:
         d = self.spec.data_loading
-        return JobContext(self.peer_id, self.device, self.spec.local_batch, self.spec.seed,
+        return JobContext(self.peer_id, self.device, self.spec.local_batch, self.spec.seed, self.data_root,
                           loader_workers=d.loader_workers, pin_memory=d.pin_memory and self.device.type == "cuda",
                           prefetch_factor=d.prefetch_factor)
 
@@ -221,12 +228,14 @@ class Trainer:
         the models gives the large-batch step on the union of the samples."""
         started = time.perf_counter()
         self.view.members, self.view.plan = members, plan
-        if self._loader_iter is None:
-            self._loader_iter = self._loader()
         if plan is not None:
             global_batch = plan.total
         else:
             global_batch = self.spec.local_batch * (trainers or len(set(members)))
+        if self.local is not None:  # before the loader: its workers read ahead at once
+            self.local.plan_step(members, global_batch)
+        if self._loader_iter is None:
+            self._loader_iter = self._loader()
         value, size = self._accumulate(global_batch, plan)
         if size == 0:
             return math.nan
@@ -264,7 +273,7 @@ class Trainer:
                 break
             micro = self._sampler.handed.popleft()
             if size == 0:  # the LR of this step: this peer's batch from the plan as it was handed out
-                self._set_lr(global_batch, micro.step_size / plan.mean if plan is not None else 1.0)
+                self._set_lr(global_batch, self._lr_weight(micro, plan))
             batch = to_device(batch, self.device, non_blocking=True)
             with self.precision.autocast():
                 loss, extra = self.code.loss(self.model, batch)
@@ -292,6 +301,28 @@ class Trainer:
         self.extras = extras
         self.last_indices = read
         return (total if finite else math.nan), size
+
+    def _lr_weight(self, micro, plan: BatchPlan | None) -> float:
+        """This peer's LR multiplier. Shared data: b_i / mean(b) under a DBS plan
+        (the large-batch step on the union of the samples), else 1. Local data:
+        its data weight (peerd.core.weighting), whatever its batch."""
+        if self.local is not None:
+            return self.local.weight
+        return micro.step_size / plan.mean if plan is not None else 1.0
+
+    def set_data_sizes(self, sizes: dict[str, int], progresses: dict[str, float] | None = None) -> None:
+        """local mode: the peers this one averages with, their published data set
+        sizes (for the weights and the union) and counts of the job's epochs
+        (this peer keeps up with the furthest); by default every member."""
+        if self.local is not None:
+            self.local.set_sizes(sizes)
+            if progresses:
+                self.progress = self.local.keep_up(progresses, self.progress)
+
+    @property
+    def data_samples(self) -> int:
+        """local mode: how many training samples this peer holds (published to the others); 0 otherwise."""
+        return self.local.samples if self.local is not None else 0
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
