@@ -26,7 +26,6 @@ import enum
 import hmac
 import socket
 import struct
-import time
 from contextlib import aclosing
 
 from google.protobuf.message import DecodeError

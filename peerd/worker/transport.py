@@ -20,7 +20,7 @@ from google.protobuf.message import DecodeError
 from peerd.auth import REPLY_KEY, Authenticator, ReplyMac, metadata_value
 from peerd.core.names import host_of
 from peerd.core.segments import Span
-from peerd.errors import InvalidMessage, JobMismatch, PeerdError, PeerUnavailable, RoundMismatch, Unauthenticated
+from peerd.errors import InvalidMessage, JobMismatch, PeerUnavailable, RoundMismatch, Unauthenticated
 from peerd.proto.v1 import peer_pb2
 from peerd.rejections import Rejections
 from peerd.tls import TlsMaterial, open_channel
