@@ -248,7 +248,7 @@ def run_exchange(device: str, budget_s: float, tmp: Path) -> Part:
 
 
 def _device_copies(numel: int, repeats: int = 10) -> float:
-    """Median ms of Worker's two copies: the device vector into the pinned work buffer,
+    """Median ms of the round's two copies (peerd.worker.rounds.Rounds.work): the device vector into the pinned work buffer,
     and back (non-blocking, then synchronised, as the next step would wait for it)."""
     import torch
 

@@ -28,7 +28,7 @@ from peerd.core.workers import member_ids, worker_devices
 from peerd.daemon.devices import local_gpus
 from peerd.jobspec import parse_job
 from peerd.worker.checkpoint import CheckpointDir
-from peerd.worker.main import Worker
+from peerd.worker.engine import Engine
 from peerd.worker.snapshots import SegmentServer
 from peerd.worker.state import StateServer
 from peerd.worker.training import Trainer, resolve_device
@@ -155,26 +155,29 @@ def test_a_daemon_with_devices_auto_runs_one_worker_per_gpu(local_cluster):
 # --- the training state between a CPU peer and a GPU peer --------------------------
 
 
-def fake_worker(t: Trainer, tmp_path: Path) -> Worker:
-    """A real Worker without a daemon: its exchange pieces are served in memory."""
-    return Worker(t.spec, t, types.SimpleNamespace(), "127.0.0.1", tmp_path / t.peer_id)
+def fake_worker(t: Trainer, tmp_path: Path) -> Engine:
+    """A real worker's engine without a daemon: its exchange pieces are served in memory."""
+    engine = Engine(t.spec, t, t.peer_id, types.SimpleNamespace(), "127.0.0.1", tmp_path / t.peer_id)
+    engine.trainer = t  # the tests reach the training side through it
+    return engine
 
 
-def wire_in_memory(workers: list[Worker]) -> dict[str, str]:
-    segments = {f"mem-{w.me}": SegmentServer(w.identity, w.store, len(w.layout), 1000, w.stages) for w in workers}
+def wire_in_memory(workers: list[Engine]) -> dict[str, str]:
+    segments = {f"mem-{w.me}": SegmentServer(w.identity, w.store, len(w.rounds.layout), 1000, w.rounds.stages)
+                for w in workers}
     states = {f"mem-{w.me}": StateServer(w.identity, w.board, w.store, 1000) for w in workers}
     for w in workers:
         w.grpc_transport = w.transport  # never opened; closed at the end
-        w.transport = MemoryTransport(w.identity, segments, states)
+        w.transport = w.rounds.transport = MemoryTransport(w.identity, segments, states)
     return {w.me: f"mem-{w.me}" for w in workers}
 
 
-async def close(workers: list[Worker]) -> None:
+async def close(workers: list[Engine]) -> None:
     for w in workers:
         await w.grpc_transport.aclose()
 
 
-async def donate_when_asked(donor: Worker) -> None:
+async def donate_when_asked(donor: Engine) -> None:
     """The donor's round loop at a round boundary: capture when a newcomer asks."""
     while not donor.board.wanted:
         await asyncio.sleep(0.01)
@@ -327,17 +330,17 @@ def test_fp16_overflow_is_skipped_by_the_gradscaler_and_its_scale_travels(tmp_pa
 
 @pytest.mark.parametrize("device", DEVICES)
 async def test_a_round_of_a_model_off_the_cpu_averages_in_a_host_copy(tmp_path, device):
-    """Worker.work: a model on a GPU is copied into a pinned host buffer, averaged
+    """Rounds.work: a model on a GPU is copied into a pinned host buffer, averaged
     there with the partners' segments, and copied back (non-blocking) into the
     device vector the parameters view. On the CPU the same path is forced by giving
     the worker a work buffer, so it runs on every machine."""
     a = fake_worker(trainer(job(), device, "a"), tmp_path)
     b = fake_worker(trainer(job(), "cpu", "b"), tmp_path)
     if device == "cpu":
-        a.work = torch.empty(a.trainer.state.gossiped)
+        a.rounds.work = torch.empty(a.trainer.state.gossiped)
     else:
-        assert a.work is not None and a.work.is_pinned() and not a.work.is_cuda
-    assert b.work is None  # a CPU model: the round works on its vector itself
+        assert a.rounds.work is not None and a.rounds.work.is_pinned() and not a.rounds.work.is_cuda
+    assert b.rounds.work is None  # a CPU model: the round works on its vector itself
     train(a.trainer, 2)
     train(b.trainer, 3)
     mean = (a.trainer.state.vector()[: a.trainer.state.gossiped] + b.trainer.flat.vector) / 2
@@ -346,9 +349,10 @@ async def test_a_round_of_a_model_off_the_cpu_averages_in_a_host_copy(tmp_path, 
     try:
         for w in (a, b):
             w.round += 1
-        intos = [await w._publish() for w in (a, b)]
+            w.rounds.round = w.round
+        intos = [await w.rounds._publish() for w in (a, b)]
         assert intos[0] is None and intos[1] is not None
-        results = await asyncio.gather(a._round(view, intos[0]), b._round(view, intos[1]))
+        results = await asyncio.gather(a.rounds._round(view, intos[0]), b.rounds._round(view, intos[1]))
         assert all(r is not None and r.misses == 0 for r in results)
         if device == "cuda":
             torch.cuda.synchronize()
