@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
-import queue
 import signal
 import statistics
 import sys
@@ -46,6 +45,7 @@ for path in (ROOT, ROOT / "bench"):
         sys.path.insert(0, str(path))
 
 import exchange_group  # noqa: E402  (bench/exchange_group.py: the bulk-lane group method and the harness figures)
+from _harness import collect  # noqa: E402
 
 METHODS = ("intrahost", "hier", "gloo")
 JOB = "bench-intrahost"
@@ -128,26 +128,10 @@ def run_intrahost(cfg: dict) -> dict:
     barrier, results = ctx.Barrier(n), ctx.Queue()
     procs = [ctx.Process(target=_worker, args=(r, cfg, barrier, results), name=f"bench-intrahost-{r}", daemon=True)
              for r in range(n)]
-    got: dict[int, dict] = {}
     try:
         for p in procs:
             p.start()
-        deadline = time.monotonic() + cfg["method_timeout_s"]
-        while len(got) < n:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"intrahost: no result after {cfg['method_timeout_s']:.0f} s")
-            try:
-                msg = results.get(timeout=0.5)
-            except queue.Empty:
-                dead = [p.name for p in procs if p.exitcode not in (None, 0)]
-                if dead:
-                    raise RuntimeError(f"intrahost: {', '.join(dead)} died without a result") from None
-                continue
-            if not msg["ok"]:
-                raise RuntimeError(f"intrahost rank {msg['rank']} failed:\n{msg['error']}")
-            got[msg["rank"]] = msg
-        for p in procs:
-            p.join(30)
+        got = collect("intrahost", procs, results, time.monotonic() + cfg["method_timeout_s"])
     finally:
         for p in procs:
             if p.is_alive():
