@@ -99,11 +99,13 @@ def test_two_daemons_with_two_workers_each_train_in_groups_of_their_own(local_cl
             assert full and all(g.split(", ") == ids[peer.peer_id] for g in full), groups
             assert list((job_dir / f"worker-{k}" / "checkpoints").glob("ckpt-*.peerd")), "no checkpoint of its own"
             # The daemon's two workers averaged their group stage on gloo (the intra-host
-            # tier); the kill -9 made peer-0's pair form a group of a later generation.
+            # tier). The join wrote generation 1 and the kill -9's restart generation 2,
+            # in which peer-0's pair formed again (whether generation 1 formed before the
+            # kill depends on how fast the machine is).
             used = [int(g) for g in re.findall(r"intra-host group in use: generation (\d+), gloo", log)]
             assert used, log[-3000:]
             if peer is cluster.peers[0]:
-                assert max(used) > min(used), used
+                assert max(used) == 2, used
             models.append(flat_params(job_dir / f"worker-{k}" / "model.pt"))
     spread = max(float((a - b).norm() / b.norm()) for a in models for b in models)
     assert spread < 0.05, spread
