@@ -45,7 +45,7 @@ for path in (ROOT, ROOT / "bench"):
         sys.path.insert(0, str(path))
 
 import exchange_group  # noqa: E402  (bench/exchange_group.py: the bulk-lane group method and the harness figures)
-from _harness import collect  # noqa: E402
+from _harness import collect, reap  # noqa: E402
 
 METHODS = ("intrahost", "hier", "gloo")
 JOB = "bench-intrahost"
@@ -133,15 +133,7 @@ def run_intrahost(cfg: dict) -> dict:
             p.start()
         got = collect("intrahost", procs, results, time.monotonic() + cfg["method_timeout_s"])
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-                p.join(5)
-            if p.is_alive():
-                p.kill()
-                p.join(5)
-        results.close()
-        results.cancel_join_thread()
+        reap(procs, [], results)
     if len({(g["checksum"], tuple(g["head"])) for g in got.values()}) != 1:
         raise AssertionError("intrahost: the processes hold different results")
     ranks = [got[r] for r in range(n)]

@@ -38,6 +38,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from peerd.core.meter import StepMeter
 from peerd.errors import ConfigError
 from peerd.jobspec import JobSpec
 from peerd.worker.data import DataCursor, PeerSampler, View, default_loader
@@ -119,10 +120,10 @@ class ScriptSource:
         self._seek: float | None = None  # a donor's position, for the loader made later
         self.step_count = self.samples = self.skipped_steps = 0
         self.progress = 0.0
-        self.loss_ema = self.speed_ema = self.share = self.lr = math.nan
+        self.share = self.lr = math.nan
+        self.meter = StepMeter()
         self.local_batch = spec.local_batch
         self.compute_s = 0.0
-        self._ema_samples = self._ema_seconds = 0.0
 
     @property
     def epoch(self) -> int:
@@ -131,6 +132,14 @@ class ScriptSource:
     @property
     def global_batch(self) -> int:
         return self.lr_control.ramp.batch
+
+    @property
+    def loss_ema(self) -> float:
+        return self.meter.loss
+
+    @property
+    def speed_ema(self) -> float:
+        return self.meter.speed
 
     @property
     def done(self) -> bool:
@@ -165,11 +174,7 @@ class ScriptSource:
         self.local_batch = size
         self.compute_s += seconds
         self.lr = self.lr_control.lr
-        if loss is not None and math.isfinite(loss):
-            self.loss_ema = loss if math.isnan(self.loss_ema) else 0.9 * self.loss_ema + 0.1 * loss
-        self._ema_samples = 0.9 * self._ema_samples + 0.1 * size
-        self._ema_seconds = 0.9 * self._ema_seconds + 0.1 * max(seconds, 1e-9)
-        self.speed_ema = self._ema_samples / self._ema_seconds
+        self.meter.observe(size, seconds, math.nan if loss is None else loss)
 
 
 class _LoopThread:

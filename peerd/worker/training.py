@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from peerd.core.meter import StepMeter
 from peerd.core.rng import derive_seed
 from peerd.core.schedule import schedule_factor
 from peerd.core.shares import BatchPlan
@@ -101,10 +102,8 @@ class Trainer:
         self.samples = 0
         self.last_indices: list[int] = []  # the samples of the last step
         self.skipped_steps = 0  # non-finite loss or overflowing gradients: not applied
-        self.loss_ema = math.nan
         self.extras: dict[str, float] = {}  # the loss function's extra scalars, last step
-        self.speed_ema = math.nan  # samples/s of compute (with the slowdown's sleep), no network wait
-        self._ema_samples = self._ema_seconds = 0.0
+        self.meter = StepMeter()  # loss and speed (with the slowdown's sleep), no network wait
         self.local_batch = spec.local_batch  # of the last step
         self.share = math.nan  # this peer's part of the current chunk's data (DBS), NaN when equal
         self.compute_s = 0.0  # total time in steps, the slowdown's sleep included
@@ -167,6 +166,14 @@ class Trainer:
     @property
     def epoch(self) -> int:
         return int(self.progress)
+
+    @property
+    def loss_ema(self) -> float:
+        return self.meter.loss
+
+    @property
+    def speed_ema(self) -> float:
+        return self.meter.speed
 
     @property
     def ramp(self):
@@ -247,13 +254,7 @@ class Trainer:
         self.step_count += 1
         self.samples += size
         self.local_batch = size
-        if math.isfinite(value):
-            self.loss_ema = value if math.isnan(self.loss_ema) else 0.9 * self.loss_ema + 0.1 * value
-        # A ratio of two EMAs (samples, seconds), not an EMA of per-step ratios: a
-        # step that happened to be slow weighs by its time, so noise moves it less.
-        self._ema_samples = 0.9 * self._ema_samples + 0.1 * size
-        self._ema_seconds = 0.9 * self._ema_seconds + 0.1 * max(elapsed, 1e-9)
-        self.speed_ema = self._ema_samples / self._ema_seconds
+        self.meter.observe(size, elapsed, value)
         return value
 
     def _accumulate(self, global_batch: int, plan: BatchPlan | None) -> tuple[float, int]:
