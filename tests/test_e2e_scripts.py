@@ -52,8 +52,9 @@ def test_a_script_job_joined_by_name_killed_drained_and_joined_late(local_cluste
     # An absolute path: every daemon here finds the script where the job file says.
     job = script_job("byo", JOBCODE / "script_train.py")
     cluster.client(first).join(job, str(JOBCODE))
-    wait_for(lambda: any(j.name == "byo" for j in cluster.client(second).jobs().jobs), 30,
-             "peer-1 to hear of the job")
+    # Each daemon hears of the job on its own schedule: join by name only once it has.
+    wait_for(lambda: all(any(j.name == "byo" for j in cluster.client(p).jobs().jobs) for p in (second, third, late)),
+             30, "the other three daemons to hear of the job")
     cluster.client(second).join_by_name("byo")
     cluster.client(third).join_by_name("byo")
 
