@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from peerd.core.names import PEER_ID_RULE, valid_address, valid_peer_id
+from peerd.core.slowdown import CLOCKS
 from peerd.errors import ConfigError
 from peerd.tls import TlsSettings
 from peerd.tomlconf import Table, read_toml_file
@@ -58,7 +59,8 @@ class DaemonConfig:
     realm_secret_file: Path | None = None  # proof of it on every daemon-to-daemon call
     job_secret_file: Path | None = None  # for jobs whose spec names no secret_file
     tls: TlsSettings | None = None  # mutual TLS for every connection between machines
-    slowdown: float = 1.0  # testing only: workers sleep (slowdown − 1) × each step's compute time
+    slowdown: float = 1.0  # testing only: workers sleep (slowdown − 1) × each step's time ...
+    slowdown_clock: str = "wall"  # ... its wall time, or "cpu": its CPU time (peerd.core.slowdown)
     stop_timeout_s: float = 30.0  # SIGTERM/SIGINT: the whole ordered shutdown takes at most this
     zeroconf: bool = True  # announce and browse with mDNS
     seeds: tuple[str, ...] = ()  # host:port of Peer services to Hello, for peers beyond this subnet
@@ -102,6 +104,8 @@ def parse_config(data: dict, source: str) -> DaemonConfig:
         tls=_tls(tls, source),
         slowdown=worker.get("slowdown", float, 1.0, check=lambda v: 1 <= v <= 1000,
                             expect="a number in 1..1000 (a testing knob: 1 is full speed)"),
+        slowdown_clock=worker.get("slowdown_clock", str, d.slowdown_clock, check=lambda v: v in CLOCKS,
+                                  expect=f"one of {', '.join(repr(c) for c in CLOCKS)}"),
         stop_timeout_s=daemon.get("stop_timeout_s", float, d.stop_timeout_s, **positive),
         zeroconf=discovery.get("zeroconf", bool, True),
         seeds=tuple(discovery.get("seeds", list, [], check=lambda v: all(valid_address(x) for x in v),

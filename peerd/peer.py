@@ -29,7 +29,6 @@ import logging
 import math
 import signal
 import threading
-import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +38,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from peerd.core.meter import StepMeter
+from peerd.core.slowdown import Slowdown
 from peerd.errors import ConfigError
 from peerd.jobspec import JobSpec
 from peerd.worker.data import DataCursor, PeerSampler, View, default_loader
@@ -46,6 +46,7 @@ from peerd.worker.engine import Engine, Security, StepPlan
 from peerd.worker.link import SupervisorLink
 from peerd.worker.lrcontrol import LrControl
 from peerd.worker.optim import init_state
+from peerd.worker.slowdown import SlowedSteps
 from peerd.worker.trainstate import Stateful, TrainState
 
 log = logging.getLogger("peerd.worker")
@@ -67,6 +68,7 @@ class Launch:
     device: str = "cpu"
     security: Security = field(default_factory=Security)
     slowdown: float = 1.0
+    slowdown_clock: str = "wall"  # peerd.core.slowdown
     intrahost: object | None = None  # the daemon's intra-host group for this worker (peerd.worker.intrahost)
     data_root: str = ""  # data_mode = "local": where this peer's data is (ctx.data_root)
 
@@ -233,7 +235,8 @@ class Peer:
         self._watch = asyncio.run_coroutine_threadsafe(self._watch_first_step(), self._loop.loop)
         if self._script:
             self._update_lr()
-        self._last = time.perf_counter()
+        self._slowed = SlowedSteps(Slowdown(self.launch.slowdown, self.launch.slowdown_clock))
+        self._slowed.start()
 
     async def _make_engine(self, evaluate) -> Engine:
         """Made in the engine's loop: its gRPC channels belong to that loop."""
@@ -310,12 +313,8 @@ class Peer:
     def step(self, batch_size: int | None = None, loss: float | None = None) -> None:
         """A local step is done (call it after optimizer.step(), also when a
         GradScaler skipped the step): the gossip round when one is due."""
-        now = time.perf_counter()
         if self._script:
-            elapsed = now - self._last
-            if self.launch.slowdown > 1.0:  # testing knob: emulate a slower device
-                time.sleep((self.launch.slowdown - 1.0) * elapsed)
-                elapsed = time.perf_counter() - self._last
+            elapsed = self._slowed.finish()  # the testing knob's sleep (a slower device) included
             self.source.record(batch_size, float(loss) if loss is not None else None, elapsed)
         self._steps += 1
         self._since_round += 1
@@ -328,7 +327,7 @@ class Peer:
         if self._script:
             self._advance_scheduler()
             self._update_lr()
-        self._last = time.perf_counter()
+        self._slowed.start()
 
     def report(self, metrics: dict[str, float]) -> None:
         """The script's evaluation: shown by peerctl status and the metrics

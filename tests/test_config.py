@@ -142,6 +142,8 @@ def test_config_is_frozen():
         ("[worker]\nrestart_backoff_s = 1", "worker_devices", ("auto",)),
         ("[worker]\nslowdown = 1.0", "slowdown", 1.0),
         ("[worker]\nslowdown = 4", "slowdown", 4.0),
+        ("[worker]\nslowdown = 4", "slowdown_clock", "wall"),
+        ('[worker]\nslowdown_clock = "cpu"', "slowdown_clock", "cpu"),
     ],
 )
 def test_boundary_values_accepted(text, field, value):
@@ -264,6 +266,7 @@ def test_wrong_types_raise_naming_file_and_key(text, key):
         ("[worker]\nthreads = 257", "worker.threads"),
         ("[worker]\nslowdown = 0.5", "worker.slowdown"),
         ('[worker]\nslowdown = "2"', "worker.slowdown"),
+        ('[worker]\nslowdown_clock = "process"', "worker.slowdown_clock"),
         ("[daemon]\nstop_timeout_s = 0", "daemon.stop_timeout_s"),
         ('[discovery]\nseeds = ["10.0.0.1"]', "discovery.seeds"),
         ('[discovery]\nseeds = ["host.example:80"]', "discovery.seeds"),

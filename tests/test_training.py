@@ -189,6 +189,8 @@ def test_shares_are_fixed_for_a_chunk_and_the_batch_follows_the_plan():
 def test_slowdown_below_one_is_refused():
     with pytest.raises(ConfigError, match="slowdown"):
         Trainer(spec(), "a", JOBCODE, slowdown=0.5)
+    with pytest.raises(ConfigError, match="clock"):
+        Trainer(spec(), "a", JOBCODE, slowdown=2.0, slowdown_clock="process")
 
 
 def test_rebind_moves_the_model_into_another_vector():

@@ -49,7 +49,8 @@ class WorkerLaunch:
     device: str = "cpu"  # the torch device it trains on ([worker] device)
     secret_file: Path | None = None  # the job secret: the worker reads it (never on its command line)
     tls: TlsSettings | None = None
-    slowdown: float = 1.0  # testing knob (DaemonConfig.slowdown)
+    slowdown: float = 1.0  # testing knob (DaemonConfig.slowdown, .slowdown_clock)
+    slowdown_clock: str = "wall"
     log_format: str = "text"
     intrahost: IntraHostSlot | None = None  # its place in the daemon's intra-host group (peerd.worker.intrahost)
     data_root: str = ""  # data_mode = "local": where this peer's data is (peerd.daemon.localdata)
@@ -61,6 +62,7 @@ class WorkerLaunch:
             "--spec-dir", self.spec_dir, "--peer-id", self.peer_id,
             "--host", self.host, "--threads", str(self.threads), "--device", self.device,
             "--out-dir", str(self.log_path.parent), "--slowdown", repr(self.slowdown),
+            "--slowdown-clock", self.slowdown_clock,
             "--log-format", self.log_format,
         ]
         if self.secret_file is not None:

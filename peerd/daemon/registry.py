@@ -113,6 +113,7 @@ class JobRegistry:
                 host=self.config.host, threads=split_threads(self.config.worker_threads, count), device=device,
                 spec_path=spec_path, spec_dir=spec_dir, log_path=_worker_dir(job_dir, k, count) / "worker.log",
                 secret_file=secret_file, tls=self.config.tls, slowdown=self.config.slowdown,
+                slowdown_clock=self.config.slowdown_clock,
                 log_format=self.config.log_format, intrahost=rendezvous.slot(k) if rendezvous else None,
                 data_root=data_root,
             )

@@ -20,6 +20,7 @@ import torch
 
 from peerd.auth import Authenticator, load_secret
 from peerd.core.codes import ExitCode
+from peerd.core.slowdown import CLOCKS
 from peerd.errors import ConfigError, PeerdError
 from peerd.jobspec import parse_job
 from peerd.logs import setup_logging
@@ -54,7 +55,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tls-ca", type=Path, help="the CA that signed every peer's certificate (PEM)")
     parser.add_argument("--tls-server-name", default="", help="name to check peer certificates against")
     parser.add_argument("--slowdown", type=float, default=1.0,
-                        help="testing knob: after each step sleep (SLOWDOWN − 1) × its compute time (default 1: none)")
+                        help="testing knob: after each step sleep (SLOWDOWN − 1) × its time (default 1: none)")
+    parser.add_argument("--slowdown-clock", default="wall", choices=CLOCKS,
+                        help="the step's time for --slowdown: its wall time, or its CPU time (default wall)")
     parser.add_argument("--log-format", default="text", choices=["text", "json"], help="log record format")
     intrahost.add_arguments(parser)
     return parser.parse_args(argv)
@@ -72,7 +75,7 @@ def load_security(args: argparse.Namespace) -> Security:
 def run_declarative(launch: Launch) -> int:
     """peerd's own loop over a job module, as a client of the Peer API."""
     trainer = Trainer(launch.spec, launch.peer_id, launch.spec_dir, launch.slowdown, launch.device,
-                      launch.data_root)
+                      launch.data_root, launch.slowdown_clock)
     peer = None
     try:
         peer = Peer(launch, trainer, evaluate=trainer.evaluate)
@@ -146,7 +149,8 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     group = intrahost.from_args(args, resolve_device(args.device), args.peer_id)
     launch = Launch(spec, args.spec_dir, args.control, args.peer_id, args.host, args.out_dir, args.device,
-                    load_security(args), args.slowdown, group, data_root=args.data_root)
+                    load_security(args), args.slowdown, group, data_root=args.data_root,
+                    slowdown_clock=args.slowdown_clock)
     return run_script(launch) if spec.script else run_declarative(launch)
 
 

@@ -12,7 +12,6 @@ import json
 import logging
 import math
 import os
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from peerd.core.meter import StepMeter
 from peerd.core.rng import derive_seed
 from peerd.core.schedule import schedule_factor
 from peerd.core.shares import BatchPlan
+from peerd.core.slowdown import Slowdown
 from peerd.errors import ConfigError
 from peerd.jobspec import JobSpec
 from peerd.worker.data import DataCursor, PeerSampler, View, default_loader, eval_loader
@@ -31,6 +31,7 @@ from peerd.worker.localdata import LocalData
 from peerd.worker.lrcontrol import LrControl
 from peerd.worker.optim import build_optimizer
 from peerd.worker.precision import Precision
+from peerd.worker.slowdown import SlowedSteps
 from peerd.worker.trainstate import TrainState
 
 log = logging.getLogger("peerd.worker")
@@ -73,13 +74,15 @@ def to_device(batch, device: torch.device, non_blocking: bool = False):
 class Trainer:
     def __init__(
         self, spec: JobSpec, peer_id: str, spec_dir: str = "", slowdown: float = 1.0, device: str = "cpu",
-        data_root: str = "",
+        data_root: str = "", slowdown_clock: str = "wall",
     ) -> None:
-        if not (math.isfinite(slowdown) and slowdown >= 1.0):
-            raise ConfigError(f"slowdown must be a number ≥ 1, got {slowdown}")
+        try:
+            self.slowed = SlowedSteps(Slowdown(slowdown, slowdown_clock))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         self.spec = spec
         self.peer_id = peer_id
-        self.slowdown = slowdown  # testing knob: sleep (slowdown − 1) × compute after each step
+        self.slowdown = slowdown  # testing knob: sleep (slowdown − 1) × each step's time (self.slowed)
         self.device = resolve_device(device)
         self.data_root = data_root  # data_mode = "local": where this peer's data is (ctx.data_root)
         self.code = JobCode(spec, spec_dir)
@@ -233,7 +236,7 @@ class Trainer:
         chunks are split in proportion to the plan's shares, the global batch is
         Σb, and the LR is scaled by b_i / mean(b), so that unweighted averaging of
         the models gives the large-batch step on the union of the samples."""
-        started = time.perf_counter()
+        self.slowed.start()
         self.view.members, self.view.plan = members, plan
         if plan is not None:
             global_batch = plan.total
@@ -246,10 +249,7 @@ class Trainer:
         value, size = self._accumulate(global_batch, plan)
         if size == 0:
             return math.nan
-        compute = time.perf_counter() - started
-        if self.slowdown > 1.0:  # emulate a slower device without using the CPU
-            time.sleep((self.slowdown - 1.0) * compute)
-        elapsed = time.perf_counter() - started
+        elapsed = self.slowed.finish()  # the slowdown's sleep included
         self.compute_s += elapsed
         self.step_count += 1
         self.samples += size

@@ -1,0 +1,46 @@
+"""The slowdown knob's shell: times a step on both clocks and sleeps after it
+(the amount: peerd.core.slowdown).
+
+The CPU clock is the calling thread's CPU time (time.thread_time) when torch
+runs on one thread, as peerd's workers do by default ([worker] threads = 1):
+then the forward, backward and optimizer step all run on the thread that calls
+them, and the worker's other threads (its event loop, gRPC, the gossip) are not
+counted. With more torch threads the step's intra-op work runs on torch's pool,
+which thread_time misses, so the process's CPU time is read instead
+(time.process_time), which also counts those other threads while they run.
+DataLoader worker processes are counted by neither.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from peerd.core.slowdown import Slowdown
+
+
+def cpu_clock() -> Callable[[], float]:
+    """The clock that measures a step's CPU time in this process (see the module doc)."""
+    return time.thread_time if torch.get_num_threads() == 1 else time.process_time
+
+
+class SlowedSteps:
+    """start() before a step, finish() after it: sleeps the slowdown and returns
+    the step's wall time, the sleep included."""
+
+    def __init__(self, slowdown: Slowdown) -> None:
+        self.slowdown = slowdown
+        self._cpu = cpu_clock() if slowdown.clock == "cpu" else time.thread_time
+        self._wall0 = self._cpu0 = 0.0
+
+    def start(self) -> None:
+        self._wall0, self._cpu0 = time.perf_counter(), self._cpu()
+
+    def finish(self) -> float:
+        wall = time.perf_counter() - self._wall0
+        pause = self.slowdown.sleep_s(wall, self._cpu() - self._cpu0)
+        if pause > 0:  # a slower device that uses no extra CPU
+            time.sleep(pause)
+        return time.perf_counter() - self._wall0
