@@ -46,42 +46,87 @@ import subprocess
 import sys
 import time
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 
 import tomli_w
 from _harness import poll_until
 
 from peerd.core.codes import ENDED_STATES, WorkerState
+from peerd.core.schedule import SCHEDULES
+from peerd.core.slowdown import CLOCKS
 from peerd.interrupts import raise_interrupt
 
 REPO = Path(__file__).resolve().parents[1]
+BENCH = Path(__file__).resolve().parent
 
 POLL_S = 0.5
+SNAPSHOTS_ENV = "PEERD_BENCH_SNAPSHOTS"  # bench/_dbs_job.py saves the peers' snapshots there
+
+
+@dataclass(frozen=True)
+class Variant:
+    """sync/fixed/dbs, peerd's gossip period, and the LR schedule: KIND[@N][/SCHED[:LR[:WARMUP]]]."""
+
+    kind: str
+    period: int
+    schedule: str
+    lr: float
+    warmup: int
+
+    @property
+    def name(self) -> str:
+        period = f"@{self.period}" if self.kind != "sync" else ""
+        return f"{self.kind}{period}/{self.schedule}:{self.lr:g}" + (f":{self.warmup}" if self.warmup else "")
+
+
+def parse_variant(text: str, lr: float, period: int) -> Variant:
+    head, _, sched = text.partition("/")
+    kind, _, n = head.partition("@")
+    schedule, lr_text, warmup = (sched.split(":") + ["", "", ""])[:3] if sched else ("cosine", "", "")
+    if kind not in ("sync", "fixed", "dbs") or (kind == "sync" and n) or schedule not in SCHEDULES:
+        raise ValueError(f"variant {text!r}: sync, fixed[@N] or dbs[@N], then /{'|'.join(SCHEDULES)}[:LR[:WARMUP]]")
+    return Variant(kind, int(n or period), schedule, float(lr_text or lr), int(warmup or 0))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--slowdowns", default="1,1,2,4", help="per-worker slowdown factors (default 1,1,2,4)")
-    p.add_argument("--global-batch", type=int, default=128, help="B: samples per step of all workers (default 128)")
+    p.add_argument("--clocks", default="wall,cpu",
+                   help="the slowdown's clock(s), each a run of every variant: wall, cpu (default wall,cpu)")
+    p.add_argument("--global-batch", type=int, default=256, help="B: samples per step of all workers (default 256)")
     p.add_argument("--epochs", type=float, default=8.0, help="passes over the 4,000 training digits (default 8)")
-    p.add_argument("--lr", type=float, default=0.05, help="SGD LR at the global batch (default 0.05, cosine to 0)")
-    p.add_argument("--target", type=float, default=0.94, help="test accuracy to reach (default 0.94)")
-    p.add_argument("--eval-every", type=int, default=16,
-                   help="evaluate every this many global steps (default 16; each peerd peer evaluates its own model)")
+    p.add_argument("--lr", type=float, default=0.05, help="SGD LR at the global batch where a variant gives none")
+    p.add_argument("--target", type=float, default=0.95, help="test accuracy to reach (default 0.95)")
+    p.add_argument("--snapshot-every", type=float, default=0.5,
+                   help="sync: rank 0's model is snapshotted every this many seconds (default 0.5)")
+    p.add_argument("--eval-rounds", type=int, default=1,
+                   help="peerd: each peer snapshots its model every this many gossip rounds (default 1)")
     p.add_argument("--period-steps", type=int, default=4,
                    help="peerd: local steps between gossip rounds (default 4; a variant NAME@N overrides it)")
     p.add_argument("--rebalance-rounds", type=int, default=5, help="peerd DBS: re-plan every this many rounds")
     p.add_argument("--budget", type=float, default=150.0, help="seconds of training at most per variant (default 150)")
-    p.add_argument("--variants", default="sync,fixed,dbs,dbs@1",
-                   help="which to run, in order: sync, fixed[@N], dbs[@N] (default sync,fixed,dbs,dbs@1)")
+    p.add_argument("--variants", default="sync/constant,sync/cosine,sync/cosine:0.1:16,dbs/cosine",
+                   help="which to run, in order: sync, fixed[@N] or dbs[@N], each with /SCHEDULE[:LR[:WARMUP]] "
+                        "(default sync/constant,sync/cosine,sync/cosine:0.1:16,dbs/cosine)")
+    p.add_argument("--repeats", type=int, default=1, help="runs of the whole set (default 1)")
     p.add_argument("--out", type=Path, default=None, help="results folder (default runs/dbs-TIMESTAMP)")
     p.add_argument("--png", type=Path, default=REPO / "docs" / "img" / "dbs.png", help="where the plot goes")
     # Internal: one rank of the synchronous baseline.
     p.add_argument("--sync-rank", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--variant", default="sync", help=argparse.SUPPRESS)
+    p.add_argument("--clock", default="wall", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.slowdown_list = tuple(float(v) for v in args.slowdowns.split(","))
     if any(f < 1 for f in args.slowdown_list) or args.global_batch % len(args.slowdown_list):
         p.error("slowdowns must be ≥ 1 and the global batch a multiple of the number of workers")
+    args.clock_list = args.clocks.split(",")
+    if any(c not in CLOCKS for c in args.clock_list + [args.clock]):
+        p.error(f"clocks: {', '.join(CLOCKS)}")
+    try:
+        args.variant_list = [parse_variant(v, args.lr, args.period_steps) for v in args.variants.split(",")]
+    except ValueError as exc:
+        p.error(str(exc))
     return args
 
 
@@ -92,12 +137,15 @@ def sync_rank(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from torch import nn
 
-    from peerd.core.lr import cosine
+    from peerd.core.schedule import schedule_factor
+    from peerd.core.slowdown import Slowdown
     from peerd.examples.mnist import make_datasets, make_model
+    from peerd.worker.slowdown import SlowedSteps
 
     rank, world = args.sync_rank, len(args.slowdown_list)
-    slowdown = args.slowdown_list[rank]
-    torch.set_num_threads(1)
+    v = parse_variant(args.variant, args.lr, args.period_steps)
+    torch.set_num_threads(1)  # as peerd's workers ([worker] threads = 1): the cpu clock is the thread's
+    slowed = SlowedSteps(Slowdown(args.slowdown_list[rank], args.clock))
     # Only loopback: a FileStore for the rendezvous (torch's TCPStore would listen on
     # every interface) and gloo's pair sockets pinned to lo.
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
@@ -105,17 +153,21 @@ def sync_rank(args: argparse.Namespace) -> None:
                             rank=rank, world_size=world)
     torch.manual_seed(0)  # the job's seed: same initial model as peerd's init = "shared"
     model = make_model().float()
-    train, test = make_datasets()
+    train, _ = make_datasets()
     x, y = train.tensors
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.SGD(params, lr=args.lr, momentum=0.9, weight_decay=0.0001)
+    opt = torch.optim.SGD(params, lr=v.lr, momentum=0.9, weight_decay=0.0001)
     local = args.global_batch // world
     per_rank = math.ceil(len(y) / world)
     steps_per_epoch = math.ceil(per_rank / local)
     total_steps = math.ceil(args.epochs * steps_per_epoch)
-    log = open(args.out / f"sync-{rank}.jsonl", "w", buffering=1)
+    snapshots = []  # rank 0: (time, state) every --snapshot-every s, scored by the bench afterwards
+
+    def snapshot() -> None:
+        snapshots.append({"t": time.monotonic(), "state": {k: t.detach().clone() for k, t in model.state_dict().items()}})
+
     dist.barrier()
-    t0 = time.perf_counter()
+    t0 = time.monotonic()
     compute, step = 0.0, 0
     while step < total_steps:
         epoch = step // steps_per_epoch
@@ -126,17 +178,15 @@ def sync_rank(args: argparse.Namespace) -> None:
         for start in range(0, per_rank, local):
             if step >= total_steps:
                 break
-            began = time.perf_counter()
+            slowed.start()
             for group in opt.param_groups:
-                group["lr"] = args.lr * cosine(step / total_steps)
+                group["lr"] = v.lr * schedule_factor(v.schedule, step / total_steps, step, v.warmup)
             idx = torch.as_tensor(shard[start : start + local])
             model.train()
             opt.zero_grad(set_to_none=True)
             nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
-            spent = time.perf_counter() - began
-            time.sleep((slowdown - 1.0) * spent)
-            compute += time.perf_counter() - began
-            stop = 1.0 if rank == 0 and time.perf_counter() - t0 > args.budget else 0.0
+            compute += slowed.finish()  # the same knob as peerd's workers, on the same clock
+            stop = 1.0 if rank == 0 and time.monotonic() - t0 > args.budget else 0.0
             flat = torch.cat([p.grad.reshape(-1) for p in params] + [torch.tensor([stop])])
             dist.all_reduce(flat)  # waits for the slowest rank
             flat /= world
@@ -147,17 +197,30 @@ def sync_rank(args: argparse.Namespace) -> None:
             opt.step()
             step += 1
             done = step >= total_steps or flat[-1] > 0
-            if rank == 0 and (step % args.eval_every == 0 or done):
-                accuracy = _evaluate(model, test)
-                log.write(json.dumps({"t": time.perf_counter() - t0, "step": step, "accuracy": accuracy,
-                                      "compute_s": compute}) + "\n")
-            elif step % args.eval_every == 0 or done:
-                log.write(json.dumps({"t": time.perf_counter() - t0, "step": step, "compute_s": compute}) + "\n")
+            if rank == 0 and (done or not snapshots or time.monotonic() - snapshots[-1]["t"] >= args.snapshot_every):
+                snapshot()
             if done:
                 step = total_steps
                 break
-    log.close()
+    t1 = time.monotonic()
+    (args.out / f"sync-{rank}.json").write_text(json.dumps({"t0": t0, "t": t1 - t0, "compute_s": compute,
+                                                            "steps": step}))
+    if rank == 0:
+        torch.save(snapshots, args.out / "sync-snapshots.pt")
     dist.destroy_process_group()
+
+
+def _score(snapshots: list[dict], t0: float) -> list[tuple[float, float]]:
+    """(time since t0, test accuracy) of each snapshot, scored now, after the training."""
+    from peerd.examples.mnist import make_datasets, make_model
+
+    _, test = make_datasets()
+    model = make_model().float()
+    curve = []
+    for snap in snapshots:
+        model.load_state_dict(snap["state"])
+        curve.append((snap["t"] - t0, _evaluate(model, test)))
+    return curve
 
 
 def _evaluate(model, test) -> float:
@@ -170,67 +233,67 @@ def _evaluate(model, test) -> float:
     return correct / len(y)
 
 
-def run_sync(args: argparse.Namespace) -> dict:
-    (args.out / "sync-rendezvous").unlink(missing_ok=True)
+def run_sync(args: argparse.Namespace, v: Variant, clock: str, out: Path) -> dict:
+    import torch
+
+    (out / "sync-rendezvous").unlink(missing_ok=True)
     procs = []
     try:
         for rank in range(len(args.slowdown_list)):
-            cmd = [sys.executable, __file__, "--sync-rank", str(rank),
-                   "--out", str(args.out), "--slowdowns", args.slowdowns, "--global-batch", str(args.global_batch),
-                   "--epochs", str(args.epochs), "--lr", str(args.lr), "--eval-every", str(args.eval_every),
+            cmd = [sys.executable, __file__, "--sync-rank", str(rank), "--variant", v.name, "--clock", clock,
+                   "--out", str(out), "--slowdowns", args.slowdowns, "--global-batch", str(args.global_batch),
+                   "--epochs", str(args.epochs), "--snapshot-every", str(args.snapshot_every),
                    "--budget", str(args.budget)]
-            with open(args.out / f"sync-{rank}.log", "wb") as out:
-                procs.append(subprocess.Popen(cmd, stdout=out, stderr=out, start_new_session=True))
+            with open(out / f"sync-{rank}.log", "wb") as log:
+                procs.append(subprocess.Popen(cmd, stdout=log, stderr=log, start_new_session=True))
         deadline = time.monotonic() + args.budget + 120
         for proc in procs:
             proc.wait(timeout=max(1.0, deadline - time.monotonic()))
         if any(p.returncode for p in procs):
-            raise RuntimeError(f"a sync rank failed; see {args.out}/sync-*.log")
+            raise RuntimeError(f"a sync rank failed; see {out}/sync-*.log")
     finally:
         for proc in procs:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-    ranks = [[json.loads(line) for line in open(args.out / f"sync-{r}.jsonl")] for r in range(len(procs))]
-    curve = [(row["t"], row["accuracy"]) for row in ranks[0] if "accuracy" in row]
-    wall = ranks[0][-1]["t"]
-    return _result("sync", curve, [r[-1]["compute_s"] / r[-1]["t"] for r in ranks], wall, args,
+    ranks = [json.loads((out / f"sync-{r}.json").read_text()) for r in range(len(procs))]
+    curve = _score(torch.load(out / "sync-snapshots.pt"), ranks[0]["t0"])
+    return _result(v, clock, curve, [r["compute_s"] / r["t"] for r in ranks], ranks[0]["t"], args,
                    batches=[args.global_batch // len(procs)] * len(procs))
 
 
 # ---- peerd variants: real daemons ------------------------------------------------
 
-def job_text(args: argparse.Namespace, dbs: bool, period: int) -> str:
+def job_text(args: argparse.Namespace, v: Variant) -> str:
     from peerd.cluster import default_job
 
     data = tomllib.loads(default_job().read_text())
     n = len(args.slowdown_list)
-    # Evaluations at the same numbers of global steps as the sync baseline's.
-    data["job"].update(name="dbs-bench", local_batch=args.global_batch // n, epochs=args.epochs,
-                       eval_every_rounds=max(1, args.eval_every // period),
-                       global_batch=args.global_batch if dbs else 0,
+    data["job"].update(name="dbs-bench", module="_dbs_job", local_batch=args.global_batch // n, epochs=args.epochs,
+                       eval_every_rounds=args.eval_rounds, global_batch=args.global_batch if v.kind == "dbs" else 0,
                        min_local_batch=4, rebalance_rounds=args.rebalance_rounds, rebalance_threshold=0.1)
-    data["optimizer"].update(lr=args.lr, reference_batch=args.global_batch, schedule="cosine")
-    data["gossip"].update(period_steps=period)
+    data["optimizer"].update(lr=v.lr, reference_batch=args.global_batch, schedule=v.schedule, warmup_steps=v.warmup)
+    data["gossip"].update(period_steps=v.period)
     return tomli_w.dumps(data)
 
 
-def run_peerd(args: argparse.Namespace, variant: str) -> dict:
-    """`fixed` or `dbs`, with `@N` for N local steps between gossip rounds (default --period-steps)."""
+def run_peerd(args: argparse.Namespace, v: Variant, clock: str, out: Path) -> dict:
+    """`fixed` or `dbs` on real daemons; the peers' models are snapshotted by
+    bench/_dbs_job.py and scored afterwards."""
     from peerd.cluster import LocalCluster
 
-    kind, _, period = variant.partition("@")
-    if kind not in ("fixed", "dbs"):
-        raise SystemExit(f"unknown variant {variant!r}: sync, fixed[@N] or dbs[@N]")
-    text = job_text(args, dbs=kind == "dbs", period=int(period or args.period_steps))
-    with LocalCluster(len(args.slowdown_list), args.out / variant, slowdowns=args.slowdown_list) as cluster:
+    text = job_text(args, v)
+    snaps = out / "snapshots"
+    os.environ[SNAPSHOTS_ENV] = str(snaps)  # the daemons, and so their workers, inherit it
+    settings = lambda peer: {"worker": {"slowdown_clock": clock}}  # noqa: E731
+    with LocalCluster(len(args.slowdown_list), out, slowdowns=args.slowdown_list, settings=settings) as cluster:
         cluster.wait_ready()
         poll_until(lambda: all(cluster.client(p).status().peers_known == len(cluster.peers) - 1 for p in cluster.peers),
-               30, "discovery")
+                   30, "discovery")
         for peer in cluster.peers:
             with cluster.client(peer) as c:
-                c.join(text, "")
-        rows, t0, curve = [], None, []
+                c.join(text, str(BENCH))
+        rows, t0 = [], None
         deadline = time.monotonic() + args.budget + 90
         while time.monotonic() < deadline:
             now = time.monotonic()
@@ -238,30 +301,52 @@ def run_peerd(args: argparse.Namespace, variant: str) -> dict:
             if t0 is None and any(j.progress.step > 0 for j in progress):
                 t0 = now
             if t0 is not None:
-                t = now - t0
-                rows.append([(t, j.state, j.progress) for j in progress])
-                accs = [j.progress.metric for j in progress]
-                if all(a == a for a in accs):
-                    curve.append((t, sum(accs) / len(accs)))
-                if t > args.budget or all(j.state in ENDED_STATES for j in progress):
+                rows.append([(now, j.state, j.progress) for j in progress])  # absolute: see below
+                if now - t0 > args.budget or all(j.state in ENDED_STATES for j in progress):
                     break
             time.sleep(POLL_S)
-        if any(j.state == WorkerState.FAILED for j in progress):
-            raise RuntimeError(f"{variant}: a worker failed; see {args.out / variant}")
-    wall = rows[-1][0][0]
+        if not rows or any(j.state == WorkerState.FAILED for j in progress):
+            raise RuntimeError(f"{v.name}: a worker failed or never stepped; see {out}")
+    curve, started, ended = _peer_curve(snaps, [p.peer_id for p in cluster.peers])
+    rows = [[(t - started, s, p) for t, s, p in row] for row in rows]  # from the first peer's first step
     last = _last_training(rows)
     utilisation = [p.compute_s / max(t, 1e-9) for t, _, p in last]
-    with open(args.out / variant / "history.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["t", "peer", "state", "phase", "round", "epoch", "local_batch", "share", "samples_per_s",
-                    "compute_s", "metric"])
-        w.writerows([round(t, 2), k, s, p.phase, p.round, p.epoch, p.local_batch, p.share, p.samples_per_s,
-                     p.compute_s, p.metric] for row in rows for k, (t, s, p) in enumerate(row))
+    _write_history(rows, out / "history.csv")
     # Each peer's typical batch: the median over its training statuses (the last
     # step of an epoch is short, so its last batch says little).
     batches = [statistics.median_low([row[k][2].local_batch for row in rows if row[k][2].phase == "training"] or [0])
                for k in range(len(last))]
-    return _result(variant, curve, utilisation, wall, args, batches=batches)
+    return _result(v, clock, curve, utilisation, ended - started, args, batches=batches)
+
+
+def _peer_curve(snaps: Path, peers: list[str]) -> tuple[list[tuple[float, float]], float, float]:
+    """The mean of the peers' latest scored snapshots at each snapshot's time, from
+    the first step of the first peer; and that start and the last snapshot's time."""
+    import torch
+
+    started = min(json.loads((snaps / p / "first-step.json").read_text())["t"] for p in peers)
+    events = []
+    for k, peer in enumerate(peers):
+        files = sorted((snaps / peer).glob("snap-*.pt"))
+        taken = [torch.load(f) for f in files]
+        events += [(t, k, a) for t, a in _score(taken, 0.0)]
+    events.sort()
+    latest: dict[int, float] = {}
+    curve = []
+    for t, k, accuracy in events:
+        latest[k] = accuracy
+        if len(latest) == len(peers):
+            curve.append((t - started, sum(latest.values()) / len(peers)))
+    return curve, started, events[-1][0]
+
+
+def _write_history(rows: list[list[tuple]], path: Path) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["t", "peer", "state", "phase", "round", "epoch", "local_batch", "share", "samples_per_s",
+                    "compute_s"])
+        w.writerows([round(t, 2), k, s, p.phase, p.round, p.epoch, p.local_batch, p.share, p.samples_per_s,
+                     p.compute_s] for row in rows for k, (t, s, p) in enumerate(row))
 
 
 def _last_training(rows: list[list[tuple]]) -> list[tuple]:
@@ -276,11 +361,18 @@ def _last_training(rows: list[list[tuple]]) -> list[tuple]:
 
 # ---- report ------------------------------------------------------------------
 
-def _result(variant: str, curve: list[tuple[float, float]], utilisation: list[float], wall: float,
+def _result(v: Variant, clock: str, curve: list[tuple[float, float]], utilisation: list[float], wall: float,
             args: argparse.Namespace, **extra) -> dict:
     reached = next((t for t, a in curve if a >= args.target), math.nan)
-    return {"variant": variant, "time_to_target_s": reached, "final_accuracy": curve[-1][1] if curve else math.nan,
-            "wall_s": wall, "utilisation": utilisation, "curve": curve, **extra}
+    return {"variant": v.name, "kind": v.kind, "clock": clock, "time_to_target_s": reached,
+            "final_accuracy": curve[-1][1] if curve else math.nan, "wall_s": wall, "utilisation": utilisation,
+            "curve": curve, **extra}
+
+
+def best_sync(results: list[dict]) -> dict | None:
+    """The DDP setup with the shortest time to the target (then the best final accuracy)."""
+    sync = [r for r in results if r["kind"] == "sync" and not math.isnan(r["time_to_target_s"])]
+    return min(sync, key=lambda r: (r["time_to_target_s"], -r["final_accuracy"]), default=None)
 
 
 def plot(results: list[dict], args: argparse.Namespace) -> None:
@@ -289,14 +381,17 @@ def plot(results: list[dict], args: argparse.Namespace) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for r in results:
-        ax.plot([t for t, _ in r["curve"]], [a for _, a in r["curve"]], marker=".", label=r["variant"])
-    ax.axhline(args.target, color="grey", linestyle=":", label=f"target {args.target}")
-    ax.set(xlabel="wall time (s)", ylabel="test accuracy", ylim=(0.8, 1.0),
-           title=f"MNIST-5k, 4 workers slowed {args.slowdowns}, global batch {args.global_batch}")
-    ax.grid(alpha=0.3)
-    ax.legend()
+    fig, axes = plt.subplots(1, len(args.clock_list), figsize=(6.5 * len(args.clock_list), 4.2), squeeze=False)
+    for ax, clock in zip(axes[0], args.clock_list):
+        for r in results:
+            if r["clock"] == clock and r["repeat"] == 0:
+                ax.plot([t for t, _ in r["curve"]], [a for _, a in r["curve"]], marker=".", markersize=3,
+                        label=r["variant"])
+        ax.axhline(args.target, color="grey", linestyle=":", label=f"target {args.target}")
+        ax.set(xlabel="wall time (s)", ylabel="test accuracy", ylim=(0.8, 1.0), title=f"slowdown on the {clock} clock")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"MNIST-5k, 4 workers slowed {args.slowdowns}, global batch {args.global_batch}")
     fig.tight_layout()
     args.png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(args.png, dpi=100)
@@ -304,23 +399,40 @@ def plot(results: list[dict], args: argparse.Namespace) -> None:
 
 
 def report(results: list[dict], args: argparse.Namespace) -> None:
-    base = next((r for r in results if r["variant"] == "sync"), None)
-    print(f"\n| variant | time to {args.target} (s) | × sync | final accuracy | wall (s) | utilisation per worker | batches |")
-    print("|---|---|---|---|---|---|---|")
-    for r in results:
-        ratio = r["time_to_target_s"] / base["time_to_target_s"] if base else math.nan
-        print(f"| {r['variant']} | {r['time_to_target_s']:.1f} | {ratio:.2f} | {r['final_accuracy']:.4f} | "
-              f"{r['wall_s']:.1f} | {' / '.join(f'{u:.2f}' for u in r['utilisation'])} | "
-              f"{' / '.join(str(b) for b in r.get('batches', []))} |")
+    print(f"\n| run | clock | variant | time to {args.target} (s) | × best DDP | final accuracy | Δ final vs best DDP (pt) "
+          "| wall (s) | utilisation per worker | batches | load 1 min (start → end) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for repeat in range(args.repeats):
+        for clock in args.clock_list:
+            group = [r for r in results if r["repeat"] == repeat and r["clock"] == clock]
+            base = best_sync(group)
+            for r in group:
+                r["best_ddp"] = base["variant"] if base else None
+                r["x_best_ddp"] = r["time_to_target_s"] / base["time_to_target_s"] if base else math.nan
+                r["final_vs_best_ddp_pt"] = 100 * (r["final_accuracy"] - base["final_accuracy"]) if base else math.nan
+                mark = "**" if r is base else ""
+                print(f"| {repeat + 1} | {clock} | {mark}{r['variant']}{mark} | {r['time_to_target_s']:.1f} | "
+                      f"{r['x_best_ddp']:.2f} | {r['final_accuracy']:.4f} | {r['final_vs_best_ddp_pt']:+.1f} | "
+                      f"{r['wall_s']:.1f} | {' / '.join(f'{u:.2f}' for u in r['utilisation'])} | "
+                      f"{' / '.join(str(b) for b in r.get('batches', []))} | {r['load'][0]:.1f} → {r['load'][1]:.1f} |")
     with open(args.out / "curves.csv", "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["variant", "t", "accuracy"])
+        w.writerow(["repeat", "clock", "variant", "t", "accuracy"])
         for r in results:
-            w.writerows([r["variant"], t, a] for t, a in r["curve"])
+            w.writerows([r["repeat"], r["clock"], r["variant"], round(t, 3), a] for t, a in r["curve"])
     summary = [{k: v for k, v in r.items() if k != "curve"} for r in results]
-    (args.out / "summary.json").write_text(json.dumps({"args": vars(args) | {"out": str(args.out), "png": str(args.png)},
-                                                       "results": summary}, indent=2, default=str))
+    settings = {k: v for k, v in vars(args).items() if k != "variant_list"} | {"out": str(args.out), "png": str(args.png)}
+    (args.out / "summary.json").write_text(json.dumps({"args": settings, "results": summary}, indent=2, default=str))
     print(f"\nresults in {args.out}; plot {args.png}")
+
+
+def run_one(args: argparse.Namespace, v: Variant, clock: str, repeat: int) -> dict:
+    out = args.out / f"{repeat + 1}-{clock}-{v.name.replace('/', '-').replace(':', '_')}"
+    out.mkdir(parents=True, exist_ok=True)
+    load = os.getloadavg()[0]
+    r = run_sync(args, v, clock, out) if v.kind == "sync" else run_peerd(args, v, clock, out)
+    r.update(repeat=repeat, load=(load, os.getloadavg()[0]))
+    return r
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -332,14 +444,17 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, raise_interrupt)
     results = []
-    for variant in args.variants.split(","):
-        started = time.monotonic()
-        print(f"{variant}: training ...", flush=True)
-        results.append(run_sync(args) if variant == "sync" else run_peerd(args, variant))
-        r = results[-1]
-        print(f"{variant}: target at {r['time_to_target_s']:.1f}s, final {r['final_accuracy']:.4f}, "
-              f"utilisation {[round(u, 2) for u in r['utilisation']]}, batches {r.get('batches')} "
-              f"({time.monotonic() - started:.0f}s in all)", flush=True)
+    for repeat in range(args.repeats):
+        for clock in args.clock_list:
+            for v in args.variant_list:
+                started = time.monotonic()
+                print(f"run {repeat + 1}, {clock} clock, {v.name}: training ...", flush=True)
+                r = run_one(args, v, clock, repeat)
+                results.append(r)
+                print(f"  target at {r['time_to_target_s']:.1f}s, final {r['final_accuracy']:.4f}, "
+                      f"utilisation {[round(u, 2) for u in r['utilisation']]}, batches {r.get('batches')}, "
+                      f"load {r['load'][0]:.1f} → {r['load'][1]:.1f} ({time.monotonic() - started:.0f}s in all)",
+                      flush=True)
     plot(results, args)
     report(results, args)
     return 0

@@ -68,9 +68,9 @@ class Launch:
     device: str = "cpu"
     security: Security = field(default_factory=Security)
     slowdown: float = 1.0
-    slowdown_clock: str = "wall"  # peerd.core.slowdown
     intrahost: object | None = None  # the daemon's intra-host group for this worker (peerd.worker.intrahost)
     data_root: str = ""  # data_mode = "local": where this peer's data is (ctx.data_root)
+    slowdown_clock: str = "wall"  # the step time `slowdown` multiplies (peerd.core.slowdown)
 
 
 _launch: Launch | None = None  # set by peerd.worker.main before it runs a script job
