@@ -1,36 +1,57 @@
 #!/usr/bin/env python
-"""Dynamic batch size on heterogeneous peers: time to accuracy against synchronous
-data-parallel training (issue 5).
+"""Dynamic batch size on heterogeneous peers: time to accuracy against the best
+synchronous data-parallel setup (issues 5 and 17).
 
 One invocation trains the built-in MNIST example (peerd/examples/mnist.py) on 4
-workers slowed by factors 1, 1, 2, 4 (after each step a worker sleeps (f − 1) × that
-step's compute time: a slower device that uses no extra CPU), in three variants,
-one after the other, with the same model, data, seed, optimizer, LR schedule,
-global batch and epochs:
+workers slowed by factors 1, 1, 2, 4, in several variants one after the other, with
+the same model, initial weights, data, SGD (momentum 0.9, weight decay 1e-4),
+global batch B and epochs; for each slowdown clock in --clocks, --repeats times:
 
-  sync   torch.distributed (gloo on loopback, FileStore rendezvous): 4 processes, equal local batches of
-         B/4, DistributedSampler-style shards (a seeded permutation per epoch, rank r
-         reads every 4th index), gradients averaged by all-reduce after every step —
-         what a user picks today. Every step waits for the slowest worker.
-  fixed  peerd: 4 real daemons (LocalCluster, one per slowdown), the job at a fixed
-         local batch B/4 (global_batch = 0), gossip every round.
-  dbs    the same with global_batch = B: each peer's batch follows its measured
-         speed (peerd/core/shares.py), LR × b_i/mean(b), data split by the shares.
+  sync/SCHED    torch.distributed DDP-style (gloo on loopback, FileStore rendezvous):
+                4 processes, equal local batches of B/4, DistributedSampler-style
+                shards, gradients averaged by all-reduce after every step. Every step
+                waits for the slowest rank. Several schedules are run and the best
+                one (shortest time to the target) per clock is the baseline.
+  fixed[@N]/SCHED  peerd: 4 real daemons (LocalCluster, one per slowdown), the job
+                at a fixed local batch B/4 (global_batch = 0), a gossip round every
+                N local steps (default --period-steps).
+  dbs[@N]/SCHED the same with global_batch = B: each peer's batch follows its
+                measured speed (peerd/core/shares.py), LR × b_i/mean(b), data split
+                by the shares.
 
-Reported per variant: wall time until the test accuracy first reaches --target
-(sync: rank 0's model; peerd: the mean of the peers' latest evaluations, each peer
-evaluates its own model every --eval-every rounds = steps of the global batch);
-the final accuracy when the job's epochs are done (or at --budget seconds); and each
-worker's utilisation = time in steps (the slowdown's sleep included) / wall time.
-Clocks start when the first worker takes its first step (sync: after the process
-group is up), so process start and torch import are not counted.
+SCHED is constant, cosine or linear (decay to 0 over the epochs), then optionally
+:LR (at the global batch; default --lr) and :WARMUP (linear warm-up steps), e.g.
+sync/cosine:0.1:16 (the linear-scaling rule from LR 0.05 at B = 128, warmed up).
 
-    .venv/bin/python bench/dbs.py                       # ~5-8 min on 2 cores
-    .venv/bin/python bench/dbs.py --variants sync --out /tmp/dbs   # one variant
+The slowdown knob ([worker] slowdown and slowdown_clock, peerd/core/slowdown.py):
+after each step a worker sleeps (f − 1) × that step's time, on the wall clock (its
+wall time, which on a busy shared CPU includes waiting for other processes, so a
+slow worker is slowed by more than f) or on the cpu clock (the CPU time of the
+step's thread; every worker here runs torch on one thread). The DDP ranks use the
+same code (peerd/worker/slowdown.py) around their forward and backward.
 
-Outputs under --out (default runs/dbs-TIMESTAMP): curves.csv, summary.json, each
-variant's logs; the plot goes to --png (default docs/img/dbs.png). Every process is
-stopped by PID at the end of its variant, also on errors and Ctrl+C.
+Evaluation is out of band on both sides: DDP rank 0 snapshots its model every
+--snapshot-every seconds (and at the end), each peerd peer every --eval-rounds
+gossip rounds (bench/_dbs_job.py: the job's `evaluate` only saves the model); the
+bench scores every snapshot on the 1,000 test digits after the training, so no
+variant spends training time on evaluation. A crossing of --target is timed at
+the moment the model was taken: DDP, rank 0's model; peerd, the mean of the
+peers' latest snapshots (each its own model), at each snapshot's time. Clocks start
+at the first training step (DDP: after the process group is up; peerd: the first
+peer's first step), so process start and torch import are not counted. Reported:
+time to the target, × the best DDP setup of the same clock and run, the final
+accuracy (the last snapshot, after the job's epochs or at --budget seconds) and
+its difference to the best DDP setup's, each worker's utilisation = time in steps
+(the slowdown's sleep included) / wall time, the median batches, and the 1-minute
+load average at the start and end of each variant (the machine is shared).
+
+    .venv/bin/python bench/dbs.py                          # both clocks, ~10 min per repeat on 2 busy cores
+    .venv/bin/python bench/dbs.py --clocks cpu --variants sync/constant,dbs/cosine --out /tmp/dbs
+
+Outputs under --out (default runs/dbs-TIMESTAMP): curves.csv, summary.json, one
+folder per run with its logs and snapshots; the plot goes to --png (default
+docs/img/dbs.png). Every process is stopped by PID at the end of its variant, also
+on errors and Ctrl+C.
 """
 
 from __future__ import annotations
@@ -212,8 +233,11 @@ def sync_rank(args: argparse.Namespace) -> None:
 
 def _score(snapshots: list[dict], t0: float) -> list[tuple[float, float]]:
     """(time since t0, test accuracy) of each snapshot, scored now, after the training."""
+    import torch
+
     from peerd.examples.mnist import make_datasets, make_model
 
+    torch.set_num_threads(1)  # a second thread only fights the other processes on a busy machine
     _, test = make_datasets()
     model = make_model().float()
     curve = []
@@ -285,6 +309,10 @@ def run_peerd(args: argparse.Namespace, v: Variant, clock: str, out: Path) -> di
     text = job_text(args, v)
     snaps = out / "snapshots"
     os.environ[SNAPSHOTS_ENV] = str(snaps)  # the daemons, and so their workers, inherit it
+    # No standby workers (LocalCluster's default): a daemon refills its spare 20 s
+    # after a join, and 4 torch imports then would land in the middle of the run.
+    # The workers import torch after the join, so they start up to a few seconds
+    # apart; the clock starts at the first one's first step (start_spread_s).
     settings = lambda peer: {"worker": {"slowdown_clock": clock}}  # noqa: E731
     with LocalCluster(len(args.slowdown_list), out, slowdowns=args.slowdown_list, settings=settings) as cluster:
         cluster.wait_ready()
@@ -307,7 +335,7 @@ def run_peerd(args: argparse.Namespace, v: Variant, clock: str, out: Path) -> di
             time.sleep(POLL_S)
         if not rows or any(j.state == WorkerState.FAILED for j in progress):
             raise RuntimeError(f"{v.name}: a worker failed or never stepped; see {out}")
-    curve, started, ended = _peer_curve(snaps, [p.peer_id for p in cluster.peers])
+    curve, started, ended, spread = _peer_curve(snaps, [p.peer_id for p in cluster.peers])
     rows = [[(t - started, s, p) for t, s, p in row] for row in rows]  # from the first peer's first step
     last = _last_training(rows)
     utilisation = [p.compute_s / max(t, 1e-9) for t, _, p in last]
@@ -316,15 +344,17 @@ def run_peerd(args: argparse.Namespace, v: Variant, clock: str, out: Path) -> di
     # step of an epoch is short, so its last batch says little).
     batches = [statistics.median_low([row[k][2].local_batch for row in rows if row[k][2].phase == "training"] or [0])
                for k in range(len(last))]
-    return _result(v, clock, curve, utilisation, ended - started, args, batches=batches)
+    return _result(v, clock, curve, utilisation, ended - started, args, batches=batches, start_spread_s=spread)
 
 
-def _peer_curve(snaps: Path, peers: list[str]) -> tuple[list[tuple[float, float]], float, float]:
+def _peer_curve(snaps: Path, peers: list[str]) -> tuple[list[tuple[float, float]], float, float, float]:
     """The mean of the peers' latest scored snapshots at each snapshot's time, from
-    the first step of the first peer; and that start and the last snapshot's time."""
+    the first step of the first peer; that start, the last snapshot's time and
+    how long after the first peer the last one took its first step."""
     import torch
 
-    started = min(json.loads((snaps / p / "first-step.json").read_text())["t"] for p in peers)
+    starts = [json.loads((snaps / p / "first-step.json").read_text())["t"] for p in peers]
+    started = min(starts)
     events = []
     for k, peer in enumerate(peers):
         files = sorted((snaps / peer).glob("snap-*.pt"))
@@ -337,7 +367,7 @@ def _peer_curve(snaps: Path, peers: list[str]) -> tuple[list[tuple[float, float]
         latest[k] = accuracy
         if len(latest) == len(peers):
             curve.append((t - started, sum(latest.values()) / len(peers)))
-    return curve, started, events[-1][0]
+    return curve, started, events[-1][0], max(starts) - started
 
 
 def _write_history(rows: list[list[tuple]], path: Path) -> None:
