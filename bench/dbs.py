@@ -30,10 +30,10 @@ slow worker is slowed by more than f) or on the cpu clock (the CPU time of the
 step's thread; every worker here runs torch on one thread). The DDP ranks use the
 same code (peerd/worker/slowdown.py) around their forward and backward.
 
-Evaluation is out of band on both sides: DDP rank 0 snapshots its model every
---snapshot-every seconds (and at the end), each peerd peer every --eval-rounds
-gossip rounds (bench/_dbs_job.py: the job's `evaluate` only saves the model); the
-bench scores every snapshot on the 1,000 test digits after the training, so no
+Evaluation is out of band on both sides: DDP rank 0 snapshots its model after
+every step (a copy of ~60k floats; --snapshot-every S: every S seconds), each
+peerd peer every --eval-rounds gossip rounds (bench/_dbs_job.py: the job's
+`evaluate` only saves the model, with the time it was taken); the bench scores every snapshot on the 1,000 test digits after the training, so no
 variant spends training time on evaluation. A crossing of --target is timed at
 the moment the model was taken: DDP, rank 0's model; peerd, the mean of the
 peers' latest snapshots (each its own model), at each snapshot's time. Clocks start
@@ -119,8 +119,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--epochs", type=float, default=8.0, help="passes over the 4,000 training digits (default 8)")
     p.add_argument("--lr", type=float, default=0.05, help="SGD LR at the global batch where a variant gives none")
     p.add_argument("--target", type=float, default=0.95, help="test accuracy to reach (default 0.95)")
-    p.add_argument("--snapshot-every", type=float, default=0.5,
-                   help="sync: rank 0's model is snapshotted every this many seconds (default 0.5)")
+    p.add_argument("--snapshot-every", type=float, default=0.0,
+                   help="sync: rank 0 snapshots its model at the first step end this many seconds after the "
+                        "last snapshot (default 0: after every step)")
     p.add_argument("--eval-rounds", type=int, default=1,
                    help="peerd: each peer snapshots its model every this many gossip rounds (default 1)")
     p.add_argument("--period-steps", type=int, default=4,
