@@ -118,7 +118,7 @@ def _worker(rank: int, cfg: dict, barrier, results) -> None:
 
 def run_intrahost(cfg: dict) -> dict:
     """N processes with the daemon's rendezvous; always reaped."""
-    from peerd.daemon.intrahost import Rendezvous
+    from peerd.rendezvous import Rendezvous
 
     rendezvous = Rendezvous(Path(cfg["tmp"]) / f"job-{cfg['procs']}", cfg["procs"])
     rendezvous.bump()  # as the daemon does before it starts the workers

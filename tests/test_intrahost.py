@@ -28,6 +28,7 @@ from peerd.core.intrahost import (
     USE,
     Decision,
     GroupState,
+    MAX_REBUILDS,
     IntraHostSlot,
     backend_for,
     covers,
@@ -37,7 +38,7 @@ from peerd.core.intrahost import (
     wanted,
 )
 from peerd.core.segments import split_even
-from peerd.daemon.intrahost import Rendezvous
+from peerd.rendezvous import Rendezvous, advance
 from peerd.worker.hierarchy import hierarchical_round
 from peerd.worker.intrahost import IntraHostGroup, intrahost_round
 from peerd.worker.snapshots import Identity, SegmentServer, SnapshotStore, StageStore
@@ -106,7 +107,7 @@ def test_the_daemon_bumps_the_generation_and_removes_old_stores(tmp_path):
     assert r.generation == 0
     (r.directory / "store-1").write_text("")
     assert r.bump() == 1 and r.bump() == 2
-    assert sorted(os.listdir(r.directory)) == ["generation"]
+    assert sorted(os.listdir(r.directory)) == ["generation", "generation.lock"]
     assert Rendezvous(tmp_path / "job", 2).bump() == 3  # a restarted daemon goes on from the file
     assert r.slot(1) == IntraHostSlot(str(r.directory), 1, 2)
 
@@ -304,11 +305,13 @@ def _member(directory: str, rank: int, size: int, commands, replies) -> None:
             command = await asyncio.to_thread(commands.get)
             if command is None:
                 break
-            kind, round_ = command
+            kind, round_, *pause = command
             if kind == "ready":  # poll (no collective) until the group of the current generation is up
                 group.poll(round_)
                 replies.put((rank, "ready", group.state.formed is not None, group.generation))
                 continue
+            if pause:  # a member that stalls (a long GC pause, swapping) before its round
+                await asyncio.sleep(pause[0])
             m.vector.fill_(float(rank))
             plan = plan_hierarchical("job", round_, view, me, SEGMENTS, size)
             result = await intrahost_round(group, plan, me, {}, m.vector, m.recv, m.layout, transport, m.stages, 5.0)
@@ -337,14 +340,17 @@ class Members:
         self.procs[rank].start()
 
     def ask(self, command, ranks) -> dict[int, tuple]:
-        for r in ranks:
+        return self.ask_each({r: command for r in ranks})
+
+    def ask_each(self, commands: dict[int, tuple]) -> dict[int, tuple]:
+        for r, command in commands.items():
             self.commands[r].put(command)
-        got = {}
+        ranks, got = list(commands), {}
         while len(got) < len(ranks):
             try:
                 rank, _, *rest = self.replies.get(timeout=120)
             except queue.Empty:
-                pytest.fail(f"no answer to {command} from {sorted(set(ranks) - set(got))}")
+                pytest.fail(f"no answer to {commands} from {sorted(set(ranks) - set(got))}")
             got[rank] = tuple(rest)
         return got
 
@@ -395,6 +401,47 @@ def test_kill_9_of_a_member_falls_back_then_the_new_generation_re_forms(tmp_path
     finally:
         m.close()
     assert all(not p.is_alive() for p in m.procs.values())
+
+
+def test_a_member_stalled_past_the_timeout_is_taken_back_without_a_restart(tmp_path):
+    m = Members(tmp_path / "job", 3)
+    try:
+        for r in range(3):
+            m.start(r)
+        ranks = [0, 1, 2]
+        first = m.wait_formed(ranks, 8)
+        assert m.ask(("round", 10), ranks) == {r: (True, 1.0) for r in ranks}
+
+        # Member 2 comes to round 11 after the collective timeout (5 s): every member
+        # falls back for the round, each keeping its own values; nobody crashes.
+        got = m.ask_each({0: ("round", 11), 1: ("round", 11), 2: ("round", 11, 8.0)})
+        assert got == {0: (False, 0.0), 1: (False, 1.0), 2: (False, 2.0)}
+        # The members moved the generation on themselves (no daemon restarted anyone)
+        # and form again, all three.
+        assert m.wait_formed(ranks, 12) == first + 1 == m.rendezvous.generation
+        assert m.ask(("round", 14), ranks) == {r: (True, 1.0) for r in ranks}
+    finally:
+        m.close()
+    assert all(not p.is_alive() for p in m.procs.values())
+
+
+def test_a_broken_group_moves_the_generation_on_a_bounded_number_of_times():
+    state = GroupState()
+    assert state.rebuild() is None  # nothing broke
+    for generation in range(1, MAX_REBUILDS + 2):
+        state.forming_started(generation, "0")
+        state.forming_done(generation, "0", True, start=2)
+        state.broke()
+        expected = generation if generation <= MAX_REBUILDS else None
+        assert state.rebuild() == expected
+
+
+def test_only_the_first_member_of_a_broken_group_moves_the_generation(tmp_path):
+    r = Rendezvous(tmp_path / "job", 3)
+    assert r.bump() == 1
+    assert advance(r.directory, past=1) == 2  # the first member to notice
+    assert advance(r.directory, past=1) == 2  # the second finds it moved
+    assert r.bump() == 3  # a restart always moves it
 
 
 def test_the_worker_takes_its_slot_from_the_command_line_the_daemon_writes(tmp_path):

@@ -42,7 +42,9 @@ def test_two_daemons_with_two_workers_each_train_in_groups_of_their_own(local_cl
     # One locality for all: only the daemon level keeps a daemon's workers together.
     cluster = local_cluster(2, settings=lambda peer: TWO_CPU_WORKERS)
     wait_for(lambda: all(cluster.client(p).status().peers_known == 1 for p in cluster.peers), 30, "discovery")
-    text = example_job(job={"name": "multi", "epochs": 6, "eval_every_rounds": 20},
+    # Epochs enough that the killed worker is back while its sibling still trains,
+    # even when a loaded machine takes 20 s to restart it.
+    text = example_job(job={"name": "multi", "epochs": 12, "eval_every_rounds": 20},
                        gossip={"mode": "hierarchical", "group_size": 2}, checkpoint={"every_rounds": 20})
     for peer in cluster.peers:
         cluster.client(peer).join(text)
@@ -99,13 +101,14 @@ def test_two_daemons_with_two_workers_each_train_in_groups_of_their_own(local_cl
             assert full and all(g.split(", ") == ids[peer.peer_id] for g in full), groups
             assert list((job_dir / f"worker-{k}" / "checkpoints").glob("ckpt-*.peerd")), "no checkpoint of its own"
             # The daemon's two workers averaged their group stage on gloo (the intra-host
-            # tier). The join wrote generation 1 and the kill -9's restart generation 2,
-            # in which peer-0's pair formed again (whether generation 1 formed before the
-            # kill depends on how fast the machine is).
+            # tier). The join wrote generation 1; after the kill -9 the survivor moved it
+            # on and the restart did too (2 or 3: who came first decides), and peer-0's
+            # pair formed again (whether generation 1 formed before the kill depends on
+            # how fast the machine is).
             used = [int(g) for g in re.findall(r"intra-host group in use: generation (\d+), gloo", log)]
             assert used, log[-3000:]
             if peer is cluster.peers[0]:
-                assert max(used) == 2, used
+                assert max(used) >= 2, used
             models.append(flat_params(job_dir / f"worker-{k}" / "model.pt"))
     spread = max(float((a - b).norm() / b.norm()) for a in models for b in models)
     assert spread < 0.05, spread

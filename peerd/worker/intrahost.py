@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -42,7 +43,6 @@ from peerd.core.groups import GroupPlan
 from peerd.core.intrahost import (
     AGREE,
     FORM,
-    GENERATION_FILE,
     NOT_COVERING,
     USE,
     Decision,
@@ -50,7 +50,6 @@ from peerd.core.intrahost import (
     IntraHostSlot,
     backend_for,
     covers,
-    parse_generation,
     round_key,
     start_round,
     store_name,
@@ -58,6 +57,7 @@ from peerd.core.intrahost import (
 from peerd.core.robust import PullClipper
 from peerd.core.segments import Span
 from peerd.errors import PeerdError, PeerUnavailable
+from peerd.rendezvous import advance, current_generation
 from peerd.worker.gossip import RoundResult, clip_pull, record_failure, relative_gap
 from peerd.worker.snapshots import StageStore
 from peerd.worker.transport import Transport
@@ -66,6 +66,7 @@ log = logging.getLogger("peerd.worker.intrahost")
 
 COLLECTIVE_TIMEOUT_S = 30.0  # a member that does not take part in a collective by then has failed
 FORM_TIMEOUT_S = 120.0  # every member must come to form the group by then (they start at different times)
+CHECK_IN_POLL_S = 0.05  # how often a forming member looks whether all have arrived (or it was called off)
 
 T = TypeVar("T")
 
@@ -92,6 +93,7 @@ class IntraHostGroup:
         self.rounds = 0  # rounds whose inner stage ran on the group
         self._pg = None
         self._forming: asyncio.Task | None = None
+        self._call_off = threading.Event()  # set: the forming in progress is abandoned
         self._said = ""  # the last fallback reason logged (logged once per change)
         self._round = 0  # the round this worker is in, as the last poll saw it
 
@@ -100,10 +102,7 @@ class IntraHostGroup:
         return Path(self.slot.directory)
 
     def current_generation(self) -> int | None:
-        try:
-            return parse_generation((self.directory / GENERATION_FILE).read_text())
-        except OSError:
-            return None
+        return current_generation(self.directory)
 
     def poll(self, round_: int) -> Decision:
         """At the start of a round, before any collective: start forming a new
@@ -142,15 +141,19 @@ class IntraHostGroup:
 
     def _start_forming(self, generation: int, tag: str) -> None:
         self._drop()
+        self._call_off.set()  # a forming still waiting for members gives up
+        self._call_off = threading.Event()
         self.state.forming_started(generation, tag)
-        self._forming = asyncio.create_task(self._form(generation, tag), name=f"intrahost-form-{generation}-{tag}")
+        self._forming = asyncio.create_task(self._form(generation, tag, self._call_off),
+                                            name=f"intrahost-form-{generation}-{tag}")
 
-    async def _form(self, generation: int, tag: str) -> None:
+    async def _form(self, generation: int, tag: str, call_off: threading.Event) -> None:
         started = time.monotonic()
         try:
-            pg, start = await asyncio.to_thread(self._connect, generation, tag)
-        except (RuntimeError, ValueError, OSError) as exc:  # DistBackendError, DistStoreError: timeouts, resets
-            log.warning("intra-host group of generation %d did not form: %s", generation, _short(exc))
+            pg, start = await asyncio.to_thread(self._connect, generation, tag, call_off)
+        except Exception as exc:  # noqa: BLE001 - DistStoreError, timeouts, resets, called off: any is a fallback
+            if not call_off.is_set():
+                log.warning("intra-host group of generation %d did not form: %s", generation, _short(exc))
             self.state.forming_done(generation, tag, False)
             return
         if self.state.forming != (generation, tag):
@@ -162,13 +165,27 @@ class IntraHostGroup:
                  time.monotonic() - started, generation, self.backend, self.slot.rank, self.slot.size,
                  ", ".join(self.members), start)
 
-    def _connect(self, generation: int, tag: str):
+    def _connect(self, generation: int, tag: str, call_off: threading.Event):
         """Blocking: form the group; its first collective proves it and gathers the
-        members' rounds, which give the round it is used from."""
+        members' rounds, which give the round it is used from.
+
+        The members check in on the store first and wait for each other in short
+        polls, so a forming that is called off (a newer generation, the worker
+        closing) ends within CHECK_IN_POLL_S rather than after FORM_TIMEOUT_S; the
+        process group is made once all are there (still within FORM_TIMEOUT_S: on
+        a loaded machine a member may take seconds from its check-in to the group)."""
         files = dist.FileStore(str(self.directory / store_name(generation)), self.slot.size)
         files.set_timeout(self.form_timeout)
         store = dist.PrefixStore(f"{tag}/", files)
         rank, size = self.slot.rank, self.slot.size
+        store.add("arrived", 1)
+        deadline = time.monotonic() + self.form_timeout.total_seconds()
+        while store.add("arrived", 0) < size:
+            if call_off.wait(CHECK_IN_POLL_S):
+                raise IntraHostError("called off")
+            if time.monotonic() > deadline:
+                raise IntraHostError(f"only {store.add('arrived', 0)} of {size} members came in "
+                                     f"{self.form_timeout.total_seconds():.0f}s")
         if self.backend == "gloo":
             options = dist.ProcessGroupGloo._Options()
             options._timeout = self.form_timeout
@@ -188,16 +205,24 @@ class IntraHostGroup:
             return pg, start_round([int(t) for t in every])
 
     async def run(self, fn: Callable[..., T], *args) -> T:
-        """A blocking collective in a thread (the event loop keeps serving partners);
-        a failure breaks the group until the daemon writes a new generation."""
+        """A blocking collective in a thread (the event loop keeps serving partners).
+        Any failure (a reset, a timeout, anything torch.distributed raises) breaks
+        the group: the round falls back to the bulk lane, and the generation is
+        moved on so that the members re-form (peerd.core.intrahost.GroupState.rebuild)."""
         try:
             return await asyncio.to_thread(fn, *args)
-        except (RuntimeError, ValueError) as exc:
+        except Exception as exc:  # noqa: BLE001 - a broken collective is never a reason to crash the worker
             generation = self.generation
             self.state.broke()
             self._drop()
+            past = self.state.rebuild()
+            if past is not None:
+                try:
+                    advance(self.directory, past)
+                except OSError as error:
+                    log.warning("intra-host rendezvous %s not writable: %s", self.directory, error)
             log.warning("intra-host group of generation %s failed: %s; the bulk lane carries the group stage "
-                        "until the daemon re-forms it", generation, _short(exc))
+                        "until it re-forms", generation, _short(exc))
             raise IntraHostError(f"intra-host collective failed: {_short(exc)}") from None
 
     # Blocking collectives: call them through run().
@@ -245,6 +270,7 @@ class IntraHostGroup:
             _abort(pg)
 
     async def aclose(self) -> None:
+        self._call_off.set()
         if self._forming is not None and not self._forming.done():
             self._forming.cancel()
             await asyncio.gather(self._forming, return_exceptions=True)
