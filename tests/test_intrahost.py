@@ -40,7 +40,8 @@ from peerd.core.intrahost import (
 from peerd.core.segments import split_even
 from peerd.rendezvous import Rendezvous, advance
 from peerd.worker.hierarchy import hierarchical_round
-from peerd.worker.intrahost import IntraHostGroup, intrahost_round
+from peerd.worker.intrahost import IntraHostGroup
+from peerd.worker.intrahost_round import intrahost_round
 from peerd.worker.snapshots import Identity, SegmentServer, SnapshotStore, StageStore
 from peerd.worker.transport import MemoryTransport
 
