@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import tomli_w
+from pytest_asyncio import is_async_test
 
 from peerd.cluster import LocalCluster, default_job
 from peerd.config import DaemonConfig
@@ -57,9 +58,11 @@ async def until(predicate: Callable[[], object], what: str, timeout_s: float = 2
         await asyncio.sleep(0.05)
 
 
-# --- leak check: a test must not leave threads, child processes or namespaces behind -----------
+# --- leak check: a test must not leave tasks, threads, child processes or namespaces behind ----
 
-LEAK_GRACE_S = 10.0  # how long a thread or process that is already stopping may take to end
+# How long a task, thread or process that is already stopping may take to end
+# (tests/test_leak_checks.py shortens it for the tests that leak on purpose).
+LEAK_GRACE_S = float(os.environ.get("PEERD_TEST_LEAK_GRACE_S", "10"))
 # Process-wide threads libraries start once, on first use, and keep: not a test's leak.
 LIBRARY_THREADS = ("(_poll_wrapper)",)  # grpc.aio's completion-queue poller
 # multiprocessing's helpers (a DataLoader's workers start them), kept for the process's life.
@@ -118,6 +121,37 @@ def no_leaks():
         time.sleep(0.1)
     if leaks:
         pytest.fail("the test left behind: " + "; ".join(leaks), pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def no_pending_tasks(no_leaks, request):
+    """Fail an async test that leaves an asyncio task pending in its event loop.
+
+    pytest-asyncio (1.x) runs each async test in an asyncio.Runner, a fixture of its own,
+    whose close cancels whatever tasks are left: a leak nobody would see. Asking for that
+    fixture here sets it up inside this one, so the runner closes after this looks and after
+    the test's own fixtures have cleaned up. Only function-scoped loops: a wider loop may
+    keep tasks from one test to the next on purpose. Depends on no_leaks so that the
+    thread check runs once the runner has closed (and joined its executor's threads).
+    """
+    marker = request.node.get_closest_marker("asyncio")
+    scope = marker and (marker.kwargs.get("loop_scope") or request.config.getini("asyncio_default_test_loop_scope"))
+    if not is_async_test(request.node) or scope != "function":
+        yield
+        return
+    runner = request.getfixturevalue("_function_scoped_runner")
+    yield
+    loop = runner.get_loop()
+    if loop.is_closed():
+        return
+    pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    if pending:
+        runner.run(asyncio.wait(pending, timeout=LEAK_GRACE_S))
+    pending = [t for t in pending if not t.done()]
+    if pending:
+        pytest.fail("the test left asyncio tasks pending: " + "; ".join(
+            f"{t.get_name()} running {getattr(t.get_coro(), '__qualname__', t.get_coro())}" for t in pending)
+            + " (cancel and await them before the test ends)", pytrace=False)
 
 
 def free_port() -> int:
