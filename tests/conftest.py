@@ -46,6 +46,19 @@ def wait_for(predicate: Callable[[], object], timeout_s: float, what: str, inter
         time.sleep(interval_s)
 
 
+def all_finished(jobs):
+    """`jobs` (job statuses) once every one has finished, else False: a predicate
+    for wait_for that fails the test at once when one failed or is restarting."""
+    jobs = list(jobs)
+    assert all(j.state not in ("failed", "restarting") for j in jobs), jobs
+    return all(j.state == "finished" for j in jobs) and jobs
+
+
+def first_jobs(cluster, peers=None) -> list:
+    """The status of the first (in these tests the only) job of each peer's daemon."""
+    return [cluster.client(p).status().jobs[0] for p in (cluster.peers if peers is None else peers)]
+
+
 async def until(predicate: Callable[[], object], what: str, timeout_s: float = 20.0):
     """The in-process twin of wait_for: poll without blocking the event loop."""
     deadline = time.monotonic() + timeout_s
