@@ -1,4 +1,5 @@
-"""Shared fixtures: real local clusters of peerd daemons on 127.0.0.1."""
+"""Shared fixtures and helpers: local clusters of real peerd daemons on 127.0.0.1,
+in-process daemons, polling, and the leak checks every test runs under."""
 
 from __future__ import annotations
 
