@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
             runs[method] = run_method(method, cfg)
             print(f"  {method}: done in {time.monotonic() - t:.1f} s", flush=True)
     med = {m: statistics.median(r["times"]) for m, r in runs.items()}
-    print(f"\n| method | median ms | p90 ms | min ms | cpu ms (slowest process) | × gloo |\n|---|---|---|---|---|---|")
+    print("\n| method | median ms | p90 ms | min ms | cpu ms (slowest process) | × gloo |\n|---|---|---|---|---|---|")
     for m, r in runs.items():
         ratio = f"{med[m] / med['gloo']:.2f}" if "gloo" in med else "-"
         print(f"| {m} | {med[m] * 1e3:.1f} | {quantile(r['times'], 0.9) * 1e3:.1f} | {min(r['times']) * 1e3:.1f} "
