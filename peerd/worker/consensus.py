@@ -1,0 +1,108 @@
+"""The exact average of the peers' models: at the job's end, and for an export.
+
+At the end every peer publishes its final model (stage 3, fp32) and pulls the
+whole final model of every peer in its view, waiting a bounded time for the
+last of them to get there; the consensus is the mean over the peers whose
+whole model arrived, summed in sorted-id order (peerd.core.consensus). Peers
+that got the same set therefore hold the same model, bit for bit. An export
+averages the same way over the round snapshots (stage 0) of one round, which
+the others serve anyway, so they need not take part.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from peerd.core.consensus import ConsensusPlan, describe, plan_consensus
+from peerd.core.segments import Span
+from peerd.errors import PeerdError
+from peerd.worker.codec import finite_by_sum
+from peerd.worker.snapshots import FINAL_STAGE
+from peerd.worker.transport import Transport
+
+
+@dataclass
+class Consensus:
+    """An exact average and how it came about."""
+
+    plan: ConsensusPlan
+    vector: torch.Tensor  # the average (CPU, fp32)
+    left_out: dict[str, str] = field(default_factory=dict)  # peer -> why its model is not in it
+    seconds: float = 0.0
+
+    @property
+    def digest(self) -> str:
+        """A short fingerprint of the values: equal on peers that hold the same model."""
+        return hashlib.sha256(self.vector.numpy().tobytes()).hexdigest()[:16]
+
+    def describe(self) -> str:
+        return describe(self.plan, self.left_out)
+
+
+async def gather_models(
+    transport: Transport, addresses: dict[str, str], layout: list[Span], timeout: float,
+    round_: int = 0, stage: int = FINAL_STAGE,
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Every peer's whole vector (all its segments, all peers concurrently),
+    under one deadline; a peer counts only if every segment arrived finite.
+    Returns the vectors and, for the others, why not."""
+    numel = layout[-1].stop if layout else 0
+    buffers = {p: torch.empty(numel, dtype=torch.float32) for p in addresses}
+
+    async def one(peer: str) -> None:
+        buf, address = buffers[peer], addresses[peer]
+        await asyncio.gather(*(transport.fetch_segment(address, round_, s, buf[span.start : span.stop], timeout, stage)
+                               for s, span in enumerate(layout)))
+        if not finite_by_sum(buf):
+            raise PeerdError("non-finite values")
+
+    tasks = {p: asyncio.ensure_future(one(p)) for p in addresses}
+    done, pending = await asyncio.wait(tasks.values(), timeout=timeout) if tasks else (set(), set())
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    got, why = {}, {}
+    for peer, task in tasks.items():
+        exc = task.exception() if task in done else TimeoutError("deadline")
+        if exc is None:
+            got[peer] = buffers[peer]
+        elif isinstance(exc, (PeerdError, TimeoutError)):
+            why[peer] = str(exc) or type(exc).__name__
+        else:
+            raise exc  # a bug, not a partner's fault
+    return got, why
+
+
+def exact_average(plan: ConsensusPlan, models: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The plan's weighted mean, summed in the plan's order. No fused
+    multiply-add (equal weights: sum, then one division; else each term
+    rounded, then added), so machines with different vector units agree."""
+    out = models[plan.members[0]].clone()
+    if plan.uniform:
+        for peer in plan.members[1:]:
+            out.add_(models[peer])
+        return out.div_(plan.size)
+    out.mul_(plan.weights[0])
+    for peer, w in zip(plan.members[1:], plan.weights[1:]):
+        out.add_(models[peer].mul(w))
+    return out
+
+
+async def average_models(
+    me: str, own: torch.Tensor, addresses: dict[str, str], layout: list[Span], transport: Transport,
+    timeout: float, round_: int = 0, stage: int = FINAL_STAGE,
+) -> Consensus:
+    """Pull the others' models (final ones, or one round's snapshots) and
+    average them with `own` (a CPU fp32 copy of this peer's)."""
+    started = time.monotonic()
+    others = {p: a for p, a in addresses.items() if p != me and a}
+    models, left_out = await gather_models(transport, others, layout, timeout, round_, stage)
+    plan = plan_consensus(me, models)
+    models[me] = own
+    vector = own.clone() if plan.alone else exact_average(plan, models)
+    return Consensus(plan, vector, left_out, time.monotonic() - started)
