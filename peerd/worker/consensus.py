@@ -17,12 +17,13 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+from torch import nn
 
 from peerd.core.consensus import ConsensusPlan, describe, plan_consensus
 from peerd.core.segments import Span
 from peerd.errors import PeerdError
 from peerd.worker.codec import finite_by_sum
-from peerd.worker.snapshots import FINAL_STAGE
+from peerd.worker.snapshots import FINAL_STAGE, FinalStore
 from peerd.worker.transport import Transport
 
 
@@ -106,3 +107,26 @@ async def average_models(
     models[me] = own
     vector = own.clone() if plan.alone else exact_average(plan, models)
     return Consensus(plan, vector, left_out, time.monotonic() - started)
+
+
+async def final_consensus(me: str, vector: torch.Tensor, final: FinalStore, addresses: dict[str, str],
+                          layout: list[Span], transport: Transport, timeout: float) -> Consensus:
+    """The job is done here: publish this peer's final model (a CPU copy of
+    `vector`, the live gossiped vector) and average it with the others'."""
+    own = vector.detach().to("cpu", copy=True)
+    await final.publish(own)
+    return await average_models(me, own, addresses, layout, transport, timeout)
+
+
+def state_with(model: nn.Module, vector: torch.Tensor, values: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The model's state_dict (CPU copies) as it would be with `values` in the
+    gossiped `vector`; the model is left as it was. Synchronous: nothing else
+    runs on the vector meanwhile."""
+    from peerd.worker.training import model_state
+
+    live = vector.detach().clone()
+    vector.copy_(values)
+    try:
+        return model_state(model)
+    finally:
+        vector.copy_(live)
