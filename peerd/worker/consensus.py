@@ -23,7 +23,7 @@ from peerd.core.consensus import ConsensusPlan, describe, plan_consensus
 from peerd.core.segments import Span
 from peerd.errors import PeerdError
 from peerd.worker.codec import finite_by_sum
-from peerd.worker.snapshots import FINAL_STAGE, FinalStore
+from peerd.worker.snapshots import FINAL_STAGE, FinalStore, SnapshotStore
 from peerd.worker.transport import Transport
 
 
@@ -116,6 +116,19 @@ async def final_consensus(me: str, vector: torch.Tensor, final: FinalStore, addr
     own = vector.detach().to("cpu", copy=True)
     await final.publish(own)
     return await average_models(me, own, addresses, layout, transport, timeout)
+
+
+async def round_consensus(me: str, store: SnapshotStore, round_: int, vector: torch.Tensor,
+                          addresses: dict[str, str], layout: list[Span], transport: Transport,
+                          timeout: float) -> Consensus:
+    """peerctl export: the average of round `round_`'s snapshots, this peer's
+    own (or, with none held, its model of now) and the others'."""
+    try:
+        async with store.hold(round_, 0.0) as snapshot:
+            own = snapshot.clone()
+    except PeerdError:  # nothing published for this round (alone, overlapped): the model of now
+        own = vector.detach().to("cpu", copy=True)
+    return await average_models(me, own, addresses, layout, transport, timeout, round_=round_, stage=0)
 
 
 def state_with(model: nn.Module, vector: torch.Tensor, values: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -36,7 +36,7 @@ from peerd.proto.v1 import control_pb2
 from peerd.rejections import Rejections
 from peerd.tls import TlsMaterial
 from peerd.worker.checkpoint import CheckpointDir
-from peerd.worker.consensus import Consensus, average_models, final_consensus, state_with
+from peerd.worker.consensus import Consensus, final_consensus, round_consensus, state_with
 from peerd.worker.gossip import RoundResult
 from peerd.worker.link import SupervisorLink
 from peerd.worker.rounds import Rounds
@@ -264,14 +264,8 @@ class Engine:
         members that answer in a round deadline, as a plain state_dict."""
         from peerd.worker.training import write_model
 
-        try:
-            async with self.store.hold(self.round, 0.0) as snapshot:
-                own = snapshot.clone()
-        except PeerdError:  # nothing published for this round (alone, overlapped): the model of now
-            own = self.state.flat.vector.detach().to("cpu", copy=True)
-        peers = {p: a for p, a in self._view.items() if p != self.me}
-        mean = await average_models(self.me, own, peers, self.rounds.layout, self.transport,
-                                    self.rounds.deadline.deadline(), round_=self.round, stage=0)
+        mean = await round_consensus(self.me, self.store, self.round, self.state.flat.vector, self._view,
+                                     self.rounds.layout, self.transport, self.rounds.deadline.deadline())
         state = state_with(self.state.model, self.state.flat.vector, mean.vector)
         try:
             await asyncio.to_thread(write_model, state, Path(path), job=self.spec.name, round=self.round,
