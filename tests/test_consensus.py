@@ -81,7 +81,8 @@ async def test_a_peer_that_left_is_left_out_at_once_and_the_rest_agree():
     group = members(3)
     addresses, transports = in_memory(group)
     await group[1].final.finish()  # drained: it will never publish a final model
-    results = await asyncio.gather(*(m.conclude(addresses, transports[m.id], timeout=30.0) for m in (group[0], group[2])))
+    results = await asyncio.gather(*(m.conclude(addresses, transports[m.id], timeout=30.0)
+                                     for m in (group[0], group[2])))
     assert [r.plan.members for r in results] == [("p0", "p2"), ("p0", "p2")]
     assert all("left the job" in r.left_out["p1"] for r in results)
     assert torch.equal(results[0].vector, results[1].vector)

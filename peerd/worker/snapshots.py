@@ -230,7 +230,7 @@ class FinalStore:
             await wait_until(self._changed, lambda: self.served >= reads, wait_s)
             return self.served >= reads
 
-    async def _note_served(self) -> None:
+    async def note_served(self) -> None:
         async with self._changed:
             self.served += 1
             self._changed.notify_all()
@@ -281,7 +281,7 @@ class SegmentServer:
             vector = await self.final.get(wait_s)
             for piece in chunk_spans(span.size, chunk_elems):
                 yield piece.start, span.size, to_wire(vector[span.start + piece.start : span.start + piece.stop], "fp32")
-            await self.final._note_served()
+            await self.final.note_served()
             return
         if stage:
             value = await self.stages.get(round_, stage, segment, wait_s)
