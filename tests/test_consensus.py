@@ -127,3 +127,13 @@ async def test_three_peers_over_real_sockets_agree_bit_for_bit(bulk):
     assert all(r.plan.size == 3 and torch.equal(r.vector, results[0].vector) for r in results)
     torch.testing.assert_close(results[0].vector, reference(group), rtol=1e-6, atol=1e-6)
     assert all(m.final.served == 2 * SEGMENTS for m in group)  # each served its model to the two others
+
+
+async def test_a_peer_that_sends_non_finite_values_is_left_out():
+    group = members(3)
+    group[2].vector[5] = float("nan")
+    addresses, transports = in_memory(group)
+    await group[2].final.publish(group[2].vector)
+    results = await asyncio.gather(*(m.conclude(addresses, transports[m.id]) for m in group[:2]))
+    assert all(r.plan.members == ("p0", "p1") and "finite" in r.left_out["p2"] for r in results), results[0].left_out
+    assert torch.equal(results[0].vector, results[1].vector)

@@ -21,7 +21,7 @@ from torch import nn
 
 from peerd.core.consensus import ConsensusPlan, describe, plan_consensus
 from peerd.core.segments import Span
-from peerd.errors import PeerdError
+from peerd.errors import InvalidMessage, PeerdError
 from peerd.worker.codec import finite_by_sum
 from peerd.worker.snapshots import FINAL_STAGE, FinalStore, SnapshotStore
 from peerd.worker.transport import Transport
@@ -57,10 +57,16 @@ async def gather_models(
 
     async def one(peer: str) -> None:
         buf, address = buffers[peer], addresses[peer]
-        await asyncio.gather(*(transport.fetch_segment(address, round_, s, buf[span.start : span.stop], timeout, stage)
-                               for s, span in enumerate(layout)))
+        fetches = [asyncio.ensure_future(transport.fetch_segment(address, round_, s, buf[span.start : span.stop],
+                                                                 timeout, stage)) for s, span in enumerate(layout)]
+        try:
+            await asyncio.gather(*fetches)
+        finally:  # one segment failed (or the deadline): the others of this peer are not wanted
+            for fetch in fetches:
+                fetch.cancel()
+            await asyncio.gather(*fetches, return_exceptions=True)
         if not finite_by_sum(buf):
-            raise PeerdError("non-finite values")
+            raise InvalidMessage(f"{peer} sent non-finite values", "non_finite")
 
     tasks = {p: asyncio.ensure_future(one(p)) for p in addresses}
     done, pending = await asyncio.wait(tasks.values(), timeout=timeout) if tasks else (set(), set())
