@@ -137,3 +137,19 @@ async def test_a_peer_that_sends_non_finite_values_is_left_out():
     results = await asyncio.gather(*(m.conclude(addresses, transports[m.id]) for m in group[:2]))
     assert all(r.plan.members == ("p0", "p1") and "finite" in r.left_out["p2"] for r in results), results[0].left_out
     assert torch.equal(results[0].vector, results[1].vector)
+
+
+async def test_an_export_averages_one_rounds_snapshots_without_the_others_taking_part():
+    from peerd.worker.consensus import round_consensus
+
+    group = members(3)
+    for m in group:
+        await m.store.publish(7, m.vector)
+    addresses, transports = in_memory(group)
+    live = torch.zeros(NUMEL)  # the exporter's model of now is not what it exports
+    mean = await round_consensus("p0", group[0].store, 7, live, addresses, group[0].layout, transports["p0"], 5.0)
+    assert mean.plan.members == ("p0", "p1", "p2")
+    torch.testing.assert_close(mean.vector, reference(group), rtol=1e-6, atol=1e-6)
+    # A round the exporter does not hold (alone, or overlapped): its model of now.
+    alone = await round_consensus("p0", group[0].store, 8, live, {"p0": "mem-p0"}, group[0].layout, transports["p0"], 0.1)
+    assert alone.plan.alone and torch.equal(alone.vector, live)
