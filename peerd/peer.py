@@ -251,15 +251,20 @@ class Peer:
             finished = not self._left
         try:
             if finished and not self._left:
-                self._loop.call(self._engine.settle(), CLOSE_TIMEOUT_S)
-                metrics = self._engine.evaluate() if self._engine.evaluate is not None else self.metrics
+                engine = self._engine
+                self._loop.call(engine.settle(), CLOSE_TIMEOUT_S)
+                metrics = engine.evaluate() if engine.evaluate is not None else self.metrics
+                # One model at the end: the members' exact average replaces this peer's own.
+                limit = engine.consensus_limit_s() + CLOSE_TIMEOUT_S
+                metrics = self._loop.call(engine.conclude(metrics), limit)
                 from peerd.worker.training import save_model
 
                 path = self.launch.out_dir / "model.pt"
                 save_model(self.state.model, path, job=self.spec.name, step=self.source.step_count,
-                           progress=self.source.progress, round=self._engine.round, metric=self.spec.metric,
-                           metrics=metrics, fingerprint=self._engine.identity.fingerprint)
-                self._loop.call(self._engine.finish(metrics, path), CLOSE_TIMEOUT_S)
+                           progress=self.source.progress, round=engine.round, metric=self.spec.metric,
+                           metrics=metrics, fingerprint=engine.identity.fingerprint,
+                           consensus=list(engine.consensus.plan.members), consensus_digest=engine.consensus.digest)
+                self._loop.call(engine.finish(metrics, path), limit)
                 self.outcome = "finished"
             else:
                 self.outcome = "left" if self._engine.link.stop else "stopped"

@@ -92,7 +92,7 @@ def _poll(cluster: LocalCluster, job: str, elapsed: float) -> list[dict]:
     for peer in cluster.peers:
         row = {"t": round(elapsed, 2), "peer": peer.peer_id, "state": "down", "epoch": 0, "step": 0, "round": 0,
                "loss": math.nan, "samples_per_s": math.nan, "partners": "-", "disagreement": math.nan,
-               "metric": math.nan}
+               "metric": math.nan, "consensus": math.nan}
         try:
             with cluster.client(peer) as c:
                 jobs = {j.name: j for j in c.status().jobs}
@@ -108,7 +108,8 @@ def _poll(cluster: LocalCluster, job: str, elapsed: float) -> list[dict]:
             rows.append({**row, "peer": member or peer.peer_id, "state": state, "epoch": p.epoch, "step": p.step,
                          "round": p.round, "loss": p.loss, "samples_per_s": p.samples_per_s,
                          "partners": f"{p.partners_reached}/{p.partners_planned}",
-                         "disagreement": p.disagreement, "metric": p.metric})
+                         "disagreement": p.disagreement, "metric": p.metric,
+                         "consensus": p.metrics.get(f"consensus_{p.metric_name}", math.nan)})
     return rows
 
 
@@ -229,7 +230,8 @@ def _summary(rows: list[dict], out: Path, elapsed: float, console: Console, metr
     finished = [r for r in rows if r["state"] == "finished" and not math.isnan(r["metric"])]
     label = _label(metric)
     for r in rows:
-        console.print(f"{r['peer']}: {r['state']}, {r['step']} steps, {label} {_f(r['metric'], 4)}")
+        consensus = f" (own model), {_f(r['consensus'], 4)} (consensus)" if not math.isnan(r["consensus"]) else ""
+        console.print(f"{r['peer']}: {r['state']}, {r['step']} steps, {label} {_f(r['metric'], 4)}{consensus}")
     console.print(f"history: {out / 'history.csv'}; plot: {out / 'progress.png'}")
     if not finished or len(finished) < len(rows):
         console.print(f"[red]not every peer finished ({len(finished)}/{len(rows)}); see the logs in {out}")

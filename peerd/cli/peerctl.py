@@ -20,10 +20,15 @@ DEFAULT_SOCKET = "/run/peerd/control.sock"
 
 
 def _metric(p) -> str:
-    """The job's metric, by name: "accuracy 0.9712", "val_loss 1.384"."""
+    """The job's metric, by name: "accuracy 0.9712", "val_loss 1.384"; at the end
+    the consensus model's beside it: "accuracy 0.9712, consensus of 3 0.9740"."""
     if p.metric != p.metric:  # NaN: not evaluated yet
         return "-"
-    return f"{p.metric_name or 'metric'} {p.metric:.4f}"
+    text = f"{p.metric_name or 'metric'} {p.metric:.4f}"
+    consensus = p.metrics.get(f"consensus_{p.metric_name}")
+    if consensus is not None:
+        text += f", consensus of {int(p.metrics.get('consensus_peers', 1))} {consensus:.4f}"
+    return text
 
 
 def _progress_rows(job) -> list[list[object]]:

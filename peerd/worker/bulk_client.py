@@ -19,6 +19,7 @@ from peerd.worker.bulk import (
     BULK_METHOD, ERROR_HEADER, ITEMSIZE, LENGTH, MAC_BYTES, OK_HEADER, BulkError, mac_ok, reply_fields,
 )
 from peerd.worker.codec import all_finite, fill_values
+from peerd.worker.snapshots import stage_wire
 
 IDLE_S = 60.0  # a connection unused this long is closed (its reader thread ends)
 
@@ -284,7 +285,7 @@ class BulkClient:
         """A new pipe, kept in _pipes by the connect itself: when every caller has
         timed out meanwhile, it is still the client's to reuse and to close (else
         its reader thread and socket outlived the client)."""
-        host, port, _ = key
+        host, port, stage = key
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setblocking(False)
@@ -294,7 +295,7 @@ class BulkClient:
         except BaseException:
             sock.close()
             raise
-        pipe = self._pipes[key] = _Pipe(sock, self._wire, self._auth)
+        pipe = self._pipes[key] = _Pipe(sock, stage_wire(stage, self._wire), self._auth)
         return pipe
 
     async def aclose(self) -> None:
