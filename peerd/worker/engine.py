@@ -32,13 +32,13 @@ from peerd.core.consensus import consensus_timeout
 from peerd.core.shares import BatchPlan, Rebalancer
 from peerd.errors import PeerdError
 from peerd.jobspec import JobSpec
-from peerd.proto.v1 import control_pb2
 from peerd.rejections import Rejections
 from peerd.tls import TlsMaterial
 from peerd.worker.checkpoint import CheckpointDir
 from peerd.worker.consensus import Consensus, final_consensus, round_consensus, state_with
 from peerd.worker.gossip import RoundResult
 from peerd.worker.link import SupervisorLink
+from peerd.worker.progress_report import progress_of
 from peerd.worker.rounds import Rounds
 from peerd.worker.snapshots import FinalStore, Identity, SegmentServer
 from peerd.worker.state import StateBoard, StateMeta, StateServer, pull_state
@@ -404,31 +404,4 @@ class Engine:
         return True
 
     def _report(self, result: RoundResult | None, finished: bool = False) -> None:
-        t, times = self.source, self.rounds.exchange_times
-        p = control_pb2.Progress(
-            step=t.step_count, round=self.round, epoch=t.epoch, loss=t.loss_ema,
-            samples_per_s=t.speed_ema, metric=self.metrics.get(self.spec.metric, math.nan), samples=t.samples,
-            metric_name=self.spec.metric, metric_higher_better=self.spec.metric_mode == "max",
-            metrics=self.metrics, skipped_steps=t.skipped_steps,
-            segment_misses=self.rounds.misses, finished=finished, disagreement=math.nan, exchange_s=math.nan, lr=t.lr,
-            phase="finished" if finished else self.phase, global_batch=t.global_batch,
-            rejected=dict(self.rejections.counts),
-            local_batch=t.local_batch, share=t.share, compute_s=t.compute_s,
-            rounds_done=times.count, bytes_sent=self.traffic.sent,
-            bytes_received=self.traffic.received, exchange_buckets=times.buckets,
-            exchange_sum_s=times.sum_s, exchange_count=times.count,
-            checkpoint_round=self.checkpoint_round, checkpoints_written=self.checkpoints_written,
-            exported=self.exported, exported_round=self.exported_round, intrahost=self.rounds.intrahost_status,
-            data_samples=getattr(t, "data_samples", 0), data_mode=self.spec.data_mode,
-            job_progress=getattr(t, "progress", 0.0),
-        )
-        if result is not None:
-            p.partners_reached = len(result.reached)
-            p.partners_planned = len(result.planned)
-            p.disagreement = result.disagreement
-            p.exchange_s = result.seconds
-        elif self.link.progress.partners_planned:
-            old = self.link.progress
-            p.partners_reached, p.partners_planned = old.partners_reached, old.partners_planned
-            p.disagreement, p.exchange_s = old.disagreement, old.exchange_s
-        self.link.progress = p
+        self.link.progress = progress_of(self, result, finished)
