@@ -42,6 +42,7 @@ from peerd.rendezvous import Rendezvous, advance
 from peerd.worker.hierarchy import hierarchical_round
 from peerd.worker.intrahost import IntraHostGroup
 from peerd.worker.intrahost_round import intrahost_round
+from peerd.worker.overlap import RoundBuffers, hierarchical_exchange
 from peerd.worker.snapshots import Identity, SegmentServer, SnapshotStore, StageStore
 from peerd.worker.transport import MemoryTransport
 
@@ -205,6 +206,41 @@ async def test_the_group_stage_on_gloo_gives_what_the_bulk_lane_gives(tmp_path, 
                 torch.testing.assert_close(tiered[p].vector, plain[p].vector, rtol=1e-6, atol=1e-6)
         # Siblings agree exactly: the owner's mix reached them over the group.
         assert torch.equal(tiered["ha.0"].vector, tiered["ha.1"].vector)
+        assert all(g.rounds == 2 for g in groups.values())
+    finally:
+        await close(groups)
+
+
+async def test_an_overlapped_round_runs_its_group_stage_on_the_group_too(tmp_path):
+    """[gossip] overlap: the exchange that runs in the background (on the published
+    snapshot, into `out`) takes the intra-host tier like a round run now."""
+    plain, tiered = members(VIEW), members(VIEW)
+    groups = {**await form(tmp_path, "ha"), **await form(tmp_path, "hb")}
+
+    async def overlapped(peers, round_, with_groups):
+        servers = {f"mem-{p}": m.server for p, m in peers.items()}
+        addresses = {p: f"mem-{p}" for p in VIEW}
+
+        async def one(m: Member):
+            await m.store.publish(round_, m.vector)
+            plan = plan_hierarchical("job", round_, VIEW, m.id, SEGMENTS, 2)
+            exchange = hierarchical_exchange(plan, m.id, addresses, m.layout, MemoryTransport(m.identity, servers),
+                                             m.stages, 5.0, intrahost=groups[m.id] if with_groups else None)
+            out = torch.empty(NUMEL)
+            result = await exchange(RoundBuffers(m.vector, m.recv, out))
+            assert result.misses == 0
+            return out
+
+        outs = await asyncio.gather(*(one(m) for m in peers.values()))
+        for m, out in zip(peers.values(), outs):
+            m.vector = out
+
+    try:
+        for round_ in (10, 11):
+            await overlapped(plain, round_, False)
+            await overlapped(tiered, round_, True)
+            for p in VIEW:
+                torch.testing.assert_close(tiered[p].vector, plain[p].vector, rtol=1e-6, atol=1e-6)
         assert all(g.rounds == 2 for g in groups.values())
     finally:
         await close(groups)

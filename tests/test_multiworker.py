@@ -129,3 +129,24 @@ def test_leave_stops_every_worker_of_the_job(local_cluster):
     for k, w in enumerate(running.values()):
         assert not alive(w.pid)
         assert "leaving at round" in (job_dir / f"worker-{k}" / "worker.log").read_text()
+
+
+def test_overlapped_rounds_take_the_intra_host_tier(local_cluster):
+    # [gossip] overlap: the exchange in the background runs its group stage on gloo too.
+    cluster = local_cluster(1, settings=lambda peer: TWO_CPU_WORKERS)
+    peer = cluster.peers[0]
+    cluster.client(peer).join(example_job(job={"name": "lapped", "epochs": 4, "eval_every_rounds": 20},
+                                          gossip={"mode": "hierarchical", "group_size": 2, "overlap": True}))
+
+    def finished():
+        got = list(workers(cluster, peer).values())
+        assert all(w.state != "failed" for w in got), got
+        return len(got) == 2 and all(w.state == "finished" for w in got) and got
+
+    for w in wait_for(finished, 300, "both overlapped workers to finish"):
+        assert w.progress.metric > 0.8, w
+        assert re.match(r"gloo generation \d+, [1-9]\d* rounds", w.progress.intrahost), w.progress.intrahost
+    job_dir = peer.dir / "state" / "jobs" / "lapped"
+    for k in range(2):
+        log = (job_dir / f"worker-{k}" / "worker.log").read_text()
+        assert "intra-host group in use: generation" in log, log[-3000:]

@@ -188,19 +188,27 @@ class IntraHostGroup:
         moved on so that the members re-form (peerd.core.intrahost.GroupState.rebuild)."""
         try:
             return await asyncio.to_thread(fn, *args)
+        except asyncio.CancelledError:
+            # An overlapped round given up mid-collective: the others wait for this
+            # member's next collectives in vain, so the group is over for all.
+            self._break("the round was given up mid-collective")
+            raise
         except Exception as exc:  # noqa: BLE001 - a broken collective is never a reason to crash the worker
-            generation = self.generation
-            self.state.broke()
-            self._drop()
-            past = self.state.rebuild()
-            if past is not None:
-                try:
-                    advance(self.directory, past)
-                except OSError as error:
-                    log.warning("intra-host rendezvous %s not writable: %s", self.directory, error)
-            log.warning("intra-host group of generation %s failed: %s; the bulk lane carries the group stage "
-                        "until it re-forms", generation, _short(exc))
+            self._break(_short(exc))
             raise IntraHostError(f"intra-host collective failed: {_short(exc)}") from None
+
+    def _break(self, why: str) -> None:
+        generation = self.generation
+        self.state.broke()
+        self._drop()
+        past = self.state.rebuild()
+        if past is not None:
+            try:
+                advance(self.directory, past)
+            except OSError as error:
+                log.warning("intra-host rendezvous %s not writable: %s", self.directory, error)
+        log.warning("intra-host group of generation %s failed: %s; the bulk lane carries the group stage "
+                    "until it re-forms", generation, why)
 
     # Blocking collectives: call them through run().
 

@@ -149,7 +149,7 @@ class Rounds:
         plan, deadline = planned
         if self.spec.gossip.mode == "hierarchical":
             return hierarchical_exchange(plan, self.me, view, self.layout, self.transport, self.stages, deadline,
-                                         self.clipper, WIRE_DTYPES[self.spec.gossip.wire]), deadline
+                                         self.clipper, WIRE_DTYPES[self.spec.gossip.wire], self.intrahost), deadline
         return flat_exchange(plan, view, self.layout, self.transport, deadline, self.clipper), deadline
 
     async def run_overlapped(self, round_: int, view: dict[str, str], capture) -> RoundResult | None:
