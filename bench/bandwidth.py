@@ -169,9 +169,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--caps", default="1000,100", help="link caps in Mbit/s, in turn (default 1000,100)")
     p.add_argument("--variants", default=",".join(VARIANTS),
                    help=f"which to run at each cap, in order (default {','.join(VARIANTS)})")
-    p.add_argument("--budget", type=float, default=150.0,
-                   help="seconds of training at most per variant and cap (default 150)")
-    p.add_argument("--target", type=float, default=0.92, help="test accuracy to reach (default 0.92)")
+    p.add_argument("--budget", type=float, default=120.0,
+                   help="seconds of training at most per variant and cap (default 120)")
+    p.add_argument("--target", type=float, default=0.9, help="test accuracy to reach (default 0.9)")
     p.add_argument("--slowdowns", default="1,1,2,4", help="per-peer slowdown factors (default 1,1,2,4)")
     p.add_argument("--join-cap", type=float, default=1000.0,
                    help="measure the newcomer's join at this cap, after `overlap` (0: no join; default 1000)")
@@ -372,7 +372,7 @@ def job_text(name: str, overlap: bool, wire: str) -> str:
                 "data_mode": "shared", "local_batch": GLOBAL_BATCH // 4, "epochs": 1000.0,
                 "eval_every_rounds": PEERD_EVAL_ROUNDS,
                 # Batches that follow each peer's speed (bench/dbs.py), so no one waits for the slowest.
-                "global_batch": GLOBAL_BATCH, "min_local_batch": 4, "rebalance_rounds": 5,
+                "global_batch": GLOBAL_BATCH, "min_local_batch": 4, "rebalance_rounds": 2,
                 "rebalance_threshold": 0.1},
         "optimizer": {"name": "sgd", "lr": LR, "momentum": 0.9, "weight_decay": 0.0001, "schedule": "constant",
                       "reference_batch": GLOBAL_BATCH},
