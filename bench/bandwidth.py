@@ -177,6 +177,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="measure the newcomer's join at this cap, after `overlap` (0: no join; default 1000)")
     p.add_argument("--out", type=Path, default=None, help="results folder (default runs/bandwidth-TIMESTAMP)")
     p.add_argument("--png", type=Path, default=ROOT / "docs" / "img" / "bandwidth.png", help="where the plot goes")
+    p.add_argument("--replot", type=Path, default=None, metavar="SUMMARY",
+                   help="only redraw the plot and the table from a run's summary.json")
     # Internal: one DDP rank.
     p.add_argument("--ddp-rank", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--ddp-store", default="", help=argparse.SUPPRESS)
@@ -481,28 +483,43 @@ def plot(results: list[Result], args: argparse.Namespace) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(args.cap_list) + 1, figsize=(5 * (len(args.cap_list) + 1), 4))
-    for ax, cap in zip(axes, args.cap_list):
+    caps = sorted({r.cap for r in results}, reverse=True)
+    fig, axes = plt.subplots(1, len(caps) + 2, figsize=(4.5 * (len(caps) + 2), 4))
+    colour = {v: f"C{k}" for k, v in enumerate(VARIANTS)}
+    for ax, cap in zip(axes, caps):
         for r in (r for r in results if r.cap == cap):
-            ax.plot([t for t, _ in r.curve], [m for _, m in r.curve], marker=".", label=r.variant)
+            ax.plot([t for t, _ in r.curve], [m for _, m in r.curve], color=colour[r.variant], marker=".", markersize=3, label=r.variant)
         ax.axhline(args.target, color="grey", linestyle=":", label=f"target {args.target}")
         ax.set(xlabel="wall time (s)", ylabel="test accuracy", ylim=(0.5, 1.0), title=f"{cap:g} Mbit/s links")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    ax = axes[-1]
     labels = [f"{r.variant}\n{r.cap:g}" for r in results]
+    util, traffic = axes[-2], axes[-1]
     for k, r in enumerate(results):
         us = [u for u in r.utilisation if u == u]
-        ax.scatter([k] * len(us), us, color="C0", s=14)
-    ax.axhline(0.85, color="grey", linestyle=":", label="goal 0.85")
-    ax.set_xticks(range(len(results)), labels, fontsize=7)
-    ax.set(ylabel="utilisation per peer (compute / wall)", ylim=(0, 1.05), title="utilisation")
-    ax.legend(fontsize=8)
+        util.scatter([k] * len(us), us, color=colour[r.variant], s=14)
+        mb = [b / 1e6 for b in r.bytes_per_round if b == b]
+        traffic.bar(k, sum(mb) / max(1, len(mb)), color=colour[r.variant])
+    util.axhline(0.85, color="grey", linestyle=":", label="goal 0.85")
+    util.set(ylabel="compute / wall, per peer", ylim=(0, 1.05), title="utilisation")
+    util.legend(fontsize=8)
+    traffic.set(ylabel="MB per peer per round (in + out)", title="traffic (DDP: a round = a step)")
+    for ax in (util, traffic):
+        ax.set_xticks(range(len(results)), labels, fontsize=7)
     fig.suptitle(f"12M-parameter MLP, MNIST-5k, 4 peers slowed {args.slowdowns}")
     fig.tight_layout()
     args.png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(args.png, dpi=100)
     plt.close(fig)
+
+
+def load_results(summary: Path, args: argparse.Namespace) -> tuple[list[Result], list[dict]]:
+    """The results and joins a run wrote to its summary.json; its target, budget
+    and slowdowns onto args."""
+    data = json.loads(summary.read_text())
+    args.target, args.budget = float(data["args"]["target"]), float(data["args"]["budget"])
+    args.slowdowns = data["args"]["slowdowns"]
+    return [Result(**r) for r in data["results"]], data["joins"]
 
 
 def report(results: list[Result], joins: list[dict], args: argparse.Namespace) -> str:
@@ -512,12 +529,13 @@ def report(results: list[Result], joins: list[dict], args: argparse.Namespace) -
         lines.append(f"Join at {j['cap_mbit']:g} Mbit/s: {j['total_s']:.2f} s from join to the first step "
                      f"(state pull {j['pull_s']:.2f} s from {j['donors']}); {j['received_bytes'] / 1e6:.1f} MB "
                      f"received = {j['link_s']:.2f} s of link; goal ≤ {j['goal_s']:.2f} s: {ok} it")
-    text = "\n".join(lines)
+    return "\n".join(lines)
+
+
+def save(results: list[Result], joins: list[dict], args: argparse.Namespace) -> None:
     (args.out / "summary.json").write_text(json.dumps(
         {"args": {k: str(v) for k, v in vars(args).items()}, "results": [vars(r) for r in results], "joins": joins},
         indent=2, default=str))
-    (args.out / "table.md").write_text(text + "\n")
-    return text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -525,6 +543,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.ddp_rank is not None:
         sys.path.insert(0, str(JOBS))
         ddp_rank(args)
+        return 0
+    if args.replot is not None:
+        results, joins = load_results(args.replot, args)
+        args.out = args.replot.parent
+        plot(results, args)
+        print(report(results, joins, args))
         return 0
     if why := namespaces_unavailable():
         print(f"bench/bandwidth.py needs network namespaces: {why}", file=sys.stderr)
@@ -556,8 +580,11 @@ def main(argv: list[str] | None = None) -> int:
                       f"({time.monotonic() - started:.0f}s in all)", flush=True)
     finally:
         bed.close()
+    save(results, joins, args)
     plot(results, args)
-    print(report(results, joins, args))
+    text = report(results, joins, args)
+    (args.out / "table.md").write_text(text + "\n")
+    print(text)
     print(f"\nresults in {args.out}; plot {args.png}")
     return 0
 
