@@ -127,6 +127,7 @@ class Result:
     steps_per_round: int
     wall_s: float
     rounds: list[int] = field(default_factory=list)
+    best: list[tuple[float, float]] = field(default_factory=list)  # peerd: the best peer's latest metric
 
     def time_to(self, target: float) -> float:
         return time_to_target(self.curve, target)
@@ -394,7 +395,7 @@ def run_peerd(bed: Testbed, variant: str, cap: float, out: Path, join: bool) -> 
         with peer.client(timeout_s=30.0) as c:
             c.join(text, str(JOBS))
     points: list[list[tuple[float, float]]] = [[] for _ in bed.trainers]
-    curve, t0, before, joined = [], None, {}, None
+    curve, best, t0, before, joined = [], [], None, {}, None
     deadline = time.monotonic() + args.budget + START_S
     try:
         while time.monotonic() < deadline:
@@ -412,6 +413,8 @@ def run_peerd(bed: Testbed, variant: str, cap: float, out: Path, join: bool) -> 
                 metrics = [j.progress.metric if j is not None else math.nan for j in jobs]
                 if all(m == m for m in metrics):
                     curve.append((t, sum(metrics) / len(metrics)))
+                if any(m == m for m in metrics):
+                    best.append((t, max(m for m in metrics if m == m)))
                 if ((curve and curve[-1][1] >= args.target) or t > args.budget
                         or all(j is not None and j.state in ENDED_STATES for j in jobs)):
                     break
@@ -426,7 +429,7 @@ def run_peerd(bed: Testbed, variant: str, cap: float, out: Path, join: bool) -> 
         raise PeerdError(f"{variant} at {cap:g} Mbit/s: no worker trained within {START_S:.0f}s")
     result = Result(variant, cap, curve=curve, utilisation=[utilisation(p) for p in points],
                     bytes_per_round=[bytes_per_round(before[i], after[i], r) for i, r in enumerate(rounds)],
-                    steps_per_round=PERIOD_STEPS, wall_s=t, rounds=rounds)
+                    steps_per_round=PERIOD_STEPS, wall_s=t, rounds=rounds, best=best)
     return result, joined
 
 
@@ -574,7 +577,8 @@ def main(argv: list[str] | None = None) -> int:
                     result, joined = run_peerd(bed, variant, cap, where, join)
                     joins += [joined] if joined else []
                 results.append(result)
-                print(f"  target at {result.time_to(args.target):.1f}s, utilisation "
+                print(f"  target at {result.time_to(args.target):.1f}s (best peer: "
+                      f"{time_to_target(result.best, args.target):.1f}s), utilisation "
                       f"{[round(u, 2) for u in result.utilisation]}, MB/round "
                       f"{[round(b / 1e6, 1) for b in result.bytes_per_round]}, rounds {result.rounds} "
                       f"({time.monotonic() - started:.0f}s in all)", flush=True)
