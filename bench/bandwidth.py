@@ -26,7 +26,7 @@ the same seed, at global batch 4 × 32, SGD lr 0.05 momentum 0.9, constant LR:
   overlap-bf16  the same with a bf16 wire as well
 
 peerd variants evaluate every 2 rounds (each peer its own model; the curve is the
-mean of the peers' latest values). Every variant stops when the target accuracy is
+mean of the peers' latest values; the best peer's is printed and kept beside it). Every variant stops when the target accuracy is
 reached or after --budget seconds of training. Reported per variant and cap: time
 to --target, its ratio to DDP's, each peer's utilisation = time in steps (the
 slowdown's sleep included) / wall time, over the window from its first to its last
@@ -39,8 +39,14 @@ newcomer joins the running job by name; its join time (join → first step on th
 pulled state, with a standby worker) is set against the bytes it received
 meanwhile divided by its link's rate; goal ≤ 1.2 × that + 1 s.
 
-    sudo .venv/bin/python bench/bandwidth.py --out /tmp/bw --png docs/img/bandwidth.png   # ~13 min on 2 cores
+    sudo .venv/bin/python bench/bandwidth.py --out /tmp/bw --png docs/img/bandwidth.png
+    sudo .venv/bin/python bench/bandwidth.py --slowdowns 1,1,1,1 --budget 90 --join-cap 0
     sudo .venv/bin/python bench/bandwidth.py --caps 1000 --variants ddp,overlap --budget 90
+    .venv/bin/python bench/bandwidth.py --replot /tmp/bw/summary.json --png /tmp/bw.png
+
+The first took 20 min on 2 vCPUs at load 9-23 (8 runs of at most --budget = 120 s
+of training, each with ~30-60 s of worker start and leave; DDP at 100 Mbit/s and the
+variants that miss the target use the whole budget); the second 11 min.
 
 Needs root (network namespaces, tc); on the host nothing but the namespaces' own
 names is touched. Every daemon, worker and rank is stopped by PID and every
