@@ -46,7 +46,9 @@ meanwhile divided by its link's rate; goal ≤ 1.2 × that + 1 s.
 
 The first took 20 min on 2 vCPUs at load 9-23 (8 runs of at most --budget = 120 s
 of training, each with ~30-60 s of worker start and leave; DDP at 100 Mbit/s and the
-variants that miss the target use the whole budget); the second 11 min.
+variants that miss the target use the whole budget); the second 11 min. A run
+leaves ~2.3 GB under --out (summary.json, table.md, logs, and the 95 MB checkpoint
+each worker keeps when it leaves a job): delete it when done.
 
 Needs root (network namespaces, tc); on the host nothing but the namespaces' own
 names is touched. Every daemon, worker and rank is stopped by PID and every
