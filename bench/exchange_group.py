@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
             runs[method] = run_method(method, cfg)
             print(f"  {method}: done in {time.monotonic() - t:.1f} s", flush=True)
     med = {m: statistics.median(r["times"]) for m, r in runs.items()}
-    print(f"\n| method | median ms | p90 ms | min ms | cpu ms (slowest process) | gc ms | × gloo |\n|---|---|---|---|---|---|---|")
+    print("\n| method | median ms | p90 ms | min ms | cpu ms (slowest process) | gc ms | × gloo |\n|---|---|---|---|---|---|---|")
     for m, r in runs.items():
         ratio = f"{med[m] / med['gloo']:.2f}" if "gloo" in med else "-"
         gc_ms = f"{statistics.median(r['gc']) * 1e3:.0f}" if r["gc"] else "-"
