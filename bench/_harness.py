@@ -101,6 +101,28 @@ def rank_entry(run: Callable[[], dict], rank: int, barrier, results, conn) -> No
         conn.close()
 
 
+class GcMeter:
+    """Seconds of CPU spent in Python's garbage collector since the last take():
+    a rank's exchange allocates asyncio objects, and a collection it triggers
+    walks every object torch imported (a full one: ~60 ms)."""
+
+    def __init__(self) -> None:
+        import gc
+
+        self._seconds, self._began = 0.0, 0.0
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._began = time.thread_time()
+        else:
+            self._seconds += time.thread_time() - self._began
+
+    def take(self) -> float:
+        seconds, self._seconds = self._seconds, 0.0
+        return seconds
+
+
 def collect(method: str, procs: list, results, deadline: float) -> dict[int, dict]:
     """Each rank's result dict, by rank; raises when one fails, dies or is late."""
     got: dict[int, dict] = {}

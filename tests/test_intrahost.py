@@ -494,3 +494,22 @@ def test_the_worker_takes_its_slot_from_the_command_line_the_daemon_writes(tmp_p
     assert group.backend == "gloo" and group.poll(0).action == FALLBACK  # no generation written yet
     assert from_args(parser.parse_args([]), torch.device("cpu"), "peer-a") is None  # one worker: today's path
     assert from_args(parser.parse_args(slot.argv()), torch.device("cpu"), "peer-a.0") is None  # wrong rank: logged
+
+
+async def test_a_poisoned_stage_1_from_the_partner_host_is_refused_by_the_group_owner(tmp_path):
+    """The transport leaves stage 1 to the round (ROUND_CHECKED_STAGES): the
+    cross-host mix on the group checks it, and keeps the group mean."""
+    from test_nonfinite import PoisonedStages
+
+    tiered = members(VIEW)
+    for p in ("hb.0", "hb.1"):
+        tiered[p].stages = tiered[p].server.stages = PoisonedStages(1)
+    groups = await form(tmp_path, "ha")
+    try:
+        results, used = await run_round(tiered, VIEW, 10, groups)
+        assert used["ha.0"] and used["ha.1"]
+        for p in ("ha.0", "ha.1"):
+            assert torch.isfinite(tiered[p].vector).all()
+            assert any("non-finite" in e for e in results[p].errors.values()), results[p].errors
+    finally:
+        await close(groups)

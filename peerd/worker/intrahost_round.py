@@ -29,7 +29,8 @@ from peerd.core.groups import GroupPlan
 from peerd.core.intrahost import NOT_COVERING, covers, round_key
 from peerd.core.robust import PullClipper
 from peerd.core.segments import Span
-from peerd.errors import PeerdError, PeerUnavailable
+from peerd.errors import InvalidMessage, PeerdError, PeerUnavailable
+from peerd.worker.codec import finite_by_sum
 from peerd.worker.gossip import RoundResult, clip_pull, record_failure, relative_gap
 from peerd.worker.intrahost import IntraHostError, IntraHostGroup
 from peerd.worker.snapshots import StageStore
@@ -108,7 +109,11 @@ async def _cross_hosts(group: IntraHostGroup, plan: GroupPlan, me: str, addresse
         else:
             result.reached.add(source)
             result.clipped += clip_pull(mean, theirs, clipper) < 1.0
-            mean.mul_(1 - plan.weight).add_(theirs, alpha=plan.weight)
+            if finite_by_sum(theirs):  # the transport leaves stage 1 to the round (ROUND_CHECKED_STAGES)
+                mean.mul_(1 - plan.weight).add_(theirs, alpha=plan.weight)
+            else:
+                record_failure(result, source, plan.round, InvalidMessage(
+                    f"{source} sent non-finite values in stage 1 of segment {s}", "non_finite"))
         await stages.put(plan.round, 2, s, mean.clone())  # for a sibling that fell back
 
     await asyncio.gather(*(mix(s) for s in owned if plan.sources[s] is not None))
