@@ -54,6 +54,25 @@ def daemons_alive(cluster) -> bool:
     return True
 
 
+def job_status(cluster, peer, job: str):
+    """`job`'s status at the daemon of a LocalCluster peer; None while it has no such job."""
+    with cluster.client(peer) as c:
+        jobs = [j for j in c.status().jobs if j.name == job]
+    return jobs[0] if jobs else None
+
+
+def wait_finished(cluster, job: str, failed: str, interval_s: float = 1.0) -> list:
+    """Every peer's status of `job` once all have finished it; SystemExit(`failed`)
+    as soon as one has failed."""
+    while True:
+        jobs = [j for j in (job_status(cluster, p, job) for p in cluster.peers) if j is not None]
+        if any(j.state == "failed" for j in jobs):
+            raise SystemExit(failed)
+        if len(jobs) == len(cluster.peers) and all(j.state == "finished" for j in jobs):
+            return jobs
+        time.sleep(interval_s)
+
+
 def took_state(peer_dir: Path, job: str) -> str:
     """The worker's log line saying it joined from the others' state, "" if it did not."""
     log = peer_dir / "state" / "jobs" / job / "worker.log"
@@ -80,6 +99,28 @@ def rank_entry(run: Callable[[], dict], rank: int, barrier, results, conn) -> No
         results.put({"rank": rank, "ok": False, "error": traceback.format_exc()})
     finally:
         conn.close()
+
+
+class GcMeter:
+    """Seconds of CPU spent in Python's garbage collector since the last take():
+    a rank's exchange allocates asyncio objects, and a collection it triggers
+    walks every object torch imported (a full one: ~60 ms)."""
+
+    def __init__(self) -> None:
+        import gc
+
+        self._seconds, self._began = 0.0, 0.0
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._began = time.thread_time()
+        else:
+            self._seconds += time.thread_time() - self._began
+
+    def take(self) -> float:
+        seconds, self._seconds = self._seconds, 0.0
+        return seconds
 
 
 def collect(method: str, procs: list, results, deadline: float) -> dict[int, dict]:

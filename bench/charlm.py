@@ -223,6 +223,7 @@ def run_peerd(plan: Plan, args: argparse.Namespace, curve: Callable[[int, float,
     """--peers real daemons on 127.0.0.1 (peerd.cluster.LocalCluster), each joined to
     the job file: what `peerd cluster --job charlm` runs. The clock starts when the
     last peer has joined; the result is the mean of the peers' final val_loss."""
+    from _harness import wait_finished
     from peerd.cluster import LocalCluster
     from peerd.jobspec import load_job
 
@@ -234,16 +235,7 @@ def run_peerd(plan: Plan, args: argparse.Namespace, curve: Callable[[int, float,
             with cluster.client(peer) as c:
                 c.join(text, str(args.job.resolve().parent))
         start = time.perf_counter()
-        while True:
-            jobs = []
-            for peer in cluster.peers:
-                with cluster.client(peer) as c:
-                    jobs += [j for j in c.status().jobs if j.name == spec.name]
-            if any(j.state == "failed" for j in jobs):
-                raise SystemExit(f"a peer failed; logs under {out}")
-            if len(jobs) == args.peers and all(j.state == "finished" for j in jobs):
-                break
-            time.sleep(2.0)
+        jobs = wait_finished(cluster, spec.name, f"a peer failed; logs under {out}", interval_s=2.0)
         wall = time.perf_counter() - start
     losses = [j.progress.metrics["val_loss"] for j in jobs]
     val = sum(losses) / len(losses)

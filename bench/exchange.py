@@ -46,7 +46,7 @@ import threading
 import time
 from pathlib import Path
 
-from _harness import collect, quantile, rank_entry, reap, run_main, stop_resource_tracker
+from _harness import GcMeter, collect, quantile, rank_entry, reap, run_main, stop_resource_tracker
 
 # peerd-grpc: no bulk lane; peerd-auth: with a job secret; peerd-copy: the snapshot copied
 # (publish) and averaged in place, as before hand_over (and as a model on a GPU still is)
@@ -128,14 +128,14 @@ def _peerd(rank: int, cfg: dict, barrier, conn) -> dict:
             if not await asyncio.to_thread(conn.poll, BARRIER_TIMEOUT_S):
                 raise TimeoutError("partner never sent its address")
             addresses = {me: address, PEER_IDS[1 - rank]: conn.recv()}
-            times, publish, gossip, cpu = [], [], [], []
+            times, publish, gossip, cpu, gcs, gc_meter = [], [], [], [], [], GcMeter()
             for i in range(cfg["warmup"] + cfg["repeats"]):
                 # Untimed: reset to this rank's own values, then start together.
                 vector.copy_(own0)
                 await wait_barrier()
                 if profiler is not None and i >= cfg["warmup"]:
                     profiler.enable()
-                t0, c0 = time.perf_counter(), time.process_time()
+                t0, c0, _ = time.perf_counter(), time.process_time(), gc_meter.take()
                 round_ = i + 1
                 if cfg["hand_over"]:  # as the worker does with a model on the CPU
                     into = await store.hand_over(round_, vector)
@@ -148,7 +148,7 @@ def _peerd(rank: int, cfg: dict, barrier, conn) -> dict:
                                             out=into)
                 if into is not None:
                     vector = into  # the model moves into the buffer the round wrote
-                t2, c2 = time.perf_counter(), time.process_time()
+                t2, c2, gc_s = time.perf_counter(), time.process_time(), gc_meter.take()
                 if profiler is not None:
                     profiler.disable()
                 if result.misses:
@@ -158,6 +158,7 @@ def _peerd(rank: int, cfg: dict, barrier, conn) -> dict:
                     publish.append(t1 - t0)
                     gossip.append(t2 - t1)
                     cpu.append(c2 - c0)
+                    gcs.append(gc_s)
                 # Untimed: the partner may still be fetching from this process's server, whose
                 # event loop this is; nothing may block the loop until it is done too.
                 await wait_barrier()
@@ -168,7 +169,7 @@ def _peerd(rank: int, cfg: dict, barrier, conn) -> dict:
             checks = _verify(vector, expected, atol=1e-6)
             await transport.aclose()
             await wait_barrier()  # both channels closed before either server stops
-            return {"times": times, "split": {"publish": publish, "gossip_round": gossip, "cpu": cpu},
+            return {"times": times, "split": {"publish": publish, "gossip_round": gossip, "cpu": cpu, "gc": gcs},
                     "source": os.path.dirname(peerd.__file__), **checks}
         finally:
             await transport.aclose()

@@ -40,7 +40,7 @@ import statistics
 import tempfile
 import time
 
-from _harness import collect, quantile, rank_entry, reap, run_main, stop_resource_tracker
+from _harness import GcMeter, collect, quantile, rank_entry, reap, run_main, stop_resource_tracker
 
 METHODS = ("hier", "crossover", "gloo")
 BARRIER_TIMEOUT_S = 180.0
@@ -98,11 +98,11 @@ def _peerd(mode: str, rank: int, cfg: dict, barrier, conn) -> dict:
                 raise TimeoutError("never got the others' addresses")
             addresses = conn.recv()
             localities = {p: ("", "127.0.0.1") for p in addresses}
-            times, cpu, misses = [], [], 0
+            times, cpu, gcs, misses, gc_meter = [], [], [], 0, GcMeter()
             for i in range(cfg["warmup"] + cfg["repeats"]):
                 vector.copy_(own0)
                 await wait_barrier()
-                t0, c0 = time.perf_counter(), time.process_time()
+                t0, c0, _ = time.perf_counter(), time.process_time(), gc_meter.take()
                 round_ = i + 1
                 into = await store.hand_over(round_, vector)  # as the worker does with a model on the CPU
                 if mode == "hier":
@@ -114,17 +114,18 @@ def _peerd(mode: str, rank: int, cfg: dict, barrier, conn) -> dict:
                     result = await gossip_round(plan, addresses, vector, recv, layout, transport, cfg["deadline_s"],
                                                 out=into)
                 vector = into
-                t1, c1 = time.perf_counter(), time.process_time()
+                t1, c1, gc_s = time.perf_counter(), time.process_time(), gc_meter.take()
                 misses += result.misses
                 if result.misses:
                     raise RuntimeError(f"round {round_}: {result.misses} fetch(es) missed: {result.errors}")
                 if i >= cfg["warmup"]:
                     times.append(t1 - t0)
                     cpu.append(c1 - c0)
+                    gcs.append(gc_s)
                 await wait_barrier()  # the others may still fetch from this loop
             if mode == "hier":
                 torch.testing.assert_close(vector, mean, rtol=1e-5, atol=1e-6)
-            out = {"times": times, "cpu": cpu, **_checks(vector)}
+            out = {"times": times, "cpu": cpu, "gc": gcs, **_checks(vector)}
             await transport.aclose()
             await wait_barrier()  # every channel closed before any server stops
             return out
@@ -207,7 +208,8 @@ def run_method(method: str, cfg: dict) -> dict:
         raise AssertionError(f"{method}: the processes hold different results")
     ranks = [got[r] for r in range(n)]
     return {"times": [max(ts) for ts in zip(*(g["times"] for g in ranks))],
-            "cpu": [max(cs) for cs in zip(*(g["cpu"] for g in ranks))]}
+            "cpu": [max(cs) for cs in zip(*(g["cpu"] for g in ranks))],
+            "gc": [max(cs) for cs in zip(*(g["gc"] for g in ranks))] if "gc" in ranks[0] else []}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -255,11 +257,12 @@ def main(argv: list[str] | None = None) -> int:
             runs[method] = run_method(method, cfg)
             print(f"  {method}: done in {time.monotonic() - t:.1f} s", flush=True)
     med = {m: statistics.median(r["times"]) for m, r in runs.items()}
-    print(f"\n| method | median ms | p90 ms | min ms | cpu ms (slowest process) | × gloo |\n|---|---|---|---|---|---|")
+    print("\n| method | median ms | p90 ms | min ms | cpu ms (slowest process) | gc ms | × gloo |\n|---|---|---|---|---|---|---|")
     for m, r in runs.items():
         ratio = f"{med[m] / med['gloo']:.2f}" if "gloo" in med else "-"
+        gc_ms = f"{statistics.median(r['gc']) * 1e3:.0f}" if r["gc"] else "-"
         print(f"| {m} | {med[m] * 1e3:.1f} | {quantile(r['times'], 0.9) * 1e3:.1f} | {min(r['times']) * 1e3:.1f} "
-              f"| {statistics.median(r['cpu']) * 1e3:.0f} | {ratio} |")
+              f"| {statistics.median(r['cpu']) * 1e3:.0f} | {gc_ms} | {ratio} |")
     return 0
 
 

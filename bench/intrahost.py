@@ -2,7 +2,7 @@
 """The intra-host tier against the bulk lane: N CPU worker processes of one daemon
 averaging a model (their group stage), for N = 2 and 4, in one invocation.
 
-  intrahost  the tier (peerd.worker.intrahost): every process holds an
+  intrahost  the tier (peerd.worker.intrahost, intrahost_round): every process holds an
              IntraHostGroup formed from a Rendezvous under a temp "job directory"
              (FileStore, gloo on 127.0.0.1), and per repeat runs hand_over(round),
              plan_hierarchical (all N on one daemon, group_size N: one group) and
@@ -59,7 +59,8 @@ def _intrahost(rank: int, cfg: dict, barrier) -> dict:
     from peerd.core.groups import plan_hierarchical
     from peerd.core.intrahost import IntraHostSlot
     from peerd.core.segments import split_even
-    from peerd.worker.intrahost import IntraHostGroup, intrahost_round
+    from peerd.worker.intrahost import IntraHostGroup
+    from peerd.worker.intrahost_round import intrahost_round
     from peerd.worker.snapshots import Identity, SnapshotStore, StageStore
     from peerd.worker.transport import MemoryTransport
 
@@ -118,7 +119,7 @@ def _worker(rank: int, cfg: dict, barrier, results) -> None:
 
 def run_intrahost(cfg: dict) -> dict:
     """N processes with the daemon's rendezvous; always reaped."""
-    from peerd.daemon.intrahost import Rendezvous
+    from peerd.rendezvous import Rendezvous
 
     rendezvous = Rendezvous(Path(cfg["tmp"]) / f"job-{cfg['procs']}", cfg["procs"])
     rendezvous.bump()  # as the daemon does before it starts the workers

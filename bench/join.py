@@ -32,7 +32,7 @@ from peerd.errors import PeerdError
 
 JOBS = Path(__file__).resolve().parent / "jobs"
 
-JOB = f"""\
+JOB = """\
 [job]
 name = "join-bench"
 model = "wide_mlp:make_model"

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import tomli_w
 
+from _harness import job_status
 from peerd.cluster import LocalCluster, default_job
 
 REPO = Path(__file__).resolve().parents[1]
@@ -45,12 +46,6 @@ def job_text(name: str, optimizer: dict, epochs: float) -> str:
     return tomli_w.dumps(data)
 
 
-def progress(cluster, peer, job: str):
-    with cluster.client(peer) as c:
-        jobs = [j for j in c.status().jobs if j.name == job]
-    return jobs[0] if jobs else None
-
-
 def run(name: str, optimizer: dict, args: argparse.Namespace) -> dict:
     text = job_text(f"grow-{name}", optimizer, args.epochs)
     job = f"grow-{name}"
@@ -61,14 +56,14 @@ def run(name: str, optimizer: dict, args: argparse.Namespace) -> dict:
             c.join(text)
         trace: list[tuple[float, int, float, float, int]] = []  # (t, round, lr, loss, global batch) of peer-0
         start = time.monotonic()
-        while (j := progress(cluster, first, job)) is None or j.progress.round < args.alone:
+        while (j := job_status(cluster, first, job)) is None or j.progress.round < args.alone:
             time.sleep(0.5)
         before = (j.progress.lr, j.progress.loss)
         for peer in others:
             with cluster.client(peer) as c:
                 c.join(text)
         while True:
-            jobs = [progress(cluster, p, job) for p in cluster.peers]
+            jobs = [job_status(cluster, p, job) for p in cluster.peers]
             p0 = jobs[0].progress
             trace.append((time.monotonic() - start, p0.round, p0.lr, p0.loss, p0.global_batch))
             if any(j is not None and j.state == "failed" for j in jobs):

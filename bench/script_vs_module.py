@@ -28,6 +28,7 @@ from pathlib import Path
 
 import tomli_w
 
+from _harness import wait_finished
 from peerd.cluster import LocalCluster, default_job
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,16 +51,7 @@ def run(name: str, text: str, spec_dir: str, peers: int, out: Path) -> dict:
             with cluster.client(peer) as c:
                 c.join(text, spec_dir)
         start = time.perf_counter()
-        while True:
-            jobs = []
-            for peer in cluster.peers:
-                with cluster.client(peer) as c:
-                    jobs += [j for j in c.status().jobs if j.name == job]
-            if any(j.state == "failed" for j in jobs):
-                raise SystemExit(f"{name}: a peer failed; logs under {out / name}")
-            if len(jobs) == peers and all(j.state == "finished" for j in jobs):
-                break
-            time.sleep(1.0)
+        jobs = wait_finished(cluster, job, f"{name}: a peer failed; logs under {out / name}")
         wall = time.perf_counter() - start
     accuracies = [j.progress.metric for j in jobs]
     return {"variant": name, "accuracies": accuracies, "mean": statistics.fmean(accuracies), "wall_s": wall,

@@ -89,9 +89,10 @@ class ControlClient:
     def join(self, spec_toml: str, spec_dir: str = "") -> control_pb2.JoinReply:
         return self._call("Join", control_pb2.JoinRequest(spec_toml=spec_toml, spec_dir=spec_dir))
 
-    def join_by_name(self, name: str) -> control_pb2.JoinReply:
-        """Join a job already running on the LAN, with the spec taken from a peer."""
-        return self._call("Join", control_pb2.JoinRequest(name=name))
+    def join_by_name(self, name: str, spec_dir: str = "") -> control_pb2.JoinReply:
+        """Join a job already running on the LAN, with the spec taken from a peer;
+        the job's relative paths are taken from `spec_dir` on this machine."""
+        return self._call("Join", control_pb2.JoinRequest(name=name, spec_dir=spec_dir))
 
     def export(self, name: str, path: str) -> control_pb2.ExportReply:
         """Have the job's worker write its current model to `path` (a plain state_dict)."""

@@ -19,74 +19,50 @@ running peers (verified), from its own checkpoint, or the fresh one when it is
 the first. The engine (peerd.worker.engine) then runs in a background thread:
 it serves partners while the script computes and takes the gossip round when
 peer.step() says the round's local steps are done. peerd's own training loop
-(peerd.worker.main) is a client of this same class.
+(peerd.worker.main) is a client of this same class. How the daemon started the
+worker is in peerd.launch; a script's counters are peerd.scriptsource.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import signal
 import threading
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from peerd.core.meter import StepMeter
 from peerd.core.slowdown import Slowdown
 from peerd.errors import ConfigError
-from peerd.jobspec import JobSpec
-from peerd.worker.data import DataCursor, PeerSampler, View, default_loader
-from peerd.worker.engine import Engine, Security, StepPlan
+from peerd.launch import Launch, current_launch, set_launch
+from peerd.scriptsource import ScriptSource
+from peerd.worker.data import PeerSampler, View, default_loader
+from peerd.worker.engine import Engine, StepPlan
 from peerd.worker.link import SupervisorLink
 from peerd.worker.lrcontrol import LrControl
 from peerd.worker.optim import init_state
 from peerd.worker.slowdown import SlowedSteps
 from peerd.worker.trainstate import Stateful, TrainState
 
+__all__ = ["Launch", "Peer", "ScriptSource", "attach", "set_launch"]
+
 log = logging.getLogger("peerd.worker")
 
 NO_STEP_WARNING_S = 120.0  # a script that has not called peer.step() by then is told so in its log
 CLOSE_TIMEOUT_S = 30.0
 
-
-@dataclass(frozen=True)
-class Launch:
-    """How the daemon started this worker (the arguments of python -m peerd.worker)."""
-
-    spec: JobSpec
-    spec_dir: str
-    control: str
-    peer_id: str
-    host: str = "127.0.0.1"
-    out_dir: Path = Path(".")
-    device: str = "cpu"
-    security: Security = field(default_factory=Security)
-    slowdown: float = 1.0
-    intrahost: object | None = None  # the daemon's intra-host group for this worker (peerd.worker.intrahost)
-    data_root: str = ""  # data_mode = "local": where this peer's data is (ctx.data_root)
-    slowdown_clock: str = "wall"  # the step time `slowdown` multiplies (peerd.core.slowdown)
-
-
-_launch: Launch | None = None  # set by peerd.worker.main before it runs a script job
 _attached: list[Peer] = []
-
-
-def set_launch(launch: Launch | None) -> None:
-    global _launch
-    _launch = launch
 
 
 def attach(model: nn.Module, optimizer: torch.optim.Optimizer, *, scheduler: Stateful | None = None,
            scaler: Stateful | None = None, state: dict[str, Stateful] | None = None) -> Peer:
     """Join this script's peerd job with `model` and `optimizer` (and whatever
     else a newcomer must receive); returns once this peer holds the job's state."""
-    if _launch is None:
+    launch = current_launch()
+    if launch is None:
         raise ConfigError("peerd.attach(): this script was not started by peerd; run it as a script job "
                           "(a job file with [job] script = \"...\", then peerctl join JOB.toml, "
                           "or peerd cluster --job JOB.toml)")
@@ -98,85 +74,14 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, *, scheduler: Sta
     objects = {k: v for k, v in (("scheduler", scheduler), ("scaler", scaler)) if v is not None}
     objects.update(state or {})
     init_state(optimizer)
-    spec = _launch.spec
+    spec = launch.spec
     train_state = TrainState(model, optimizer, average_buffers=spec.gossip.average_buffers,
                              average_optimizer_state=spec.gossip.average_optimizer_state, objects=objects)
     lr = LrControl(spec.optimizer)
     lr.install(optimizer)
-    peer = Peer(_launch, ScriptSource(train_state, spec, _launch.peer_id, lr))
+    peer = Peer(launch, ScriptSource(train_state, spec, launch.peer_id, lr))
     _attached.append(peer)
     return peer
-
-
-class ScriptSource:
-    """A script's training as the engine sees it: counted by peer.step()."""
-
-    def __init__(self, state: TrainState, spec: JobSpec, peer_id: str, lr: LrControl) -> None:
-        self.state = state
-        self.spec = spec
-        self.peer_id = peer_id
-        self.lr_control = lr
-        self.cursor: DataCursor | None = None
-        self.sampler: PeerSampler | None = None
-        self.steps_per_epoch = 0.0  # a single process's steps per epoch at the script's batch size
-        self._seek: float | None = None  # a donor's position, for the loader made later
-        self.step_count = self.samples = self.skipped_steps = 0
-        self.progress = 0.0
-        self.share = self.lr = math.nan
-        self.meter = StepMeter()
-        self.local_batch = spec.local_batch
-        self.compute_s = 0.0
-
-    @property
-    def epoch(self) -> int:
-        return int(self.progress)
-
-    @property
-    def global_batch(self) -> int:
-        return self.lr_control.ramp.batch
-
-    @property
-    def loss_ema(self) -> float:
-        return self.meter.loss
-
-    @property
-    def speed_ema(self) -> float:
-        return self.meter.speed
-
-    @property
-    def done(self) -> bool:
-        read = self.cursor is not None and self.cursor.done and not (self.sampler and self.sampler.handed)
-        return self.progress >= self.spec.epochs or read
-
-    def adopt_state(self, vector: torch.Tensor, extra: bytes, step: int, progress: float) -> None:
-        self.state.adopt(vector, extra)
-        self.step_count, self.progress, self._seek = step, progress, progress
-        if self.cursor is not None:
-            self.cursor.seek(progress)
-
-    def new_cursor(self, samples: int) -> DataCursor:
-        self.cursor = DataCursor(self.spec, self.peer_id, samples)
-        if self._seek is not None:
-            self.cursor.seek(self._seek)
-        return self.cursor
-
-    def record(self, batch_size: int | None, loss: float | None, seconds: float) -> None:
-        """One step of the script: its samples (from the loader's record when not
-        given), loss and compute time."""
-        taken = 0
-        while self.sampler is not None and self.sampler.handed and (batch_size is None or taken < batch_size):
-            micro = self.sampler.handed.popleft()
-            taken += len(micro.indices)
-            self.progress, self.share = micro.progress, micro.share
-            if micro.last and batch_size is None:
-                break
-        size = batch_size if batch_size is not None else taken
-        self.step_count += 1
-        self.samples += size
-        self.local_batch = size
-        self.compute_s += seconds
-        self.lr = self.lr_control.lr
-        self.meter.observe(size, seconds, math.nan if loss is None else loss)
 
 
 class _LoopThread:
@@ -344,15 +249,20 @@ class Peer:
             finished = not self._left
         try:
             if finished and not self._left:
-                self._loop.call(self._engine.settle(), CLOSE_TIMEOUT_S)
-                metrics = self._engine.evaluate() if self._engine.evaluate is not None else self.metrics
+                engine = self._engine
+                self._loop.call(engine.settle(), CLOSE_TIMEOUT_S)
+                metrics = engine.evaluate() if engine.evaluate is not None else self.metrics
+                # One model at the end: the members' exact average replaces this peer's own.
+                limit = engine.consensus_limit_s() + CLOSE_TIMEOUT_S
+                metrics = self._loop.call(engine.conclude(metrics), limit)
                 from peerd.worker.training import save_model
 
                 path = self.launch.out_dir / "model.pt"
                 save_model(self.state.model, path, job=self.spec.name, step=self.source.step_count,
-                           progress=self.source.progress, round=self._engine.round, metric=self.spec.metric,
-                           metrics=metrics, fingerprint=self._engine.identity.fingerprint)
-                self._loop.call(self._engine.finish(metrics, path), CLOSE_TIMEOUT_S)
+                           progress=self.source.progress, round=engine.round, metric=self.spec.metric,
+                           metrics=metrics, fingerprint=engine.identity.fingerprint,
+                           consensus=list(engine.consensus.plan.members), consensus_digest=engine.consensus.digest)
+                self._loop.call(engine.finish(metrics, path), limit)
                 self.outcome = "finished"
             else:
                 self.outcome = "left" if self._engine.link.stop else "stopped"

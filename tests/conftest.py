@@ -1,4 +1,5 @@
-"""Shared fixtures: real local clusters of peerd daemons on 127.0.0.1."""
+"""Shared fixtures and helpers: local clusters of real peerd daemons on 127.0.0.1,
+in-process daemons, polling, and the leak checks every test runs under."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import tomli_w
+from pytest_asyncio import is_async_test
 
 from peerd.cluster import LocalCluster, default_job
 from peerd.config import DaemonConfig
@@ -45,6 +47,19 @@ def wait_for(predicate: Callable[[], object], timeout_s: float, what: str, inter
         time.sleep(interval_s)
 
 
+def all_finished(jobs):
+    """`jobs` (job statuses) once every one has finished, else False: a predicate
+    for wait_for that fails the test at once when one failed or is restarting."""
+    jobs = list(jobs)
+    assert all(j.state not in ("failed", "restarting") for j in jobs), jobs
+    return all(j.state == "finished" for j in jobs) and jobs
+
+
+def first_jobs(cluster, peers=None) -> list:
+    """The status of the first (in these tests the only) job of each peer's daemon."""
+    return [cluster.client(p).status().jobs[0] for p in (cluster.peers if peers is None else peers)]
+
+
 async def until(predicate: Callable[[], object], what: str, timeout_s: float = 20.0):
     """The in-process twin of wait_for: poll without blocking the event loop."""
     deadline = time.monotonic() + timeout_s
@@ -57,9 +72,11 @@ async def until(predicate: Callable[[], object], what: str, timeout_s: float = 2
         await asyncio.sleep(0.05)
 
 
-# --- leak check: a test must not leave threads, child processes or namespaces behind -----------
+# --- leak check: a test must not leave tasks, threads, child processes or namespaces behind ----
 
-LEAK_GRACE_S = 10.0  # how long a thread or process that is already stopping may take to end
+# How long a task, thread or process that is already stopping may take to end
+# (tests/test_leak_checks.py shortens it for the tests that leak on purpose).
+LEAK_GRACE_S = float(os.environ.get("PEERD_TEST_LEAK_GRACE_S", "10"))
 # Process-wide threads libraries start once, on first use, and keep: not a test's leak.
 LIBRARY_THREADS = ("(_poll_wrapper)",)  # grpc.aio's completion-queue poller
 # multiprocessing's helpers (a DataLoader's workers start them), kept for the process's life.
@@ -118,6 +135,37 @@ def no_leaks():
         time.sleep(0.1)
     if leaks:
         pytest.fail("the test left behind: " + "; ".join(leaks), pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def no_pending_tasks(no_leaks, request):
+    """Fail an async test that leaves an asyncio task pending in its event loop.
+
+    pytest-asyncio (1.x) runs each async test in an asyncio.Runner, a fixture of its own,
+    whose close cancels whatever tasks are left: a leak nobody would see. Asking for that
+    fixture here sets it up inside this one, so the runner closes after this looks and after
+    the test's own fixtures have cleaned up. Only function-scoped loops: a wider loop may
+    keep tasks from one test to the next on purpose. Depends on no_leaks so that the
+    thread check runs once the runner has closed (and joined its executor's threads).
+    """
+    marker = request.node.get_closest_marker("asyncio")
+    scope = marker and (marker.kwargs.get("loop_scope") or request.config.getini("asyncio_default_test_loop_scope"))
+    if not is_async_test(request.node) or scope != "function":
+        yield
+        return
+    runner = request.getfixturevalue("_function_scoped_runner")
+    yield
+    loop = runner.get_loop()
+    if loop.is_closed():
+        return
+    pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    if pending:
+        runner.run(asyncio.wait(pending, timeout=LEAK_GRACE_S))
+    pending = [t for t in pending if not t.done()]
+    if pending:
+        pytest.fail("the test left asyncio tasks pending: " + "; ".join(
+            f"{t.get_name()} running {getattr(t.get_coro(), '__qualname__', t.get_coro())}" for t in pending)
+            + " (cancel and await them before the test ends)", pytrace=False)
 
 
 def free_port() -> int:

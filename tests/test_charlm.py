@@ -56,7 +56,7 @@ def test_a_sample_is_a_window_and_its_shift_by_one(datasets) -> None:
         assert x.dtype == y.dtype == torch.long
         assert torch.equal(x[1:], y[:-1])
         assert 0 <= int(x.min()) and int(x.max()) < V
-    (x0, y0), (x1, _) = train[0], train[1]
+    (_, y0), (x1, _) = train[0], train[1]
     assert y0[-1] == x1[0]  # windows tile the text
     with pytest.raises(IndexError):
         train[len(train)]

@@ -20,7 +20,7 @@ from peerd.examples.mnist import make_model
 from peerd.jobspec import parse_job
 from peerd.worker.training import init_seed
 
-from conftest import example_job, peerctl, wait_for
+from conftest import all_finished, example_job, first_jobs, peerctl, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -65,14 +65,13 @@ def test_three_daemons_discover_each_other_and_train_together(local_cluster):
 
     history: list[dict] = []
 
-    def all_finished():
-        rows = {p.peer_id: cluster.client(p).status().jobs[0] for p in cluster.peers}
+    def finished():
+        rows = dict(zip((p.peer_id for p in cluster.peers), first_jobs(cluster)))
         history.extend({"peer": k, "loss": j.progress.loss, "reached": j.progress.partners_reached}
                        for k, j in rows.items() if j.progress.step > 0)
-        assert all(j.state not in ("failed", "restarting") for j in rows.values()), rows
-        return all(j.state == "finished" for j in rows.values()) and rows
+        return all_finished(rows.values()) and rows
 
-    final = wait_for(all_finished, 300, "all three workers to finish the job")
+    final = wait_for(finished, 300, "all three workers to finish the job")
 
     # Everyone gossiped with someone, and the loss fell far below chance. Against a fixed
     # reference, not the first value a poll saw: under load that first poll comes late.
@@ -186,12 +185,7 @@ def test_a_late_joiner_takes_the_state_from_the_running_peers(local_cluster):
     assert "training" in peerctl(first, "status").stdout
     cluster.client(late).join_by_name("elastic")
 
-    def finished():
-        jobs = [cluster.client(p).status().jobs[0] for p in cluster.peers]
-        assert all(j.state not in ("failed", "restarting") for j in jobs), jobs
-        return all(j.state == "finished" for j in jobs) and jobs
-
-    jobs = wait_for(finished, 300, "all three to finish")
+    jobs = wait_for(lambda: all_finished(first_jobs(cluster)), 300, "all three to finish")
     log = (late.dir / "state" / "jobs" / "elastic" / "worker.log").read_text()
     # From both running peers in parallel (one alone if the other was too slow to answer).
     assert re.search(r"joining: took the state of round \d+ .* from peer-[01](, peer-1)? in", log), log[:3000]
@@ -280,13 +274,13 @@ def test_hierarchical_crossover_across_two_racks_reaches_consensus(local_cluster
 
     seen_partners = set()
 
-    def all_finished():
-        rows = {p.peer_id: cluster.client(p).status().jobs[0] for p in cluster.peers}
-        assert all(j.state not in ("failed", "restarting") for j in rows.values()), rows
+    def finished():
+        rows = dict(zip((p.peer_id for p in cluster.peers), first_jobs(cluster)))
+        done = all_finished(rows.values())
         seen_partners.update(j.progress.partners_reached for j in rows.values())
-        return all(j.state == "finished" for j in rows.values()) and rows
+        return done and rows
 
-    final = wait_for(all_finished, 300, "all four workers to finish the job")
+    final = wait_for(finished, 300, "all four workers to finish the job")
     for job in final.values():
         assert "hierarchical gossip in groups of ≤ 2, bf16 on the wire" in open(job.log_path).read()
     # Group of 2 plus the partner group's owner: 2 partners in a full round.

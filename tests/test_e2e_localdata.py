@@ -24,7 +24,7 @@ from peerd.auth import create_secret_file
 from peerd.errors import ConfigError
 from peerd.soak.netns import namespaces_unavailable
 
-from conftest import wait_for
+from conftest import all_finished, wait_for
 
 sys.path.insert(0, str(Path(__file__).parent / "jobcode"))
 from marked_job import MARKER, write_peer_data  # noqa: E402
@@ -172,12 +172,7 @@ def test_no_training_sample_is_ever_on_the_wire_and_a_peer_without_data_is_refus
         log = (cluster.peers[2].dir / "state" / "jobs" / "marked" / "worker.log").read_text()
         assert f"no samples.pt in this peer's data root {roots[2]}" in log, log[-2000:]
         # ... and the others train on undisturbed, to the end.
-        def finished():
-            jobs = [job(p) for p in cluster.peers[:2]]
-            assert all(j.state not in ("failed", "restarting") for j in jobs), jobs
-            return all(j.state == "finished" for j in jobs) and jobs
-
-        jobs = wait_for(finished, 400, "peer-0 and peer-1 to finish")
+        jobs = wait_for(lambda: all_finished(job(p) for p in cluster.peers[:2]), 400, "peer-0 and peer-1 to finish")
         assert all(j.progress.data_samples == n for j, n in zip(jobs, SIZES))
         sent = sum(j.progress.bytes_sent for j in jobs)
         models = [model_of(p, "marked") for p in cluster.peers[:2]]

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import peerctl, wait_for
+from conftest import all_finished, first_jobs, peerctl, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -67,17 +67,14 @@ def test_a_batchnorm_adamw_bf16_job_with_a_late_joiner(local_cluster, tmp_path):
     out = peerctl(first, "export", "lab", str(tmp_path / "no" / "such" / "dir.pt"))
     assert out.returncode != 0 and "no such directory" in out.stderr
 
-    def finished():
-        jobs = [cluster.client(p).status().jobs[0] for p in cluster.peers]
-        assert all(j.state not in ("failed", "restarting") for j in jobs), jobs
-        return all(j.state == "finished" for j in jobs) and jobs
-
-    jobs = wait_for(finished, 300, "all three peers to finish the job")
+    jobs = wait_for(lambda: all_finished(first_jobs(cluster)), 300, "all three peers to finish the job")
     log = (late.dir / "state" / "jobs" / "lab" / "worker.log").read_text()
     assert re.search(r"joining: took the state of round \d+", log), log[:3000]
     for peer, job in zip(cluster.peers, jobs):
         p = job.progress
-        assert p.metric_name == "accuracy" and set(p.metrics) == {"accuracy", "loss"}
+        # The own model's metrics, and the consensus model's beside them (issue 17).
+        assert p.metric_name == "accuracy" and set(p.metrics) == {
+            "accuracy", "loss", "consensus_accuracy", "consensus_loss", "consensus_peers"}
         assert p.metric > 0.6, (peer.peer_id, p.metric)  # chance is below 0.5 on three classes
         assert p.skipped_steps == 0
         # A plain state_dict; BatchNorm's counter came with the state: it counts
@@ -109,10 +106,10 @@ def test_overlapped_rounds_through_real_daemons_with_a_late_joiner(local_cluster
     reached = set()
 
     def finished():
-        jobs = [cluster.client(p).status().jobs[0] for p in cluster.peers]
-        assert all(j.state not in ("failed", "restarting") for j in jobs), jobs
+        jobs = first_jobs(cluster)
+        done = all_finished(jobs)
         reached.update(p.peer_id for p, j in zip(cluster.peers, jobs) if j.progress.partners_reached >= 1)
-        return all(j.state == "finished" for j in jobs) and jobs
+        return done
 
     jobs = wait_for(finished, 300, "all three peers to finish the overlapped job")
     assert reached == {p.peer_id for p in cluster.peers}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_for
+from conftest import peerctl, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -44,19 +44,20 @@ def attached(log: Path) -> list[tuple[int, int, int]]:
     return [tuple(map(int, m)) for m in re.findall(r"attached: step (\d+) counter (\d+) last_epoch (\d+)", text)]
 
 
-def test_a_script_job_joined_by_name_killed_drained_and_joined_late(local_cluster):
+def test_a_script_job_joined_by_name_killed_drained_and_joined_late(local_cluster, tmp_path):
     cluster = local_cluster(4)
     first, second, third, late = cluster.peers
     wait_for(lambda: all(cluster.client(p).status().peers_known == 3 for p in cluster.peers), 30,
              "the four daemons to discover each other")
-    # An absolute path: every daemon here finds the script where the job file says.
-    job = script_job("byo", JOBCODE / "script_train.py")
+    # A relative path: each daemon takes it from the directory it was given (the job
+    # file's, or `peerctl join --dir` joining by name).
+    job = script_job("byo", Path("script_train.py"))
     cluster.client(first).join(job, str(JOBCODE))
     # Each daemon hears of the job on its own schedule: join by name only once it has.
     wait_for(lambda: all(any(j.name == "byo" for j in cluster.client(p).jobs().jobs) for p in (second, third, late)),
              30, "the other three daemons to hear of the job")
-    cluster.client(second).join_by_name("byo")
-    cluster.client(third).join_by_name("byo")
+    cluster.client(second).join_by_name("byo", str(JOBCODE))
+    cluster.client(third).join_by_name("byo", str(JOBCODE))
 
     def job_of(peer):
         jobs = cluster.client(peer).status().jobs
@@ -70,7 +71,10 @@ def test_a_script_job_joined_by_name_killed_drained_and_joined_late(local_cluste
     victim = job_of(second)
     os.kill(victim.worker_pid, signal.SIGKILL)
     # Meanwhile a newcomer joins: it starts from the running peers' registered state.
-    cluster.client(late).join_by_name("byo")
+    # Joined by name from a directory without the script, it is refused, naming the path.
+    out = peerctl(late, "join", "byo", "--dir", str(tmp_path))
+    assert out.returncode != 0 and f"no such file {tmp_path / 'script_train.py'}" in out.stderr, out.stderr
+    cluster.client(late).join_by_name("byo", str(JOBCODE))
     wait_for(lambda: len(attached(logs["peer-1"])) >= 2, 90, "peer-1's script to attach again after the kill")
     step, counter, position = attached(logs["peer-1"])[-1]
     assert step > 30 and counter == step and position > 0, attached(logs["peer-1"])

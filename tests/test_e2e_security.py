@@ -16,7 +16,7 @@ from peerd.worker.training import init_seed
 
 import pytest
 
-from conftest import example_job, wait_for
+from conftest import all_finished, example_job, first_jobs, wait_for
 from test_e2e import flat_params, peerctl, rel_distance
 
 pytestmark = pytest.mark.e2e
@@ -41,13 +41,13 @@ def test_peers_with_the_job_secret_train_together_and_never_average_with_a_wrong
 
     history: list[tuple[str, int]] = []
 
-    def all_finished():
-        jobs = {p.peer_id: cluster.client(p).status().jobs[0] for p in cluster.peers}
-        assert all(j.state not in ("failed", "restarting") for j in jobs.values()), jobs
+    def finished():
+        jobs = dict(zip((p.peer_id for p in cluster.peers), first_jobs(cluster)))
+        done = all_finished(jobs.values())
         history.extend((k, j.progress.partners_reached) for k, j in jobs.items() if j.progress.step > 0)
-        return all(j.state == "finished" for j in jobs.values()) and jobs
+        return done and jobs
 
-    jobs = wait_for(all_finished, 400, "all three workers to finish")
+    jobs = wait_for(finished, 400, "all three workers to finish")
     # The outsider never reached a partner; the two holders of the secret reached each other.
     assert all(reached == 0 for peer, reached in history if peer == "peer-2"), history
     assert any(reached >= 1 for peer, reached in history if peer == "peer-0")

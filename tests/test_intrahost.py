@@ -28,6 +28,7 @@ from peerd.core.intrahost import (
     USE,
     Decision,
     GroupState,
+    MAX_REBUILDS,
     IntraHostSlot,
     backend_for,
     covers,
@@ -37,9 +38,11 @@ from peerd.core.intrahost import (
     wanted,
 )
 from peerd.core.segments import split_even
-from peerd.daemon.intrahost import Rendezvous
+from peerd.rendezvous import Rendezvous, advance
 from peerd.worker.hierarchy import hierarchical_round
-from peerd.worker.intrahost import IntraHostGroup, intrahost_round
+from peerd.worker.intrahost import IntraHostGroup
+from peerd.worker.intrahost_round import intrahost_round
+from peerd.worker.overlap import RoundBuffers, hierarchical_exchange
 from peerd.worker.snapshots import Identity, SegmentServer, SnapshotStore, StageStore
 from peerd.worker.transport import MemoryTransport
 
@@ -106,7 +109,7 @@ def test_the_daemon_bumps_the_generation_and_removes_old_stores(tmp_path):
     assert r.generation == 0
     (r.directory / "store-1").write_text("")
     assert r.bump() == 1 and r.bump() == 2
-    assert sorted(os.listdir(r.directory)) == ["generation"]
+    assert sorted(os.listdir(r.directory)) == ["generation", "generation.lock"]
     assert Rendezvous(tmp_path / "job", 2).bump() == 3  # a restarted daemon goes on from the file
     assert r.slot(1) == IntraHostSlot(str(r.directory), 1, 2)
 
@@ -208,6 +211,41 @@ async def test_the_group_stage_on_gloo_gives_what_the_bulk_lane_gives(tmp_path, 
         await close(groups)
 
 
+async def test_an_overlapped_round_runs_its_group_stage_on_the_group_too(tmp_path):
+    """[gossip] overlap: the exchange that runs in the background (on the published
+    snapshot, into `out`) takes the intra-host tier like a round run now."""
+    plain, tiered = members(VIEW), members(VIEW)
+    groups = {**await form(tmp_path, "ha"), **await form(tmp_path, "hb")}
+
+    async def overlapped(peers, round_, with_groups):
+        servers = {f"mem-{p}": m.server for p, m in peers.items()}
+        addresses = {p: f"mem-{p}" for p in VIEW}
+
+        async def one(m: Member):
+            await m.store.publish(round_, m.vector)
+            plan = plan_hierarchical("job", round_, VIEW, m.id, SEGMENTS, 2)
+            exchange = hierarchical_exchange(plan, m.id, addresses, m.layout, MemoryTransport(m.identity, servers),
+                                             m.stages, 5.0, intrahost=groups[m.id] if with_groups else None)
+            out = torch.empty(NUMEL)
+            result = await exchange(RoundBuffers(m.vector, m.recv, out))
+            assert result.misses == 0
+            return out
+
+        outs = await asyncio.gather(*(one(m) for m in peers.values()))
+        for m, out in zip(peers.values(), outs):
+            m.vector = out
+
+    try:
+        for round_ in (10, 11):
+            await overlapped(plain, round_, False)
+            await overlapped(tiered, round_, True)
+            for p in VIEW:
+                torch.testing.assert_close(tiered[p].vector, plain[p].vector, rtol=1e-6, atol=1e-6)
+        assert all(g.rounds == 2 for g in groups.values())
+    finally:
+        await close(groups)
+
+
 async def test_one_host_on_its_group_and_one_without_interoperate(tmp_path):
     """Host hb has no intra-host group (an older daemon, or its group failed): its
     workers run hierarchical_round and read ha's stages as always."""
@@ -304,11 +342,13 @@ def _member(directory: str, rank: int, size: int, commands, replies) -> None:
             command = await asyncio.to_thread(commands.get)
             if command is None:
                 break
-            kind, round_ = command
+            kind, round_, *pause = command
             if kind == "ready":  # poll (no collective) until the group of the current generation is up
                 group.poll(round_)
                 replies.put((rank, "ready", group.state.formed is not None, group.generation))
                 continue
+            if pause:  # a member that stalls (a long GC pause, swapping) before its round
+                await asyncio.sleep(pause[0])
             m.vector.fill_(float(rank))
             plan = plan_hierarchical("job", round_, view, me, SEGMENTS, size)
             result = await intrahost_round(group, plan, me, {}, m.vector, m.recv, m.layout, transport, m.stages, 5.0)
@@ -337,14 +377,17 @@ class Members:
         self.procs[rank].start()
 
     def ask(self, command, ranks) -> dict[int, tuple]:
-        for r in ranks:
+        return self.ask_each({r: command for r in ranks})
+
+    def ask_each(self, commands: dict[int, tuple]) -> dict[int, tuple]:
+        for r, command in commands.items():
             self.commands[r].put(command)
-        got = {}
+        ranks, got = list(commands), {}
         while len(got) < len(ranks):
             try:
                 rank, _, *rest = self.replies.get(timeout=120)
             except queue.Empty:
-                pytest.fail(f"no answer to {command} from {sorted(set(ranks) - set(got))}")
+                pytest.fail(f"no answer to {commands} from {sorted(set(ranks) - set(got))}")
             got[rank] = tuple(rest)
         return got
 
@@ -397,6 +440,47 @@ def test_kill_9_of_a_member_falls_back_then_the_new_generation_re_forms(tmp_path
     assert all(not p.is_alive() for p in m.procs.values())
 
 
+def test_a_member_stalled_past_the_timeout_is_taken_back_without_a_restart(tmp_path):
+    m = Members(tmp_path / "job", 3)
+    try:
+        for r in range(3):
+            m.start(r)
+        ranks = [0, 1, 2]
+        first = m.wait_formed(ranks, 8)
+        assert m.ask(("round", 10), ranks) == {r: (True, 1.0) for r in ranks}
+
+        # Member 2 comes to round 11 after the collective timeout (5 s): every member
+        # falls back for the round, each keeping its own values; nobody crashes.
+        got = m.ask_each({0: ("round", 11), 1: ("round", 11), 2: ("round", 11, 8.0)})
+        assert got == {0: (False, 0.0), 1: (False, 1.0), 2: (False, 2.0)}
+        # The members moved the generation on themselves (no daemon restarted anyone)
+        # and form again, all three.
+        assert m.wait_formed(ranks, 12) == first + 1 == m.rendezvous.generation
+        assert m.ask(("round", 14), ranks) == {r: (True, 1.0) for r in ranks}
+    finally:
+        m.close()
+    assert all(not p.is_alive() for p in m.procs.values())
+
+
+def test_a_broken_group_moves_the_generation_on_a_bounded_number_of_times():
+    state = GroupState()
+    assert state.rebuild() is None  # nothing broke
+    for generation in range(1, MAX_REBUILDS + 2):
+        state.forming_started(generation, "0")
+        state.forming_done(generation, "0", True, start=2)
+        state.broke()
+        expected = generation if generation <= MAX_REBUILDS else None
+        assert state.rebuild() == expected
+
+
+def test_only_the_first_member_of_a_broken_group_moves_the_generation(tmp_path):
+    r = Rendezvous(tmp_path / "job", 3)
+    assert r.bump() == 1
+    assert advance(r.directory, past=1) == 2  # the first member to notice
+    assert advance(r.directory, past=1) == 2  # the second finds it moved
+    assert r.bump() == 3  # a restart always moves it
+
+
 def test_the_worker_takes_its_slot_from_the_command_line_the_daemon_writes(tmp_path):
     import argparse
 
@@ -410,3 +494,22 @@ def test_the_worker_takes_its_slot_from_the_command_line_the_daemon_writes(tmp_p
     assert group.backend == "gloo" and group.poll(0).action == FALLBACK  # no generation written yet
     assert from_args(parser.parse_args([]), torch.device("cpu"), "peer-a") is None  # one worker: today's path
     assert from_args(parser.parse_args(slot.argv()), torch.device("cpu"), "peer-a.0") is None  # wrong rank: logged
+
+
+async def test_a_poisoned_stage_1_from_the_partner_host_is_refused_by_the_group_owner(tmp_path):
+    """The transport leaves stage 1 to the round (ROUND_CHECKED_STAGES): the
+    cross-host mix on the group checks it, and keeps the group mean."""
+    from test_nonfinite import PoisonedStages
+
+    tiered = members(VIEW)
+    for p in ("hb.0", "hb.1"):
+        tiered[p].stages = tiered[p].server.stages = PoisonedStages(1)
+    groups = await form(tmp_path, "ha")
+    try:
+        results, used = await run_round(tiered, VIEW, 10, groups)
+        assert used["ha.0"] and used["ha.1"]
+        for p in ("ha.0", "ha.1"):
+            assert torch.isfinite(tiered[p].vector).all()
+            assert any("non-finite" in e for e in results[p].errors.values()), results[p].errors
+    finally:
+        await close(groups)

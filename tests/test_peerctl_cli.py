@@ -245,3 +245,12 @@ def test_join_missing_job_file(capsys, paths):
     code, _, err = run_inprocess(capsys, "--socket", str(paths["missing"]), "join", str(paths["no_job"]))
     assert code == 1
     assert "cannot read job file" in err and str(paths["no_job"]) in err
+
+
+def test_status_shows_the_consensus_models_metric_beside_the_own_one():
+    from peerd.proto.v1 import control_pb2
+
+    p = control_pb2.Progress(metric=0.9, metric_name="accuracy")
+    assert peerctl._metric(p) == "accuracy 0.9000"
+    p.metrics.update({"accuracy": 0.9, "consensus_accuracy": 0.95, "consensus_peers": 3})
+    assert peerctl._metric(p) == "accuracy 0.9000, consensus of 3 0.9500"

@@ -13,7 +13,7 @@ from peerd.core.groups import form_groups, partner_groups, plan_hierarchical
 from peerd.core.lr import cosine
 from peerd.core.partition import my_shard
 from peerd.core.topology import plan_round
-from peerd.sim import SimConfig, Simulation, parse_schedule, simulate
+from peerd.sim import SimConfig, Simulation, parse_schedule
 from peerd.sim.cli import main
 from peerd.sim.data import shards
 from peerd.sim.network import Fabric, NetworkSpec

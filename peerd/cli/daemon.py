@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Also accepted after the command; SUPPRESS keeps a top-level --config when absent here.
     check.add_argument("--config", type=Path, default=argparse.SUPPRESS, help="config file to check")
     cluster = sub.add_parser("cluster", help="run a local cluster of daemons on 127.0.0.1 training a job")
-    from peerd.cluster import add_arguments
+    from peerd.cli.cluster import add_arguments
 
     add_arguments(cluster)
     from peerd.soak.cli import DESCRIPTION
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level, args.log_format or "text")
     if args.command == "cluster":
-        from peerd.cluster import run_cluster
+        from peerd.cli.cluster import run_cluster
 
         return run_cluster(args)
     if args.command == "soak":

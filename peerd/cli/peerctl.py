@@ -20,10 +20,15 @@ DEFAULT_SOCKET = "/run/peerd/control.sock"
 
 
 def _metric(p) -> str:
-    """The job's metric, by name: "accuracy 0.9712", "val_loss 1.384"."""
+    """The job's metric, by name: "accuracy 0.9712", "val_loss 1.384"; at the end
+    the consensus model's beside it: "accuracy 0.9712, consensus of 3 0.9740"."""
     if p.metric != p.metric:  # NaN: not evaluated yet
         return "-"
-    return f"{p.metric_name or 'metric'} {p.metric:.4f}"
+    text = f"{p.metric_name or 'metric'} {p.metric:.4f}"
+    consensus = p.metrics.get(f"consensus_{p.metric_name}")
+    if consensus is not None:
+        text += f", consensus of {int(p.metrics.get('consensus_peers', 1))} {consensus:.4f}"
+    return text
 
 
 def _progress_rows(job) -> list[list[object]]:
@@ -90,7 +95,7 @@ def cmd_join(client: ControlClient, args) -> tuple[object, str]:
         spec, text = load_job(path)  # validate here, so errors name the user's file
         reply = client.join(text, str(path.resolve().parent))
     else:
-        reply = client.join_by_name(args.job)
+        reply = client.join_by_name(args.job, str(Path(args.dir).resolve()))
     return reply, f"joined {reply.name} (fingerprint {reply.spec_fingerprint[:12]}); watch it with `peerctl status`"
 
 
@@ -133,6 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
     join = sub.add_parser("join", parents=[common], help="join (or start) a job: from a job file, or by the name of a job running on the LAN")
     join.add_argument("job", metavar="JOB.toml|NAME",
                       help="a job file, or the name of a running job (see `peerctl jobs`) whose spec is taken from its peers")
+    join.add_argument("--dir", default=".", metavar="DIR",
+                      help="joining by name: where this machine keeps the job's code and files; the job's relative "
+                           "paths (script, modules, secret, data root) are taken from here, as from a job file's "
+                           "directory (default: the current directory)")
     join.set_defaults(run=cmd_join)
     leave = sub.add_parser("leave", parents=[common], help="leave a job")
     leave.add_argument("job", metavar="JOB", help="job name")

@@ -16,8 +16,11 @@ start of each round and this module says what to do:
               with the reason, logged when it changes
 
 A group that failed (a member died mid-collective, or never came to form it) is
-not retried until the daemon writes a new generation, so a dead worker costs the
-others one failed collective, not one per round.
+not retried under the same generation, so a dead worker costs the others one
+failed collective, not one per round. The members of a group that broke move the
+generation on themselves (`GroupState.rebuild`; at most MAX_REBUILDS times), so a
+member that stalled past the collective timeout is taken back without a restart;
+a dead one's restart writes the next generation anyway.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ STORE_PREFIX = "store-"  # store-<generation>: that generation's FileStore
 FORM, AGREE, USE, FALLBACK = "form", "agree", "use", "fallback"
 NOT_COVERING = 0  # the plan key of a member whose round group is not the intra-host group
 START_MARGIN = 2  # a new group is used from (the highest round its members were in) + this
+MAX_REBUILDS = 3  # re-formings a worker asks for after its group broke; then it waits for the daemon
 
 
 @dataclass(frozen=True)
@@ -138,6 +142,7 @@ class GroupState:
     forming: tuple[int, str] | None = None  # being formed in the background
     failed: int | None = None  # generation whose group failed: not retried
     start: int = 0  # the first round the formed group is used in
+    rebuilds: int = 0  # generations this member moved on after a break
 
     def _known(self, generation: int) -> bool:
         return generation in (self.failed, *(g for g, _ in filter(None, (self.formed, self.forming))))
@@ -187,3 +192,12 @@ class GroupState:
         """A collective of the formed group failed."""
         if self.formed is not None:
             self.failed, self.formed = self.formed[0], None
+
+    def rebuild(self) -> int | None:
+        """After a break: the generation to move the rendezvous past (every member
+        asks; the first write wins, the others find it moved), or None once
+        MAX_REBUILDS are spent: then only the daemon's next generation re-forms it."""
+        if self.failed is None or self.rebuilds >= MAX_REBUILDS:
+            return None
+        self.rebuilds += 1
+        return self.failed

@@ -243,8 +243,10 @@ class Daemon:
             except (OSError, ValueError, PeerdError) as exc:
                 log.error("could not resume the job in %s: %s", job_dir, exc)
 
-    async def join_by_name(self, name: str) -> JobSpec:
-        """Join a job running on the LAN, with the spec taken from a peer that runs it."""
+    async def join_by_name(self, name: str, spec_dir: str = "") -> JobSpec:
+        """Join a job running on the LAN, with the spec taken from a peer that runs it;
+        `spec_dir`: where the job's relative paths (script, modules, secret, data)
+        are on this machine."""
         specs = {fp: peers for (n, fp), peers in self.membership.jobs().items() if n == name}
         if not specs:
             raise UnknownJob(f"no peer in realm {self.config.realm!r} runs job {name!r} (`peerctl jobs` lists them)")
@@ -261,7 +263,7 @@ class Daemon:
             if spec.fingerprint != fingerprint:
                 log.warning("%s sent a spec of %s that does not match its fingerprint; ignored", peer_id, name)
                 continue
-            return await self.join(reply.spec_toml, "")
+            return await self.join(reply.spec_toml, spec_dir)
         raise PeerUnavailable(f"none of {', '.join(peers)} sent the spec of job {name!r}")
 
     def job_spec(self, name: str) -> peer_pb2.JobSpecReply:

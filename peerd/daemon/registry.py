@@ -19,7 +19,7 @@ from peerd.core.codes import ACTIVE_STATES, ENDED_STATES, WorkerState
 from peerd.core.membership import Membership
 from peerd.core.workers import split_threads
 from peerd.core.intrahost import wanted
-from peerd.daemon.intrahost import Rendezvous
+from peerd.rendezvous import Rendezvous
 from peerd.daemon.jobs import ENDED, JOINED, LocalJob, WorkerLaunch, WorkerProcess
 from peerd.daemon.localdata import check_local_job
 from peerd.daemon.standby import Standby

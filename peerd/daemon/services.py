@@ -170,7 +170,7 @@ class ControlServicer(control_pb2_grpc.ControlServicer):
     async def Join(self, request, context):
         try:
             if request.name:
-                spec = await self._daemon.join_by_name(request.name)
+                spec = await self._daemon.join_by_name(request.name, request.spec_dir)
             else:
                 spec = await self._daemon.join(request.spec_toml, request.spec_dir)
         except PeerdError as exc:

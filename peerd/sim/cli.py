@@ -78,7 +78,15 @@ def build_parser() -> argparse.ArgumentParser:
         "compute and transfer times come from a speed model and a network model.",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    run = p.add_argument_group("what to run")
+    _run_arguments(p.add_argument_group("what to run"))
+    _training_arguments(p.add_argument_group("training"))
+    _averaging_arguments(p.add_argument_group("averaging"))
+    _machine_arguments(p.add_argument_group("machines and network"))
+    _output_arguments(p.add_argument_group("output"))
+    return p
+
+
+def _run_arguments(run) -> None:
     run.add_argument("--peers", type=_ints, default=[16], help="peers at the start; a comma list runs a sweep (default 16)")
     run.add_argument("--algorithm", type=_algorithms, default=["crossover"],
                      help="comma list of: " + ", ".join(ALGORITHMS) + " (default crossover)")
@@ -87,7 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--rounds", type=int, default=0, help="rounds to run; 0 = as many as --epochs take (default 0)")
     run.add_argument("--epochs", type=float, default=10.0, help="passes over the 4,000 training digits when --rounds is 0 (default 10)")
     run.add_argument("--gossip-only", action="store_true", help="no SGD steps, only averaging (checks mass conservation)")
-    train = p.add_argument_group("training")
+
+
+def _training_arguments(train) -> None:
     train.add_argument("--model", choices=MODELS, default="logreg", help="logreg (7,850 params) or mlp (default logreg)")
     train.add_argument("--hidden", type=int, default=32, help="hidden units of the mlp (default 32)")
     train.add_argument("--global-batch", type=int, default=512, help="samples per round over all peers, split equally (default 512)")
@@ -104,7 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"LR multiplier for a global batch k× the starting one: k, √k or 1 (default {DEFAULT_LAW})")
     train.add_argument("--max-scale", type=float, default=DEFAULT_MAX_SCALE,
                        help=f"cap on the LR multiplier, 1/cap its floor; inf = no cap (default {DEFAULT_MAX_SCALE:g})")
-    gossip = p.add_argument_group("averaging")
+
+
+def _averaging_arguments(gossip) -> None:
     gossip.add_argument("--segments", type=int, default=8, help="segments of the model for crossover/hierarchical (default 8)")
     gossip.add_argument("--group-size", type=int, default=8, help="most members of a hierarchical group (default 8)")
     gossip.add_argument("--groups", type=int, default=0,
@@ -112,7 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
     gossip.add_argument("--detect-s", type=float, default=5.0, help="a crashed peer stays in the view this long (default 5)")
     gossip.add_argument("--deadline-floor", type=float, default=0.05, help="least exchange deadline in s (default 0.05)")
     gossip.add_argument("--deadline-ceiling", type=float, default=10.0, help="most exchange deadline in s (default 10)")
-    sys_ = p.add_argument_group("machines and network")
+
+
+def _machine_arguments(sys_) -> None:
     sys_.add_argument("--gpus-per-host", type=int, default=8, help="peers per host (default 8)")
     sys_.add_argument("--hosts-per-rack", type=int, default=4, help="hosts per rack (default 4)")
     tiers = (("host", "a same-host", 25e9, 5e-6), ("rack", "a same-rack", 1.25e9, 50e-6),
@@ -129,13 +143,14 @@ def build_parser() -> argparse.ArgumentParser:
     sys_.add_argument("--jitter-factor", type=float, default=3.0, help="how much a slowed step is slowed (default 3)")
     sys_.add_argument("--event", action="append", default=[], metavar="KIND:WHO@TIME[=VALUE]",
                       help="schedule: fail:3@12.5, leave:3@12.5, join:4@30 (4 peers), speed:3@10=0.25; repeatable")
-    out = p.add_argument_group("output")
+
+
+def _output_arguments(out) -> None:
     out.add_argument("--out", type=Path, default=Path("sim-out"), help="folder for the results (default sim-out)")
     out.add_argument("--eval-every", type=int, default=0, help="rounds between test evaluations of the mean model; 0 = end only")
     out.add_argument("--eval-peers", type=int, default=64, help="peers whose own model is tested at the end (default 64)")
     out.add_argument("--no-plot", action="store_true", help="write no PNG files")
     out.add_argument("--quiet", action="store_true", help="no progress lines")
-    return p
 
 
 def config_for(args: argparse.Namespace, algorithm: str, peers: int, seed: int) -> SimConfig:

@@ -85,6 +85,16 @@ def namespaces_unavailable() -> str:
     return ""
 
 
+def _tbf(tc: list[str], dev: str, rate_mbit: float) -> None:
+    # burst ≥ rate/HZ-ish and ≥ one MTU, queue ≤ 200 ms.
+    burst = max(16 * 1024, int(rate_mbit * 1e6 / 8 / 100))
+    command = [*tc, "qdisc", "replace", "dev", dev, "root", "tbf",
+               "rate", f"{rate_mbit}mbit", "burst", str(burst), "latency", "200ms"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=IP_TIMEOUT_S)
+    if done.returncode != 0:
+        raise PeerdError(f"tc tbf on {dev} failed: {done.stderr.strip()}")
+
+
 class Namespaces:
     """Bridge, namespaces, veth pairs and tbf caps of one run; `close()` removes them all."""
 
@@ -121,19 +131,18 @@ class Namespaces:
         _ip("-n", ns, "addr", "add", f"{address}/24", "dev", veth)
         _ip("-n", ns, "link", "set", veth, "up")
         peer = PeerNet(index, address, ns, veth, port)
-        if rate_mbit > 0:
-            self._shape(peer, rate_mbit)
         self.peers[index] = peer
+        if rate_mbit > 0:
+            self.shape(index, rate_mbit)
         return peer
 
-    def _shape(self, peer: PeerNet, rate_mbit: float) -> None:
-        # Egress cap; burst ≥ rate/HZ-ish and ≥ one MTU, queue ≤ 200 ms.
-        burst = max(16 * 1024, int(rate_mbit * 1e6 / 8 / 100))
-        command = peer.command(["tc", "qdisc", "replace", "dev", peer.veth, "root", "tbf",
-                                "rate", f"{rate_mbit}mbit", "burst", str(burst), "latency", "200ms"])
-        done = subprocess.run(command, capture_output=True, text=True, timeout=IP_TIMEOUT_S)
-        if done.returncode != 0:
-            raise PeerdError(f"tc tbf on {peer.veth} failed: {done.stderr.strip()}")
+    def shape(self, index: int, rate_mbit: float, both_ways: bool = False) -> None:
+        """Cap what peer `index` sends to rate_mbit (tc tbf on its veth, replacing
+        any cap before); `both_ways`: what it receives too (on its bridge port)."""
+        peer = self.peers[index]
+        _tbf(peer.command(["tc"]), peer.veth, rate_mbit)
+        if both_ways:
+            _tbf(["ip", "netns", "exec", self.bridge_ns, "tc"], peer.port, rate_mbit)
 
     def set_link(self, index: int, up: bool) -> None:
         """Partition (down) or heal (up) a peer: its bridge port, like a pulled cable."""

@@ -60,9 +60,9 @@ def _markdown(run: Run, checks: list[Check]) -> str:
         f"({s.peers} at the start), {s.duration_s:.0f}s of churn after {run.t_training:.0f}s of setup",
         f"- network: {run.network}; bandwidth caps (Mbit/s, by peer index, cycled): "
         f"{', '.join(f'{b:g}' for b in s.bandwidth_mbit) if run.network == 'namespaces' else 'none'}",
-        f"- compute slowdowns: " + (f"{', '.join(f'{x:g}' for x in s.slowdowns)} (config table [{run.slowdown}])"
+        "- compute slowdowns: " + (f"{', '.join(f'{x:g}' for x in s.slowdowns)} (config table [{run.slowdown}])"
                                     if run.slowdown else "not supported by this build; all at full speed"),
-        f"- schedule: " + (f"file {s.schedule}" if s.schedule else f"seed {s.seed}, one event every {s.interval_s:g}s, "
+        "- schedule: " + (f"file {s.schedule}" if s.schedule else f"seed {s.seed}, one event every {s.interval_s:g}s, "
                            f"none in the last {s.settle_s:g}s"),
         "", "## Checks", "", "| check | verdict | evidence |", "|---|---|---|",
     ]

@@ -1,5 +1,6 @@
 """The soak run: set up the network and the peers, join them to the job, carry
-out the churn schedule while sampling every peer, and tear everything down.
+out the churn schedule while sampling every peer (each event by
+peerd.soak.events), and tear everything down.
 
 Everything it makes (processes, namespaces, bridge, socket directory) is
 removed in `Soak.close()`, which runs on normal exit, on exceptions, and on
@@ -14,7 +15,6 @@ import importlib
 import math
 import secrets
 import shutil
-import subprocess
 import signal
 import tempfile
 import threading
@@ -29,11 +29,11 @@ from peerd.errors import PeerdError
 from peerd.jobspec import JobSpec, parse_job
 from peerd.soak import schedule as sch
 from peerd.soak.checks import EventRecord, Sample, converged_at
-from peerd.soak.netns import Loopback, Namespaces, Unsupported, namespaces_unavailable
+from peerd.soak.events import EVENT_SLACK_S, Running, carry_out
+from peerd.soak.netns import Loopback, Namespaces, namespaces_unavailable
 from peerd.soak.peers import STOP_TIMEOUT_S, SoakPeer, slowdown_table
 
 SETUP_TIMEOUT_S = 240.0  # every peer started, discovered and training
-EVENT_SLACK_S = 150.0  # an event's actions may take down_s plus this
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,7 @@ class Soak:
                         slowdown=s.slowdowns[index % len(s.slowdowns)] if self.slowdown_key and s.slowdowns else 1.0,
                         rate_mbit=rate if self.net.shaped else 0.0)
         peer.dir.mkdir(parents=True, exist_ok=True)
-        peer.write_config(self.realm, self.slowdown_key, self._data_config(index))
+        peer.write_config(self.realm, self.slowdown_key, self.data_config(index))
         with self._lock:
             self.peers[index] = peer
         return peer
@@ -132,10 +132,10 @@ class Soak:
             peer.start()
         for peer in self.peers.values():
             peer.wait_ready()
-        self._wait(lambda: self._all_see(len(self.peers) - 1), "every daemon to discover every other")
+        self.wait(lambda: self._all_see(len(self.peers) - 1), "every daemon to discover every other")
         for peer in self.peers.values():
-            self._join(peer)
-        self._wait(lambda: all(s.training for s in self.sample()), "every peer to train")
+            self.join(peer)
+        self.wait(lambda: all(s.training for s in self.sample()), "every peer to train")
         # From here on, times count from the start of churn; setup samples go negative.
         shift = self.now()
         self._t0 += shift
@@ -162,13 +162,13 @@ class Soak:
         write_split(self.data_roots, by_label=False)
         create_secret_file(out / "job.secret", overwrite=True)
 
-    def _data_config(self, index: int) -> str:
+    def data_config(self, index: int) -> str:
         if not self.data_roots:
             return ""
         root = self.data_roots[index % len(self.data_roots)]
         return f'\n[data]\nroot = "{root}"\n\n[auth]\njob_secret_file = "{self.out.resolve() / "job.secret"}"\n'
 
-    def _wait(self, predicate, what: str, timeout_s: float = SETUP_TIMEOUT_S) -> None:
+    def wait(self, predicate, what: str, timeout_s: float = SETUP_TIMEOUT_S) -> None:
         deadline = time.monotonic() + timeout_s
         while not predicate():
             if time.monotonic() > deadline:
@@ -182,7 +182,7 @@ class Soak:
                     return False
         return True
 
-    def _join(self, peer: SoakPeer) -> None:
+    def join(self, peer: SoakPeer) -> None:
         peer.in_job = True
         with peer.client(timeout_s=30.0) as c:
             c.join(self.job_text, self.job_dir)
@@ -201,72 +201,7 @@ class Soak:
     # ---- events ------------------------------------------------------------
 
     def carry_out(self, event: sch.Event) -> EventRecord:
-        at = self.now()
-        if event.kind == sch.JOIN and event.peer < 0:  # a new peer: the next free index
-            event = replace(event, peer=max(self.peers) + 1)
-        try:
-            detail = self._act(event)
-            ok = True
-        except Unsupported as exc:
-            self.say(f"[{at:5.0f}s] {event.describe()}: skipped: {exc}")
-            return EventRecord(at, self.now(), event.kind, f"peer-{event.peer}", f"skipped: {exc}", ok=False)
-        except (PeerdError, OSError, subprocess.SubprocessError) as exc:
-            detail, ok = f"failed: {exc}", False
-        record = EventRecord(at, self.now(), event.kind, f"peer-{event.peer}", detail, ok)
-        self.say(f"[{record.at_s:5.0f}s] {event.describe()}: {detail}")
-        return record
-
-    def _act(self, e: sch.Event) -> str:
-        job = self.run.spec.name
-        if e.kind == sch.JOIN:
-            return self._join_event(e.peer)
-        peer = self.peers.get(e.peer)
-        if peer is None:
-            raise PeerdError(f"no peer-{e.peer} in this run")
-        if e.kind == sch.KILL_WORKER:
-            return f"killed worker pid {peer.kill_worker(job)}"
-        if e.kind == sch.KILL_DAEMON:
-            pid = peer.process.pid
-            peer.kill_daemon()
-            time.sleep(e.down_s)
-            peer.start()
-            peer.wait_ready()
-            return f"killed daemon pid {pid}; restarted as pid {peer.process.pid}"
-        if e.kind == sch.PARTITION:
-            self.net.set_link(peer.index, up=False)
-            peer.linked = False
-            time.sleep(e.down_s)
-            self.net.set_link(peer.index, up=True)
-            peer.linked = True
-            return f"link down {e.down_s:g}s, then up"
-        if e.kind == sch.LEAVE:
-            with peer.client(timeout_s=EVENT_SLACK_S) as c:
-                c.leave(job, drain=True)
-            peer.in_job = False
-            return "left after draining"
-        if e.kind == sch.SLOWDOWN:
-            if not self.slowdown_key:
-                raise Unsupported("this build's daemon config has no `slowdown`")
-            peer.stop()
-            peer.slowdown = e.factor
-            peer.write_config(self.realm, self.slowdown_key, self._data_config(peer.index))
-            peer.start()
-            peer.wait_ready()
-            return f"daemon restarted with slowdown {e.factor:g}"
-        raise PeerdError(f"unknown event kind {e.kind}")
-
-    def _join_event(self, index: int) -> str:
-        peer = self.peers.get(index)
-        fresh = peer is None
-        if fresh:
-            peer = self.add_peer(index)
-            peer.start()
-            peer.wait_ready()
-            self._wait(lambda: _sees_any(peer), f"peer-{index} to discover the others", 60.0)
-        elif peer.in_job:
-            raise PeerdError(f"peer-{index} is already in the job")
-        self._join(peer)
-        return "new peer joined" if fresh else "joined again"
+        return carry_out(self, event)  # peerd.soak.events
 
     # ---- the run -----------------------------------------------------------
 
@@ -275,7 +210,7 @@ class Soak:
         s = self.s
         self.run.planned = events
         pending = list(events)
-        current: _Running | None = None
+        current: Running | None = None
         last_print = -math.inf
         while self.now() < s.duration_s:
             rows = self.sample()
@@ -286,7 +221,7 @@ class Soak:
                 raise PeerdError(f"event `{current.event.describe()}` did not finish in time")
             if current is None and pending and self.now() >= pending[0].at_s:
                 event = pending.pop(0)
-                current = _Running(event, self.now(), self.now() + event.down_s + EVENT_SLACK_S)
+                current = Running(event, self.now(), self.now() + event.down_s + EVENT_SLACK_S)
                 current.start(self.carry_out)
             if self.now() - last_print >= 15:
                 last_print = self.now()
@@ -345,39 +280,9 @@ class Soak:
         return errors
 
 
-@dataclass
-class _Running:
-    """An event being carried out in its own thread, so sampling goes on meanwhile."""
-
-    event: sch.Event
-    started_s: float
-    limit_s: float
-    thread: threading.Thread | None = None
-    result: list[EventRecord] = field(default_factory=list)
-
-    def start(self, carry_out) -> None:
-        self.thread = threading.Thread(target=lambda: self.result.append(carry_out(self.event)), daemon=True)
-        self.thread.start()
-
-    @property
-    def done(self) -> bool:
-        return not self.thread.is_alive()
-
-    def record(self, now: float) -> EventRecord:
-        if self.result:
-            return self.result[0]
-        what = "did not finish" if self.thread.is_alive() else "crashed"
-        return EventRecord(self.started_s, now, self.event.kind, f"peer-{self.event.peer}", f"failed: {what}", False)
-
-
 def _settled(rows: list[Sample]) -> bool:
     """Views agree and every connected peer in the job trains."""
     return converged_at(rows) and all(r.training for r in rows if r.in_job and r.expected_up and r.linked)
-
-
-def _sees_any(peer: SoakPeer) -> bool:
-    with peer.client() as c:
-        return c.status().peers_known > 0
 
 
 def _line(t: float, rows: list[Sample]) -> str:

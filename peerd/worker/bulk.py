@@ -11,7 +11,7 @@ fallback for a partner without a lane.
 Frames, little-endian (docs/protocol.md):
   request:      u32 n, n bytes of SegmentRequest (protobuf)
                 [with a job secret: u32 m, m bytes of proof, as in gRPC's peerd-auth]
-  reply, ok:    u8 0, u64 elements, then the values in the job's wire dtype
+  reply, ok:    u8 0, u64 elements, then the values in the job's wire dtype (fp32 for stage 3)
   reply, error: u8 kind (BulkError: 1 job mismatch, 2 round mismatch, 3 unavailable,
                 4 unauthenticated), i64 the server's round, u32 n, n bytes of UTF-8 message
                 [with a job secret, either reply ends in the 32-byte reply proof]

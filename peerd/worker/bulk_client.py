@@ -18,7 +18,8 @@ from peerd.errors import InvalidMessage, JobMismatch, PeerUnavailable, RoundMism
 from peerd.worker.bulk import (
     BULK_METHOD, ERROR_HEADER, ITEMSIZE, LENGTH, MAC_BYTES, OK_HEADER, BulkError, mac_ok, reply_fields,
 )
-from peerd.worker.codec import all_finite, fill_values
+from peerd.worker.codec import ROUND_CHECKED_STAGES, fill_values, finite_by_sum
+from peerd.worker.snapshots import stage_wire
 
 IDLE_S = 60.0  # a connection unused this long is closed (its reader thread ends)
 
@@ -198,12 +199,14 @@ class _Pipe:
             item.reply.update_fields(*reply_fields(item.request, total, itemsize))
             if not mac_ok(item.reply.digest(), mac):
                 return Unauthenticated("the reply's proof does not match the shared secret", "reply_bad_mac")
+        # Stages 0 and 1 are checked by the round, on the average it computes
+        # from them: a second pass here cost 8 ms of CPU per 64 MiB.
+        check = item.request.stage not in ROUND_CHECKED_STAGES
         try:
-            if raw is None:
-                if not all_finite(item.out):
-                    return InvalidMessage("partner sent non-finite values", "non_finite")
-            else:
-                fill_values(item.out, 0, item.out.numel(), raw, 0, self._wire)
+            if raw is not None:
+                fill_values(item.out, 0, item.out.numel(), raw, 0, self._wire, check_finite=False)
+            if check and not finite_by_sum(item.out):
+                return InvalidMessage("partner sent non-finite values", "non_finite")
         except InvalidMessage as exc:
             return exc
         return None
@@ -284,7 +287,7 @@ class BulkClient:
         """A new pipe, kept in _pipes by the connect itself: when every caller has
         timed out meanwhile, it is still the client's to reuse and to close (else
         its reader thread and socket outlived the client)."""
-        host, port, _ = key
+        host, port, stage = key
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setblocking(False)
@@ -294,7 +297,7 @@ class BulkClient:
         except BaseException:
             sock.close()
             raise
-        pipe = self._pipes[key] = _Pipe(sock, self._wire, self._auth)
+        pipe = self._pipes[key] = _Pipe(sock, stage_wire(stage, self._wire), self._auth)
         return pipe
 
     async def aclose(self) -> None:

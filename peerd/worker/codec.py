@@ -114,6 +114,11 @@ def finite_by_sum(values: torch.Tensor) -> bool:
     return math.isfinite(float(values.sum()))
 
 
+# Stages a round only uses through what it computes and checks (the flat
+# average, the group mean, the mix): a transport may leave their non-finite
+# check to the round. Stage 2 (the all-gather) is copied as it is: checked.
+ROUND_CHECKED_STAGES = frozenset({0, 1})
+
 _WIRE_NUMPY = {"fp32": "<f4", "fp16": "<f2", "bf16": "<u2"}
 
 
@@ -124,9 +129,7 @@ def fill_values(
     checking it against what was asked: a wrong length, gap, overrun, partial
     value or non-finite value is refused. Returns the elements filled so far.
     check_finite=False leaves the non-finite check to a caller that checks what
-    it computes from the values: the rounds do for stages 0 and 1 (the flat
-    average, the group mean, the mix), not for stage 2 (the hierarchical
-    all-gather takes the owner's values as they are)."""
+    it computes from the values (ROUND_CHECKED_STAGES)."""
     if total != out.numel():
         raise InvalidMessage(f"partner sent a segment of {total} elements, expected {out.numel()}", "wrong_length")
     dtype = np.dtype(_WIRE_NUMPY[wire])

@@ -10,6 +10,7 @@ the engine's server never wait on each other except at a round.
     start()   serve, hear from the daemon, resume (peers' state, or a checkpoint)
     end_round() after period_steps local steps: publish, exchange, checkpoint, report
     leave()   drained or signalled: announce, checkpoint
+    conclude() the job is done: the exact average of the members' final models
     finish()  the job is done: final report
     close()   stop serving
 """
@@ -27,17 +28,19 @@ from typing import Protocol
 import torch
 
 from peerd.auth import Authenticator
+from peerd.core.consensus import consensus_timeout
 from peerd.core.shares import BatchPlan, Rebalancer
 from peerd.errors import PeerdError
 from peerd.jobspec import JobSpec
-from peerd.proto.v1 import control_pb2
 from peerd.rejections import Rejections
 from peerd.tls import TlsMaterial
 from peerd.worker.checkpoint import CheckpointDir
+from peerd.worker.consensus import Consensus, final_consensus, round_consensus, state_with
 from peerd.worker.gossip import RoundResult
 from peerd.worker.link import SupervisorLink
+from peerd.worker.progress_report import progress_of
 from peerd.worker.rounds import Rounds
-from peerd.worker.snapshots import Identity, SegmentServer
+from peerd.worker.snapshots import FinalStore, Identity, SegmentServer
 from peerd.worker.state import StateBoard, StateMeta, StateServer, pull_state
 from peerd.worker.traffic import (
     CountingSegmentServer,
@@ -120,6 +123,8 @@ class Engine:
             self.traffic, wire_bytes)
         self.rounds = Rounds(spec, self.me, self.state, link, self.transport, intrahost)
         self.store = self.rounds.store
+        self.final = FinalStore()  # this peer's final model, for the consensus at the end
+        self.consensus: Consensus | None = None
         self.checkpoints = CheckpointDir(out_dir / "checkpoints", spec.name, self.identity.fingerprint, self.state.numel)
         self._checkpoint_at = (0, time.monotonic())  # round and time of the last checkpoint
         self.checkpoint_round = 0
@@ -142,7 +147,7 @@ class Engine:
         chunk_elems = self.spec.gossip.chunk_kib * 1024 // 4
         server = CountingSegmentServer(
             SegmentServer(self.identity, self.store, len(self.rounds.layout), chunk_elems, self.rounds.stages,
-                          self.spec.gossip.wire),
+                          self.spec.gossip.wire, self.final),
             self.traffic)
         state = CountingStateServer(StateServer(self.identity, self.board, self.store, chunk_elems), self.traffic)
         self._server, address = await start_exchange_server(
@@ -176,6 +181,7 @@ class Engine:
             return
         self._closed = True
         await self.rounds.aclose()
+        await self.final.finish()
         await self.board.finish()
         if self._beats is not None:
             self._beats.cancel()
@@ -254,19 +260,24 @@ class Engine:
         return self._next_plan()
 
     async def _export(self, path: str) -> None:
-        """peerctl export: the model of now, as a plain state_dict."""
-        from peerd.worker.training import save_model
+        """peerctl export: the exact average of this round's snapshots of the
+        members that answer in a round deadline, as a plain state_dict."""
+        from peerd.worker.training import write_model
 
+        mean = await round_consensus(self.me, self.store, self.round, self.state.flat.vector, self._view,
+                                     self.rounds.layout, self.transport, self.rounds.deadline.deadline())
+        state = state_with(self.state.model, self.state.flat.vector, mean.vector)
         try:
-            await asyncio.to_thread(save_model, self.state.model, Path(path), job=self.spec.name, round=self.round,
+            await asyncio.to_thread(write_model, state, Path(path), job=self.spec.name, round=self.round,
                                     step=self.source.step_count, progress=self.source.progress,
-                                    metric=self.spec.metric, metrics=self.metrics,
+                                    metric=self.spec.metric, metrics=self.metrics, consensus=list(mean.plan.members),
                                     fingerprint=self.identity.fingerprint)
         except OSError as exc:
             log.error("export to %s failed: %s", path, exc)
             return
         self.exported, self.exported_round = path, self.round
-        log.info("round %d: model exported to %s", self.round, path)
+        log.info("round %d: the average of round %d's models over %s exported to %s", self.round, self.round,
+                 mean.describe(), path)
 
     async def leave(self) -> None:
         """Drained or signalled: tell the others, keep a checkpoint."""
@@ -285,12 +296,42 @@ class Engine:
         evaluation and the model file."""
         await self._catch_up(await self.rounds.finish_pending())
 
+    def consensus_limit_s(self) -> float:
+        """The longest the final exchange may take, with the view of now."""
+        others = len(self.link.view.keys() - {self.me})
+        return consensus_timeout(self.spec.gossip.deadline_ceiling_s, self.rounds.deadline.deadline(), others)
+
+    async def conclude(self, metrics: dict[str, float]) -> dict[str, float]:
+        """The job is done here: average the final models of the members still in
+        it, take the average as this peer's model, and return `metrics` (of its
+        own model) with the average's beside them, as consensus_<name>."""
+        self.phase = "consensus"
+        self._report(None)
+        await self.store.finish()  # partners asking for a later round are answered at once
+        await self.rounds.stages.finish()
+        peers = {p: a for p, a in self.link.view.items() if p != self.me}
+        self.consensus = c = await final_consensus(self.me, self.state.flat.vector, self.final, peers,
+                                                   self.rounds.layout, self.transport, self.consensus_limit_s())
+        log.info("consensus at the end over %s: digest %s, %.2fs", c.describe(), c.digest, c.seconds)
+        theirs = metrics
+        if not c.plan.alone:
+            self.state.flat.vector.copy_(c.vector)
+            theirs = await asyncio.to_thread(self.evaluate) if self.evaluate is not None else {}
+        return {**metrics, **{f"consensus_{k}": v for k, v in theirs.items()}, "consensus_peers": float(c.plan.size)}
+
     async def finish(self, metrics: dict[str, float], model_path: Path) -> None:
-        """The job is done: the last metrics and where the model went."""
+        """The job is done: the last metrics and where the model went; then serve
+        the final model until the others in the consensus have read it."""
         self.metrics = metrics
         self._report(None, finished=True)
-        log.info("finished: %d steps, %d rounds, %s %.4f; model saved to %s", self.source.step_count,
-                 self.round, self.spec.metric, metrics.get(self.spec.metric, math.nan), model_path)
+        name = self.spec.metric
+        log.info("finished: %d steps, %d rounds, %s %.4f (own model), %.4f (consensus of %d); model saved to %s",
+                 self.source.step_count, self.round, name, metrics.get(name, math.nan),
+                 metrics.get(f"consensus_{name}", math.nan), int(metrics.get("consensus_peers", 1)), model_path)
+        if self.consensus is not None and not self.consensus.plan.alone:
+            reads = (self.consensus.plan.size - 1) * len(self.rounds.layout)
+            if not await self.final.wait_served(reads, self.consensus_limit_s()):
+                log.info("not every peer of the consensus read this peer's final model in time")
 
     def _meta(self) -> StateMeta:
         """Where this worker stands, with the state that is not the vector."""
@@ -319,6 +360,7 @@ class Engine:
         no longer lists this worker, so the others plan the next round without it."""
         await self.store.finish()
         await self.rounds.stages.finish()
+        await self.final.finish()  # no final model from here: the consensus does not wait for it
         self.link.address = ""
         await self.link.beat()
 
@@ -362,31 +404,4 @@ class Engine:
         return True
 
     def _report(self, result: RoundResult | None, finished: bool = False) -> None:
-        t, times = self.source, self.rounds.exchange_times
-        p = control_pb2.Progress(
-            step=t.step_count, round=self.round, epoch=t.epoch, loss=t.loss_ema,
-            samples_per_s=t.speed_ema, metric=self.metrics.get(self.spec.metric, math.nan), samples=t.samples,
-            metric_name=self.spec.metric, metric_higher_better=self.spec.metric_mode == "max",
-            metrics=self.metrics, skipped_steps=t.skipped_steps,
-            segment_misses=self.rounds.misses, finished=finished, disagreement=math.nan, exchange_s=math.nan, lr=t.lr,
-            phase="finished" if finished else self.phase, global_batch=t.global_batch,
-            rejected=dict(self.rejections.counts),
-            local_batch=t.local_batch, share=t.share, compute_s=t.compute_s,
-            rounds_done=times.count, bytes_sent=self.traffic.sent,
-            bytes_received=self.traffic.received, exchange_buckets=times.buckets,
-            exchange_sum_s=times.sum_s, exchange_count=times.count,
-            checkpoint_round=self.checkpoint_round, checkpoints_written=self.checkpoints_written,
-            exported=self.exported, exported_round=self.exported_round, intrahost=self.rounds.intrahost_status,
-            data_samples=getattr(t, "data_samples", 0), data_mode=self.spec.data_mode,
-            job_progress=getattr(t, "progress", 0.0),
-        )
-        if result is not None:
-            p.partners_reached = len(result.reached)
-            p.partners_planned = len(result.planned)
-            p.disagreement = result.disagreement
-            p.exchange_s = result.seconds
-        elif self.link.progress.partners_planned:
-            old = self.link.progress
-            p.partners_reached, p.partners_planned = old.partners_reached, old.partners_planned
-            p.disagreement, p.exchange_s = old.disagreement, old.exchange_s
-        self.link.progress = p
+        self.link.progress = progress_of(self, result, finished)

@@ -7,21 +7,7 @@ the job's directory on this host (`store-<generation>`), with the generation the
 daemon writes there whenever it (re)starts one of the job's workers. No server to
 start, no port to open: gloo listens on 127.0.0.1 only, and a FileStore is a file.
 
-`intrahost_round` is hierarchical_round with its inner stage as collectives:
-
-    agree       all_gather of (round, digest of the plan): all members go on
-                together, or all fall back to hierarchical_round in this round
-    stage 1     all_reduce(SUM) / g into the new state: every member holds the
-                group mean of every segment (with one group, the whole round)
-    stage 2     the owner of each segment fetches the partner group's stage 1 over
-                the transport (gRPC / bulk lane, as today) and mixes
-    all-gather  each mixed segment is broadcast from its owner
-
-Owners publish stages 1 and 2 of their segments in the StageStore as
-hierarchical_round does, so partner groups on other hosts, and a sibling that
-fell back, read them as always. Returns None when the group cannot be used (not
-formed yet, not this round's group, a disagreement, a failed collective): the
-caller then runs hierarchical_round for the round.
+The round itself is peerd.worker.intrahost_round.
 """
 
 from __future__ import annotations
@@ -29,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -38,34 +25,25 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
-from peerd.core.groups import GroupPlan
 from peerd.core.intrahost import (
     AGREE,
     FORM,
-    GENERATION_FILE,
-    NOT_COVERING,
     USE,
     Decision,
     GroupState,
     IntraHostSlot,
     backend_for,
-    covers,
-    parse_generation,
-    round_key,
     start_round,
     store_name,
 )
-from peerd.core.robust import PullClipper
-from peerd.core.segments import Span
-from peerd.errors import PeerdError, PeerUnavailable
-from peerd.worker.gossip import RoundResult, clip_pull, record_failure, relative_gap
-from peerd.worker.snapshots import StageStore
-from peerd.worker.transport import Transport
+from peerd.errors import PeerdError
+from peerd.rendezvous import advance, current_generation
 
 log = logging.getLogger("peerd.worker.intrahost")
 
 COLLECTIVE_TIMEOUT_S = 30.0  # a member that does not take part in a collective by then has failed
 FORM_TIMEOUT_S = 120.0  # every member must come to form the group by then (they start at different times)
+CHECK_IN_POLL_S = 0.05  # how often a forming member looks whether all have arrived (or it was called off)
 
 T = TypeVar("T")
 
@@ -92,6 +70,7 @@ class IntraHostGroup:
         self.rounds = 0  # rounds whose inner stage ran on the group
         self._pg = None
         self._forming: asyncio.Task | None = None
+        self._call_off = threading.Event()  # set: the forming in progress is abandoned
         self._said = ""  # the last fallback reason logged (logged once per change)
         self._round = 0  # the round this worker is in, as the last poll saw it
 
@@ -100,10 +79,7 @@ class IntraHostGroup:
         return Path(self.slot.directory)
 
     def current_generation(self) -> int | None:
-        try:
-            return parse_generation((self.directory / GENERATION_FILE).read_text())
-        except OSError:
-            return None
+        return current_generation(self.directory)
 
     def poll(self, round_: int) -> Decision:
         """At the start of a round, before any collective: start forming a new
@@ -142,15 +118,19 @@ class IntraHostGroup:
 
     def _start_forming(self, generation: int, tag: str) -> None:
         self._drop()
+        self._call_off.set()  # a forming still waiting for members gives up
+        self._call_off = threading.Event()
         self.state.forming_started(generation, tag)
-        self._forming = asyncio.create_task(self._form(generation, tag), name=f"intrahost-form-{generation}-{tag}")
+        self._forming = asyncio.create_task(self._form(generation, tag, self._call_off),
+                                            name=f"intrahost-form-{generation}-{tag}")
 
-    async def _form(self, generation: int, tag: str) -> None:
+    async def _form(self, generation: int, tag: str, call_off: threading.Event) -> None:
         started = time.monotonic()
         try:
-            pg, start = await asyncio.to_thread(self._connect, generation, tag)
-        except (RuntimeError, ValueError, OSError) as exc:  # DistBackendError, DistStoreError: timeouts, resets
-            log.warning("intra-host group of generation %d did not form: %s", generation, _short(exc))
+            pg, start = await asyncio.to_thread(self._connect, generation, tag, call_off)
+        except Exception as exc:  # noqa: BLE001 - DistStoreError, timeouts, resets, called off: any is a fallback
+            if not call_off.is_set():
+                log.warning("intra-host group of generation %d did not form: %s", generation, _short(exc))
             self.state.forming_done(generation, tag, False)
             return
         if self.state.forming != (generation, tag):
@@ -162,13 +142,27 @@ class IntraHostGroup:
                  time.monotonic() - started, generation, self.backend, self.slot.rank, self.slot.size,
                  ", ".join(self.members), start)
 
-    def _connect(self, generation: int, tag: str):
+    def _connect(self, generation: int, tag: str, call_off: threading.Event):
         """Blocking: form the group; its first collective proves it and gathers the
-        members' rounds, which give the round it is used from."""
+        members' rounds, which give the round it is used from.
+
+        The members check in on the store first and wait for each other in short
+        polls, so a forming that is called off (a newer generation, the worker
+        closing) ends within CHECK_IN_POLL_S rather than after FORM_TIMEOUT_S; the
+        process group is made once all are there (still within FORM_TIMEOUT_S: on
+        a loaded machine a member may take seconds from its check-in to the group)."""
         files = dist.FileStore(str(self.directory / store_name(generation)), self.slot.size)
         files.set_timeout(self.form_timeout)
         store = dist.PrefixStore(f"{tag}/", files)
         rank, size = self.slot.rank, self.slot.size
+        store.add("arrived", 1)
+        deadline = time.monotonic() + self.form_timeout.total_seconds()
+        while store.add("arrived", 0) < size:
+            if call_off.wait(CHECK_IN_POLL_S):
+                raise IntraHostError("called off")
+            if time.monotonic() > deadline:
+                raise IntraHostError(f"only {store.add('arrived', 0)} of {size} members came in "
+                                     f"{self.form_timeout.total_seconds():.0f}s")
         if self.backend == "gloo":
             options = dist.ProcessGroupGloo._Options()
             options._timeout = self.form_timeout
@@ -188,17 +182,33 @@ class IntraHostGroup:
             return pg, start_round([int(t) for t in every])
 
     async def run(self, fn: Callable[..., T], *args) -> T:
-        """A blocking collective in a thread (the event loop keeps serving partners);
-        a failure breaks the group until the daemon writes a new generation."""
+        """A blocking collective in a thread (the event loop keeps serving partners).
+        Any failure (a reset, a timeout, anything torch.distributed raises) breaks
+        the group: the round falls back to the bulk lane, and the generation is
+        moved on so that the members re-form (peerd.core.intrahost.GroupState.rebuild)."""
         try:
             return await asyncio.to_thread(fn, *args)
-        except (RuntimeError, ValueError) as exc:
-            generation = self.generation
-            self.state.broke()
-            self._drop()
-            log.warning("intra-host group of generation %s failed: %s; the bulk lane carries the group stage "
-                        "until the daemon re-forms it", generation, _short(exc))
+        except asyncio.CancelledError:
+            # An overlapped round given up mid-collective: the others wait for this
+            # member's next collectives in vain, so the group is over for all.
+            self._break("the round was given up mid-collective")
+            raise
+        except Exception as exc:  # noqa: BLE001 - a broken collective is never a reason to crash the worker
+            self._break(_short(exc))
             raise IntraHostError(f"intra-host collective failed: {_short(exc)}") from None
+
+    def _break(self, why: str) -> None:
+        generation = self.generation
+        self.state.broke()
+        self._drop()
+        past = self.state.rebuild()
+        if past is not None:
+            try:
+                advance(self.directory, past)
+            except OSError as error:
+                log.warning("intra-host rendezvous %s not writable: %s", self.directory, error)
+        log.warning("intra-host group of generation %s failed: %s; the bulk lane carries the group stage "
+                    "until it re-forms", generation, why)
 
     # Blocking collectives: call them through run().
 
@@ -245,6 +255,7 @@ class IntraHostGroup:
             _abort(pg)
 
     async def aclose(self) -> None:
+        self._call_off.set()
         if self._forming is not None and not self._forming.done():
             self._forming.cancel()
             await asyncio.gather(self._forming, return_exceptions=True)
@@ -291,96 +302,6 @@ def _abort(pg) -> None:
 def _short(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"
-
-
-async def intrahost_round(
-    group: IntraHostGroup,
-    plan: GroupPlan,
-    me: str,
-    addresses: dict[str, str],
-    vector: torch.Tensor,
-    recv: torch.Tensor,
-    layout: list[Span],
-    transport: Transport,
-    stages: StageStore,
-    deadline_s: float,
-    clipper: PullClipper | None = None,
-    wire_dtype: torch.dtype = torch.float32,
-    out: torch.Tensor | None = None,
-) -> RoundResult | None:
-    """hierarchical_round with the inner stage on the intra-host group (same
-    arguments, same result); None: the group is not usable for this round, and
-    `vector` (and `out`) are as they were, so the caller runs hierarchical_round."""
-    del wire_dtype  # members get the owner's mix as exact fp32 over the group; only stage 1 crosses hosts
-    started = time.monotonic()
-    key = round_key(plan.round, plan.group, plan.owners, plan.sources) if covers(plan.group, group.members) \
-        else NOT_COVERING
-    if not await group.enter(plan.round, key):
-        return None
-    work = recv if out is None else out  # the new state; `vector` stays as it was until the round succeeds
-    try:
-        await group.run(group.mean_into_, vector, work)
-    except IntraHostError:
-        return None
-    owned = plan.owned_by(me)
-    others = [m for m in plan.group if m != me]
-    partners = {plan.sources[s] for s in owned if plan.sources[s] is not None}
-    result = RoundResult(plan.round, frozenset({*others, *partners}))
-    result.reached.update(others)
-    if len(plan.groups) > 1:
-        await _cross_hosts(group, plan, me, addresses, vector, work, layout, transport, stages, deadline_s,
-                           clipper, result, started)
-    group.rounds += 1
-    gaps = [relative_gap(vector[s.start : s.stop], work[s.start : s.stop]) for s in layout]
-    result.disagreement = sum(gaps) / len(gaps)
-    if out is None:
-        vector.copy_(work)
-    result.seconds = time.monotonic() - started
-    return result
-
-
-async def _cross_hosts(group: IntraHostGroup, plan: GroupPlan, me: str, addresses: dict[str, str],
-                       vector: torch.Tensor, work: torch.Tensor, layout: list[Span], transport: Transport,
-                       stages: StageStore, deadline_s: float, clipper: PullClipper | None, result: RoundResult,
-                       started: float) -> None:
-    """Stages 2 and 3: owners mix with the partner groups over the transport, then
-    each mixed segment goes to the group by broadcast from its owner."""
-    owned = plan.owned_by(me)
-    await stages.begin(plan.round, owned)
-    for s in owned:  # stage 1, for the partner groups' owners
-        await stages.put(plan.round, 1, s, work[layout[s].start : layout[s].stop].clone())
-
-    async def mix(s: int) -> None:
-        span, source = layout[s], plan.sources[s]
-        mean = work[span.start : span.stop]
-        theirs = torch.empty(span.size)
-        address = addresses.get(source)
-        try:
-            if address is None:
-                raise PeerUnavailable(f"{source} has no address in this view")
-            budget = max(0.0, started + deadline_s * 2 / 3 - time.monotonic())
-            await asyncio.wait_for(transport.fetch_segment(address, plan.round, s, theirs, budget, 1), budget)
-        except (PeerdError, TimeoutError) as exc:
-            record_failure(result, source, plan.round, exc)
-        else:
-            result.reached.add(source)
-            result.clipped += clip_pull(mean, theirs, clipper) < 1.0
-            mean.mul_(1 - plan.weight).add_(theirs, alpha=plan.weight)
-        await stages.put(plan.round, 2, s, mean.clone())  # for a sibling that fell back
-
-    await asyncio.gather(*(mix(s) for s in owned if plan.sources[s] is not None))
-    mixed = [s for s in range(len(layout)) if plan.sources[s] is not None]
-    for k, s in enumerate(mixed):  # the same order on every member
-        span = layout[s]
-        try:
-            await group.run(group.broadcast_, work[span.start : span.stop], group.rank_of(plan.owners[s]))
-        except IntraHostError:
-            # A segment not (fully) received keeps this member's own value, as a miss does.
-            for t in mixed[k:]:
-                if plan.owners[t] != me:
-                    work[layout[t].start : layout[t].stop].copy_(vector[layout[t].start : layout[t].stop])
-                    result.misses += 1
-            return
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -31,6 +31,8 @@ from peerd.errors import PeerdError
 from peerd.worker.correction import PendingRound
 from peerd.worker.gossip import RoundResult, gossip_round
 from peerd.worker.hierarchy import hierarchical_round
+from peerd.worker.intrahost import IntraHostGroup
+from peerd.worker.intrahost_round import intrahost_round
 from peerd.worker.snapshots import SnapshotStore, StageStore
 from peerd.worker.transport import Transport
 
@@ -66,12 +68,15 @@ def flat_exchange(
 def hierarchical_exchange(
     plan: GroupPlan, me: str, addresses: dict[str, str], layout: list[Span], transport: Transport,
     stages: StageStore, deadline_s: float, clipper: PullClipper | None = None,
-    wire_dtype: torch.dtype = torch.float32,
+    wire_dtype: torch.dtype = torch.float32, intrahost: IntraHostGroup | None = None,
 ) -> Exchange:
-    """A hierarchical round (peerd.worker.hierarchy) as an overlapped exchange."""
-    def run(b: RoundBuffers) -> Awaitable[RoundResult]:
-        return hierarchical_round(plan, me, addresses, b.snapshot, b.recv, layout, transport, stages, deadline_s,
-                                  clipper, wire_dtype, out=b.out)
+    """A hierarchical round (peerd.worker.hierarchy) as an overlapped exchange;
+    with `intrahost`, its group stage on the daemon's intra-host group when the
+    members agree (peerd.worker.intrahost_round), else over the transport."""
+    async def run(b: RoundBuffers) -> RoundResult:
+        args = (plan, me, addresses, b.snapshot, b.recv, layout, transport, stages, deadline_s, clipper, wire_dtype)
+        result = await intrahost_round(intrahost, *args, out=b.out) if intrahost is not None else None
+        return result if result is not None else await hierarchical_round(*args, out=b.out)
     return run
 
 

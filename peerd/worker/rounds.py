@@ -23,7 +23,8 @@ from peerd.core.topology import plan_round
 from peerd.jobspec import JobSpec
 from peerd.worker.gossip import RoundResult, gossip_round
 from peerd.worker.hierarchy import hierarchical_round
-from peerd.worker.intrahost import IntraHostGroup, intrahost_round
+from peerd.worker.intrahost import IntraHostGroup
+from peerd.worker.intrahost_round import intrahost_round
 from peerd.worker.link import SupervisorLink
 from peerd.worker.overlap import Exchange, OverlapRunner, flat_exchange, hierarchical_exchange
 from peerd.worker.snapshots import WIRE_DTYPES, SnapshotStore, StageStore
@@ -148,7 +149,7 @@ class Rounds:
         plan, deadline = planned
         if self.spec.gossip.mode == "hierarchical":
             return hierarchical_exchange(plan, self.me, view, self.layout, self.transport, self.stages, deadline,
-                                         self.clipper, WIRE_DTYPES[self.spec.gossip.wire]), deadline
+                                         self.clipper, WIRE_DTYPES[self.spec.gossip.wire], self.intrahost), deadline
         return flat_exchange(plan, view, self.layout, self.transport, deadline, self.clipper), deadline
 
     async def run_overlapped(self, round_: int, view: dict[str, str], capture) -> RoundResult | None:

@@ -23,6 +23,13 @@ from peerd.core.segments import Span, chunk_spans, split_even
 from peerd.errors import InvalidMessage, JobMismatch, RoundMismatch
 
 KEEP_ROUNDS = 2
+FINAL_STAGE = 3  # a request's stage for the final model (the consensus at the job's end)
+
+
+def stage_wire(stage: int, wire: str) -> str:
+    """The final model travels in fp32 whatever the job's wire: every peer must
+    sum exactly the values the others sum (its own included)."""
+    return "fp32" if stage == FINAL_STAGE else wire
 
 
 @dataclass(frozen=True)
@@ -188,6 +195,47 @@ class StageStore:
             return value
 
 
+class FinalStore:
+    """A finished worker's final model, served as stage 3 for the consensus
+    (peerd.worker.consensus). A request waits up to its wait_s for the model;
+    one to a worker that will never publish it (it left) is refused at once."""
+
+    def __init__(self) -> None:
+        self.vector: torch.Tensor | None = None
+        self.finished = False  # no final model will come
+        self.served = 0  # segments streamed whole: the finish waits for its set's reads
+        self._changed = asyncio.Condition()
+
+    async def publish(self, vector: torch.Tensor) -> None:
+        async with self._changed:
+            self.vector = vector
+            self._changed.notify_all()
+
+    async def finish(self) -> None:
+        async with self._changed:
+            self.finished = True
+            self._changed.notify_all()
+
+    async def get(self, wait_s: float) -> torch.Tensor:
+        async with self._changed:
+            await wait_until(self._changed, lambda: self.vector is not None or self.finished, wait_s)
+            if self.vector is None:
+                why = "left the job" if self.finished else "still training"
+                raise RoundMismatch(f"no final model here (peer {why})", -1)
+            return self.vector
+
+    async def wait_served(self, reads: int, wait_s: float) -> bool:
+        """Wait until `reads` segments were streamed (or wait_s passed)."""
+        async with self._changed:
+            await wait_until(self._changed, lambda: self.served >= reads, wait_s)
+            return self.served >= reads
+
+    async def note_served(self) -> None:
+        async with self._changed:
+            self.served += 1
+            self._changed.notify_all()
+
+
 WIRE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -205,11 +253,12 @@ class SegmentServer:
 
     def __init__(
         self, identity: Identity, store: SnapshotStore, segments: int, chunk_elems: int,
-        stages: StageStore | None = None, wire: str = "fp32",
+        stages: StageStore | None = None, wire: str = "fp32", final: FinalStore | None = None,
     ) -> None:
         self.identity = identity
         self.store = store
         self.stages = stages or StageStore()
+        self.final = final or FinalStore()
         self.chunk_elems = chunk_elems
         self.wire = wire
         self.layout: list[Span] = split_even(store.numel, segments)
@@ -225,9 +274,15 @@ class SegmentServer:
         check_identity(self.identity, job, fingerprint)
         if not 0 <= segment < len(self.layout):
             raise InvalidMessage(f"segment {segment} out of range 0..{len(self.layout) - 1}", "bad_segment")
-        if stage not in (0, 1, 2):
-            raise InvalidMessage(f"stage {stage} out of range 0..2", "bad_segment")
+        if stage not in (0, 1, 2, FINAL_STAGE):
+            raise InvalidMessage(f"stage {stage} out of range 0..{FINAL_STAGE}", "bad_segment")
         span = self.layout[segment]
+        if stage == FINAL_STAGE:
+            vector = await self.final.get(wait_s)
+            for piece in chunk_spans(span.size, chunk_elems):
+                yield piece.start, span.size, to_wire(vector[span.start + piece.start : span.start + piece.stop], "fp32")
+            await self.final.note_served()
+            return
         if stage:
             value = await self.stages.get(round_, stage, segment, wait_s)
             for piece in chunk_spans(span.size, chunk_elems):

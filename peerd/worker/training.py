@@ -351,11 +351,19 @@ class Trainer:
         self._loader_iter = None
 
 
+def model_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's state_dict, copied to the CPU (the file loads on any machine)."""
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+
 def save_model(model: nn.Module, path: Path, **info: object) -> None:
     """Write the model as a plain state_dict (`model.load_state_dict(torch.load(path))`
-    works without peerd), atomically, with `info` beside it as JSON (model.json).
-    Tensors are saved from the CPU, so the file loads on any machine."""
-    state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    works without peerd), atomically, with `info` beside it as JSON (model.json)."""
+    write_model(model_state(model), path, **info)
+
+
+def write_model(state: dict[str, torch.Tensor], path: Path, **info: object) -> None:
+    """save_model for a state_dict already taken (`model_state`)."""
     _write_atomic(path, lambda f: torch.save(state, f))
     text = json.dumps(info, indent=1, sort_keys=True, default=float) + "\n"
     _write_atomic(path.with_suffix(".json"), lambda f: f.write(text.encode()))

@@ -25,8 +25,8 @@ from peerd.proto.v1 import peer_pb2
 from peerd.rejections import Rejections
 from peerd.tls import TlsMaterial, open_channel
 from peerd.worker.bulk_client import BulkClient
-from peerd.worker.codec import ChunkView, decode_segment_chunk, fill_values
-from peerd.worker.snapshots import Identity, SegmentServer
+from peerd.worker.codec import ROUND_CHECKED_STAGES, ChunkView, decode_segment_chunk, fill_values
+from peerd.worker.snapshots import Identity, SegmentServer, stage_wire
 from peerd.worker.state import StateMeta, StatePart, StateServer, verify_part
 
 log = logging.getLogger("peerd.worker")
@@ -174,7 +174,7 @@ class GrpcTransport:
                 chunk = _decode_segment_chunk(raw, round_, segment)
                 if reply is not None:
                     reply.update_fields(chunk.round, chunk.segment, chunk.offset, chunk.total, chunk.data.nbytes)
-                filled = fill_values(out, chunk.offset, chunk.total, chunk.data, filled, self._wire)
+                filled = fill_values(out, chunk.offset, chunk.total, chunk.data, filled, stage_wire(stage, self._wire))
             if filled != out.numel():
                 raise PeerUnavailable(f"{address} ended segment {segment} after {filled}/{out.numel()} elements")
             if reply is not None:
@@ -299,8 +299,9 @@ class MemoryTransport:
                 self._identity.job, self._identity.fingerprint, round_, segment, timeout, stage
             )
             async with aclosing(chunks):
-                async for offset, total, data in chunks:
-                    filled = fill_values(out, offset, total, data, filled, self._wire)
+                async for offset, total, data in chunks:  # checked as the bulk lane checks
+                    filled = fill_values(out, offset, total, data, filled, stage_wire(stage, self._wire),
+                                         check_finite=stage not in ROUND_CHECKED_STAGES)
 
         try:
             await asyncio.wait_for(pull(), timeout)

@@ -1,0 +1,605 @@
+#!/usr/bin/env python
+"""Capped links: time to accuracy of peerd against DDP, per-peer utilisation, bytes
+per peer per round and a newcomer's join time, through real network namespaces
+shaped by tc tbf (issue 17).
+
+One invocation builds a bridge and one namespace per peer (peerd.soak.netns: veth
+pairs, a tbf cap on each peer's link, both ways) and starts 5 real daemons in them
+(peerd.soak.peers; zeroconf bound to the namespaces' addresses only). Four of them
+train, slowed 1, 1, 2, 4 (a peer with F sleeps (F − 1) × each step's compute); the
+fifth is the newcomer. For each cap in --caps (default 1000 and 100 Mbit/s), the
+links are reshaped and each variant trains the same ~12M-parameter MLP
+(bench/jobs/bw_mlp.py, 784 → 3072 → 3072 → 10) on the bundled MNIST digits, from
+the same seed, at global batch 4 × 32, SGD lr 0.05 momentum 0.9, constant LR:
+
+  ddp           torch.distributed, gloo through the same namespaces and caps (each
+                rank runs under `ip netns exec`, GLOO_SOCKET_IFNAME = its veth,
+                FileStore rendezvous): after every step the flat gradient is
+                all-reduced, as DDP does (one 48 MB all-reduce instead of DDP's
+                25 MB buckets overlapped with the backward); every step waits for
+                the slowest rank. Rank 0 evaluates every 8 steps.
+  peerd         peerd's crossover gossip every 8 local steps, fp32 wire, no overlap,
+                dynamic batches (global_batch = 128: each peer's batch follows its
+                speed, as bench/dbs.py's `dbs`; without them every round waits for
+                the 4× slower peer)
+  overlap       the same with [gossip] overlap = true
+  overlap-bf16  the same with a bf16 wire as well
+
+peerd variants evaluate every 2 rounds (each peer its own model; the curve is the
+mean of the peers' latest values; the best peer's is printed and kept beside it). Every variant stops when the target accuracy is
+reached or after --budget seconds of training. Reported per variant and cap: time
+to --target, its ratio to DDP's, each peer's utilisation = time in steps (the
+slowdown's sleep included) / wall time, over the window from its first to its last
+sample (evaluations and exchanges that block count as idle), and the bytes each
+peer sent plus received per round (DDP: per step), counted at its bridge port, so
+the headers of every protocol and zeroconf's few packets are in.
+
+After the `overlap` variant at the first cap of --join-cap (default 1000), the
+newcomer joins the running job by name; its join time (join → first step on the
+pulled state, with a standby worker) is set against the bytes it received
+meanwhile divided by its link's rate; goal ≤ 1.2 × that + 1 s.
+
+    sudo .venv/bin/python bench/bandwidth.py --out /tmp/bw --png docs/img/bandwidth.png
+    sudo .venv/bin/python bench/bandwidth.py --slowdowns 1,1,1,1 --budget 90 --join-cap 0
+    sudo .venv/bin/python bench/bandwidth.py --caps 1000 --variants ddp,overlap --budget 90
+    .venv/bin/python bench/bandwidth.py --replot /tmp/bw/summary.json --png /tmp/bw.png
+
+The first took 20 min on 2 vCPUs at load 9-23 (8 runs of at most --budget = 120 s
+of training, each with ~30-60 s of worker start and leave; DDP at 100 Mbit/s and the
+variants that miss the target use the whole budget); the second 11 min. A run
+leaves ~2.3 GB under --out (summary.json, table.md, logs, and the 95 MB checkpoint
+each worker keeps when it leaves a job): delete it when done.
+
+Needs root (network namespaces, tc); on the host nothing but the namespaces' own
+names is touched. Every daemon, worker and rank is stopped by PID and every
+namespace removed at the end, also on errors, Ctrl+C and SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tomli_w
+from _harness import ROOT, TOOK_STATE, poll_until, run_main
+from join import stamp_of
+
+from peerd.core.codes import ENDED_STATES, WorkerState
+from peerd.errors import PeerdError
+from peerd.soak.netns import Namespaces, namespaces_unavailable
+from peerd.soak.peers import STOP_TIMEOUT_S, SoakPeer, slowdown_table
+
+JOBS = ROOT / "bench" / "jobs"
+VARIANTS = {"ddp": None, "peerd": (False, "fp32"), "overlap": (True, "fp32"), "overlap-bf16": (True, "bf16")}
+GLOBAL_BATCH = 128
+LR = 0.05
+PERIOD_STEPS = 8
+DDP_EVAL_EVERY = 8  # steps
+PEERD_EVAL_ROUNDS = 2  # each peer evaluates every 2 × PERIOD_STEPS of its own steps
+POLL_S = 0.5
+START_S = 150.0  # a variant's workers/ranks to start training
+JOIN_S = 120.0
+
+# ---------------------------------------------------------------- pure parts
+
+
+def utilisation(points: list[tuple[float, float]]) -> float:
+    """Compute share of the wall time between a peer's first and last (t, compute_s)
+    samples; NaN with fewer than two samples or no time between them."""
+    if len(points) < 2 or points[-1][0] <= points[0][0]:
+        return math.nan
+    (t0, c0), (t1, c1) = points[0], points[-1]
+    return (c1 - c0) / (t1 - t0)
+
+
+def time_to_target(curve: list[tuple[float, float]], target: float) -> float:
+    """The first time the metric reaches the target; NaN if it never does."""
+    return next((t for t, m in curve if m >= target), math.nan)
+
+
+def bytes_per_round(before: tuple[int, int], after: tuple[int, int], rounds: int) -> float:
+    """(sent + received) bytes between two (sent, received) counter readings, per round."""
+    if rounds <= 0:
+        return math.nan
+    return ((after[0] - before[0]) + (after[1] - before[1])) / rounds
+
+
+def link_seconds(nbytes: float, mbit: float) -> float:
+    return nbytes * 8 / (mbit * 1e6)
+
+
+def join_goal_s(state_bytes: float, mbit: float) -> float:
+    """The issue's goal for a join: 1.2 × the state's bytes / the link's rate, + 1 s."""
+    return 1.2 * link_seconds(state_bytes, mbit) + 1.0
+
+
+@dataclass
+class Result:
+    variant: str
+    cap: float
+    curve: list[tuple[float, float]]
+    utilisation: list[float]
+    bytes_per_round: list[float]
+    steps_per_round: int
+    wall_s: float
+    rounds: list[int] = field(default_factory=list)
+    best: list[tuple[float, float]] = field(default_factory=list)  # peerd: the best peer's latest metric
+
+    def time_to(self, target: float) -> float:
+        return time_to_target(self.curve, target)
+
+
+def fmt_time(seconds: float, budget: float) -> str:
+    return f"{seconds:.0f}" if seconds == seconds else f"> {budget:.0f} (not reached)"
+
+
+def table(results: list[Result], target: float, budget: float) -> str:
+    """The markdown table: variant × cap, ratios to the same cap's DDP."""
+    lines = [f"| cap (Mbit/s) | variant | time to {target} (s) | × DDP | utilisation min / mean | "
+             "MB per peer per round (in + out) | steps per round |",
+             "|---|---|---|---|---|---|---|"]
+    for r in results:
+        base = next((b for b in results if b.cap == r.cap and b.variant == "ddp"), None)
+        t, tb = r.time_to(target), base.time_to(target) if base else math.nan
+        if r.variant == "ddp" or base is None:
+            ratio = "—"
+        elif t == t and tb == tb:
+            ratio = f"{t / tb:.2f}"
+        elif t == t:  # DDP did not reach it within the budget
+            ratio = f"< {t / budget:.2f}"
+        else:
+            ratio = "n/a"
+        us = [u for u in r.utilisation if u == u]
+        util = f"{min(us):.2f} / {sum(us) / len(us):.2f}" if us else "n/a"
+        mb = [b / 1e6 for b in r.bytes_per_round if b == b]
+        traffic = f"{sum(mb) / len(mb):.1f}" if mb else "n/a"
+        lines.append(f"| {r.cap:g} | {r.variant} | {fmt_time(t, budget)} | {ratio} | {util} | {traffic} | "
+                     f"{r.steps_per_round} |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- arguments
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--caps", default="1000,100", help="link caps in Mbit/s, in turn (default 1000,100)")
+    p.add_argument("--variants", default=",".join(VARIANTS),
+                   help=f"which to run at each cap, in order (default {','.join(VARIANTS)})")
+    p.add_argument("--budget", type=float, default=120.0,
+                   help="seconds of training at most per variant and cap (default 120)")
+    p.add_argument("--target", type=float, default=0.9, help="test accuracy to reach (default 0.9)")
+    p.add_argument("--slowdowns", default="1,1,2,4", help="per-peer slowdown factors (default 1,1,2,4)")
+    p.add_argument("--join-cap", type=float, default=1000.0,
+                   help="measure the newcomer's join at this cap, after `overlap` (0: no join; default 1000)")
+    p.add_argument("--out", type=Path, default=None, help="results folder (default runs/bandwidth-TIMESTAMP)")
+    p.add_argument("--png", type=Path, default=ROOT / "docs" / "img" / "bandwidth.png", help="where the plot goes")
+    p.add_argument("--replot", type=Path, default=None, metavar="SUMMARY",
+                   help="only redraw the plot and the table from a run's summary.json")
+    # Internal: one DDP rank.
+    p.add_argument("--ddp-rank", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--ddp-store", default="", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.cap_list = [float(c) for c in args.caps.split(",")]
+    args.variant_list = args.variants.split(",")
+    args.slowdown_list = [float(f) for f in args.slowdowns.split(",")]
+    if unknown := [v for v in args.variant_list if v not in VARIANTS]:
+        p.error(f"unknown variants {unknown}: choose from {', '.join(VARIANTS)}")
+    if any(c <= 0 for c in args.cap_list) or any(f < 1 for f in args.slowdown_list):
+        p.error("caps must be > 0 and slowdowns ≥ 1")
+    return args
+
+
+# ---------------------------------------------------------------- the testbed
+
+
+class Testbed:
+    """The namespaces and the daemons (trainers, then the newcomer); close() removes all."""
+
+    def __init__(self, args: argparse.Namespace, out: Path) -> None:
+        self.args = args
+        self.out = out
+        self.net = Namespaces(secrets.token_hex(2))
+        self._sockets = Path(tempfile.mkdtemp(prefix="peerd-bw-"))
+        self.peers: list[SoakPeer] = []
+
+    @property
+    def trainers(self) -> list[SoakPeer]:
+        return self.peers[: len(self.args.slowdown_list)]
+
+    @property
+    def newcomer(self) -> SoakPeer:
+        return self.peers[-1]
+
+    def open(self) -> None:
+        if slowdown_table() != "worker":
+            raise PeerdError("this build's daemon takes no [worker] slowdown setting")
+        self.net.open()
+        realm = f"bw-{self.net.tag}"
+        factors = [*self.args.slowdown_list, 1.0]  # the newcomer last, at full speed
+        for i, factor in enumerate(factors):
+            net = self.net.add_peer(i, 0.0)
+            peer = SoakPeer(i, self.out / "peers" / f"peer-{i}", self._sockets / f"p{i}.sock", net, slowdown=factor)
+            peer.dir.mkdir(parents=True, exist_ok=True)
+            # Only the newcomer keeps a standby worker: the trainers' would only load the CPUs.
+            trainer = i < len(factors) - 1
+            peer.write_config(realm, None, f"\n[worker]\nslowdown = {factor}\nstandby = {str(not trainer).lower()}\n")
+            self.peers.append(peer)
+        if not self.net.multicast_crosses(0, 1):
+            raise PeerdError("multicast does not cross the bridge: zeroconf could not work")
+        for peer in self.peers:
+            peer.start()
+        for peer in self.peers:
+            peer.wait_ready()
+        n = len(self.peers) - 1
+        poll_until(lambda: all(_status(p).peers_known >= n for p in self.peers), 60, "every daemon to see the others")
+
+    def shape(self, mbit: float) -> None:
+        for i in self.net.peers:
+            self.net.shape(i, mbit, both_ways=True)
+
+    def close(self) -> None:
+        for peer in self.peers:
+            peer.terminate()
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for peer in self.peers:
+            peer.reap(deadline)
+        errors = self.net.close()
+        for sock in self._sockets.glob("*"):
+            sock.unlink(missing_ok=True)
+        self._sockets.rmdir()
+        if errors:
+            print("teardown: " + "; ".join(errors), file=sys.stderr)
+
+
+def _status(peer: SoakPeer):
+    with peer.client() as c:
+        return c.status()
+
+
+def _job(peer: SoakPeer, name: str):
+    return next((j for j in _status(peer).jobs if j.name == name), None)
+
+
+# ---------------------------------------------------------------- DDP
+
+
+def ddp_rank(args: argparse.Namespace) -> None:
+    """One rank, inside its namespace: train until rank 0 says stop (target or budget)."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    import bw_mlp
+
+    rank, world = args.ddp_rank, len(args.slowdown_list)
+    slowdown = args.slowdown_list[rank]
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{args.ddp_store}", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    model = bw_mlp.make_model()
+    train, test = bw_mlp.make_datasets()
+    x, y = train.tensors
+    params = list(model.parameters())
+    opt = torch.optim.SGD(params, lr=LR, momentum=0.9, weight_decay=0.0001)
+    local = GLOBAL_BATCH // world
+    per_rank = len(y) // world
+    log = open(args.out / f"ddp-{rank}.jsonl", "w", buffering=1)
+    dist.barrier()
+    t0 = time.perf_counter()
+    compute, step, stop, epoch = 0.0, 0, False, 0
+    while not stop:
+        shard = torch.randperm(len(y), generator=torch.Generator().manual_seed(1000 + epoch))[rank::world]
+        for start in range(0, per_rank - local + 1, local):
+            began = time.perf_counter()
+            idx = shard[start : start + local]
+            model.train()
+            opt.zero_grad(set_to_none=True)
+            nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
+            time.sleep((slowdown - 1.0) * (time.perf_counter() - began))
+            compute += time.perf_counter() - began
+            row = {"t": time.perf_counter() - t0, "step": step, "compute_s": compute}
+            flag = 0.0
+            if rank == 0 and step % DDP_EVAL_EVERY == 0 and step:
+                row["accuracy"] = _accuracy(model, test)
+                flag = float(row["accuracy"] >= args.target or row["t"] > args.budget)
+            flat = torch.cat([p.grad.reshape(-1) for p in params] + [torch.tensor([flag])])
+            dist.all_reduce(flat)  # waits for the slowest rank
+            flat /= world
+            torch.nn.utils.vector_to_parameters(flat[:-1], [p.grad for p in params])
+            opt.step()
+            step += 1
+            log.write(json.dumps(row) + "\n")
+            if flat[-1] > 0:
+                stop = True
+                break
+        epoch += 1
+    log.close()
+    dist.destroy_process_group()
+
+
+def _accuracy(model, test) -> float:
+    import torch
+
+    model.eval()
+    x, y = test.tensors
+    with torch.no_grad():
+        return float((model(x).argmax(1) == y).float().mean())
+
+
+def run_ddp(bed: Testbed, cap: float, out: Path) -> Result:
+    out.mkdir(parents=True, exist_ok=True)
+    store = out / "rendezvous"
+    args = bed.args
+    procs = []
+    env = dict(os.environ)
+    before = bed.net.counters()
+    try:
+        for rank, peer in enumerate(bed.trainers):
+            cmd = peer.net.command([sys.executable, __file__, "--ddp-rank", str(rank), "--ddp-store", str(store),
+                                    "--out", str(out), "--slowdowns", args.slowdowns, "--target", str(args.target),
+                                    "--budget", str(args.budget)])
+            with open(out / f"ddp-{rank}.log", "wb") as log:
+                procs.append(subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+                                              start_new_session=True,
+                                              env=env | {"GLOO_SOCKET_IFNAME": peer.net.veth, "OMP_NUM_THREADS": "1"}))
+        deadline = time.monotonic() + args.budget + START_S
+        for proc in procs:
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        if any(p.returncode for p in procs):
+            raise PeerdError(f"a DDP rank failed; see {out}/ddp-*.log")
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)  # its own session: the rank, nothing else
+                proc.wait()
+    after = bed.net.counters()
+    ranks = [[json.loads(line) for line in open(out / f"ddp-{r}.jsonl")] for r in range(len(procs))]
+    steps = len(ranks[0])
+    return Result("ddp", cap, curve=[(row["t"], row["accuracy"]) for row in ranks[0] if "accuracy" in row],
+                  utilisation=[utilisation([(row["t"], row["compute_s"]) for row in r]) for r in ranks],
+                  bytes_per_round=[bytes_per_round(before[i], after[i], steps) for i in range(len(procs))],
+                  steps_per_round=1, wall_s=ranks[0][-1]["t"], rounds=[steps] * len(procs))
+
+
+# ---------------------------------------------------------------- peerd
+
+
+def job_text(name: str, overlap: bool, wire: str) -> str:
+    return tomli_w.dumps({
+        "job": {"name": name, "module": "bw_mlp", "metric": "accuracy", "seed": 0, "init": "shared",
+                "data_mode": "shared", "local_batch": GLOBAL_BATCH // 4, "epochs": 1000.0,
+                "eval_every_rounds": PEERD_EVAL_ROUNDS,
+                # Batches that follow each peer's speed (bench/dbs.py), so no one waits for the slowest.
+                "global_batch": GLOBAL_BATCH, "min_local_batch": 4, "rebalance_rounds": 2,
+                "rebalance_threshold": 0.1},
+        "optimizer": {"name": "sgd", "lr": LR, "momentum": 0.9, "weight_decay": 0.0001, "schedule": "constant",
+                      "reference_batch": GLOBAL_BATCH},
+        "gossip": {"period_steps": PERIOD_STEPS, "segments": 8, "overlap": overlap, "wire": wire},
+        "checkpoint": {"every_rounds": 0, "every_s": 0.0},
+    })
+
+
+def run_peerd(bed: Testbed, variant: str, cap: float, out: Path, join: bool) -> tuple[Result, dict | None]:
+    args = bed.args
+    overlap, wire = VARIANTS[variant]
+    name = f"bw-{variant}-{cap:g}"
+    text = job_text(name, overlap, wire)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "job.toml").write_text(text)
+    for peer in bed.trainers:
+        with peer.client(timeout_s=30.0) as c:
+            c.join(text, str(JOBS))
+    points: list[list[tuple[float, float]]] = [[] for _ in bed.trainers]
+    curve, best, t0, before, joined = [], [], None, {}, None
+    deadline = time.monotonic() + args.budget + START_S
+    try:
+        while time.monotonic() < deadline:
+            now = time.monotonic()
+            jobs = [_job(p, name) for p in bed.trainers]
+            if any(j is not None and j.state == WorkerState.FAILED for j in jobs):
+                raise PeerdError(f"{variant} at {cap:g} Mbit/s: a worker failed; see {bed.out / 'peers'}")
+            if t0 is None and any(j is not None and j.progress.step > 0 for j in jobs):
+                t0, before = now, bed.net.counters()
+            if t0 is not None:
+                t = now - t0
+                for k, j in enumerate(jobs):
+                    if j is not None and j.progress.step > 0 and j.state == WorkerState.RUNNING:
+                        points[k].append((t, j.progress.compute_s))
+                metrics = [j.progress.metric if j is not None else math.nan for j in jobs]
+                if all(m == m for m in metrics):
+                    curve.append((t, sum(metrics) / len(metrics)))
+                if any(m == m for m in metrics):
+                    best.append((t, max(m for m in metrics if m == m)))
+                if ((curve and curve[-1][1] >= args.target) or t > args.budget
+                        or all(j is not None and j.state in ENDED_STATES for j in jobs)):
+                    break
+            time.sleep(POLL_S)
+        after = bed.net.counters()
+        rounds = [j.progress.round if j is not None else 0 for j in jobs]
+        if join:
+            joined = measure_join(bed, name, cap)
+    finally:
+        _leave(bed, name)
+    if t0 is None:
+        raise PeerdError(f"{variant} at {cap:g} Mbit/s: no worker trained within {START_S:.0f}s")
+    result = Result(variant, cap, curve=curve, utilisation=[utilisation(p) for p in points],
+                    bytes_per_round=[bytes_per_round(before[i], after[i], r) for i, r in enumerate(rounds)],
+                    steps_per_round=PERIOD_STEPS, wall_s=t, rounds=rounds, best=best)
+    return result, joined
+
+
+def measure_join(bed: Testbed, name: str, cap: float) -> dict:
+    """The newcomer joins `name` by name; from then to its first step on the pulled state."""
+    newcomer = bed.newcomer
+    def sees() -> bool:
+        with newcomer.client() as c:
+            return any(j.name == name for j in c.jobs().jobs)
+
+    poll_until(sees, 30, "the newcomer to see the job")
+    before = bed.net.counters()[newcomer.index]
+    started = time.time()
+    with newcomer.client(timeout_s=30.0) as c:
+        c.join_by_name(name)
+    log_path = newcomer.dir / "state" / "jobs" / name / "worker.log"
+    log = poll_until(lambda: log_path.exists() and "training from round" in (t := log_path.read_text()) and t,
+                     JOIN_S, "the newcomer's first step")
+    received = bed.net.counters()[newcomer.index][1] - before[1]
+    pulled = re.search(r"took the state of round \d+ .* from (.*) in ([\d.]+)s", log)
+    if pulled is None or TOOK_STATE not in log:
+        raise PeerdError(f"the newcomer did not take the state from its peers:\n{log}")
+    total = stamp_of(log, "training from round") - started
+    return {"cap_mbit": cap, "total_s": total, "pull_s": float(pulled.group(2)), "donors": pulled.group(1),
+            "received_bytes": received, "link_s": link_seconds(received, cap),
+            "goal_s": join_goal_s(received, cap)}
+
+
+def _leave(bed: Testbed, name: str) -> None:
+    """Every daemon leaves the job, all at once; wait (bounded) until none runs a worker of it."""
+    def leave(peer: SoakPeer) -> None:
+        try:
+            with peer.client(timeout_s=30.0) as c:
+                if any(j.name == name for j in c.status().jobs):
+                    c.leave(name)
+        except PeerdError as exc:
+            print(f"{peer.peer_id}: leaving {name}: {exc}", file=sys.stderr)
+
+    with ThreadPoolExecutor(len(bed.peers)) as pool:
+        list(pool.map(leave, bed.peers))
+
+    def gone() -> bool:
+        return all((j := _job(p, name)) is None or j.state in ENDED_STATES or not j.worker_pid for p in bed.peers)
+
+    poll_until(gone, 60, f"every worker of {name} to stop")
+
+
+# ---------------------------------------------------------------- report
+
+
+def plot(results: list[Result], args: argparse.Namespace) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    caps = sorted({r.cap for r in results}, reverse=True)
+    fig, axes = plt.subplots(1, len(caps) + 2, figsize=(4.5 * (len(caps) + 2), 4))
+    colour = {v: f"C{k}" for k, v in enumerate(VARIANTS)}
+    for ax, cap in zip(axes, caps):
+        for r in (r for r in results if r.cap == cap):
+            ax.plot([t for t, _ in r.curve], [m for _, m in r.curve], color=colour[r.variant], marker=".", markersize=3, label=r.variant)
+        ax.axhline(args.target, color="grey", linestyle=":", label=f"target {args.target}")
+        ax.set(xlabel="wall time (s)", ylabel="test accuracy", ylim=(0.5, 1.0), title=f"{cap:g} Mbit/s links")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    labels = [f"{r.variant}\n{r.cap:g}" for r in results]
+    util, traffic = axes[-2], axes[-1]
+    for k, r in enumerate(results):
+        us = [u for u in r.utilisation if u == u]
+        util.scatter([k] * len(us), us, color=colour[r.variant], s=14)
+        mb = [b / 1e6 for b in r.bytes_per_round if b == b]
+        traffic.bar(k, sum(mb) / max(1, len(mb)), color=colour[r.variant])
+    util.axhline(0.85, color="grey", linestyle=":", label="goal 0.85")
+    util.set(ylabel="compute / wall, per peer", ylim=(0, 1.05), title="utilisation")
+    util.legend(fontsize=8)
+    traffic.set(ylabel="MB per peer per round (in + out)", title="traffic (DDP: a round = a step)")
+    for ax in (util, traffic):
+        ax.set_xticks(range(len(results)), labels, fontsize=7)
+    fig.suptitle(f"12M-parameter MLP, MNIST-5k, 4 peers slowed {args.slowdowns}")
+    fig.tight_layout()
+    args.png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(args.png, dpi=100)
+    plt.close(fig)
+
+
+def load_results(summary: Path, args: argparse.Namespace) -> tuple[list[Result], list[dict]]:
+    """The results and joins a run wrote to its summary.json; its target, budget
+    and slowdowns onto args."""
+    data = json.loads(summary.read_text())
+    args.target, args.budget = float(data["args"]["target"]), float(data["args"]["budget"])
+    args.slowdowns = data["args"]["slowdowns"]
+    return [Result(**r) for r in data["results"]], data["joins"]
+
+
+def report(results: list[Result], joins: list[dict], args: argparse.Namespace) -> str:
+    lines = [table(results, args.target, args.budget), ""]
+    for j in joins:
+        ok = "meets" if j["total_s"] <= j["goal_s"] else "misses"
+        lines.append(f"Join at {j['cap_mbit']:g} Mbit/s: {j['total_s']:.2f} s from join to the first step "
+                     f"(state pull {j['pull_s']:.2f} s from {j['donors']}); {j['received_bytes'] / 1e6:.1f} MB "
+                     f"received = {j['link_s']:.2f} s of link; goal ≤ {j['goal_s']:.2f} s: {ok} it")
+    return "\n".join(lines)
+
+
+def save(results: list[Result], joins: list[dict], args: argparse.Namespace) -> None:
+    (args.out / "summary.json").write_text(json.dumps(
+        {"args": {k: str(v) for k, v in vars(args).items()}, "results": [vars(r) for r in results], "joins": joins},
+        indent=2, default=str))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.ddp_rank is not None:
+        sys.path.insert(0, str(JOBS))
+        ddp_rank(args)
+        return 0
+    if args.replot is not None:
+        results, joins = load_results(args.replot, args)
+        args.out = args.replot.parent
+        plot(results, args)
+        print(report(results, joins, args))
+        return 0
+    if why := namespaces_unavailable():
+        print(f"bench/bandwidth.py needs network namespaces: {why}", file=sys.stderr)
+        return 2
+    args.out = (args.out or ROOT / "runs" / time.strftime("bandwidth-%Y%m%d-%H%M%S")).resolve()
+    args.out.mkdir(parents=True, exist_ok=True)
+    # The job's module must be importable by every worker (and the DDP ranks).
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(JOBS), str(ROOT), os.environ.get("PYTHONPATH")]))
+    results, joins = [], []
+    bed = Testbed(args, args.out)
+    try:
+        bed.open()
+        for cap in args.cap_list:
+            bed.shape(cap)
+            for variant in args.variant_list:
+                started = time.monotonic()
+                print(f"{cap:g} Mbit/s, {variant}: training ...", flush=True)
+                where = args.out / f"{variant}-{cap:g}"
+                if variant == "ddp":
+                    result = run_ddp(bed, cap, where)
+                else:
+                    join = variant == "overlap" and cap == args.join_cap and not joins
+                    result, joined = run_peerd(bed, variant, cap, where, join)
+                    joins += [joined] if joined else []
+                results.append(result)
+                print(f"  target at {result.time_to(args.target):.1f}s (best peer: "
+                      f"{time_to_target(result.best, args.target):.1f}s), utilisation "
+                      f"{[round(u, 2) for u in result.utilisation]}, MB/round "
+                      f"{[round(b / 1e6, 1) for b in result.bytes_per_round]}, rounds {result.rounds} "
+                      f"({time.monotonic() - started:.0f}s in all)", flush=True)
+    finally:
+        bed.close()
+    save(results, joins, args)
+    plot(results, args)
+    text = report(results, joins, args)
+    (args.out / "table.md").write_text(text + "\n")
+    print(text)
+    print(f"\nresults in {args.out}; plot {args.png}")
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)
