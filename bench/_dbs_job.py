@@ -21,8 +21,10 @@ from pathlib import Path
 
 import torch
 
-from peerd.examples.mnist import make_datasets, make_model  # noqa: F401  (the job's model and data)
+
 from peerd.worker.jobmodule import default_loss
+
+__all__ = ["make_model", "make_datasets", "loss", "evaluate"]  # the job module's callables
 
 ENV = "PEERD_BENCH_SNAPSHOTS"
 _started = False
