@@ -8,7 +8,9 @@ finds peerd without installing it.
 from __future__ import annotations
 
 import math
+import os
 import queue
+import signal
 import sys
 import time
 import traceback
@@ -157,6 +159,26 @@ def reap(procs: list, conns: list, results) -> None:
         conn.close()
     results.close()
     results.cancel_join_thread()
+
+
+def wait_ranks(procs: list, timeout_s: float, failed: str) -> None:
+    """Wait for subprocess ranks (each started in its own session) for `timeout_s`
+    in all; raise PeerdError(`failed`) if one exited non-zero. Pair with kill_ranks
+    in a `finally`."""
+    deadline = time.monotonic() + timeout_s
+    for proc in procs:
+        proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    if any(p.returncode for p in procs):
+        raise PeerdError(failed)
+
+
+def kill_ranks(procs: list) -> None:
+    """SIGKILL the session of every rank still running (its own session: the rank
+    and what it started, nothing else) and reap it."""
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def stop_resource_tracker() -> None:

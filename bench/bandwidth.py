@@ -63,7 +63,6 @@ import math
 import os
 import re
 import secrets
-import signal
 import subprocess
 import sys
 import tempfile
@@ -73,7 +72,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import tomli_w
-from _harness import ROOT, TOOK_STATE, poll_until, run_main
+from _harness import ROOT, TOOK_STATE, kill_ranks, poll_until, run_main, wait_ranks
 from join import stamp_of
 
 from peerd.core.codes import ENDED_STATES, WorkerState
@@ -355,16 +354,9 @@ def run_ddp(bed: Testbed, cap: float, out: Path) -> Result:
                 procs.append(subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
                                               start_new_session=True,
                                               env=env | {"GLOO_SOCKET_IFNAME": peer.net.veth, "OMP_NUM_THREADS": "1"}))
-        deadline = time.monotonic() + args.budget + START_S
-        for proc in procs:
-            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-        if any(p.returncode for p in procs):
-            raise PeerdError(f"a DDP rank failed; see {out}/ddp-*.log")
+        wait_ranks(procs, args.budget + START_S, f"a DDP rank failed; see {out}/ddp-*.log")
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)  # its own session: the rank, nothing else
-                proc.wait()
+        kill_ranks(procs)
     after = bed.net.counters()
     ranks = [[json.loads(line) for line in open(out / f"ddp-{r}.jsonl")] for r in range(len(procs))]
     steps = len(ranks[0])

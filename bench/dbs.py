@@ -71,7 +71,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import tomli_w
-from _harness import poll_until
+from _harness import kill_ranks, poll_until, wait_ranks
 
 from peerd.core.codes import ENDED_STATES, WorkerState
 from peerd.core.schedule import SCHEDULES
@@ -271,16 +271,9 @@ def run_sync(args: argparse.Namespace, v: Variant, clock: str, out: Path) -> dic
                    "--budget", str(args.budget)]
             with open(out / f"sync-{rank}.log", "wb") as log:
                 procs.append(subprocess.Popen(cmd, stdout=log, stderr=log, start_new_session=True))
-        deadline = time.monotonic() + args.budget + 120
-        for proc in procs:
-            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-        if any(p.returncode for p in procs):
-            raise RuntimeError(f"a sync rank failed; see {out}/sync-*.log")
+        wait_ranks(procs, args.budget + 120, f"a sync rank failed; see {out}/sync-*.log")
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        kill_ranks(procs)
     ranks = [json.loads((out / f"sync-{r}.json").read_text()) for r in range(len(procs))]
     curve = _score(torch.load(out / "sync-snapshots.pt"), ranks[0]["t0"])
     return _result(v, clock, curve, [r["compute_s"] / r["t"] for r in ranks], ranks[0]["t"], args,
