@@ -145,7 +145,8 @@ def test_overlapped_rounds_take_the_intra_host_tier(local_cluster):
 
     for w in wait_for(finished, 300, "both overlapped workers to finish"):
         assert w.progress.metric > 0.8, w
-        assert re.match(r"gloo generation \d+, [1-9]\d* rounds", w.progress.intrahost), w.progress.intrahost
+    # (Not the final Progress's `intrahost`: the group it names may have broken when
+    # the sibling finished first.)
     job_dir = peer.dir / "state" / "jobs" / "lapped"
     for k in range(2):
         log = (job_dir / f"worker-{k}" / "worker.log").read_text()
