@@ -36,24 +36,43 @@ def test_bad_settings_are_refused(factor, clock):
         Slowdown(factor, clock)
 
 
-def test_the_cpu_clock_does_not_count_a_sleep():
-    """The shell: a step that only sleeps costs no CPU, so the cpu clock adds
-    (almost) nothing after it, where the wall clock doubles it at f = 2."""
-    import time
-
+@pytest.mark.parametrize("clock, pause", [("cpu", 0.01), ("wall", 0.05)])
+def test_the_shell_sleeps_after_a_step_by_the_clock_it_was_given(clock, pause):
+    """A step of 0.05 s wall time that used 0.01 s of CPU (it waited for the CPU
+    the rest of the time), at f = 2: the cpu clock sleeps 0.01 s after it, the
+    wall clock 0.05 s; finish() returns the step's wall time with the sleep."""
     from peerd.worker.slowdown import SlowedSteps
 
-    for clock in ("cpu", "wall"):
-        steps = SlowedSteps(Slowdown(2.0, clock))
-        steps.start()
-        began = time.perf_counter()
-        time.sleep(0.05)
-        slept = time.perf_counter() - began
-        took = steps.finish()
-        if clock == "cpu":
-            assert took < 1.5 * slept
-        else:
-            assert took >= 2 * slept
+    now = {"wall": 10.0, "cpu": 3.0}
+    slept = []
+
+    def sleep(s):
+        slept.append(s)
+        now["wall"] += s
+
+    steps = SlowedSteps(Slowdown(2.0, clock), cpu=lambda: now["cpu"], wall=lambda: now["wall"], sleep=sleep)
+    steps.start()
+    now["wall"] += 0.05
+    now["cpu"] += 0.01
+    assert steps.finish() == pytest.approx(0.05 + pause)
+    assert slept == [pytest.approx(pause)]
+
+
+def test_the_cpu_clock_is_the_threads_own_with_one_torch_thread():
+    import time
+
+    import torch
+
+    from peerd.worker.slowdown import cpu_clock
+
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert cpu_clock() is time.thread_time  # the worker's other threads are not counted
+        torch.set_num_threads(2)
+        assert cpu_clock() is time.process_time  # torch's pool runs the step's work
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_the_daemon_passes_the_clock_to_its_workers(tmp_path):

@@ -30,17 +30,20 @@ class SlowedSteps:
     """start() before a step, finish() after it: sleeps the slowdown and returns
     the step's wall time, the sleep included."""
 
-    def __init__(self, slowdown: Slowdown) -> None:
+    def __init__(self, slowdown: Slowdown, cpu: Callable[[], float] | None = None,
+                 wall: Callable[[], float] = time.perf_counter,
+                 sleep: Callable[[float], object] = time.sleep) -> None:
         self.slowdown = slowdown
-        self._cpu = cpu_clock() if slowdown.clock == "cpu" else time.thread_time
+        self._cpu = cpu or (cpu_clock() if slowdown.clock == "cpu" else time.thread_time)
+        self._wall, self._sleep = wall, sleep
         self._wall0 = self._cpu0 = 0.0
 
     def start(self) -> None:
-        self._wall0, self._cpu0 = time.perf_counter(), self._cpu()
+        self._wall0, self._cpu0 = self._wall(), self._cpu()
 
     def finish(self) -> float:
-        wall = time.perf_counter() - self._wall0
+        wall = self._wall() - self._wall0
         pause = self.slowdown.sleep_s(wall, self._cpu() - self._cpu0)
         if pause > 0:  # a slower device that uses no extra CPU
-            time.sleep(pause)
-        return time.perf_counter() - self._wall0
+            self._sleep(pause)
+        return self._wall() - self._wall0
