@@ -1,6 +1,16 @@
 """peerd: decentralised, elastic training for labs full of mismatched GPU machines."""
 
+import os
+
 __version__ = "0.1.0"
+
+# gRPC's fork handlers run in the child of every fork() of a process whose gRPC
+# threads are busy, and may crash it before it can exec (a worker the daemon had
+# just started died with SIGSEGV, seen under load; grpc/grpc#13998). peerd's
+# processes only fork to exec (workers, the standby, DataLoader servers) and never
+# use gRPC in a child, so the handlers are off unless the user turned them on.
+# Set before grpc is imported; inherited by every process peerd starts.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 
 def attach(model, optimizer, **registered):
