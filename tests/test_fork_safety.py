@@ -43,8 +43,9 @@ BUSY_SERVER_FORKING = textwrap.dedent("""
 
 
 def test_the_fork_handlers_are_off_and_reach_the_workers():
-    import peerd  # noqa: F401
+    import peerd  # sets it, as in the daemon and the worker
 
+    assert peerd.__version__
     assert parent_env()["GRPC_ENABLE_FORK_SUPPORT"] == "false"
     proc = subprocess.run([sys.executable, "-c", BUSY_SERVER_FORKING], capture_output=True, text=True, timeout=120,
                           env={k: v for k, v in parent_env().items() if k != "GRPC_ENABLE_FORK_SUPPORT"})
