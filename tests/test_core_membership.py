@@ -305,3 +305,13 @@ def test_a_peer_not_heard_from_past_the_bound_is_suspected():
     peers = [PeerRecord("a", "a:1", last_seen=10.0), PeerRecord("b", "b:1", last_seen=6.0)]
     assert liveness(peers, now=12.0, suspect_after_s=4.0) == {"a": "alive", "b": "suspected"}
     assert liveness(peers, now=10.0, suspect_after_s=4.0) == {"a": "alive", "b": "alive"}  # at the bound: alive
+
+
+def test_job_finished_lists_only_members_that_reached_the_end_of_that_spec():
+    m = Membership("me", 10.0)
+    m.observe(peer("a", job(state="finished", addr="")))
+    m.observe(peer("b", job(state="failed", addr=""), job(name="other", state="finished")))
+    m.observe(peer("c", job(state="stopped", addr=""), job(fp="fp2", state="finished")))
+    m.observe(peer("d", job()))
+    assert m.job_finished("mnist", "fp1") == ["a"]
+    assert m.job_members("mnist", "fp1") == ["d"]

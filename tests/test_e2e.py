@@ -291,3 +291,32 @@ def test_hierarchical_crossover_across_two_racks_reaches_consensus(local_cluster
                for p in cluster.peers]
     spread = max(rel_distance(a, b) for a in trained for b in trained)
     assert spread < 0.05, spread
+
+
+def test_a_worker_back_after_the_job_ended_elsewhere_ends_from_its_checkpoint(local_cluster):
+    cluster = local_cluster(2)
+    steady, victim = cluster.peers
+    wait_for(lambda: all(cluster.client(p).status().peers_known == 1 for p in cluster.peers), 30, "discovery")
+    text = example_job(job={"name": "ended", "epochs": 4, "eval_every_rounds": 20},
+                       checkpoint={"every_rounds": 10, "every_s": 0})
+    for peer in cluster.peers:
+        cluster.client(peer).join(text)
+    log_path = victim.dir / "state" / "jobs" / "ended" / "worker.log"
+    wait_for(lambda: log_path.exists() and "checkpoint of round 20 written" in log_path.read_text(), 120,
+             "the victim's checkpoint of round 20")
+    victim.process.kill()  # the machine goes down mid-job
+    victim.process.wait()
+    done = wait_for(lambda: all_finished(first_jobs(cluster, [steady])), 300, "the other peer to finish the job")
+    end_round = done[0].progress.round
+
+    cluster.start(victim)  # it comes back after the job's end
+    cluster.wait_ready()
+    job = wait_for(lambda: (jobs := cluster.client(victim).status().jobs) and all_finished(jobs[:1]), 120,
+                   "the restarted worker to end")[0]
+    log = log_path.read_text()
+    assert "the job finished on peer-0 while this worker was away: ending with this checkpoint" in log, log[-3000:]
+    # It ended at its checkpoint's round instead of training the rest of the job alone.
+    resumed = int(re.findall(r"resumed from checkpoint \S+: round (\d+)", log)[-1])
+    assert job.progress.round == resumed < end_round, (job.progress.round, resumed, end_round)
+    state = torch.load(victim.dir / "state" / "jobs" / "ended" / "model.pt", weights_only=True)
+    make_model().load_state_dict(state)

@@ -13,8 +13,6 @@ from dataclasses import dataclass, field
 from peerd.core.codes import ACTIVE_STATES, WorkerState
 
 
-
-
 @dataclass(frozen=True)
 class JobEntry:
     name: str
@@ -130,6 +128,11 @@ class Membership:
     def job_progress(self, job: str, spec_fingerprint: str) -> dict[str, float]:
         """member id -> published job progress (local data) of every other daemon's worker in `job`."""
         return {member: entry.progress for member, _, entry in self._entries(job, spec_fingerprint, _active)}
+
+    def job_finished(self, job: str, spec_fingerprint: str) -> list[str]:
+        """Member ids of the other daemons' workers that finished `job` (reached its end)."""
+        return [member for member, _, _ in
+                self._entries(job, spec_fingerprint, lambda e: e.state == WorkerState.FINISHED)]
 
     def jobs(self) -> dict[tuple[str, str], list[str]]:
         """(job name, spec fingerprint) -> ids of the peers running it."""

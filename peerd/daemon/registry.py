@@ -175,8 +175,11 @@ class JobRegistry:
                  **{w.member: w.progress.data_samples for w in mine if w is not worker}}
         progress = {**self.membership.job_progress(name, fingerprint),
                     **{w.member: w.progress.job_progress for w in mine if w is not worker}}
+        finished = [*self.membership.job_finished(name, fingerprint),
+                    *(w.member for w in job.workers if w.state == WorkerState.FINISHED)]
         view = control_pb2.WorkerView(
             peers=peers, members=members, stop=worker.stop_requested, settled=settled, export_path=worker.export_path,
+            finished=finished,
             speeds=[control_pb2.MemberSpeed(peer_id=p, samples_per_s=v, data_samples=sizes.get(p, 0),
                                             progress=progress.get(p, 0.0))
                     for p, v in speeds.items()])

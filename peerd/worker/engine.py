@@ -205,11 +205,18 @@ class Engine:
             log.info("the checkpoint of round %d is ahead of the peers' state: using it", checkpoint.meta.round)
         if checkpoint is not None:
             meta = checkpoint.meta
-            self.source.adopt_state(checkpoint.vector, meta.extra, meta.step, meta.progress)
+            # Members that reached the job's end while this worker was away (it
+            # crashed and restarted, say) ended the job: train no more of it alone.
+            ended_by = sorted(self.link.finished - {self.me})
+            progress = max(meta.progress, float(self.spec.epochs)) if ended_by else meta.progress
+            self.source.adopt_state(checkpoint.vector, meta.extra, meta.step, progress)
             self.round = self.checkpoint_round = meta.round
             self._checkpoint_at = (meta.round, time.monotonic())
             log.info("resumed from checkpoint %s: round %d, step %d, epoch %.2f",
                      checkpoint.path.name, meta.round, meta.step, meta.progress)
+            if ended_by:
+                log.info("the job finished on %s while this worker was away: ending with this checkpoint",
+                         ", ".join(ended_by))
 
     async def checkpoint(self, why: str) -> None:
         meta = self._meta()

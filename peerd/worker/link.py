@@ -40,6 +40,7 @@ class SupervisorLink:
         self.stop = False
         self.export_path = ""  # peerctl export asks for the model here
         self.settled = False  # the daemon's view can be trusted to show a running job
+        self.finished: set[str] = set()  # members that reached the job's end
 
     @property
     def orphaned(self) -> bool:
@@ -66,6 +67,7 @@ class SupervisorLink:
         self.stop = self.stop or reply.stop
         self.export_path = reply.export_path
         self.settled = reply.settled
+        self.finished = set(reply.finished)
         return True
 
     async def run(self, interval_s: float) -> None:
