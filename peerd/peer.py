@@ -1,14 +1,14 @@
 """`peerd.attach`: a training script joins its peerd job with a handful of lines.
 
     import peerd
-    peer = peerd.attach(model, optimizer, scheduler=sched, scaler=scaler)
+    peer = peerd.attach(model, optimizer, scheduler=sched, scaler=scaler,
+                        evaluate=lambda: {"val_loss": evaluate(model)})
     for batch in peer.loader(train_set, batch_size=32):
         loss = compute_loss(model, batch); loss.backward()
         optimizer.step(); optimizer.zero_grad()
         peer.step(batch_size=len(batch[0]))
         if peer.should_stop:
             break
-    peer.report({"val_loss": evaluate(model)})
 
 A scheduler given to attach() follows the job's position (see
 Peer._advance_scheduler): written for one process, it ends with the job.
@@ -29,7 +29,7 @@ import asyncio
 import logging
 import signal
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 
 import torch
 from torch import nn
@@ -58,9 +58,15 @@ _attached: list[Peer] = []
 
 
 def attach(model: nn.Module, optimizer: torch.optim.Optimizer, *, scheduler: Stateful | None = None,
-           scaler: Stateful | None = None, state: dict[str, Stateful] | None = None) -> Peer:
+           scaler: Stateful | None = None, state: dict[str, Stateful] | None = None,
+           evaluate: Callable[[], Mapping[str, float]] | None = None) -> Peer:
     """Join this script's peerd job with `model` and `optimizer` (and whatever
-    else a newcomer must receive); returns once this peer holds the job's state."""
+    else a newcomer must receive); returns once this peer holds the job's state.
+
+    `evaluate()`, if given, returns the job's metrics of `model` as it is now;
+    peerd calls it every `eval_every_rounds` rounds and at the end, on this
+    peer's own model and on the members' average that becomes the final model
+    (reported as consensus_<name>), with the model's train/eval mode restored."""
     launch = current_launch()
     if launch is None:
         raise ConfigError("peerd.attach(): this script was not started by peerd; run it as a script job "
@@ -79,9 +85,30 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, *, scheduler: Sta
                              average_optimizer_state=spec.gossip.average_optimizer_state, objects=objects)
     lr = LrControl(spec.optimizer)
     lr.install(optimizer)
-    peer = Peer(launch, ScriptSource(train_state, spec, launch.peer_id, lr))
+    peer = Peer(launch, ScriptSource(train_state, spec, launch.peer_id, lr),
+                evaluate=_script_evaluation(model, evaluate) if evaluate is not None else None)
     _attached.append(peer)
     return peer
+
+
+def _script_evaluation(model: nn.Module, evaluate: Callable[[], Mapping[str, float]]):
+    """The script's evaluate(), safe to call between its steps: without gradients,
+    the model's mode as it was after, and its result checked."""
+
+    def run() -> dict[str, float]:
+        training = model.training
+        try:
+            with torch.no_grad():
+                metrics = evaluate()
+        finally:
+            model.train(training)
+        try:
+            return {str(k): float(v) for k, v in dict(metrics).items()}
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"peerd.attach(evaluate=...): evaluate() must return a dict of numbers, "
+                              f"got {metrics!r}") from exc
+
+    return run
 
 
 class _LoopThread:
@@ -251,7 +278,7 @@ class Peer:
             if finished and not self._left:
                 engine = self._engine
                 self._loop.call(engine.settle(), CLOSE_TIMEOUT_S)
-                metrics = engine.evaluate() if engine.evaluate is not None else self.metrics
+                metrics = {**self.metrics, **engine.evaluate()} if engine.evaluate is not None else self.metrics
                 # One model at the end: the members' exact average replaces this peer's own.
                 limit = engine.consensus_limit_s() + CLOSE_TIMEOUT_S
                 metrics = self._loop.call(engine.conclude(metrics), limit)
