@@ -302,16 +302,20 @@ def test_a_worker_back_after_the_job_ended_elsewhere_ends_from_its_checkpoint(lo
     for peer in cluster.peers:
         cluster.client(peer).join(text)
     log_path = victim.dir / "state" / "jobs" / "ended" / "worker.log"
-    wait_for(lambda: log_path.exists() and "checkpoint of round 20 written" in log_path.read_text(), 120,
-             "the victim's checkpoint of round 20")
+
+    def checkpointed() -> int:  # a catch-up may skip round 20 itself
+        text = log_path.read_text() if log_path.exists() else ""
+        return max(map(int, re.findall(r"checkpoint of round (\d+) written", text)), default=0) >= 20
+
+    wait_for(checkpointed, 300, "a checkpoint of the victim's at round 20 or later")
     victim.process.kill()  # the machine goes down mid-job
     victim.process.wait()
-    done = wait_for(lambda: all_finished(first_jobs(cluster, [steady])), 300, "the other peer to finish the job")
+    done = wait_for(lambda: all_finished(first_jobs(cluster, [steady])), 600, "the other peer to finish the job")
     end_round = done[0].progress.round
 
     cluster.start(victim)  # it comes back after the job's end
     cluster.wait_ready()
-    job = wait_for(lambda: (jobs := cluster.client(victim).status().jobs) and all_finished(jobs[:1]), 120,
+    job = wait_for(lambda: (jobs := cluster.client(victim).status().jobs) and all_finished(jobs[:1]), 180,
                    "the restarted worker to end")[0]
     log = log_path.read_text()
     assert "the job finished on peer-0 while this worker was away: ending with this checkpoint" in log, log[-3000:]
