@@ -29,7 +29,8 @@ import torch
 
 from peerd.auth import Authenticator
 from peerd.core.consensus import consensus_timeout
-from peerd.core.shares import BatchPlan, Rebalancer
+from peerd.core.meter import StepMeter
+from peerd.core.shares import BatchPlan, Rebalancer, published_costs
 from peerd.errors import PeerdError
 from peerd.jobspec import JobSpec
 from peerd.rejections import Rejections
@@ -77,6 +78,7 @@ class Source(Protocol):
     epoch: int
     loss_ema: float
     speed_ema: float  # samples/s of compute, no network wait (DBS)
+    meter: StepMeter  # the same speed, and the step's fixed and per-sample costs when timed apart (DBS)
     local_batch: int
     share: float
     compute_s: float
@@ -340,11 +342,15 @@ class Engine:
 
     def _plan(self, members: list[str]) -> BatchPlan | None:
         """DBS: the batch plan for this round from the members' published speeds
-        (this worker's own is fresher here than the one its daemon relays)."""
+        and step models (this worker's own are fresher here than those its daemon
+        relays)."""
         if self.rebalancer is None:
             return None
-        speeds = {**self.link.speeds, self.me: self.source.speed_ema}
-        if self.rebalancer.update(self.round, members, speeds):
+        meter, link = self.source.meter, self.link
+        speeds, fixed = published_costs({**link.speeds, self.me: meter.speed},
+                                        {**link.fixed_s, self.me: meter.fixed_s},
+                                        {**link.per_sample_s, self.me: meter.per_sample_s})
+        if self.rebalancer.update(self.round, members, speeds, fixed):
             log.info("round %d: batches %s (global %d)", self.round,
                      " ".join(f"{p}={b}" for p, b in self.rebalancer.plan.batches), self.rebalancer.plan.total)
         return self.rebalancer.plan
