@@ -18,6 +18,7 @@ the engine's server never wait on each other except at a round.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import time
@@ -351,8 +352,11 @@ class Engine:
                                         {**link.fixed_s, self.me: meter.fixed_s},
                                         {**link.per_sample_s, self.me: meter.per_sample_s})
         if self.rebalancer.update(self.round, members, speeds, fixed):
-            log.info("round %d: batches %s (global %d)", self.round,
-                     " ".join(f"{p}={b}" for p, b in self.rebalancer.plan.batches), self.rebalancer.plan.total)
+            # The step models it was planned from, exact (JSON floats round-trip): a
+            # reader can recompute the plan (peerd.core.shares.plan_batches).
+            log.info("round %d: batches %s (global %d) planned from %s", self.round,
+                     " ".join(f"{p}={b}" for p, b in self.rebalancer.plan.batches), self.rebalancer.plan.total,
+                     json.dumps({"speeds": speeds, "fixed_s": fixed}, sort_keys=True))
         return self.rebalancer.plan
 
     async def _capture(self) -> None:
