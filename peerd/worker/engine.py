@@ -348,9 +348,11 @@ class Engine:
         if self.rebalancer is None:
             return None
         meter, link = self.source.meter, self.link
-        speeds, fixed = published_costs({**link.speeds, self.me: meter.speed},
-                                        {**link.fixed_s, self.me: meter.fixed_s},
-                                        {**link.per_sample_s, self.me: meter.per_sample_s})
+        speeds = {**link.speeds, self.me: meter.speed}
+        fixed: dict[str, float] = {}
+        if self.spec.step_model == "affine":
+            speeds, fixed = published_costs(speeds, {**link.fixed_s, self.me: meter.fixed_s},
+                                            {**link.per_sample_s, self.me: meter.per_sample_s})
         if self.rebalancer.update(self.round, members, speeds, fixed):
             # The step models it was planned from, exact (JSON floats round-trip): a
             # reader can recompute the plan (peerd.core.shares.plan_batches).
