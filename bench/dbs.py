@@ -16,8 +16,14 @@ global batch B and epochs; for each slowdown clock in --clocks, --repeats times:
                 at a fixed local batch B/4 (global_batch = 0), a gossip round every
                 N local steps (default --period-steps).
   dbs[@N]/SCHED the same with global_batch = B: each peer's batch follows its
-                measured speed (peerd/core/shares.py), LR × b_i/mean(b), data split
-                by the shares.
+                measured step model (peerd/core/shares.py: equal step times under
+                t_i(b) = a_i + c_i·b), LR × b_i/mean(b), data split by the shares.
+  prop[@N]/SCHED dbs with [job] step_model = "proportional": batches in proportion
+                to the whole-step speed (b_i ∝ v_i), the plan before session 6.
+
+--overheads adds a fixed sleep to every step of each worker ([worker]
+step_overhead_s, peerd/core/slowdown.py; the DDP ranks too): a step with a large
+fixed cost, which the affine step model is for.
 
 SCHED is constant, cosine or linear (decay to 0 over the epochs), then optionally
 :LR (at the global batch; default --lr) and :WARMUP (linear warm-up steps), e.g.
@@ -105,14 +111,17 @@ def parse_variant(text: str, lr: float, period: int) -> Variant:
     head, _, sched = text.partition("/")
     kind, _, n = head.partition("@")
     schedule, lr_text, warmup = (sched.split(":") + ["", "", ""])[:3] if sched else ("cosine", "", "")
-    if kind not in ("sync", "fixed", "dbs") or (kind == "sync" and n) or schedule not in SCHEDULES:
-        raise ValueError(f"variant {text!r}: sync, fixed[@N] or dbs[@N], then /{'|'.join(SCHEDULES)}[:LR[:WARMUP]]")
+    if kind not in ("sync", "fixed", "dbs", "prop") or (kind == "sync" and n) or schedule not in SCHEDULES:
+        raise ValueError(f"variant {text!r}: sync, fixed[@N], dbs[@N] or prop[@N], "
+                         f"then /{'|'.join(SCHEDULES)}[:LR[:WARMUP]]")
     return Variant(kind, int(n or period), schedule, float(lr_text or lr), int(warmup or 0))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--slowdowns", default="1,1,2,4", help="per-worker slowdown factors (default 1,1,2,4)")
+    p.add_argument("--overheads", default="",
+                   help="per-worker fixed seconds slept after every step ([worker] step_overhead_s; default none)")
     p.add_argument("--clocks", default="wall,cpu",
                    help="the slowdown's clock(s), each a run of every variant: wall, cpu (default wall,cpu)")
     p.add_argument("--global-batch", type=int, default=256, help="B: samples per step of all workers (default 256)")
@@ -142,6 +151,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.slowdown_list = tuple(float(v) for v in args.slowdowns.split(","))
     if any(f < 1 for f in args.slowdown_list) or args.global_batch % len(args.slowdown_list):
         p.error("slowdowns must be ≥ 1 and the global batch a multiple of the number of workers")
+    args.overhead_list = tuple(float(v) for v in args.overheads.split(",")) if args.overheads else \
+        (0.0,) * len(args.slowdown_list)
+    if len(args.overhead_list) != len(args.slowdown_list) or any(o < 0 for o in args.overhead_list):
+        p.error("overheads: one number ≥ 0 per worker")
     args.clock_list = args.clocks.split(",")
     if any(c not in CLOCKS for c in args.clock_list + [args.clock]):
         p.error(f"clocks: {', '.join(CLOCKS)}")
@@ -167,7 +180,7 @@ def sync_rank(args: argparse.Namespace) -> None:
     rank, world = args.sync_rank, len(args.slowdown_list)
     v = parse_variant(args.variant, args.lr, args.period_steps)
     torch.set_num_threads(1)  # as peerd's workers ([worker] threads = 1): the cpu clock is the thread's
-    slowed = SlowedSteps(Slowdown(args.slowdown_list[rank], args.clock))
+    slowed = SlowedSteps(Slowdown(args.slowdown_list[rank], args.clock, args.overhead_list[rank]))
     # Only loopback: a FileStore for the rendezvous (torch's TCPStore would listen on
     # every interface) and gloo's pair sockets pinned to lo.
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
@@ -267,6 +280,7 @@ def run_sync(args: argparse.Namespace, v: Variant, clock: str, out: Path) -> dic
         for rank in range(len(args.slowdown_list)):
             cmd = [sys.executable, __file__, "--sync-rank", str(rank), "--variant", v.name, "--clock", clock,
                    "--out", str(out), "--slowdowns", args.slowdowns, "--global-batch", str(args.global_batch),
+                   "--overheads", args.overheads,
                    "--epochs", str(args.epochs), "--snapshot-every", str(args.snapshot_every),
                    "--budget", str(args.budget)]
             with open(out / f"sync-{rank}.log", "wb") as log:
@@ -277,7 +291,8 @@ def run_sync(args: argparse.Namespace, v: Variant, clock: str, out: Path) -> dic
     ranks = [json.loads((out / f"sync-{r}.json").read_text()) for r in range(len(procs))]
     curve = _score(torch.load(out / "sync-snapshots.pt"), ranks[0]["t0"])
     return _result(v, clock, curve, [r["compute_s"] / r["t"] for r in ranks], ranks[0]["t"], args,
-                   batches=[args.global_batch // len(procs)] * len(procs))
+                   batches=[args.global_batch // len(procs)] * len(procs),
+                   step_s=[r["compute_s"] / max(r["steps"], 1) for r in ranks], steps=[r["steps"] for r in ranks])
 
 
 # ---- peerd variants: real daemons ------------------------------------------------
@@ -288,8 +303,10 @@ def job_text(args: argparse.Namespace, v: Variant) -> str:
     data = tomllib.loads(default_job().read_text())
     n = len(args.slowdown_list)
     data["job"].update(name="dbs-bench", module="_dbs_job", local_batch=args.global_batch // n, epochs=args.epochs,
-                       eval_every_rounds=args.eval_rounds, global_batch=args.global_batch if v.kind == "dbs" else 0,
-                       min_local_batch=4, rebalance_rounds=args.rebalance_rounds, rebalance_threshold=0.1)
+                       eval_every_rounds=args.eval_rounds,
+                       global_batch=args.global_batch if v.kind in ("dbs", "prop") else 0,
+                       min_local_batch=4, rebalance_rounds=args.rebalance_rounds, rebalance_threshold=0.1,
+                       step_model="proportional" if v.kind == "prop" else "affine")
     data["optimizer"].update(lr=v.lr, reference_batch=args.global_batch, schedule=v.schedule, warmup_steps=v.warmup)
     data["gossip"].update(period_steps=v.period)
     return tomli_w.dumps(data)
@@ -307,7 +324,8 @@ def run_peerd(args: argparse.Namespace, v: Variant, clock: str, out: Path) -> di
     # after a join, and 4 torch imports then would land in the middle of the run.
     # The workers import torch after the join, so they start up to a few seconds
     # apart; the clock starts at the first one's first step (start_spread_s).
-    settings = lambda peer: {"worker": {"slowdown_clock": clock}}  # noqa: E731
+    settings = lambda peer: {"worker": {"slowdown_clock": clock,  # noqa: E731
+                                        "step_overhead_s": args.overhead_list[peer.index]}}
     with LocalCluster(len(args.slowdown_list), out, slowdowns=args.slowdown_list, settings=settings) as cluster:
         cluster.wait_ready()
         poll_until(lambda: all(cluster.client(p).status().peers_known == len(cluster.peers) - 1 for p in cluster.peers),
@@ -333,12 +351,14 @@ def run_peerd(args: argparse.Namespace, v: Variant, clock: str, out: Path) -> di
     rows = [[(t - started, s, p) for t, s, p in row] for row in rows]  # from the first peer's first step
     last = _last_training(rows)
     utilisation = [p.compute_s / max(t, 1e-9) for t, _, p in last]
+    step_s = [p.compute_s / max(p.step, 1) for _, _, p in last]  # mean step, sleeps included
     _write_history(rows, out / "history.csv")
     # Each peer's typical batch: the median over its training statuses (the last
     # step of an epoch is short, so its last batch says little).
     batches = [statistics.median_low([row[k][2].local_batch for row in rows if row[k][2].phase == "training"] or [0])
                for k in range(len(last))]
-    return _result(v, clock, curve, utilisation, ended - started, args, batches=batches, start_spread_s=spread)
+    return _result(v, clock, curve, utilisation, ended - started, args, batches=batches, start_spread_s=spread,
+                   step_s=step_s, steps=[p.step for _, _, p in last])
 
 
 def _peer_curve(snaps: Path, peers: list[str]) -> tuple[list[tuple[float, float]], float, float, float]:
@@ -424,8 +444,8 @@ def plot(results: list[dict], args: argparse.Namespace) -> None:
 
 def report(results: list[dict], args: argparse.Namespace) -> None:
     print(f"\n| run | clock | variant | time to {args.target} (s) | × best DDP | final accuracy | Δ final vs best DDP (pt) "
-          "| wall (s) | utilisation per worker | batches | load 1 min (start → end) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| wall (s) | utilisation per worker | batches | mean step (ms) per worker | load 1 min (start → end) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for repeat in range(args.repeats):
         for clock in args.clock_list:
             group = [r for r in results if r["repeat"] == repeat and r["clock"] == clock]
@@ -438,7 +458,9 @@ def report(results: list[dict], args: argparse.Namespace) -> None:
                 print(f"| {repeat + 1} | {clock} | {mark}{r['variant']}{mark} | {r['time_to_target_s']:.1f} | "
                       f"{r['x_best_ddp']:.2f} | {r['final_accuracy']:.4f} | {r['final_vs_best_ddp_pt']:+.1f} | "
                       f"{r['wall_s']:.1f} | {' / '.join(f'{u:.2f}' for u in r['utilisation'])} | "
-                      f"{' / '.join(str(b) for b in r.get('batches', []))} | {r['load'][0]:.1f} → {r['load'][1]:.1f} |")
+                      f"{' / '.join(str(b) for b in r.get('batches', []))} | "
+                      f"{' / '.join(f'{1000 * s:.0f}' for s in r.get('step_s', []))} | "
+                      f"{r['load'][0]:.1f} → {r['load'][1]:.1f} |")
     with open(args.out / "curves.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["repeat", "clock", "variant", "t", "accuracy"])
@@ -477,6 +499,7 @@ def main(argv: list[str] | None = None) -> int:
                 results.append(r)
                 print(f"  target at {r['time_to_target_s']:.1f}s, final {r['final_accuracy']:.4f}, "
                       f"utilisation {[round(u, 2) for u in r['utilisation']]}, batches {r.get('batches')}, "
+                      f"step ms {[round(1000 * s) for s in r.get('step_s', [])]}, "
                       f"load {r['load'][0]:.1f} → {r['load'][1]:.1f} ({time.monotonic() - started:.0f}s in all)",
                       flush=True)
     plot(results, args)

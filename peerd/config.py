@@ -61,6 +61,7 @@ class DaemonConfig:
     tls: TlsSettings | None = None  # mutual TLS for every connection between machines
     slowdown: float = 1.0  # testing only: workers sleep (slowdown − 1) × each step's time ...
     slowdown_clock: str = "wall"  # ... its wall time, or "cpu": its CPU time (peerd.core.slowdown)
+    step_overhead_s: float = 0.0  # testing only: workers sleep this long after every step, whatever its batch
     stop_timeout_s: float = 30.0  # SIGTERM/SIGINT: the whole ordered shutdown takes at most this
     zeroconf: bool = True  # announce and browse with mDNS
     seeds: tuple[str, ...] = ()  # host:port of Peer services to Hello, for peers beyond this subnet
@@ -106,6 +107,8 @@ def parse_config(data: dict, source: str) -> DaemonConfig:
                             expect="a number in 1..1000 (a testing knob: 1 is full speed)"),
         slowdown_clock=worker.get("slowdown_clock", str, d.slowdown_clock, check=lambda v: v in CLOCKS,
                                   expect=f"one of {', '.join(repr(c) for c in CLOCKS)}"),
+        step_overhead_s=worker.get("step_overhead_s", float, 0.0, check=lambda v: 0 <= v <= 60,
+                                   expect="seconds in 0..60 (a testing knob: 0 is none)"),
         stop_timeout_s=daemon.get("stop_timeout_s", float, d.stop_timeout_s, **positive),
         zeroconf=discovery.get("zeroconf", bool, True),
         seeds=tuple(discovery.get("seeds", list, [], check=lambda v: all(valid_address(x) for x in v),

@@ -114,6 +114,9 @@ class JobSpec:
     max_local_batch: int = 0  # largest batch in one forward pass, above it gradients accumulate; 0: no limit
     rebalance_rounds: int = 10  # re-evaluate the batches every this many rounds
     rebalance_threshold: float = 0.1  # ... and change them only if one moves by more than this (relative)
+    # DBS's step model: "affine", t_i(b) = a_i + c_i·b with each peer's fixed cost
+    # a_i; "proportional", t_i(b) = b / v_i (the plan before fixed costs were measured).
+    step_model: str = "affine"
     epochs: float = 1.0
     drop_last: bool = False  # skip an epoch's last batch when it is short (BatchNorm cannot train on 1 sample)
     # Each epoch's permutation is read in this many chunks, each split among the
@@ -141,6 +144,8 @@ class JobSpec:
         del fields["data_loading"]
         if self.data_mode == "shared":  # fingerprints of shared-data jobs as before local mode
             del fields["weighting"]
+        if self.step_model == "affine":  # ... and of jobs as before the step model was a choice
+            del fields["step_model"]
         canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:32]
 

@@ -24,6 +24,7 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 METRIC_MODES = ("max", "min")
 DATA_MODES = ("shared", "local")
 WEIGHTINGS = ("samples", "uniform")  # peerd.core.weighting
+STEP_MODELS = ("affine", "proportional")  # DBS: peerd.core.shares
 # Checks for the keyword arguments torch.optim's classes share, so that a typo'd
 # value is refused by peerctl, on a machine without torch. Any other keyword is
 # checked by the worker against the optimizer class itself.
@@ -176,6 +177,8 @@ def job_table(job: Table) -> dict[str, object]:
         rebalance_rounds=job.get("rebalance_rounds", int, 10, **positive),
         rebalance_threshold=job.get("rebalance_threshold", float, 0.1, check=lambda v: 0 <= v <= 10,
                                     expect="a number in [0, 10]"),
+        step_model=job.get("step_model", str, "affine", check=lambda v: v in STEP_MODELS,
+                           expect=" or ".join(repr(m) for m in STEP_MODELS)),
         epochs=job.get("epochs", float, 1.0, **positive),
         drop_last=job.get("drop_last", bool, False),
         epoch_chunks=job.get("epoch_chunks", int, 8, check=lambda v: 1 <= v <= 65536,

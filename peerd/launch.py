@@ -27,6 +27,7 @@ class Launch:
     intrahost: object | None = None  # the daemon's intra-host group for this worker (peerd.worker.intrahost)
     data_root: str = ""  # data_mode = "local": where this peer's data is (ctx.data_root)
     slowdown_clock: str = "wall"  # the step time `slowdown` multiplies (peerd.core.slowdown)
+    step_overhead_s: float = 0.0  # testing knob: a fixed sleep after every step (peerd.core.slowdown)
 
 
 _launch: Launch | None = None  # set by peerd.worker.main before it runs a script job

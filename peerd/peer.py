@@ -167,7 +167,8 @@ class Peer:
         self._watch = asyncio.run_coroutine_threadsafe(self._watch_first_step(), self._loop.loop)
         if self._script:
             self._update_lr()
-        self._slowed = SlowedSteps(Slowdown(self.launch.slowdown, self.launch.slowdown_clock))
+        self._slowed = SlowedSteps(Slowdown(self.launch.slowdown, self.launch.slowdown_clock,
+                                            self.launch.step_overhead_s))
         self._slowed.start()
 
     async def _make_engine(self, evaluate) -> Engine:

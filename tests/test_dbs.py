@@ -5,6 +5,8 @@ the slow peer ends up with a clearly smaller batch and data share."""
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -62,3 +64,61 @@ def test_a_slowed_peer_gets_a_smaller_batch_and_share(local_cluster):
     wait_for(seen_through_hello, 30, "peerctl peers to show peer-2 with a smaller batch and speed than peer-1")
     table = peerctl(cluster.peers[0], "peers").stdout
     assert "samples/s" in table and "share" in table and "%" in table
+
+
+PLAN_LINE = re.compile(r'msg="round (\d+): batches ((?:[^"\\]|\\.)*?) \(global (\d+)\) planned from ((?:[^"\\]|\\.)*)"')
+
+
+def _plans(log: Path) -> list[tuple[dict[str, int], dict]]:
+    """Each plan a worker took: its batches and the step models it came from."""
+    out = []
+    for m in PLAN_LINE.finditer(log.read_text() if log.exists() else ""):
+        batches = {p: int(b) for p, b in (kv.split("=") for kv in m.group(2).split())}
+        out.append((batches, json.loads(re.sub(r"\\(.)", r"\1", m.group(4)))))
+    return out
+
+
+def test_a_peer_with_a_fixed_step_cost_gets_the_affine_plans_batch(local_cluster):
+    """peer-2 sleeps a fixed 10 ms after every step (the testing knob), which its
+    worker counts as fixed cost. The plans the peers take are exactly
+    plan_batches(B, speeds, members, min, fixed) of the step models they were
+    made from, peer-2's published fixed cost reaches the others through Hello,
+    it gets a smaller batch than the same per-sample speeds without fixed costs
+    would give it, and it trains the batch its plan gives it."""
+    from peerd.core.shares import plan_batches
+
+    overhead = 0.01
+    cluster = local_cluster(3, settings=lambda peer: {"worker": {"step_overhead_s": overhead}}
+                            if peer.index == 2 else {})
+    wait_for(lambda: all(cluster.client(p).status().peers_known == 2 for p in cluster.peers),
+             30, "every daemon to see the other two")
+    text = example_job(job={"name": "fixedcost", "epochs": 12, "eval_every_rounds": 1000, "global_batch": 96,
+                            "min_local_batch": 4, "rebalance_rounds": 5, "rebalance_threshold": 0.1})
+    for peer in cluster.peers:
+        with cluster.client(peer) as c:
+            c.join(text, "")
+    logs = [p.dir / "state" / "jobs" / "fixedcost" / "worker.log" for p in cluster.peers]
+
+    def planned_with_peer2s_cost():
+        for p in cluster.peers:
+            assert cluster.client(p).status().jobs[0].state not in ("failed", "restarting")
+        plans = _plans(logs[0])  # peer-0's: peer-2's model reached it through Hello
+        return next((plan for plan in reversed(plans)
+                     if len(plan[0]) == 3 and plan[1]["fixed_s"].get("peer-2", 0) >= overhead
+                     and len(plan[1]["fixed_s"]) == 3), None)
+
+    wait_for(planned_with_peer2s_cost, 240, "peer-0 to plan with peer-2's published fixed cost")
+    for log in logs:
+        for batches, model in _plans(log):
+            members = sorted(batches)
+            assert plan_batches(96, model["speeds"], members, 4, model["fixed_s"]).batches == \
+                tuple(sorted(batches.items())), (log, batches, model)
+    batches, model = planned_with_peer2s_cost()
+    without = plan_batches(96, model["speeds"], sorted(batches), 4)
+    assert batches["peer-2"] < without.batch("peer-2"), (batches, model)
+
+    def trains_its_planned_batch():
+        own = _plans(logs[2])
+        return own and cluster.client(cluster.peers[2]).status().jobs[0].progress.local_batch == own[-1][0]["peer-2"]
+
+    wait_for(trains_its_planned_batch, 60, "peer-2 to train the batch of its plan")

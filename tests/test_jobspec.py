@@ -163,6 +163,7 @@ CHANGES = [
     ("gossip", "deadline_floor_s", 0.25),
     ("gossip", "deadline_ceiling_s", 20.0),
     ("job", "data_mode", "local"),
+    ("job", "step_model", "proportional"),  # the default "affine" is left out (test below)
 ]
 
 
@@ -207,9 +208,10 @@ def test_local_mode_weighting_is_in_the_fingerprint_and_shared_fingerprints_are_
     uniform = parse_job(tomli_w.dumps(data), SRC)
     assert local.weighting == "samples" and uniform.weighting == "uniform"
     assert len({shared.fingerprint, local.fingerprint, uniform.fingerprint}) == 3
-    # A shared-data job's canonical form has no weighting: peers of before local mode still match.
+    # A shared-data job's canonical form has no weighting, nor the default step_model:
+    # peers of before local mode, and of before the step model was a choice, still match.
     fields = dataclasses.asdict(shared)
-    for key in ("secret_file", "checkpoint", "data_loading", "weighting"):
+    for key in ("secret_file", "checkpoint", "data_loading", "weighting", "step_model"):
         del fields[key]
     canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     assert shared.fingerprint == hashlib.sha256(canonical.encode()).hexdigest()[:32]

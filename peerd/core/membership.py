@@ -30,6 +30,10 @@ class JobEntry:
     device: str = ""
     data_samples: int = 0  # data_mode = "local": training samples its worker holds (n_i); 0: unknown
     progress: float = 0.0  # data_mode = "local": its count of the job's epochs
+    # DBS's step model t(b) = fixed_s + per_sample_s·b its worker measured; 0 from a
+    # peer that does not publish it (then planned by `speed` alone)
+    fixed_s: float = 0.0
+    per_sample_s: float = 0.0
 
     @property
     def serving(self) -> bool:
@@ -120,6 +124,11 @@ class Membership:
     def job_speeds(self, job: str, spec_fingerprint: str) -> dict[str, float]:
         """member id -> published speed of every other daemon's worker in `job` with the same spec."""
         return {member: entry.speed for member, _, entry in self._entries(job, spec_fingerprint, _active)}
+
+    def job_step_costs(self, job: str, spec_fingerprint: str) -> dict[str, tuple[float, float]]:
+        """member id -> published (fixed_s, per_sample_s) of every other daemon's worker in `job` (DBS)."""
+        return {member: (entry.fixed_s, entry.per_sample_s)
+                for member, _, entry in self._entries(job, spec_fingerprint, _active)}
 
     def job_data_sizes(self, job: str, spec_fingerprint: str) -> dict[str, int]:
         """member id -> published data set size (local data) of every other daemon's worker in `job`."""

@@ -1,14 +1,22 @@
-"""Dynamic batch size (DBS, DESIGN §1.5): local batches in proportion to speed.
+"""Dynamic batch size (DBS, DESIGN §1.5): local batches that take every member
+the same time.
 
-From the job's target global batch B and the measured speeds v_i (samples/s) of
-the members, member i trains on b_i ≈ v_i/Σv · B samples per step, so that every
-member takes one step in about the same wall time and nobody waits on the
-others. Its part of each chunk of an epoch's data is b_i / Σb, so every member
-also reaches the end of its part after the same number of steps.
+Member i's step is modelled as t_i(b) = a_i + c_i·b: a fixed part a_i ≥ 0 that no
+batch changes (the optimizer update, per-step overhead) and c_i > 0 seconds per
+sample (forward and backward); its speed is w_i = 1/c_i samples/s of that part.
+From the job's target global batch B, member i trains on b_i samples so that every
+member takes one step in the same time T and Σb = B:
 
-Pure and deterministic: the same members, speeds and settings give the same
-plan on every peer (ids sorted, integer largest-remainder rounding, ties to the
-lower id), whatever the order of the inputs.
+    T = (B + Σ a_j·w_j) / Σ w_j,    b_i = (T − a_i)·w_i
+
+With every a_i = 0 this is b_i = w_i/Σw · B, the plan in proportion to speed.
+Members that would fall under the minimum batch are held at it and T is solved
+again over the others. Its part of each chunk of an epoch's data is b_i / Σb, so
+every member also reaches the end of its part after the same number of steps.
+
+Pure and deterministic: the same members, speeds, fixed costs and settings give
+the same plan on every peer (ids sorted, integer largest-remainder rounding, ties
+to the lower id), whatever the order of the inputs.
 """
 
 from __future__ import annotations
@@ -18,12 +26,28 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 
+def round_quotas(total: int, quotas: Sequence[float]) -> list[int]:
+    """Integers within one of `quotas` (which sum to `total`) that sum to `total`.
+
+    Largest remainder (Hamilton): floor of each quota, then one more to the
+    largest remainders, ties to the lower index. Float error can leave the floors
+    a sample too many or too few of `total`; that is taken from the smallest
+    remainders or given in turn, so the sum is always exact."""
+    out = [math.floor(q) for q in quotas]
+    left = total - sum(out)
+    by_remainder = sorted(range(len(out)), key=lambda k: (-(quotas[k] - out[k]), k))
+    for n in range(max(left, 0)):
+        out[by_remainder[n % len(out)]] += 1
+    for n in range(max(-left, 0)):
+        out[by_remainder[-1 - n % len(out)]] -= 1
+    return out
+
+
 def apportion(total: int, weights: Sequence[float]) -> list[int]:
     """Non-negative integers proportional to `weights` that sum to `total`.
 
-    Largest remainder (Hamilton): floor of each exact quota, then one more to
-    the largest remainders, ties to the lower index. Zero weights get zero,
-    unless every weight is zero, which counts as all equal."""
+    Largest remainder (round_quotas). Zero weights get zero, unless every weight
+    is zero, which counts as all equal."""
     if total < 0:
         raise ValueError(f"total must be ≥ 0, got {total}")
     if not weights:
@@ -35,13 +59,7 @@ def apportion(total: int, weights: Sequence[float]) -> list[int]:
     s = math.fsum(weights)
     if s == 0:
         weights, s = [1.0] * len(weights), float(len(weights))
-    quotas = [total * w / s for w in weights]
-    out = [math.floor(q) for q in quotas]
-    left = total - sum(out)
-    by_remainder = sorted(range(len(out)), key=lambda k: (-(quotas[k] - out[k]), k))
-    for k in by_remainder[:left]:
-        out[k] += 1
-    return out
+    return round_quotas(total, [total * w / s for w in weights])
 
 
 def fill_unknown(speeds: Mapping[str, float], members: Iterable[str]) -> dict[str, float]:
@@ -49,9 +67,44 @@ def fill_unknown(speeds: Mapping[str, float], members: Iterable[str]) -> dict[st
     ≤ 0) gets the mean of the measured ones, or 1.0 when none is measured (an
     equal share)."""
     ids = sorted(set(members))
-    known = {p: speeds[p] for p in ids if p in speeds and math.isfinite(speeds[p]) and speeds[p] > 0}
+    known = {p: speeds[p] for p in ids if _measured(speeds, p)}
     default = math.fsum(known.values()) / len(known) if known else 1.0
     return {p: known.get(p, default) for p in ids}
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """One member's step time model: t(b) = fixed_s + b / speed."""
+
+    speed: float  # w = 1/c: samples/s of the part of a step that grows with the batch
+    fixed_s: float = 0.0  # a: seconds of a step whatever its batch
+
+    def time(self, batch: int) -> float:
+        return self.fixed_s + batch / self.speed
+
+
+def fill_costs(speeds: Mapping[str, float], members: Iterable[str],
+               fixed: Mapping[str, float] | None = None) -> dict[str, StepCost]:
+    """Each member's step cost. Speeds as fill_unknown. A measured member's fixed
+    cost is its entry in `fixed`, 0 when it has none or it is not a number ≥ 0 (a
+    peer that does not measure it is planned in proportion to its speed); an
+    unmeasured member gets the mean fixed cost of the measured ones."""
+    filled = fill_unknown(speeds, members)
+    fixed = fixed or {}
+    known = {p: _fixed(fixed.get(p, 0.0)) for p in filled if _measured(speeds, p)}
+    default = math.fsum(known.values()) / len(known) if known else 0.0
+    return {p: StepCost(v, known.get(p, default)) for p, v in filled.items()}
+
+
+def equal_time_quotas(total: int, costs: Sequence[StepCost]) -> list[float]:
+    """Real batches b_i that sum to `total` and give every member the same step
+    time T: b_i = (T − a_i)·w_i with T = (total + Σ a_j·w_j) / Σ w_j. Written as
+    (total + Σ a·w)·w_i/Σw − a_i·w_i so that with every a_i = 0 it is exactly
+    apportion's total·w_i/Σw (the same floats, so the same plan). A member whose
+    fixed cost alone exceeds T gets a negative quota."""
+    w_sum = math.fsum(c.speed for c in costs)
+    lifted = total + math.fsum(c.fixed_s * c.speed for c in costs)
+    return [lifted * c.speed / w_sum - c.fixed_s * c.speed for c in costs]
 
 
 @dataclass(frozen=True)
@@ -88,15 +141,17 @@ class BatchPlan:
 
 
 def plan_batches(global_batch: int, speeds: Mapping[str, float], members: Iterable[str],
-                 min_local_batch: int = 1) -> BatchPlan:
-    """b_i = round(v_i/Σv · B), at least `min_local_batch`, summing to B when
-    B ≥ members × min_local_batch (the minimum wins otherwise)."""
+                 min_local_batch: int = 1, fixed: Mapping[str, float] | None = None) -> BatchPlan:
+    """Batches of equal predicted step time (equal_time_quotas), rounded by largest
+    remainder, at least `min_local_batch`, summing to B when B ≥ members × minimum
+    (the minimum wins otherwise). `fixed`: each member's fixed seconds per step
+    (fill_costs); without it, b_i = round(v_i/Σv · B)."""
     if global_batch < 1 or min_local_batch < 1:
         raise ValueError("global_batch and min_local_batch must be ≥ 1")
-    filled = fill_unknown(speeds, members)
-    if not filled:
+    costs = fill_costs(speeds, members, fixed)
+    if not costs:
         raise ValueError("a plan needs at least one member")
-    ids = list(filled)
+    ids = list(costs)
     pinned: dict[str, int] = {}  # members raised to the minimum
     while True:
         free = [p for p in ids if p not in pinned]
@@ -104,7 +159,8 @@ def plan_batches(global_batch: int, speeds: Mapping[str, float], members: Iterab
         if not free or left < min_local_batch * len(free):
             pinned.update({p: min_local_batch for p in free})
             break
-        sizes = dict(zip(free, apportion(left, [filled[p] for p in free])))
+        quotas = equal_time_quotas(left, [costs[p] for p in free])
+        sizes = dict(zip(free, round_quotas(left, quotas)))
         low = [p for p in free if sizes[p] < min_local_batch]
         if not low:
             pinned.update(sizes)
@@ -118,11 +174,30 @@ def equal_plan(local_batch: int, members: Iterable[str]) -> BatchPlan:
     return BatchPlan(tuple((p, local_batch) for p in sorted(set(members))))
 
 
-def step_time(plan: BatchPlan, speeds: Mapping[str, float]) -> float:
-    """Predicted seconds of one step of all members: the slowest, max_i b_i / v_i
-    (members with no measurement count at the mean speed, as in the plan)."""
-    filled = fill_unknown(speeds, plan.ids)
-    return max(b / filled[p] for p, b in plan.batches)
+def step_time(plan: BatchPlan, speeds: Mapping[str, float], fixed: Mapping[str, float] | None = None) -> float:
+    """Predicted seconds of one step of all members: the slowest, max_i a_i + b_i/v_i
+    (members with no measurement count at the mean, as in the plan)."""
+    costs = fill_costs(speeds, plan.ids, fixed)
+    return max(costs[p].time(b) for p, b in plan.batches)
+
+
+def published_costs(samples_per_s: Mapping[str, float], fixed_s: Mapping[str, float],
+                    per_sample_s: Mapping[str, float]) -> tuple[dict[str, float], dict[str, float]]:
+    """The planner's speeds and fixed costs from what the members publish: the
+    whole step's speed (samples/s), and from workers that split their step, its
+    fixed seconds a and seconds per sample c. A member that publishes c > 0 (and
+    a ≥ 0) is planned with speed 1/c and fixed cost a; any other (an older peer,
+    a script job, which sees only whole steps) with its whole-step speed and no
+    fixed cost: in proportion to its speed, as before."""
+    speeds: dict[str, float] = {}
+    fixed: dict[str, float] = {}
+    for p in sorted(set(samples_per_s) | set(per_sample_s)):
+        c, a = per_sample_s.get(p, math.nan), fixed_s.get(p, math.nan)
+        if math.isfinite(c) and c > 0 and math.isfinite(a) and a >= 0:
+            speeds[p], fixed[p] = 1.0 / c, a
+        elif p in samples_per_s:
+            speeds[p] = samples_per_s[p]
+    return speeds, fixed
 
 
 @dataclass
@@ -147,15 +222,24 @@ class Rebalancer:
         if self.every_rounds < 1 or self.threshold < 0:
             raise ValueError("every_rounds must be ≥ 1 and threshold ≥ 0")
 
-    def update(self, round_: int, members: Iterable[str], speeds: Mapping[str, float]) -> bool:
-        """Feed the view at `round_`; True if the plan changed."""
+    def update(self, round_: int, members: Iterable[str], speeds: Mapping[str, float],
+               fixed: Mapping[str, float] | None = None) -> bool:
+        """Feed the view at `round_` (speeds and fixed costs as plan_batches); True if the plan changed."""
         ids = tuple(sorted(set(members)))
         if self.plan is not None and ids == self.plan.ids and round_ % self.every_rounds:
             return False
-        candidate = plan_batches(self.global_batch, speeds, ids, self.min_local_batch)
+        candidate = plan_batches(self.global_batch, speeds, ids, self.min_local_batch, fixed)
         if self.plan is not None and ids == self.plan.ids and \
-                step_time(self.plan, speeds) <= (1 + self.threshold) * step_time(candidate, speeds):
+                step_time(self.plan, speeds, fixed) <= (1 + self.threshold) * step_time(candidate, speeds, fixed):
             return False
         changed = candidate != self.plan
         self.plan = candidate
         return changed
+
+
+def _measured(speeds: Mapping[str, float], p: str) -> bool:
+    return p in speeds and math.isfinite(speeds[p]) and speeds[p] > 0
+
+
+def _fixed(a: float) -> float:
+    return a if math.isfinite(a) and a >= 0 else 0.0

@@ -51,6 +51,7 @@ class WorkerLaunch:
     tls: TlsSettings | None = None
     slowdown: float = 1.0  # testing knob (DaemonConfig.slowdown, .slowdown_clock)
     slowdown_clock: str = "wall"
+    step_overhead_s: float = 0.0  # testing knob (DaemonConfig.step_overhead_s)
     log_format: str = "text"
     intrahost: IntraHostSlot | None = None  # its place in the daemon's intra-host group (peerd.worker.intrahost)
     data_root: str = ""  # data_mode = "local": where this peer's data is (peerd.daemon.localdata)
@@ -62,7 +63,7 @@ class WorkerLaunch:
             "--spec-dir", self.spec_dir, "--peer-id", self.peer_id,
             "--host", self.host, "--threads", str(self.threads), "--device", self.device,
             "--out-dir", str(self.log_path.parent), "--slowdown", repr(self.slowdown),
-            "--slowdown-clock", self.slowdown_clock,
+            "--slowdown-clock", self.slowdown_clock, "--step-overhead-s", repr(self.step_overhead_s),
             "--log-format", self.log_format,
         ]
         if self.secret_file is not None:

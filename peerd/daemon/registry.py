@@ -113,7 +113,7 @@ class JobRegistry:
                 host=self.config.host, threads=split_threads(self.config.worker_threads, count), device=device,
                 spec_path=spec_path, spec_dir=spec_dir, log_path=_worker_dir(job_dir, k, count) / "worker.log",
                 secret_file=secret_file, tls=self.config.tls, slowdown=self.config.slowdown,
-                slowdown_clock=self.config.slowdown_clock,
+                slowdown_clock=self.config.slowdown_clock, step_overhead_s=self.config.step_overhead_s,
                 log_format=self.config.log_format, intrahost=rendezvous.slot(k) if rendezvous else None,
                 data_root=data_root,
             )
@@ -171,6 +171,8 @@ class JobRegistry:
         members = [*self.membership.job_members(name, fingerprint), *(w.member for w in mine)]
         speeds = {**self.membership.job_speeds(name, fingerprint),
                   **{w.member: w.progress.samples_per_s for w in mine if w is not worker}}
+        costs = {**self.membership.job_step_costs(name, fingerprint),
+                 **{w.member: (w.progress.fixed_s, w.progress.per_sample_s) for w in mine if w is not worker}}
         sizes = {**self.membership.job_data_sizes(name, fingerprint),
                  **{w.member: w.progress.data_samples for w in mine if w is not worker}}
         progress = {**self.membership.job_progress(name, fingerprint),
@@ -181,7 +183,8 @@ class JobRegistry:
             peers=peers, members=members, stop=worker.stop_requested, settled=settled, export_path=worker.export_path,
             finished=finished,
             speeds=[control_pb2.MemberSpeed(peer_id=p, samples_per_s=v, data_samples=sizes.get(p, 0),
-                                            progress=progress.get(p, 0.0))
+                                            progress=progress.get(p, 0.0), fixed_s=costs.get(p, (0.0, 0.0))[0],
+                                            per_sample_s=costs.get(p, (0.0, 0.0))[1])
                     for p, v in speeds.items()])
         return view, worker.address != serving
 
@@ -209,6 +212,7 @@ class JobRegistry:
         return peer_pb2.JobAd(
             name=job.spec.name, spec_fingerprint=job.spec.fingerprint, worker_address=w.address, round=p.round,
             state=w.state, phase=p.phase, lr=p.lr, global_batch=p.global_batch, samples_per_s=p.samples_per_s,
+            fixed_s=p.fixed_s, per_sample_s=p.per_sample_s,
             local_batch=p.local_batch, share=p.share, device=w.device, data_samples=p.data_samples,
             progress=p.job_progress,
             member=w.member if w.member != self.peer_id else "",  # a single worker's ad is as before

@@ -18,6 +18,7 @@ the engine's server never wait on each other except at a round.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import time
@@ -29,7 +30,8 @@ import torch
 
 from peerd.auth import Authenticator
 from peerd.core.consensus import consensus_timeout
-from peerd.core.shares import BatchPlan, Rebalancer
+from peerd.core.meter import StepMeter
+from peerd.core.shares import BatchPlan, Rebalancer, published_costs
 from peerd.errors import PeerdError
 from peerd.jobspec import JobSpec
 from peerd.rejections import Rejections
@@ -77,6 +79,7 @@ class Source(Protocol):
     epoch: int
     loss_ema: float
     speed_ema: float  # samples/s of compute, no network wait (DBS)
+    meter: StepMeter  # the same speed, and the step's fixed and per-sample costs when timed apart (DBS)
     local_batch: int
     share: float
     compute_s: float
@@ -347,13 +350,22 @@ class Engine:
 
     def _plan(self, members: list[str]) -> BatchPlan | None:
         """DBS: the batch plan for this round from the members' published speeds
-        (this worker's own is fresher here than the one its daemon relays)."""
+        and step models (this worker's own are fresher here than those its daemon
+        relays)."""
         if self.rebalancer is None:
             return None
-        speeds = {**self.link.speeds, self.me: self.source.speed_ema}
-        if self.rebalancer.update(self.round, members, speeds):
-            log.info("round %d: batches %s (global %d)", self.round,
-                     " ".join(f"{p}={b}" for p, b in self.rebalancer.plan.batches), self.rebalancer.plan.total)
+        meter, link = self.source.meter, self.link
+        speeds = {**link.speeds, self.me: meter.speed}
+        fixed: dict[str, float] = {}
+        if self.spec.step_model == "affine":
+            speeds, fixed = published_costs(speeds, {**link.fixed_s, self.me: meter.fixed_s},
+                                            {**link.per_sample_s, self.me: meter.per_sample_s})
+        if self.rebalancer.update(self.round, members, speeds, fixed):
+            # The step models it was planned from, exact (JSON floats round-trip): a
+            # reader can recompute the plan (peerd.core.shares.plan_batches).
+            log.info("round %d: batches %s (global %d) planned from %s", self.round,
+                     " ".join(f"{p}={b}" for p, b in self.rebalancer.plan.batches), self.rebalancer.plan.total,
+                     json.dumps({"speeds": speeds, "fixed_s": fixed}, sort_keys=True))
         return self.rebalancer.plan
 
     async def _capture(self) -> None:

@@ -35,6 +35,8 @@ class SupervisorLink:
         self.daemons: dict[str, str] = {}  # peer id -> its daemon's peer id (several workers may share one)
         self.members: list[str] = []  # every peer in the job, for the data split
         self.speeds: dict[str, float] = {}  # the other members' published speeds (DBS)
+        self.fixed_s: dict[str, float] = {}  # ... their published step models (DBS): fixed seconds per step
+        self.per_sample_s: dict[str, float] = {}  # ... and seconds per sample
         self.data_sizes: dict[str, int] = {}  # local data: the other members' published data set sizes
         self.progresses: dict[str, float] = {}  # local data: the other members' counts of the job's epochs
         self.stop = False
@@ -62,6 +64,8 @@ class SupervisorLink:
         self.daemons = {p.peer_id: p.daemon or p.peer_id for p in reply.peers}
         self.members = list(reply.members)
         self.speeds = {s.peer_id: s.samples_per_s for s in reply.speeds}
+        self.fixed_s = {s.peer_id: s.fixed_s for s in reply.speeds}
+        self.per_sample_s = {s.peer_id: s.per_sample_s for s in reply.speeds}
         self.data_sizes = {s.peer_id: s.data_samples for s in reply.speeds if s.data_samples}
         self.progresses = {s.peer_id: s.progress for s in reply.speeds if s.progress > 0}
         self.stop = self.stop or reply.stop

@@ -58,6 +58,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="testing knob: after each step sleep (SLOWDOWN − 1) × its time (default 1: none)")
     parser.add_argument("--slowdown-clock", default="wall", choices=CLOCKS,
                         help="the step's time for --slowdown: its wall time, or its CPU time (default wall)")
+    parser.add_argument("--step-overhead-s", type=float, default=0.0,
+                        help="testing knob: after each step also sleep this many seconds, whatever its batch "
+                             "(a fixed per-step cost; default 0)")
     parser.add_argument("--log-format", default="text", choices=["text", "json"], help="log record format")
     intrahost.add_arguments(parser)
     return parser.parse_args(argv)
@@ -75,7 +78,7 @@ def load_security(args: argparse.Namespace) -> Security:
 def run_declarative(launch: Launch) -> int:
     """peerd's own loop over a job module, as a client of the Peer API."""
     trainer = Trainer(launch.spec, launch.peer_id, launch.spec_dir, launch.slowdown, launch.device,
-                      launch.data_root, launch.slowdown_clock)
+                      launch.data_root, launch.slowdown_clock, launch.step_overhead_s)
     peer = None
     try:
         peer = Peer(launch, trainer, evaluate=trainer.evaluate)
@@ -150,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     group = intrahost.from_args(args, resolve_device(args.device), args.peer_id)
     launch = Launch(spec, args.spec_dir, args.control, args.peer_id, args.host, args.out_dir, args.device,
                     load_security(args), args.slowdown, group, data_root=args.data_root,
-                    slowdown_clock=args.slowdown_clock)
+                    slowdown_clock=args.slowdown_clock, step_overhead_s=args.step_overhead_s)
     return run_script(launch) if spec.script else run_declarative(launch)
 
 

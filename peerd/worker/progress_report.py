@@ -14,7 +14,8 @@ def progress_of(engine, result: RoundResult | None, finished: bool = False) -> c
     t, times = engine.source, engine.rounds.exchange_times
     p = control_pb2.Progress(
         step=t.step_count, round=engine.round, epoch=t.epoch, loss=t.loss_ema,
-        samples_per_s=t.speed_ema, metric=engine.metrics.get(engine.spec.metric, math.nan), samples=t.samples,
+        samples_per_s=t.speed_ema, fixed_s=t.meter.fixed_s, per_sample_s=t.meter.per_sample_s,
+        metric=engine.metrics.get(engine.spec.metric, math.nan), samples=t.samples,
         metric_name=engine.spec.metric, metric_higher_better=engine.spec.metric_mode == "max",
         metrics=engine.metrics, skipped_steps=t.skipped_steps,
         segment_misses=engine.rounds.misses, finished=finished, disagreement=math.nan, exchange_s=math.nan, lr=t.lr,

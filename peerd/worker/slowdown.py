@@ -28,7 +28,8 @@ def cpu_clock() -> Callable[[], float]:
 
 class SlowedSteps:
     """start() before a step, finish() after it: sleeps the slowdown and returns
-    the step's wall time, the sleep included."""
+    the step's wall time, the sleep included. fixed_s() then says how much of
+    that time does not depend on the step's batch."""
 
     def __init__(self, slowdown: Slowdown, cpu: Callable[[], float] | None = None,
                  wall: Callable[[], float] = time.perf_counter,
@@ -37,6 +38,7 @@ class SlowedSteps:
         self._cpu = cpu or (cpu_clock() if slowdown.clock == "cpu" else time.thread_time)
         self._wall, self._sleep = wall, sleep
         self._wall0 = self._cpu0 = 0.0
+        self._stretch = 1.0  # the last step's time over its own work, the overhead's sleep left out
 
     def start(self) -> None:
         self._wall0, self._cpu0 = self._wall(), self._cpu()
@@ -46,4 +48,13 @@ class SlowedSteps:
         pause = self.slowdown.sleep_s(wall, self._cpu() - self._cpu0)
         if pause > 0:  # a slower device that uses no extra CPU
             self._sleep(pause)
-        return self._wall() - self._wall0
+        elapsed = self._wall() - self._wall0
+        self._stretch = max(1.0, (elapsed - self.slowdown.overhead_s) / wall) if wall > 0 else 1.0
+        return elapsed
+
+    def fixed_s(self, work_fixed_s: float) -> float:
+        """The part of the last step's time, sleeps included, that no batch changes,
+        from the part of its own work that does not (work_fixed_s): the factor's
+        sleep emulates a device slower at everything, so it stretches that part
+        as much as the rest; the overhead's sleep is all fixed."""
+        return work_fixed_s * self._stretch + self.slowdown.overhead_s

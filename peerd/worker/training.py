@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import os
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -37,6 +38,10 @@ from peerd.worker.trainstate import TrainState
 log = logging.getLogger("peerd.worker")
 
 EVAL_BATCH = 500
+# On a GPU the fixed part of a step is timed between two synchronisations (the
+# backward's kernels would otherwise land in it), which costs the overlap of the
+# optimizer update with the next step's start: only every this many steps.
+CUDA_SPLIT_EVERY = 4
 
 
 def resolve_device(name: str) -> torch.device:
@@ -74,10 +79,10 @@ def to_device(batch, device: torch.device, non_blocking: bool = False):
 class Trainer:
     def __init__(
         self, spec: JobSpec, peer_id: str, spec_dir: str = "", slowdown: float = 1.0, device: str = "cpu",
-        data_root: str = "", slowdown_clock: str = "wall",
+        data_root: str = "", slowdown_clock: str = "wall", step_overhead_s: float = 0.0,
     ) -> None:
         try:
-            self.slowed = SlowedSteps(Slowdown(slowdown, slowdown_clock))
+            self.slowed = SlowedSteps(Slowdown(slowdown, slowdown_clock, step_overhead_s))
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         self.spec = spec
@@ -106,7 +111,8 @@ class Trainer:
         self.last_indices: list[int] = []  # the samples of the last step
         self.skipped_steps = 0  # non-finite loss or overflowing gradients: not applied
         self.extras: dict[str, float] = {}  # the loss function's extra scalars, last step
-        self.meter = StepMeter()  # loss and speed (with the slowdown's sleep), no network wait
+        self.meter = StepMeter()  # loss, speed and fixed cost (with the slowdown's sleep), no network wait
+        self._fixed_work = math.nan  # the last step's optimizer update etc., timed apart (NaN: not this step)
         self.local_batch = spec.local_batch  # of the last step
         self.share = math.nan  # this peer's part of the current chunk's data (DBS), NaN when equal
         self.compute_s = 0.0  # total time in steps, the slowdown's sleep included
@@ -250,19 +256,28 @@ class Trainer:
         if size == 0:
             return math.nan
         elapsed = self.slowed.finish()  # the slowdown's sleep included
+        fixed = self.slowed.fixed_s(self._fixed_work) if math.isfinite(self._fixed_work) else math.nan
         self.compute_s += elapsed
         self.step_count += 1
         self.samples += size
         self.local_batch = size
-        self.meter.observe(size, elapsed, value)
+        self.meter.observe(size, elapsed, value, fixed)
         return value
 
     def _accumulate(self, global_batch: int, plan: BatchPlan | None) -> tuple[float, int]:
         """Gradient of the mean loss over one step's micro-batches, then one
         optimizer step; returns (mean loss, samples). A non-finite loss or
-        gradient skips the optimizer step (counted), never the round."""
+        gradient skips the optimizer step (counted), never the round.
+
+        Times the part of the step no batch changes (clearing the gradients,
+        unscaling, clipping, the optimizer update) into self._fixed_work, for
+        DBS's step model; the rest (reading, forward, backward) grows with the batch."""
+        timed = self.device.type != "cuda" or self.step_count % CUDA_SPLIT_EVERY == 0
+        self._fixed_work = math.nan
         self.model.train()
+        t0 = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
+        fixed = time.perf_counter() - t0
         total, size, finite = 0.0, 0, True
         read: list[int] = []
         extras: dict[str, float] = {}
@@ -293,15 +308,25 @@ class Trainer:
                 break
         if size == 0:
             return math.nan, 0
+        t1 = self._sync_clock(timed)
         stepped = finite and self.precision.step(self.optimizer, self.state.params)
         if not stepped:
             self.skipped_steps += 1
             self.optimizer.zero_grad(set_to_none=True)
+        if timed:
+            self._fixed_work = fixed + self._sync_clock(timed) - t1
+        if not stepped:
             log.warning("step %d skipped: %s (%d skipped so far)", self.step_count,
                         "non-finite loss" if not finite else "non-finite gradients", self.skipped_steps)
         self.extras = extras
         self.last_indices = read
         return (total if finite else math.nan), size
+
+    def _sync_clock(self, timed: bool) -> float:
+        """perf_counter, after the GPU's queued work when this step is timed."""
+        if timed and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
 
     def _lr_weight(self, micro, plan: BatchPlan | None) -> float:
         """This peer's LR multiplier. Shared data: b_i / mean(b) under a DBS plan
