@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import math
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -23,6 +25,8 @@ from peerd.core.segments import Span, chunk_spans, split_even
 from peerd.errors import InvalidMessage, PeerUnavailable, PeerdError
 from peerd.worker.codec import all_finite
 from peerd.worker.snapshots import Identity, SnapshotStore, check_identity, wait_until
+
+log = logging.getLogger("peerd.worker")
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,7 @@ class StatePart:
     meta: StateMeta
     span: Span
     values: torch.Tensor
+    first_s: float = 0.0  # from the request to its first chunk: mostly the donor's wait for a capture
 
 
 class _Capture:
@@ -120,19 +125,24 @@ class StateServer:
         self.chunk_elems = chunk_elems
 
     async def state(
-        self, job: str, fingerprint: str, offset: int, length: int, wait_s: float
+        self, job: str, fingerprint: str, offset: int, length: int, wait_s: float, peer: str = "",
     ) -> AsyncIterator[tuple[StateMeta, int, int, bytes, bytes]]:
         """(meta, offset, total, sha256 on the first chunk, data) chunks of a range."""
         check_identity(self.identity, job, fingerprint)
         total = self.board.numel
         if length == 0 or offset + length > total:
             raise InvalidMessage(f"state range {offset}+{length} outside 0..{total}", "bad_range")
+        asked = time.monotonic()
         async with self.board.hold(self.store.current_round, wait_s) as (vector, meta):
+            held = time.monotonic()
             values = vector[offset : offset + length]
             sha = digest(values, meta.extra)
             for piece in chunk_spans(length, self.chunk_elems):
                 yield meta, offset + piece.start, total, sha, values[piece.start : piece.stop].numpy().tobytes()
                 sha = b""
+        # Joins are rare and their time matters (docs/benchmarks.md): say where it went.
+        log.info("served state range %d+%d of round %d to %r: capture after %.2fs, sent in %.2fs",
+                 offset, length, meta.round, peer or "?", held - asked, time.monotonic() - held)
 
 
 def digest(values: torch.Tensor, extra: bytes = b"") -> bytes:
@@ -174,8 +184,11 @@ async def pull_state(
         errors = []
         for donor in ids[k:] + ids[:k]:  # its own donor first, then the others
             try:
+                asked = time.monotonic()
                 part = await transport.fetch_state(donors[donor], span, timeout_s)
                 out[span.start : span.stop] = part.values
+                log.info("state range %d+%d of round %d from %s: first chunk after %.2fs, verified after %.2fs",
+                         span.start, span.size, part.meta.round, donor, part.first_s, time.monotonic() - asked)
                 return part.meta, donor
             except PeerdError as exc:
                 errors.append(f"{donor}: {exc}")
