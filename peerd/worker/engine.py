@@ -248,7 +248,7 @@ class Engine:
             return StepPlan([self.me], 1, None, stop=True)
         self.round += 1
         run = self.rounds.run_overlapped if self.rounds.overlap is not None else self.rounds.run
-        result = await run(self.round, self._view, self._capture)
+        result = await run(self.round, self._view, self.capture_if_wanted)
         await self._catch_up(result)
         if self.link.export_path and self.link.export_path != self.exported:
             await self._export(self.link.export_path)
@@ -349,8 +349,12 @@ class Engine:
                      " ".join(f"{p}={b}" for p, b in self.rebalancer.plan.batches), self.rebalancer.plan.total)
         return self.rebalancer.plan
 
-    async def _capture(self) -> None:
-        """Between steps: copy the state if a newcomer asked for it."""
+    async def capture_if_wanted(self) -> None:
+        """Between steps: copy the state if a newcomer asked for it. Called at
+        each round and, while a newcomer waits, after every local step
+        (Peer.step): a newcomer then waits for one step of each donor, not for
+        the end of each donor's round (docs/benchmarks.md, "Join on training
+        donors")."""
         if self.board.wanted:
             await self.board.capture(self.state.parts(), self._meta())
 
