@@ -91,6 +91,7 @@ PEERD_EVAL_ROUNDS = 2  # each peer evaluates every 2 × PERIOD_STEPS of its own 
 POLL_S = 0.5
 START_S = 150.0  # a variant's workers/ranks to start training
 JOIN_S = 120.0
+STANDBY_WARM_S = 15.0
 
 # ---------------------------------------------------------------- pure parts
 
@@ -488,6 +489,9 @@ def rejoin_reset(bed: Testbed, name: str) -> None:
         path.unlink()
     poll_until(lambda: daemon_log.read_text().count("standby worker pid") > standbys, 60,
                "the newcomer's next standby worker")
+    # The standby says nothing when its imports are done (~4 s on a busy host):
+    # give it the time, or the join measures them.
+    time.sleep(STANDBY_WARM_S)
 
 
 def _leave(bed: Testbed, name: str) -> None:
