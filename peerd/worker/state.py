@@ -15,7 +15,7 @@ import hashlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -62,6 +62,9 @@ class StateBoard:
         self._changed = asyncio.Condition()
         self._waiting = 0
         self.finished = False
+        # Called (in the loop, synchronously) when a request starts waiting for a
+        # capture: the engine takes one at once if its state is still.
+        self.on_wanted: Callable[[], None] | None = None
 
     @property
     def numel(self) -> int:
@@ -72,10 +75,18 @@ class StateBoard:
         """Someone waits for a capture: the round loop should call capture()."""
         return self._waiting > 0
 
-    async def capture(self, parts: Sequence[torch.Tensor], meta: StateMeta) -> None:
-        """Copy the state. Never waits: a capture still being read is left to its
-        readers and replaced."""
+    async def capture(self, parts: Sequence[torch.Tensor], meta: StateMeta | Callable[[], StateMeta],
+                      when: Callable[[], bool] | None = None) -> bool:
+        """Copy the state; `meta` may be a function, called at the copy. Never
+        waits: a capture still being read is left to its readers and replaced.
+        With `when`, copy only if it holds at the copy: it is checked under the
+        lock with nothing awaited before the copy, so a state that another
+        thread may move again after `when` turns false is never half-copied."""
         async with self._changed:
+            if when is not None and not when():
+                return False
+            if callable(meta):
+                meta = meta()
             if self._capture.readers:
                 self._capture = _Capture(self.numel)
             offset = 0
@@ -84,6 +95,7 @@ class StateBoard:
                 offset += part.numel()
             self._capture.meta = meta
             self._changed.notify_all()
+        return True
 
     async def finish(self) -> None:
         async with self._changed:
@@ -100,6 +112,8 @@ class StateBoard:
 
             if not fresh() and not self.finished:
                 self._waiting += 1
+                if self.on_wanted is not None:
+                    self.on_wanted()
                 try:
                     await wait_until(self._changed, lambda: fresh() or self.finished, wait_s)
                 finally:
