@@ -1,8 +1,10 @@
 """Full training state for newcomers (DESIGN §1.8): capture, serve, pull, verify.
 
 A donor captures its state (peerd.worker.trainstate: the vector, and the
-small extra part) at a round boundary when
-someone asks for it, so a range it serves is never half-updated. A joiner cuts
+small extra part) between two of its local steps when someone asks for it (at
+once while its training waits for a round, else after the step under way: not
+at the end of its round, which a joiner waited for), so a range it serves is
+never half-updated. A joiner cuts
 the state into one range per donor and pulls them in parallel (no single donor
 carries every joiner: hivemind issue #169), checks each range against its
 SHA-256 and for finite values, and retries a failed range with another donor.
@@ -53,7 +55,7 @@ class _Capture:
 
 
 class StateBoard:
-    """The donor side: a copy of the state taken at a round boundary on request."""
+    """The donor side: a copy of the state taken between two steps on request."""
 
     def __init__(self, numel: int, params: int) -> None:
         self._numel = numel  # the whole state vector
