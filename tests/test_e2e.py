@@ -207,7 +207,9 @@ def test_a_newcomer_takes_the_state_between_the_donors_steps_not_at_their_round(
     text = example_job(job={"name": "midround", "epochs": 1000, "eval_every_rounds": 1000},
                        gossip={"period_steps": 1_000_000})
     cluster.client(donor).join(text)
-    wait_for(lambda: first_jobs(cluster, [donor])[0].progress.step >= 3, 120, "the donor's first steps")
+    # (Its progress is reported at rounds, so its steps are not seen here: a
+    # capture is taken after a step, so the newcomer's step count shows it.)
+    wait_for(lambda: first_jobs(cluster, [donor])[0].state == "running", 120, "the donor to train")
     wait_for(lambda: any(j.name == "midround" for j in cluster.client(late).jobs().jobs), 30,
              "the newcomer's daemon to see the job")
     cluster.client(late).join_by_name("midround")
@@ -215,7 +217,7 @@ def test_a_newcomer_takes_the_state_between_the_donors_steps_not_at_their_round(
     wait_for(lambda: log.exists() and "training from round" in log.read_text(), 120, "the newcomer's first step")
     text = log.read_text()
     took = re.search(r"joining: took the state of round 0 \(step (\d+), .* from peer-0 in", text)
-    assert took and int(took.group(1)) >= 3, text[:3000]
+    assert took and int(took.group(1)) >= 1, text[:3000]
     assert re.search(r"training from round 0, step (?!0\b)\d+", text), text[:3000]
     assert first_jobs(cluster, [donor])[0].progress.round == 0  # it served within its first round
     served = (donor.dir / "state" / "jobs" / "midround" / "worker.log").read_text()
