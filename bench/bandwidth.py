@@ -42,6 +42,7 @@ meanwhile divided by its link's rate; goal ≤ 1.2 × that + 1 s.
     sudo .venv/bin/python bench/bandwidth.py --out /tmp/bw --png docs/img/bandwidth.png
     sudo .venv/bin/python bench/bandwidth.py --slowdowns 1,1,1,1 --budget 90 --join-cap 0
     sudo .venv/bin/python bench/bandwidth.py --caps 1000 --variants ddp,overlap --budget 90
+    sudo .venv/bin/python bench/bandwidth.py --join-only --budget 30 --joins 3   # the join alone: ~2 min
     .venv/bin/python bench/bandwidth.py --replot /tmp/bw/summary.json --png /tmp/bw.png
 
 The first took 20 min on 2 vCPUs at load 9-23 (8 runs of at most --budget = 120 s
@@ -90,6 +91,7 @@ PEERD_EVAL_ROUNDS = 2  # each peer evaluates every 2 × PERIOD_STEPS of its own 
 POLL_S = 0.5
 START_S = 150.0  # a variant's workers/ranks to start training
 JOIN_S = 120.0
+STANDBY_WARM_S = 15.0
 
 # ---------------------------------------------------------------- pure parts
 
@@ -183,6 +185,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--slowdowns", default="1,1,2,4", help="per-peer slowdown factors (default 1,1,2,4)")
     p.add_argument("--join-cap", type=float, default=1000.0,
                    help="measure the newcomer's join at this cap, after `overlap` (0: no join; default 1000)")
+    p.add_argument("--join-only", action="store_true",
+                   help="only the join: the overlap variant at --join-cap, trained --budget s, then --joins joins")
+    p.add_argument("--joins", type=int, default=1,
+                   help="joins of the newcomer in a row (it leaves and its checkpoint is removed in between)")
     p.add_argument("--out", type=Path, default=None, help="results folder (default runs/bandwidth-TIMESTAMP)")
     p.add_argument("--png", type=Path, default=ROOT / "docs" / "img" / "bandwidth.png", help="where the plot goes")
     p.add_argument("--replot", type=Path, default=None, metavar="SUMMARY",
@@ -193,6 +199,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.cap_list = [float(c) for c in args.caps.split(",")]
     args.variant_list = args.variants.split(",")
+    if args.join_only:
+        if args.join_cap <= 0:
+            p.error("--join-only needs a --join-cap")
+        args.cap_list, args.variant_list = [args.join_cap], ["overlap"]
+    if args.joins < 1:
+        p.error("--joins must be ≥ 1")
     args.slowdown_list = [float(f) for f in args.slowdowns.split(",")]
     if unknown := [v for v in args.variant_list if v not in VARIANTS]:
         p.error(f"unknown variants {unknown}: choose from {', '.join(VARIANTS)}")
@@ -384,7 +396,7 @@ def job_text(name: str, overlap: bool, wire: str) -> str:
     })
 
 
-def run_peerd(bed: Testbed, variant: str, cap: float, out: Path, join: bool) -> tuple[Result, dict | None]:
+def run_peerd(bed: Testbed, variant: str, cap: float, out: Path, join: bool) -> tuple[Result, list[dict]]:
     args = bed.args
     overlap, wire = VARIANTS[variant]
     name = f"bw-{variant}-{cap:g}"
@@ -395,7 +407,7 @@ def run_peerd(bed: Testbed, variant: str, cap: float, out: Path, join: bool) -> 
         with peer.client(timeout_s=30.0) as c:
             c.join(text, str(JOBS))
     points: list[list[tuple[float, float]]] = [[] for _ in bed.trainers]
-    curve, best, t0, before, joined = [], [], None, {}, None
+    curve, best, t0, before, joined = [], [], None, {}, []
     deadline = time.monotonic() + args.budget + START_S
     try:
         while time.monotonic() < deadline:
@@ -421,8 +433,11 @@ def run_peerd(bed: Testbed, variant: str, cap: float, out: Path, join: bool) -> 
             time.sleep(POLL_S)
         after = bed.net.counters()
         rounds = [j.progress.round if j is not None else 0 for j in jobs]
-        if join:
-            joined = measure_join(bed, name, cap)
+        for k in range(args.joins if join else 0):
+            if k:
+                rejoin_reset(bed, name)
+            joined.append(measure_join(bed, name, cap))
+            print(f"  join {k}: {joined[-1]['total_s']:.2f}s (pull {joined[-1]['pull_s']:.2f}s)", flush=True)
     finally:
         _leave(bed, name)
     if t0 is None:
@@ -456,6 +471,27 @@ def measure_join(bed: Testbed, name: str, cap: float) -> dict:
     return {"cap_mbit": cap, "total_s": total, "pull_s": float(pulled.group(2)), "donors": pulled.group(1),
             "received_bytes": received, "link_s": link_seconds(received, cap),
             "goal_s": join_goal_s(received, cap)}
+
+
+def rejoin_reset(bed: Testbed, name: str) -> None:
+    """The newcomer leaves `name` and becomes a newcomer again: its worker stopped,
+    its log set aside and its checkpoint removed (a checkpoint is loaded before
+    the pull), a fresh standby worker up."""
+    newcomer = bed.newcomer
+    daemon_log = newcomer.dir / "daemon.log"
+    standbys = daemon_log.read_text().count("standby worker pid")
+    with newcomer.client(timeout_s=60.0) as c:
+        c.leave(name)
+    job_dir = newcomer.dir / "state" / "jobs" / name
+    log_path = job_dir / "worker.log"
+    log_path.rename(job_dir / f"worker-{time.time():.0f}.log")
+    for path in (job_dir / "checkpoints").glob("*"):
+        path.unlink()
+    poll_until(lambda: daemon_log.read_text().count("standby worker pid") > standbys, 60,
+               "the newcomer's next standby worker")
+    # The standby says nothing when its imports are done (~4 s on a busy host):
+    # give it the time, or the join measures them.
+    time.sleep(STANDBY_WARM_S)
 
 
 def _leave(bed: Testbed, name: str) -> None:
@@ -575,7 +611,7 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     join = variant == "overlap" and cap == args.join_cap and not joins
                     result, joined = run_peerd(bed, variant, cap, where, join)
-                    joins += [joined] if joined else []
+                    joins += joined
                 results.append(result)
                 print(f"  target at {result.time_to(args.target):.1f}s (best peer: "
                       f"{time_to_target(result.best, args.target):.1f}s), utilisation "
@@ -585,11 +621,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         bed.close()
     save(results, joins, args)
-    plot(results, args)
+    if not args.join_only:
+        plot(results, args)
     text = report(results, joins, args)
     (args.out / "table.md").write_text(text + "\n")
     print(text)
-    print(f"\nresults in {args.out}; plot {args.png}")
+    print(f"\nresults in {args.out}" + ("" if args.join_only else f"; plot {args.png}"))
     return 0
 
 

@@ -257,6 +257,12 @@ class Peer:
             if self._plan.stop:
                 self._loop.call(self._engine.leave())
                 self._left = True
+        if self._engine.board.wanted and not self._left:
+            # A newcomer waits for this peer's state: copy it now, between two
+            # steps (the training thread waits meanwhile, so the copy is of one
+            # step's state), rather than at the end of the round. Also right
+            # after a round whose exchange the request arrived during.
+            self._loop.call(self._engine.capture_if_wanted())
         if self._script:
             self._advance_scheduler()
             self._update_lr()

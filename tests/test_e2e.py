@@ -196,6 +196,34 @@ def test_a_late_joiner_takes_the_state_from_the_running_peers(local_cluster):
     assert abs(jobs[2].progress.metric - jobs[0].progress.metric) < 0.05
 
 
+def test_a_newcomer_takes_the_state_between_the_donors_steps_not_at_their_round(local_cluster):
+    # The donor's round never ends here (10^6 steps per round): its state must be
+    # copied after the local step under way, not at its next round boundary,
+    # which a newcomer used to wait for (up to half the pull's deadline, then it
+    # started from scratch).
+    cluster = local_cluster(2)
+    donor, late = cluster.peers
+    wait_for(lambda: all(cluster.client(p).status().peers_known == 1 for p in cluster.peers), 30, "discovery")
+    text = example_job(job={"name": "midround", "epochs": 1000, "eval_every_rounds": 1000},
+                       gossip={"period_steps": 1_000_000})
+    cluster.client(donor).join(text)
+    # (Its progress is reported at rounds, so its steps are not seen here: a
+    # capture is taken after a step, so the newcomer's step count shows it.)
+    wait_for(lambda: first_jobs(cluster, [donor])[0].state == "running", 120, "the donor to train")
+    wait_for(lambda: any(j.name == "midround" for j in cluster.client(late).jobs().jobs), 30,
+             "the newcomer's daemon to see the job")
+    cluster.client(late).join_by_name("midround")
+    log = late.dir / "state" / "jobs" / "midround" / "worker.log"
+    wait_for(lambda: log.exists() and "training from round" in log.read_text(), 120, "the newcomer's first step")
+    text = log.read_text()
+    took = re.search(r"joining: took the state of round 0 \(step (\d+), .* from peer-0 in", text)
+    assert took and int(took.group(1)) >= 1, text[:3000]
+    assert re.search(r"training from round 0, step (?!0\b)\d+", text), text[:3000]
+    assert first_jobs(cluster, [donor])[0].progress.round == 0  # it served within its first round
+    served = (donor.dir / "state" / "jobs" / "midround" / "worker.log").read_text()
+    assert "served state range 0+" in served and "to 'peer-1'" in served, served[-3000:]
+
+
 def test_a_killed_worker_rejoins_from_the_others_who_keep_training(local_cluster):
     cluster = local_cluster(3)
     wait_for(lambda: all(cluster.client(p).status().peers_known == 2 for p in cluster.peers), 30, "discovery")

@@ -192,6 +192,32 @@ async def test_state_in_memory_matches_the_grpc_path():
     torch.testing.assert_close(vector[:NUMEL], a.vector)
 
 
+async def test_a_donor_whose_state_is_still_captures_when_asked_and_never_once_it_moves():
+    # The engine's hook (Engine._wanted): a request that starts waiting is told
+    # at once; the copy is taken only while the state is still (the training
+    # thread parked in end_round), checked at the copy itself.
+    a, _ = two_peers()
+    await a.store.publish(3, a.vector)
+    still = True
+    momentum = torch.full((NUMEL,), 0.5)
+
+    def wanted() -> None:
+        asyncio.get_running_loop().create_task(a.board.capture(
+            [a.vector, momentum], lambda: StateMeta(3, 30, 1.5), when=lambda: still))
+
+    a.board.on_wanted = wanted
+    transport = MemoryTransport(Identity("job", "fp", "j"), {}, {"mem-a": a.state})
+    vector, meta, _ = await pull_state(transport, {"a": "mem-a"}, 2 * NUMEL, 10.0)  # not after wait_s = 5 s
+    torch.testing.assert_close(vector, torch.cat([a.vector, momentum]))
+    assert (meta.round, meta.step) == (3, 30)
+
+    await a.store.publish(4, a.vector)  # the next round: the capture of round 3 is stale
+    still = False  # ... and the state moves (the training thread stepping)
+    part = await transport.fetch_state("mem-a", Span(0, NUMEL), 0.2)  # waits 0.1 s for a capture in vain
+    assert part.meta.round == 3  # the last one taken: none was taken while the state moved
+    assert not await a.board.capture([a.vector, momentum], StateMeta(4, 40, 2.0), when=lambda: still)
+
+
 async def test_memory_transport_reports_missing_peer():
     a, _ = two_peers()
     with pytest.raises(PeerUnavailable):

@@ -117,6 +117,11 @@ class Engine:
         self.me = peer_id
         self.identity = Identity(spec.name, self.state.fingerprint(spec.fingerprint), self.me)
         self.board = StateBoard(self.state.numel, self.state.gossiped)
+        self.board.on_wanted = self._wanted
+        # The training thread waits in end_round: only this loop moves the state
+        # then, so a newcomer's copy can be taken at once (_wanted).
+        self._parked = False
+        self._captures: set[asyncio.Task] = set()
         self.security = security
         self.rejections = Rejections(log)
         self.traffic = Traffic()
@@ -186,6 +191,7 @@ class Engine:
         await self.rounds.aclose()
         await self.final.finish()
         await self.board.finish()
+        await asyncio.gather(*self._captures, return_exceptions=True)
         if self._beats is not None:
             self._beats.cancel()
             await asyncio.gather(self._beats, return_exceptions=True)
@@ -256,18 +262,23 @@ class Engine:
         """The local steps of a round are done: exchange, then the next plan."""
         if self.left:
             return StepPlan([self.me], 1, None, stop=True)
-        self.round += 1
-        run = self.rounds.run_overlapped if self.rounds.overlap is not None else self.rounds.run
-        result = await run(self.round, self._view, self._capture)
-        await self._catch_up(result)
-        if self.link.export_path and self.link.export_path != self.exported:
-            await self._export(self.link.export_path)
-        if self._checkpoint_due():
-            await self.checkpoint("periodic")
-        if self.round % self.spec.eval_every_rounds == 0 and self.evaluate is not None:
-            self.metrics = await asyncio.to_thread(self.evaluate)
-        self._report(result)
-        return self._next_plan()
+        self._parked = True
+        try:
+            await self.capture_if_wanted()  # asked during the last step: at once, not after the exchange
+            self.round += 1
+            run = self.rounds.run_overlapped if self.rounds.overlap is not None else self.rounds.run
+            result = await run(self.round, self._view, self.capture_if_wanted)
+            await self._catch_up(result)
+            if self.link.export_path and self.link.export_path != self.exported:
+                await self._export(self.link.export_path)
+            if self._checkpoint_due():
+                await self.checkpoint("periodic")
+            if self.round % self.spec.eval_every_rounds == 0 and self.evaluate is not None:
+                self.metrics = await asyncio.to_thread(self.evaluate)
+            self._report(result)
+            return self._next_plan()
+        finally:
+            self._parked = False
 
     async def _export(self, path: str) -> None:
         """peerctl export: the exact average of this round's snapshots of the
@@ -368,10 +379,30 @@ class Engine:
                      json.dumps({"speeds": speeds, "fixed_s": fixed}, sort_keys=True))
         return self.rebalancer.plan
 
-    async def _capture(self) -> None:
-        """Between steps: copy the state if a newcomer asked for it."""
+    async def capture_if_wanted(self) -> None:
+        """Between steps: copy the state if a newcomer asked for it. Called at
+        each round and, while a newcomer waits, after every local step
+        (Peer.step): a newcomer then waits for one step of each donor, not for
+        the end of each donor's round (docs/benchmarks.md, "Join on training
+        donors")."""
         if self.board.wanted:
             await self.board.capture(self.state.parts(), self._meta())
+
+    def _wanted(self) -> None:
+        """A newcomer started waiting for a capture. While the training thread
+        waits in end_round (an exchange, an overlapped round's finish: seconds
+        with a slow partner) take it now; else Peer.step takes it after the step
+        under way. A copy taken while a round is in flight lacks only that
+        round's averaging, as any copy between two rounds' steps does."""
+        if not self._parked:
+            return
+
+        async def take() -> None:
+            await self.board.capture(self.state.parts(), self._meta, when=lambda: self._parked and self.board.wanted)
+
+        task = asyncio.get_running_loop().create_task(take())
+        self._captures.add(task)
+        task.add_done_callback(self._captures.discard)
 
     async def _announce_leave(self) -> None:
         """Leave after this round: partners asking for a later one are told at

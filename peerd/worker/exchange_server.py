@@ -141,7 +141,7 @@ class ExchangeServicer:
         request, wait_s, reply = await self._admit(FETCH_STATE, raw, peer_pb2.StateRequest, context)
         try:
             async with aclosing(self._state.state(
-                request.job, request.fingerprint, request.offset, request.length, wait_s
+                request.job, request.fingerprint, request.offset, request.length, wait_s, request.peer_id[:64]
             )) as chunks:
                 async for meta, offset, total, sha, data in chunks:
                     chunk = peer_pb2.StateChunk(

@@ -1,8 +1,10 @@
 """Full training state for newcomers (DESIGN §1.8): capture, serve, pull, verify.
 
 A donor captures its state (peerd.worker.trainstate: the vector, and the
-small extra part) at a round boundary when
-someone asks for it, so a range it serves is never half-updated. A joiner cuts
+small extra part) between two of its local steps when someone asks for it (at
+once while its training waits for a round, else after the step under way: not
+at the end of its round, which a joiner waited for), so a range it serves is
+never half-updated. A joiner cuts
 the state into one range per donor and pulls them in parallel (no single donor
 carries every joiner: hivemind issue #169), checks each range against its
 SHA-256 and for finite values, and retries a failed range with another donor.
@@ -12,8 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import math
-from collections.abc import AsyncIterator, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -23,6 +27,8 @@ from peerd.core.segments import Span, chunk_spans, split_even
 from peerd.errors import InvalidMessage, PeerUnavailable, PeerdError
 from peerd.worker.codec import all_finite
 from peerd.worker.snapshots import Identity, SnapshotStore, check_identity, wait_until
+
+log = logging.getLogger("peerd.worker")
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,7 @@ class StatePart:
     meta: StateMeta
     span: Span
     values: torch.Tensor
+    first_s: float = 0.0  # from the request to its first chunk: mostly the donor's wait for a capture
 
 
 class _Capture:
@@ -48,7 +55,7 @@ class _Capture:
 
 
 class StateBoard:
-    """The donor side: a copy of the state taken at a round boundary on request."""
+    """The donor side: a copy of the state taken between two steps on request."""
 
     def __init__(self, numel: int, params: int) -> None:
         self._numel = numel  # the whole state vector
@@ -57,6 +64,9 @@ class StateBoard:
         self._changed = asyncio.Condition()
         self._waiting = 0
         self.finished = False
+        # Called (in the loop, synchronously) when a request starts waiting for a
+        # capture: the engine takes one at once if its state is still.
+        self.on_wanted: Callable[[], None] | None = None
 
     @property
     def numel(self) -> int:
@@ -67,10 +77,18 @@ class StateBoard:
         """Someone waits for a capture: the round loop should call capture()."""
         return self._waiting > 0
 
-    async def capture(self, parts: Sequence[torch.Tensor], meta: StateMeta) -> None:
-        """Copy the state. Never waits: a capture still being read is left to its
-        readers and replaced."""
+    async def capture(self, parts: Sequence[torch.Tensor], meta: StateMeta | Callable[[], StateMeta],
+                      when: Callable[[], bool] | None = None) -> bool:
+        """Copy the state; `meta` may be a function, called at the copy. Never
+        waits: a capture still being read is left to its readers and replaced.
+        With `when`, copy only if it holds at the copy: it is checked under the
+        lock with nothing awaited before the copy, so a state that another
+        thread may move again after `when` turns false is never half-copied."""
         async with self._changed:
+            if when is not None and not when():
+                return False
+            if callable(meta):
+                meta = meta()
             if self._capture.readers:
                 self._capture = _Capture(self.numel)
             offset = 0
@@ -79,6 +97,7 @@ class StateBoard:
                 offset += part.numel()
             self._capture.meta = meta
             self._changed.notify_all()
+        return True
 
     async def finish(self) -> None:
         async with self._changed:
@@ -95,6 +114,8 @@ class StateBoard:
 
             if not fresh() and not self.finished:
                 self._waiting += 1
+                if self.on_wanted is not None:
+                    self.on_wanted()
                 try:
                     await wait_until(self._changed, lambda: fresh() or self.finished, wait_s)
                 finally:
@@ -120,19 +141,24 @@ class StateServer:
         self.chunk_elems = chunk_elems
 
     async def state(
-        self, job: str, fingerprint: str, offset: int, length: int, wait_s: float
+        self, job: str, fingerprint: str, offset: int, length: int, wait_s: float, peer: str = "",
     ) -> AsyncIterator[tuple[StateMeta, int, int, bytes, bytes]]:
         """(meta, offset, total, sha256 on the first chunk, data) chunks of a range."""
         check_identity(self.identity, job, fingerprint)
         total = self.board.numel
         if length == 0 or offset + length > total:
             raise InvalidMessage(f"state range {offset}+{length} outside 0..{total}", "bad_range")
+        asked = time.monotonic()
         async with self.board.hold(self.store.current_round, wait_s) as (vector, meta):
+            held = time.monotonic()
             values = vector[offset : offset + length]
             sha = digest(values, meta.extra)
             for piece in chunk_spans(length, self.chunk_elems):
                 yield meta, offset + piece.start, total, sha, values[piece.start : piece.stop].numpy().tobytes()
                 sha = b""
+        # Joins are rare and their time matters (docs/benchmarks.md): say where it went.
+        log.info("served state range %d+%d of round %d to %r: capture after %.2fs, sent in %.2fs",
+                 offset, length, meta.round, peer or "?", held - asked, time.monotonic() - held)
 
 
 def digest(values: torch.Tensor, extra: bytes = b"") -> bytes:
@@ -174,8 +200,11 @@ async def pull_state(
         errors = []
         for donor in ids[k:] + ids[:k]:  # its own donor first, then the others
             try:
+                asked = time.monotonic()
                 part = await transport.fetch_state(donors[donor], span, timeout_s)
                 out[span.start : span.stop] = part.values
+                log.info("state range %d+%d of round %d from %s: first chunk after %.2fs, verified after %.2fs",
+                         span.start, span.size, part.meta.round, donor, part.first_s, time.monotonic() - asked)
                 return part.meta, donor
             except PeerdError as exc:
                 errors.append(f"{donor}: {exc}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from contextlib import aclosing
 from typing import Protocol
 
@@ -71,10 +72,13 @@ class _StateAssembly:
         self.filled = 0
         self.meta: StateMeta | None = None
         self.sha = b""
+        self.asked = time.monotonic()
+        self.first_s = 0.0
 
     def add(self, meta: StateMeta, offset: int, sha: bytes, data: bytes) -> None:
         if self.meta is None:
             self.meta, self.sha = meta, sha
+            self.first_s = time.monotonic() - self.asked
         if offset < self.span.start:
             raise InvalidMessage(f"state chunk at {offset} before the range {self.span.start}", "bad_offset")
         self.filled = fill_values(self.values, offset - self.span.start, self.span.size, data, self.filled)
@@ -82,7 +86,7 @@ class _StateAssembly:
     def result(self, address: str) -> StatePart:
         if self.meta is None or self.filled != self.span.size:
             raise PeerUnavailable(f"{address} ended its state range early ({self.filled}/{self.span.size})")
-        part = StatePart(self.meta, self.span, self.values)
+        part = StatePart(self.meta, self.span, self.values, self.first_s)
         verify_part(part, self.sha)
         return part
 
