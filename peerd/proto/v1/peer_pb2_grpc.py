@@ -194,7 +194,7 @@ class ExchangeServicer:
 
     def FetchState(self, request, context):
         """The callee streams a range of its full training state (parameters, then
-        optimizer momentum) captured at its next round boundary, for newcomers.
+        optimizer momentum) captured between two of its local steps, for newcomers.
         A joiner asks different donors for different ranges in parallel.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
