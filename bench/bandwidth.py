@@ -190,7 +190,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--joins", type=int, default=1,
                    help="joins of the newcomer in a row (it leaves and its checkpoint is removed in between)")
     p.add_argument("--out", type=Path, default=None, help="results folder (default runs/bandwidth-TIMESTAMP)")
-    p.add_argument("--png", type=Path, default=ROOT / "docs" / "img" / "bandwidth.png", help="where the plot goes")
+    p.add_argument("--png", type=Path, default=None, help="where the plot goes (default OUT/bandwidth.png)")
     p.add_argument("--replot", type=Path, default=None, metavar="SUMMARY",
                    help="only redraw the plot and the table from a run's summary.json")
     # Internal: one DDP rank.
@@ -586,6 +586,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.replot is not None:
         results, joins = load_results(args.replot, args)
         args.out = args.replot.parent
+        args.png = args.png or args.out / "bandwidth.png"
         plot(results, args)
         print(report(results, joins, args))
         return 0
@@ -593,6 +594,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench/bandwidth.py needs network namespaces: {why}", file=sys.stderr)
         return 2
     args.out = (args.out or ROOT / "runs" / time.strftime("bandwidth-%Y%m%d-%H%M%S")).resolve()
+    args.png = args.png or args.out / "bandwidth.png"  # the docs' figure only when asked
     args.out.mkdir(parents=True, exist_ok=True)
     # The job's module must be importable by every worker (and the DDP ranks).
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(JOBS), str(ROOT), os.environ.get("PYTHONPATH")]))

@@ -56,7 +56,7 @@ load average at the start and end of each variant (the machine is shared).
 
 Outputs under --out (default runs/dbs-TIMESTAMP): curves.csv, summary.json, one
 folder per run with its logs and snapshots; the plot goes to --png (default
-docs/img/dbs.png). Every process is stopped by PID at the end of its variant, also
+OUT/dbs.png). Every process is stopped by PID at the end of its variant, also
 on errors and Ctrl+C.
 """
 
@@ -142,7 +142,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(default sync/constant,sync/cosine,sync/cosine:0.1:16,dbs/cosine)")
     p.add_argument("--repeats", type=int, default=1, help="runs of the whole set (default 1)")
     p.add_argument("--out", type=Path, default=None, help="results folder (default runs/dbs-TIMESTAMP)")
-    p.add_argument("--png", type=Path, default=REPO / "docs" / "img" / "dbs.png", help="where the plot goes")
+    p.add_argument("--png", type=Path, default=None, help="where the plot goes (default OUT/dbs.png)")
     # Internal: one rank of the synchronous baseline.
     p.add_argument("--sync-rank", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--variant", default="sync", help=argparse.SUPPRESS)
@@ -487,6 +487,7 @@ def main(argv: list[str] | None = None) -> int:
         sync_rank(args)
         return 0
     args.out = args.out or REPO / "runs" / time.strftime("dbs-%Y%m%d-%H%M%S")
+    args.png = args.png or args.out / "dbs.png"  # a run never overwrites the docs' figures unless asked
     args.out.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, raise_interrupt)
     results = []

@@ -21,7 +21,7 @@ at each variant's first step.
     .venv/bin/python bench/noniid.py --peers 5       # 2 classes each
 
 Outputs under --out (default runs/noniid-TIMESTAMP): curves.csv, summary.json and
-the daemons' logs; the plot goes to --png (default docs/img/noniid.png). Every
+the daemons' logs; the plot goes to --png (default OUT/noniid.png). Every
 daemon is stopped by PID at the end of its variant, also on errors and Ctrl+C.
 """
 
@@ -55,7 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--peers", type=int, default=3, help="peers, each holding the digits of ~10/N classes (default 3)")
     p.add_argument("--out", type=Path, default=None, help="run directory (default runs/noniid-TIMESTAMP)")
-    p.add_argument("--png", type=Path, default=REPO / "docs" / "img" / "noniid.png", help="where the plot goes")
+    p.add_argument("--png", type=Path, default=None, help="where the plot goes (default OUT/noniid.png)")
     p.add_argument("--budget", type=float, default=600.0, help="give up on a variant after this many seconds")
     return p.parse_args(argv)
 
@@ -140,6 +140,7 @@ def plot(curves: list[dict], summary: dict, path: Path, peers: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = args.out or REPO / "runs" / time.strftime("noniid-%Y%m%d-%H%M%S")
+    args.png = args.png or out / "noniid.png"  # the docs' figure only when asked
     out.mkdir(parents=True, exist_ok=True)
     roots = [out / "data" / f"peer-{k}" for k in range(args.peers)]
     counts = write_split(roots)
