@@ -12,7 +12,9 @@ ones flat crossover gives, bit for bit, with half the arithmetic per peer.
 The owner serves the average straight from its new state, without a copy:
 it lends the view (StageStore.lend) and, before the round returns, waits for
 the read and takes it back (StageStore.reclaim), so nothing reads the state
-once it is trained on. Failures keep flat crossover's rule, a segment not
+once it is trained on. It waits (up to the deadline) only if the partner lent
+it averages too: a partner that did not is gone or runs a flat round (its view
+holds a third peer) and will not come to read. Failures keep flat crossover's rule, a segment not
 averaged keeps each peer's own value: the owner refuses stage 2 of a segment
 it could not average, and the other keeps its own when stage 2 does not come.
 
@@ -98,7 +100,11 @@ class _Pair:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
         finally:  # cancelled or not, nothing may read the new state once the round is over
-            await self.stages.reclaim(self.plan.round, STAGE_AVERAGE, owned, self._left())
+            # The partner reads our averages if it runs a pair round too, and then
+            # it lent us some of its own. If it lent none (it is gone, or runs a
+            # flat round because its view differs) nothing will come to read.
+            took = bool(self.written - set(owned))
+            await self.stages.reclaim(self.plan.round, STAGE_AVERAGE, owned, self._left() if took else 0.0)
         for task, s in steps.items():
             exc = None if task in done and not task.cancelled() else TimeoutError("deadline")
             exc = exc or task.exception()
