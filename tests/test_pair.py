@@ -18,7 +18,7 @@ from peerd.worker.gossip import gossip_round
 from peerd.worker.pair import fits, owned_by, pair_round
 from peerd.worker.transport import MemoryTransport
 
-from test_hierarchy import NUMEL, make_peers
+from test_hierarchy import make_peers
 from test_nonfinite import PoisonedStages, served
 
 PAIR = {"a": (), "b": ()}
