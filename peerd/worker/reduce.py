@@ -58,8 +58,13 @@ def mix_groups(total: torch.Tensor, theirs: torch.Tensor, weight: float,
                out: torch.Tensor | None = None) -> torch.Tensor | None:
     """(1 − w)·total + w·theirs in one pass, in `out` (a new tensor without
     it); None when `theirs` held a non-finite value (the caller keeps `total`)."""
-    mixed = torch.lerp(total, theirs, weight) if out is None else torch.lerp(total, theirs, weight, out=out)
-    return mixed if finite_by_sum(mixed) else None
+    mixed = torch.empty_like(total) if out is None else out
+    finite = True
+    for start in range(0, total.numel(), BLOCK):  # checked while in the cache, as the mean
+        block = mixed[start : start + BLOCK]
+        torch.lerp(total[start : start + BLOCK], theirs[start : start + BLOCK], weight, out=block)
+        finite = finite_by_sum(block) and finite
+    return mixed if finite else None
 
 
 def round_to_wire(values: torch.Tensor, wire_dtype: torch.dtype) -> torch.Tensor:
