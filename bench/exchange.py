@@ -4,8 +4,11 @@
 Three ways, in one invocation, each with its own pair of freshly spawned processes:
 
   peerd  the real path: SnapshotStore + SegmentServer served by start_exchange_server,
-         then per repeat hand_over(round) + plan_round + gossip_round(out=) over GrpcTransport,
-         segments over the bulk lane (raw TCP beside gRPC)
+         then per repeat hand_over(round) + plan_round + pair_round(out=) over GrpcTransport
+         (the worker's flat round with two peers: each averages half the segments and
+         takes the other half from its partner), segments over the bulk lane (raw TCP
+         beside gRPC)
+  peerd-flat  the same with gossip_round (both average every segment), as before pair_round
   peerd-grpc  the same with the bulk lane off: segments as gRPC streams
   peerd-auth  the same with a job secret: proofs on every request and reply
   peerd-copy  the same, but the snapshot copied (publish) and the average in place,
@@ -50,7 +53,7 @@ from _harness import GcMeter, collect, quantile, rank_entry, reap, run_main, sto
 
 # peerd-grpc: no bulk lane; peerd-auth: with a job secret; peerd-copy: the snapshot copied
 # (publish) and averaged in place, as before hand_over (and as a model on a GPU still is)
-METHODS = ("peerd", "peerd-grpc", "peerd-auth", "peerd-copy", "tcp", "gloo")
+METHODS = ("peerd", "peerd-flat", "peerd-grpc", "peerd-auth", "peerd-copy", "tcp", "gloo")
 BARRIER_TIMEOUT_S = 120.0  # a partner that died must not leave the other one waiting forever
 PEER_IDS = ("a", "b")
 JOB = "bench"
@@ -91,6 +94,7 @@ def _peerd(rank: int, cfg: dict, barrier, conn) -> dict:
     from peerd.core.segments import split_even
     from peerd.core.topology import plan_round
     from peerd.worker.gossip import gossip_round
+    from peerd.worker.pair import pair_round
     from peerd.worker.snapshots import Identity, SegmentServer, SnapshotStore
     from peerd.worker.state import StateBoard, StateServer
     from peerd.auth import Authenticator
@@ -144,8 +148,12 @@ def _peerd(rank: int, cfg: dict, barrier, conn) -> dict:
                     await store.publish(round_, vector)
                 t1 = time.perf_counter()
                 plan = plan_round(JOB, round_, list(addresses), me, segments)
-                result = await gossip_round(plan, addresses, vector, recv, layout, transport, cfg["deadline_s"],
-                                            out=into)
+                if cfg["pair"]:  # as the worker runs a flat round with two peers (peerd.worker.pair)
+                    result = await pair_round(plan, addresses, vector, recv, layout, transport, server.stages,
+                                              cfg["deadline_s"], out=into)
+                else:
+                    result = await gossip_round(plan, addresses, vector, recv, layout, transport,
+                                                cfg["deadline_s"], out=into)
                 if into is not None:
                     vector = into  # the model moves into the buffer the round wrote
                 t2, c2, gc_s = time.perf_counter(), time.process_time(), gc_meter.take()
@@ -289,8 +297,8 @@ def _worker(method: str, rank: int, cfg: dict, barrier, results, conn) -> None:
     """Entry point of a spawned process: report a result dict or the error."""
     if method.startswith("peerd"):
         cfg = {**cfg, "bulk": method != "peerd-grpc", "auth": method == "peerd-auth",
-               "hand_over": method != "peerd-copy"}
-    run = {"peerd": _peerd, "peerd-grpc": _peerd, "peerd-auth": _peerd, "peerd-copy": _peerd,
+               "hand_over": method != "peerd-copy", "pair": method != "peerd-flat"}
+    run = {"peerd": _peerd, "peerd-flat": _peerd, "peerd-grpc": _peerd, "peerd-auth": _peerd, "peerd-copy": _peerd,
            "tcp": _tcp, "gloo": _gloo}[method]
     rank_entry(lambda: run(rank, cfg, barrier, conn), rank, barrier, results, conn)
 

@@ -80,3 +80,16 @@ async def test_the_round_refuses_a_poisoned_segment_that_the_transport_let_throu
         else:
             torch.testing.assert_close(got, (own + theirs[span.start : span.stop]) / 2)
     assert math.isfinite(result.disagreement)
+
+
+def test_over_several_blocks_the_average_has_lerps_bits_and_a_late_bad_value_leaves_the_own_values():
+    from peerd.worker.reduce import BLOCK
+
+    gen = torch.Generator().manual_seed(3)
+    own, theirs = torch.randn(2 * BLOCK + 11, generator=gen), torch.randn(2 * BLOCK + 11, generator=gen)
+    into = torch.empty_like(own)
+    assert average_pair(own, theirs, into, own_first=False)
+    assert torch.equal(into, torch.lerp(theirs, own, 0.5))
+    theirs[2 * BLOCK + 3] = math.nan  # in the last block: the earlier ones were written already
+    assert not average_pair(own, theirs, into, own_first=True)
+    assert torch.equal(into, own)

@@ -61,3 +61,35 @@ def test_round_to_wire():
     rounded = round_to_wire(values, torch.bfloat16)
     assert rounded.dtype == torch.float32 and torch.equal(rounded, torch.tensor([1.0, 3.0]))
     assert torch.equal(round_to_wire(rounded, torch.bfloat16), rounded)  # idempotent: members agree with the owner
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_reduce_into_a_buffer_over_several_blocks_gives_the_bits_of_whole_passes(k):
+    from peerd.worker.reduce import BLOCK
+
+    mine, *received = vectors(k + 1, n=2 * BLOCK + 777)
+    whole = torch.add(mine, received[0])
+    for values in received[1:]:
+        whole.add_(values)
+    whole.div_(k + 1)
+    out = torch.full_like(mine, math.nan)
+    total, refused = reduce_group(mine, received, out=out)
+    assert refused == [] and total.data_ptr() == out.data_ptr()
+    assert torch.equal(total, whole)
+
+
+def test_reduce_into_a_buffer_names_a_contribution_bad_in_a_later_block():
+    from peerd.worker.reduce import BLOCK
+
+    mine, a, b = vectors(3, n=2 * BLOCK + 5)
+    b[2 * BLOCK + 1] = math.inf
+    total, refused = reduce_group(mine, [a, b], out=torch.empty_like(mine))
+    assert refused == [1]
+    assert torch.equal(total, torch.add(mine, a).div_(2))
+
+
+def test_mix_into_a_buffer():
+    total, theirs = vectors(2)
+    out = torch.empty_like(total)
+    mixed = mix_groups(total, theirs, 0.25, out=out)
+    assert mixed.data_ptr() == out.data_ptr() and torch.equal(mixed, torch.lerp(total, theirs, 0.25))

@@ -83,8 +83,8 @@ class _Round:
 
     async def run(self) -> RoundResult:
         owned = self.plan.owned_by(self.me)
+        await self.stages.begin(self.plan.round, owned)  # first: it frees the last round's buffers
         self.buffers = self._stage0_buffers(owned)
-        await self.stages.begin(self.plan.round, owned)
         await asyncio.gather(*(self._own(s) for s in owned),
                              *(self._gather(s) for s in range(len(self.layout)) if s not in owned))
         if self.out is not None:
@@ -96,11 +96,12 @@ class _Round:
 
     def _stage0_buffers(self, owned: list[int]) -> dict[int, list[torch.Tensor]]:
         """Where the groupmates' values of each owned segment arrive: views into
-        `recv` when the round writes into `out` (`recv` is free then), else new
-        tensors. New ones cost ~6000 page faults per 64 MiB round, every round."""
+        `recv` when the round writes into `out` (`recv` is free then), else the
+        stage store's recycled buffers. New tensors cost ~6000 page faults per
+        64 MiB round, every round."""
         need = sum(self.layout[s].size for s in owned) * len(self.others)
         if self.out is None or need > self.recv.numel():
-            return {s: [torch.empty(self.layout[s].size) for _ in self.others] for s in owned}
+            return {s: [self.stages.buffer(self.layout[s].size) for _ in self.others] for s in owned}
         views, start = {}, 0
         for s in owned:
             size = self.layout[s].size
@@ -143,17 +144,17 @@ class _Round:
         arrived = [(p, b) for p, b, ok in zip(self.others, buffers, got) if ok]
         for _, values in arrived:
             self._clip(mine, values)
-        total, refused = reduce_group(mine, [values for _, values in arrived])
+        total, refused = reduce_group(mine, [values for _, values in arrived], out=self.stages.buffer(span.size))
         for i in refused:
             self._refuse(arrived[i][0], s, 0)
         await self.stages.put(self.plan.round, 1, s, total)
         mixed = total
         source = self.plan.sources[s]
         if source is not None:
-            theirs = buffers[0] if buffers else torch.empty(span.size)  # free again: `total` is a new tensor
+            theirs = buffers[0] if buffers else self.stages.buffer(span.size)  # free again: `total` is elsewhere
             if await self._fetch(source, s, theirs, 1, 2 / 3):
                 self._clip(total, theirs)
-                mixed = mix_groups(total, theirs, self.plan.weight)
+                mixed = mix_groups(total, theirs, self.plan.weight, out=self.stages.buffer(span.size))
                 if mixed is None:
                     self._refuse(source, s, 1)
                     mixed = total

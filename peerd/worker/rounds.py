@@ -27,6 +27,8 @@ from peerd.worker.intrahost import IntraHostGroup
 from peerd.worker.intrahost_round import intrahost_round
 from peerd.worker.link import SupervisorLink
 from peerd.worker.overlap import Exchange, OverlapRunner, flat_exchange, hierarchical_exchange
+from peerd.worker.pair import fits as pair_fits
+from peerd.worker.pair import pair_round
 from peerd.worker.snapshots import WIRE_DTYPES, SnapshotStore, StageStore
 from peerd.worker.traffic import ExchangeTimes
 from peerd.worker.trainstate import TrainState
@@ -67,6 +69,7 @@ class Rounds:
         self.overlap = OverlapRunner(self.store, numel) if spec.gossip.overlap else None
         self._in_flight: tuple[int, dict[str, str], float] = (0, {}, 0.0)  # round, view, start of the one in flight
         self.round = 0  # the round being run (for plans and logs)
+        self._pair = False  # this flat round runs as a pair round (peerd.worker.pair)
 
     async def run(self, round_: int, view: dict[str, str], capture) -> RoundResult | None:
         """One round, now: publish, let `capture()` copy the state for newcomers
@@ -106,6 +109,7 @@ class Rounds:
             return None
         deadline = self.deadline.deadline()
         if self.spec.gossip.mode != "hierarchical":
+            self._pair = pair_fits(len(peers), len(self.layout), WIRE_DTYPES[self.spec.gossip.wire], self.clipper)
             return plan_round(self.spec.name, self.round, peers, self.me, len(self.layout)), deadline
         # Paths are outermost first (label, host, daemon): a daemon's workers group first.
         localities = {p: (self.link.localities.get(p, ""), host_of(view[p]), self.link.daemons.get(p, p))
@@ -133,7 +137,13 @@ class Rounds:
             result = await intrahost_round(self.intrahost, *args, out=into) if self.intrahost else None
             if result is None:
                 result = await hierarchical_round(*args, out=into)
+        elif self._pair:  # two peers: each averages half (peerd.worker.pair)
+            result = await pair_round(plan, view, vector, self.recv, self.layout, self.transport, self.stages,
+                                      deadline, out=into)
         else:
+            # No stage values in a flat round: a partner that runs a pair round
+            # (its view holds only the two of us) is refused them at once.
+            await self.stages.begin(plan.round, ())
             result = await gossip_round(plan, view, vector, self.recv, self.layout, self.transport, deadline,
                                         self.clipper, out=into)
         if vector is not self.state.flat.vector:

@@ -146,12 +146,26 @@ class SnapshotStore:
 class StageStore:
     """What an owner computes in a hierarchical round (peerd.core.groups): stage 1
     is its in-group average of a segment it owns, stage 2 that average mixed
-    with the partner group's. Kept two rounds, like snapshots."""
+    with the partner group's. Kept two rounds, like snapshots.
+
+    A pair round (peerd.worker.pair) *lends* its stage 2 values instead: views of
+    its new state, served until read, then reclaimed before the state is
+    trained on (`lend`, `reclaim`). A value can also be refused (`refuse`): the
+    owner could not compute it, and a request is answered at once."""
 
     def __init__(self, keep: int = KEEP_ROUNDS) -> None:
         self._keep = keep
         self._owned: dict[int, frozenset[int]] = {}  # round -> segments this worker owns in it
-        self._values: dict[tuple[int, int, int], torch.Tensor] = {}  # (round, stage, segment)
+        # (round, stage, segment) -> the value, or None for one refused or reclaimed
+        self._values: dict[tuple[int, int, int], torch.Tensor | None] = {}
+        self._wanted: dict[tuple[int, int, int], int] = {}  # a lent value's reads still to come
+        self._reading: dict[tuple[int, int, int], set[asyncio.Task]] = {}  # tasks streaming a value now
+        self._drained: dict[tuple[int, int, int], asyncio.Event] = {}  # set when a reclaimed value's reads stop
+        # Buffers this store handed out (`buffer`), by address, and those free
+        # again: a new 16 MiB tensor per round cost ~4000 page faults (9 % of a
+        # hierarchical round's CPU), a recycled one none.
+        self._mine: dict[int, torch.Tensor] = {}
+        self._free: dict[int, list[torch.Tensor]] = {}  # by size
         self._changed = asyncio.Condition()
         self.current_round = -1
         self.finished = False
@@ -162,14 +176,76 @@ class StageStore:
             self.current_round = max(self.current_round, round_)
             oldest = self.current_round - self._keep + 1
             self._owned = {r: o for r, o in self._owned.items() if r >= oldest}
+            dropped = [(k, v) for k, v in self._values.items() if k[0] < oldest]
             self._values = {k: v for k, v in self._values.items() if k[0] >= oldest}
+            self._wanted = {k: v for k, v in self._wanted.items() if k[0] >= oldest}
+            self._recycle(dropped)
             self._changed.notify_all()
+
+    def buffer(self, numel: int) -> torch.Tensor:
+        """A float32 tensor for this round, for a value to `put` or a scratch
+        value: a recycled one when there is one. Valid until the next `begin`,
+        which takes back every buffer no kept value holds; one a partner still
+        reads then is left to the reader (and never recycled)."""
+        free = self._free.get(numel)
+        value = free.pop() if free else torch.empty(numel, dtype=torch.float32)
+        self._mine[value.data_ptr()] = value
+        return value
+
+    def _recycle(self, dropped: list[tuple[tuple[int, int, int], torch.Tensor | None]]) -> None:
+        """At the start of a round (the last one is over): every buffer handed
+        out that no kept value holds is free again, unless a partner still
+        reads it (then it is left to the reader)."""
+        kept = {v.data_ptr() for v in self._values.values() if v is not None}
+        read = {v.data_ptr() for k, v in dropped if v is not None and self._reading.get(k)}
+        for ptr in [p for p in self._mine if p not in kept]:
+            value = self._mine.pop(ptr)
+            if ptr not in read:
+                self._free.setdefault(value.numel(), []).append(value)
 
     async def put(self, round_: int, stage: int, segment: int, value: torch.Tensor) -> None:
         async with self._changed:
             if round_ in self._owned:
                 self._values[round_, stage, segment] = value
                 self._changed.notify_all()
+
+    async def refuse(self, round_: int, stage: int, segment: int) -> None:
+        """This worker will not have the value: a request for it is refused at once."""
+        async with self._changed:
+            if round_ in self._owned:
+                self._values[round_, stage, segment] = None
+                self._changed.notify_all()
+
+    async def lend(self, round_: int, stage: int, segment: int, value: torch.Tensor, reads: int) -> None:
+        """Serve `value`, a view of the caller's own state, for `reads` reads.
+        The caller must `reclaim` it before writing there again."""
+        await self.put(round_, stage, segment, value)
+        self._wanted[round_, stage, segment] = reads
+
+    async def reclaim(self, round_: int, stage: int, segments: Iterable[int], wait_s: float) -> None:
+        """Wait up to wait_s for the lent values' reads, then take them back:
+        later requests are refused, and reads still streaming are cancelled
+        (their partner counts a miss) and waited for, so that nothing reads
+        them once this returns."""
+        keys = [(round_, stage, s) for s in segments]
+        async with self._changed:
+            await wait_until(self._changed, lambda: all(self._wanted.get(k, 0) <= 0 for k in keys), wait_s)
+            for key in keys:
+                self._wanted.pop(key, None)
+                if round_ in self._owned:
+                    self._values[key] = None
+            self._changed.notify_all()
+        me = asyncio.current_task()
+        for key in keys:
+            reading = self._reading.get(key, set()) - {me}
+            if reading:
+                drained = self._drained[key] = asyncio.Event()
+                for task in reading:
+                    task.cancel()
+                try:
+                    await drained.wait()
+                finally:
+                    self._drained.pop(key, None)
 
     async def finish(self) -> None:
         async with self._changed:
@@ -178,7 +254,8 @@ class StageStore:
 
     async def get(self, round_: int, stage: int, segment: int, wait_s: float) -> torch.Tensor:
         """The value, waited for up to wait_s. A value that will never come (this
-        worker is past the round, or does not own the segment) is refused at once."""
+        worker is past the round, does not own the segment, or refused it) is
+        refused at once."""
         key = (round_, stage, segment)
 
         def settled() -> bool:
@@ -190,9 +267,33 @@ class StageStore:
             value = self._values.get(key)
             if value is None:
                 owns = segment in self._owned.get(round_, (segment,))
-                why = f"stage {stage} of segment {segment} not ready" if owns else f"segment {segment} not owned here"
+                why = (f"segment {segment} not owned here" if not owns else
+                       f"stage {stage} of segment {segment} not " + ("computed" if key in self._values else "ready"))
                 raise RoundMismatch(f"round {round_}: {why} (peer in round {self.current_round})", self.current_round)
             return value
+
+    @asynccontextmanager
+    async def hold(self, round_: int, stage: int, segment: int, wait_s: float) -> AsyncIterator[torch.Tensor]:
+        """`get`, and the value counted as read once the caller is through with
+        it; `reclaim` cancels the caller while it is still reading a lent value."""
+        key = (round_, stage, segment)
+        value = await self.get(round_, stage, segment, wait_s)
+        task = asyncio.current_task()
+        reading = self._reading.setdefault(key, set())
+        reading.add(task)
+        try:
+            yield value
+        finally:
+            reading.discard(task)
+            if not reading:
+                self._reading.pop(key, None)
+                if key in self._drained:
+                    self._drained[key].set()
+        if key in self._wanted:  # read to the end
+            async with self._changed:
+                if key in self._wanted:  # not reclaimed meanwhile
+                    self._wanted[key] -= 1
+                    self._changed.notify_all()
 
 
 class FinalStore:
@@ -284,9 +385,9 @@ class SegmentServer:
             await self.final.note_served()
             return
         if stage:
-            value = await self.stages.get(round_, stage, segment, wait_s)
-            for piece in chunk_spans(span.size, chunk_elems):
-                yield piece.start, span.size, to_wire(value[piece.start : piece.stop], self.wire)
+            async with self.stages.hold(round_, stage, segment, wait_s) as value:
+                for piece in chunk_spans(span.size, chunk_elems):
+                    yield piece.start, span.size, to_wire(value[piece.start : piece.stop], self.wire)
             return
         async with self.store.hold(round_, wait_s) as vector:
             for piece in chunk_spans(span.size, chunk_elems):
