@@ -45,6 +45,14 @@ class InvalidMessage(PeerUnavailable):
         self.reason = reason
 
 
+class NonFiniteAverage(InvalidMessage):
+    """A partner's values made the round's own average non-finite: refused by the
+    round, which checks what it averages (the bulk lane leaves stages 0 and 1 to it)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "non_finite")
+
+
 class DaemonNotRunning(PeerdError):
     """peerctl found no daemon behind the control socket."""
 

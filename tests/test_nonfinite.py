@@ -109,6 +109,7 @@ async def test_a_flat_round_keeps_the_own_values_of_a_poisoned_segment(hand_over
         result = await gossip_round(plan, addresses, a.vector, a.recv, a.layout, transports["a"], 5.0, out=into)
     got = into if hand_over else a.vector
     assert result.misses == 1 and "non-finite" in result.errors["b"]
+    assert "non-finite" in result.non_finite["b"]  # the round's refusal, for the engine's rejections count
     assert torch.equal(got[poisoned.start : poisoned.stop], before[poisoned.start : poisoned.stop])
     assert torch.isfinite(got).all()
     rest = torch.ones(NUMEL, dtype=torch.bool)
@@ -136,6 +137,9 @@ async def test_a_hierarchical_round_refuses_a_poisoned_stage(stage, hand_over):
     for p in honest:
         assert torch.isfinite(peers[p].vector).all(), p
     refusing = [p for p in honest if "non-finite" in results[p].errors.get("a2", "")]
+    # Stages 0 and 1 are the round's to refuse (counted by the engine), stage 2 the lane's.
+    counted = [p for p in honest if "a2" in results[p].non_finite]
+    assert counted == (refusing if stage < 2 else []), (counted, refusing)
     if stage == 1:  # the partner group's owners that mix with a2's stage 1
         assert refusing and all(p.startswith("b") for p in refusing)
     else:  # a2's groupmates: its contribution (stage 0) or its segments (stage 2)

@@ -135,6 +135,8 @@ async def test_a_poisoned_partner_leaves_the_segments_concerned_at_the_own_value
         results = await _pair_round(peers, addresses, transports)
     mine = owned_by("a", "b", len(a.layout))
     assert "non-finite" in results["a"].errors["b"]
+    # The round's own refusal (stage 0) is for the engine to count; the lane counts stage 2's.
+    assert ("b" in results["a"].non_finite) == (stage == 0)
     for s, span in enumerate(a.layout):
         cut = slice(span.start, span.stop)
         if stage == 0 and s == 0:  # neither has an average: both keep their own

@@ -268,7 +268,7 @@ class Engine:
             self.round += 1
             run = self.rounds.run_overlapped if self.rounds.overlap is not None else self.rounds.run
             result = await run(self.round, self._view, self.capture_if_wanted)
-            await self._catch_up(result)
+            await self._round_done(result)
             if self.link.export_path and self.link.export_path != self.exported:
                 await self._export(self.link.export_path)
             if self._checkpoint_due():
@@ -305,7 +305,7 @@ class Engine:
         if self.left:
             return
         self.left = True
-        await self._catch_up(await self.rounds.finish_pending())  # the round in flight is this peer's last
+        await self._round_done(await self.rounds.finish_pending())  # the round in flight is this peer's last
         self.phase = "draining"
         why = "the operator asked" if self.link.stop else "stopped by signal"
         log.info("leaving at round %d: %s", self.round, why)
@@ -315,7 +315,7 @@ class Engine:
     async def settle(self) -> None:
         """Apply the round still in flight (overlapped mode), before the final
         evaluation and the model file."""
-        await self._catch_up(await self.rounds.finish_pending())
+        await self._round_done(await self.rounds.finish_pending())
 
     def consensus_limit_s(self) -> float:
         """The longest the final exchange may take, with the view of now."""
@@ -413,6 +413,13 @@ class Engine:
         await self.final.finish()  # no final model from here: the consensus does not wait for it
         self.link.address = ""
         await self.link.beat()
+
+    async def _round_done(self, result: RoundResult | None) -> None:
+        """A round's result: count the values it refused, step up to a partner ahead."""
+        if result is not None:
+            for source, why in result.non_finite.items():
+                self.rejections.record(self._view.get(source, source), "non_finite", why)
+        await self._catch_up(result)
 
     async def _catch_up(self, result: RoundResult | None) -> None:
         """A partner is rounds ahead: step up to its round, keeping this model.

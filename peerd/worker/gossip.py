@@ -17,7 +17,7 @@ import torch
 from peerd.core.robust import PullClipper
 from peerd.core.segments import Span
 from peerd.core.topology import RoundPlan
-from peerd.errors import InvalidMessage, PeerdError, PeerUnavailable, RoundMismatch
+from peerd.errors import NonFiniteAverage, PeerdError, PeerUnavailable, RoundMismatch
 from peerd.worker.codec import finite_by_sum
 from peerd.worker.reduce import BLOCK
 from peerd.worker.transport import Transport
@@ -36,6 +36,7 @@ class RoundResult:
     errors: dict[str, str] = field(default_factory=dict)
     unreachable: set[str] = field(default_factory=set)  # no answer in time: counts toward suspicion
     clipped: int = 0  # segments whose pull was clipped (peerd.core.robust)
+    non_finite: dict[str, str] = field(default_factory=dict)  # source -> why the round refused its values
 
 
 DISAGREEMENT_SAMPLE = 64  # the metric reads 1/64 of every segment: the full norm cost as much as averaging
@@ -48,6 +49,8 @@ def record_failure(result: RoundResult, source: str, round_: int, exc: BaseExcep
     result.misses += 1
     if isinstance(exc, RoundMismatch) and exc.current_round > max(round_, result.ahead_round):
         result.ahead_round, result.ahead_peer = exc.current_round, source
+    if isinstance(exc, NonFiniteAverage):  # the transport counts its own refusals; these are the round's
+        result.non_finite[source] = str(exc)
     if isinstance(exc, (PeerUnavailable, TimeoutError)):
         result.unreachable.add(source)
     result.errors[source] = str(exc) or type(exc).__name__
@@ -138,7 +141,7 @@ async def gossip_round(
         gap = relative_gap(own, theirs)
         clipped = clip_pull(own, theirs, clipper) < 1.0
         if not average_pair(own, theirs, into[span.start : span.stop], plan.me < source):
-            raise InvalidMessage(f"{source} sent non-finite values in segment {s}", "non_finite")
+            raise NonFiniteAverage(f"{source} sent non-finite values in segment {s}")
         result.reached.add(source)
         gaps.append(gap)
         result.clipped += clipped

@@ -26,7 +26,7 @@ import torch
 from peerd.core.groups import GroupPlan
 from peerd.core.robust import PullClipper
 from peerd.core.segments import Span
-from peerd.errors import InvalidMessage, PeerdError, PeerUnavailable
+from peerd.errors import NonFiniteAverage, PeerdError, PeerUnavailable
 from peerd.worker.gossip import RoundResult, clip_pull, keep_own, record_failure, relative_gap
 from peerd.worker.reduce import mix_groups, reduce_group, round_to_wire
 from peerd.worker.snapshots import StageStore
@@ -129,7 +129,7 @@ class _Round:
 
     def _refuse(self, peer: str, s: int, stage: int) -> None:
         record_failure(self.result, peer, self.plan.round,
-                       InvalidMessage(f"{peer} sent non-finite values in stage {stage} of segment {s}", "non_finite"))
+                       NonFiniteAverage(f"{peer} sent non-finite values in stage {stage} of segment {s}"))
 
     def _clip(self, own: torch.Tensor, theirs: torch.Tensor) -> None:
         self.result.clipped += clip_pull(own, theirs, self.clipper) < 1.0

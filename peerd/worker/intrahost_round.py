@@ -29,7 +29,7 @@ from peerd.core.groups import GroupPlan
 from peerd.core.intrahost import NOT_COVERING, covers, round_key
 from peerd.core.robust import PullClipper
 from peerd.core.segments import Span
-from peerd.errors import InvalidMessage, PeerdError, PeerUnavailable
+from peerd.errors import NonFiniteAverage, PeerdError, PeerUnavailable
 from peerd.worker.codec import finite_by_sum
 from peerd.worker.gossip import RoundResult, clip_pull, record_failure, relative_gap
 from peerd.worker.intrahost import IntraHostError, IntraHostGroup
@@ -112,8 +112,8 @@ async def _cross_hosts(group: IntraHostGroup, plan: GroupPlan, me: str, addresse
             if finite_by_sum(theirs):  # the transport leaves stage 1 to the round (ROUND_CHECKED_STAGES)
                 mean.mul_(1 - plan.weight).add_(theirs, alpha=plan.weight)
             else:
-                record_failure(result, source, plan.round, InvalidMessage(
-                    f"{source} sent non-finite values in stage 1 of segment {s}", "non_finite"))
+                record_failure(result, source, plan.round, NonFiniteAverage(
+                    f"{source} sent non-finite values in stage 1 of segment {s}"))
         await stages.put(plan.round, 2, s, mean.clone())  # for a sibling that fell back
 
     await asyncio.gather(*(mix(s) for s in owned if plan.sources[s] is not None))

@@ -34,7 +34,7 @@ import torch
 from peerd.core.robust import PullClipper
 from peerd.core.segments import Span
 from peerd.core.topology import RoundPlan
-from peerd.errors import InvalidMessage
+from peerd.errors import NonFiniteAverage
 from peerd.worker.gossip import RoundResult, average_pair, keep_own, record_failure, relative_gap
 from peerd.worker.snapshots import StageStore
 from peerd.worker.transport import Transport
@@ -132,7 +132,7 @@ class _Pair:
         gap = relative_gap(own, theirs)
         if not average_pair(own, theirs, into, self.plan.me < self.partner):
             await self.stages.refuse(self.plan.round, STAGE_AVERAGE, s)
-            raise InvalidMessage(f"{self.partner} sent non-finite values in segment {s}", "non_finite")
+            raise NonFiniteAverage(f"{self.partner} sent non-finite values in segment {s}")
         await self.stages.lend(self.plan.round, STAGE_AVERAGE, s, into, reads=1)
         self._done(s, gap)
 
