@@ -10,7 +10,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from peerd.core.shares import (
-    BatchPlan, Rebalancer, fill_costs, plan_batches, published_costs, round_quotas, step_time,
+    BatchPlan, Rebalancer, StepCost, equal_time_quotas, fill_costs, plan_batches, published_costs, round_quotas,
+    step_time,
 )
 
 FAST = settings(max_examples=120, deadline=None)
@@ -122,11 +123,18 @@ def test_the_largest_fixed_cost_gets_a_smaller_batch_than_the_proportional_plan(
     members = sorted(speeds)
     heavy = members[pick % len(members)]
     fixed = {p: (0.0 if p != heavy else fixed[heavy] + 0.5) for p in members}
+    # The real quotas: the heavy member's below its proportional one, every other above.
+    costs = [StepCost(speeds[p], fixed[p]) for p in members]
+    quotas = dict(zip(members, equal_time_quotas(batch, costs)))
+    shares = dict(zip(members, equal_time_quotas(batch, [StepCost(speeds[p]) for p in members])))
+    assert quotas[heavy] < shares[heavy]
+    assert all(quotas[p] > shares[p] for p in members if p != heavy)
+    # The integer plans follow, up to one sample of rounding (found by hypothesis:
+    # speeds 1, 21, 1 at B = 215 round a light member's 9.37 down where its 9.35 rounded up).
     affine = plan_batches(batch, speeds, members, 1, fixed)
     proportional = plan_batches(batch, speeds, members, 1)
-    assert affine.batch(heavy) <= proportional.batch(heavy)
-    # every other member gets at least its proportional batch
-    assert all(affine.batch(p) >= proportional.batch(p) for p in members if p != heavy)
+    assert affine.batch(heavy) <= proportional.batch(heavy) + 1
+    assert all(affine.batch(p) >= proportional.batch(p) - 1 for p in members if p != heavy)
 
 
 def test_round_quotas_keeps_the_sum_exact_whatever_the_float_error():

@@ -115,7 +115,9 @@ def test_metrics_are_served_and_move_as_rounds_complete(local_cluster):
     assert second[("peerd_exchange_seconds_bucket", (("job", "metered"), ("le", "+Inf")))] == \
         second[("peerd_exchange_seconds_count", job)]
     assert second[("peerd_membership_size", job)] == 2
-    assert second[("peerd_local_batch", job)] == 32
+    # The last step's batch: 32, or less for an epoch's last step (a peer that trained
+    # part of an epoch alone reads a tail of any length).
+    assert 0 < second[("peerd_local_batch", job)] <= 32
     assert second[("peerd_global_batch", job)] == 64
     assert second[("peerd_learning_rate", job)] > 0 and second[("peerd_loss", job)] > 0
     assert second[("peerd_samples_per_second", job)] > 0
