@@ -109,6 +109,17 @@ class StepPlan:
         return self.plan.round_steps(peer, period) if self.plan is not None else period
 
 
+def rebalancer_of(spec: JobSpec) -> Rebalancer | None:
+    """The job's DBS plan keeper (None without DBS). Fewer steps per round for
+    slow members with shared data only: local data's clock counts every member's
+    steps alike (docs/algorithms.md), so there every member takes period_steps."""
+    if not spec.global_batch:
+        return None
+    period = spec.gossip.period_steps if spec.data_mode == "shared" else 1
+    return Rebalancer(spec.global_batch, spec.min_local_batch, spec.rebalance_rounds, spec.rebalance_threshold,
+                      period=period)
+
+
 class Engine:
     def __init__(
         self, spec: JobSpec, source: Source, peer_id: str, link: SupervisorLink, host: str, out_dir: Path,
@@ -149,11 +160,7 @@ class Engine:
         self._round_steps = spec.gossip.period_steps  # local steps in the last round (end_round)
         self.metrics: dict[str, float] = {}  # the last evaluation
         self.evaluate = None  # a callable returning metrics every eval_every_rounds (peerd's own loop)
-        # Fewer steps per round for slow members in shared data only: local data's
-        # clock counts every member's steps alike (docs/algorithms.md).
-        period = spec.gossip.period_steps if spec.data_mode == "shared" else 1
-        self.rebalancer = Rebalancer(spec.global_batch, spec.min_local_batch, spec.rebalance_rounds,
-                                     spec.rebalance_threshold, period=period) if spec.global_batch else None
+        self.rebalancer = rebalancer_of(spec)
         self._server = None
         self._beats: asyncio.Task | None = None
         self._closed = False
