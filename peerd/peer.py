@@ -251,9 +251,10 @@ class Peer:
             self.source.record(batch_size, float(loss) if loss is not None else None, elapsed)
         self._steps += 1
         self._since_round += 1
-        if self._since_round >= self.spec.gossip.period_steps and not self._left:
-            self._since_round = 0
-            self._plan = self._loop.call(self._engine.end_round())
+        if self._since_round >= self._plan.round_steps(self.peer_id, self.spec.gossip.period_steps) \
+                and not self._left:
+            steps, self._since_round = self._since_round, 0
+            self._plan = self._loop.call(self._engine.end_round(steps))
             if self._plan.stop:
                 self._loop.call(self._engine.leave())
                 self._left = True

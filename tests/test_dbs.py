@@ -122,3 +122,63 @@ def test_a_peer_with_a_fixed_step_cost_gets_the_affine_plans_batch(local_cluster
         return own and cluster.client(cluster.peers[2]).status().jobs[0].progress.local_batch == own[-1][0]["peer-2"]
 
     wait_for(trains_its_planned_batch, 60, "peer-2 to train the batch of its plan")
+
+
+STEPS_LINE = re.compile(r'msg="round (\d+): steps per round ((?:[^"\\]|\\.)*?) \(period (\d+)\)"')
+RAN_LINE = re.compile(r'msg="round (\d+): (\d+) local steps per round from this round on"')
+
+
+def test_a_peer_slower_than_the_others_at_the_minimum_batch_takes_fewer_steps_per_round(local_cluster):
+    """peer-2 sleeps a fixed 0.4 s after every step: even at min_local_batch it is
+    far slower than the others' step, so the plan pins it at the minimum and gives
+    it fewer than period_steps = 4 local steps per round (plan_round). Every plan
+    in its log is exactly plan_round of the inputs logged with it, and every
+    round it ran had the steps of the plan in force (read from its log, in order;
+    no timing thresholds: the steps are whatever plan_round gives)."""
+    from peerd.core.shares import plan_round
+
+    cluster = local_cluster(3, settings=lambda peer: {"worker": {"step_overhead_s": 0.4}}
+                            if peer.index == 2 else {})
+    wait_for(lambda: all(cluster.client(p).status().peers_known == 2 for p in cluster.peers),
+             30, "every daemon to see the other two")
+    text = example_job(job={"name": "fewsteps", "epochs": 12, "eval_every_rounds": 1000, "global_batch": 96,
+                            "min_local_batch": 4, "rebalance_rounds": 5, "rebalance_threshold": 0.1},
+                       gossip={"period_steps": 4})
+    for peer in cluster.peers:
+        with cluster.client(peer) as c:
+            c.join(text, "")
+    log = cluster.peers[2].dir / "state" / "jobs" / "fewsteps" / "worker.log"
+
+    def events():
+        """peer-2's plans (batches, inputs, its steps) and rounds run, in log order."""
+        text = log.read_text() if log.exists() else ""
+        found = [(m.start(), "plan", m) for m in PLAN_LINE.finditer(text)]
+        found += [(m.start(), "steps", m) for m in STEPS_LINE.finditer(text)]
+        found += [(m.start(), "ran", m) for m in RAN_LINE.finditer(text)]
+        return [(kind, m) for _, kind, m in sorted(found, key=lambda f: f[0])]
+
+    def ran_fewer_steps():
+        for p in cluster.peers:
+            assert cluster.client(p).status().jobs[0].state not in ("failed", "restarting")
+        return any(kind == "ran" and int(m.group(2)) < 4 for kind, m in events())
+
+    wait_for(ran_fewer_steps, 240, "peer-2 to end a round after fewer than 4 local steps")
+    in_force, plans, checked, want_steps = 4, 0, 0, ()
+    for kind, m in events():
+        assert kind == "steps" or not want_steps, "a plan with fewer steps logs them on the next line"
+        if kind == "plan":
+            batches = {p: int(b) for p, b in (kv.split("=") for kv in m.group(2).split())}
+            model = json.loads(re.sub(r"\\(.)", r"\1", m.group(4)))
+            assert model["period_steps"] == 4
+            expected = plan_round(96, model["speeds"], sorted(batches), 4, model["fixed_s"], 4)
+            assert expected.batches == tuple(sorted(batches.items())), (batches, model)
+            in_force, plans = expected.round_steps("peer-2", 4), plans + 1
+            want_steps = expected.steps
+        elif kind == "steps":
+            steps = tuple(sorted((p, int(s)) for p, s in (kv.split("=") for kv in m.group(2).split())))
+            assert steps == want_steps, (steps, want_steps)  # the line right after its plan
+            want_steps = None
+        else:
+            assert int(m.group(2)) == in_force, (m.group(0), in_force)
+            checked += 1
+    assert plans and checked and in_force < 4

@@ -363,3 +363,21 @@ def test_a_peer_keeps_up_with_the_furthest_count_of_the_jobs_epochs(tmp_path):
     assert b.progress == pytest.approx(a.progress + 15 / 75)
     b.set_data_sizes(SIZES, {"a": a.progress})  # behind now: no step back
     assert b.progress == pytest.approx(a.progress + 15 / 75)
+
+
+def test_local_data_plans_every_member_at_the_full_period_shared_data_fewer_for_slow_ones():
+    from peerd.worker.engine import rebalancer_of
+
+    gossip = "[gossip]\nperiod_steps = 4\n"
+    local = parse_job(job_text("samples", 1, 0.1, "constant", global_batch=60, min_local_batch=4) + gossip, "test")
+    assert rebalancer_of(local).period == 1  # plan_round gives nobody fewer steps
+    shared = parse_job(local_text_as_shared(job_text("samples", 1, 0.1, "constant", global_batch=60,
+                                                     min_local_batch=4)) + gossip, "test")
+    assert rebalancer_of(shared).period == 4
+    slow = rebalancer_of(shared)
+    slow.update(0, ["a", "b", "c"], {"a": 100.0, "b": 100.0, "c": 100.0}, {"c": 1.0})
+    assert slow.plan.round_steps("c", 4) < 4
+
+
+def local_text_as_shared(text: str) -> str:
+    return text.replace('data_mode = "local"\n', "").replace('weighting = "samples"\n', "")

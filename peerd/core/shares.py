@@ -11,8 +11,12 @@ member takes one step in the same time T and Σb = B:
 
 With every a_i = 0 this is b_i = w_i/Σw · B, the plan in proportion to speed.
 Members that would fall under the minimum batch are held at it and T is solved
-again over the others. Its part of each chunk of an epoch's data is b_i / Σb, so
-every member also reaches the end of its part after the same number of steps.
+again over the others. A held member whose step is still slower than T takes
+fewer of the round's S local steps (S = [gossip] period_steps):
+s_i = max(1, floor(S·T / t_i(b_i))), so that its round takes no longer than the
+others' S·T (plan_round). Its part of each chunk of an epoch's data is
+s_i·b_i / Σ s_j·b_j, so every member also reaches the end of its part after the
+same number of rounds.
 
 Pure and deterministic: the same members, speeds, fixed costs and settings give
 the same plan on every peer (ids sorted, integer largest-remainder rounding, ties
@@ -109,9 +113,12 @@ def equal_time_quotas(total: int, costs: Sequence[StepCost]) -> list[float]:
 
 @dataclass(frozen=True)
 class BatchPlan:
-    """Each member's local batch, in sorted-id order."""
+    """Each member's local batch, in sorted-id order; and, when they differ, each
+    member's local steps per round (`steps`, same order). Empty `steps`: every
+    member takes the job's period_steps (the plan of every member unpinned)."""
 
     batches: tuple[tuple[str, int], ...]
+    steps: tuple[tuple[str, int], ...] = ()
 
     @property
     def ids(self) -> tuple[str, ...]:
@@ -129,10 +136,17 @@ class BatchPlan:
     def batch(self, peer: str) -> int:
         return dict(self.batches)[peer]
 
+    def round_steps(self, peer: str, period: int) -> int:
+        """Member `peer`'s local steps per round: `period` unless the plan gives it fewer."""
+        return dict(self.steps).get(peer, period)
+
     def shares(self) -> dict[str, float]:
-        """b_i / Σb: each member's part of the data."""
-        total = self.total
-        return {p: b / total for p, b in self.batches}
+        """s_i·b_i / Σ s_j·b_j: each member's part of the data is what it reads in
+        a round (b_i / Σb when every member takes the same steps)."""
+        steps = dict(self.steps)
+        read = {p: steps.get(p, 1) * b for p, b in self.batches}
+        total = sum(read.values())
+        return {p: r / total for p, r in read.items()}
 
     def lr_scale(self, peer: str) -> float:
         """b_i / mean(b). With unweighted averaging, the mean model then moves by
@@ -169,6 +183,34 @@ def plan_batches(global_batch: int, speeds: Mapping[str, float], members: Iterab
     return BatchPlan(tuple((p, pinned[p]) for p in ids))
 
 
+def plan_round(global_batch: int, speeds: Mapping[str, float], members: Iterable[str],
+               min_local_batch: int = 1, fixed: Mapping[str, float] | None = None,
+               period: int = 1) -> BatchPlan:
+    """plan_batches, then each member's local steps per round out of `period` (S).
+
+    T is the step time of the members above the minimum batch (the slowest of
+    them, with the rounded batches; with every member at the minimum, the fastest
+    member's). A member whose step is slower, t_i(b_i) > T (one at the minimum),
+    takes s_i = max(1, floor(S·T / t_i(b_i))) steps, the most that fit in the
+    others' round S·T; every other member takes S.
+    When no member is slower than T (in particular when none is pinned) or S = 1,
+    `steps` stays empty and the plan is plan_batches'."""
+    if period < 1:
+        raise ValueError(f"period must be ≥ 1, got {period}")
+    plan = plan_batches(global_batch, speeds, members, min_local_batch, fixed)
+    if period == 1:
+        return plan
+    costs = fill_costs(speeds, plan.ids, fixed)
+    times = {p: costs[p].time(b) for p, b in plan.batches}
+    unpinned = [times[p] for p, b in plan.batches if b > min_local_batch]
+    common = max(unpinned) if unpinned else min(times.values())
+    steps = {p: period if t <= common else min(period, max(1, math.floor(period * common / t)))
+             for p, t in times.items()}
+    if all(s == period for s in steps.values()):
+        return plan
+    return BatchPlan(plan.batches, tuple((p, steps[p]) for p in plan.ids))
+
+
 def equal_plan(local_batch: int, members: Iterable[str]) -> BatchPlan:
     """Every member at the job's fixed local batch (DBS off)."""
     return BatchPlan(tuple((p, local_batch) for p in sorted(set(members))))
@@ -179,6 +221,15 @@ def step_time(plan: BatchPlan, speeds: Mapping[str, float], fixed: Mapping[str, 
     (members with no measurement count at the mean, as in the plan)."""
     costs = fill_costs(speeds, plan.ids, fixed)
     return max(costs[p].time(b) for p, b in plan.batches)
+
+
+def round_time(plan: BatchPlan, speeds: Mapping[str, float], fixed: Mapping[str, float] | None = None,
+               period: int = 1) -> float:
+    """Predicted seconds of one round of all members: max_i s_i·(a_i + b_i/v_i),
+    s_i the member's steps per round (`period` unless the plan gives fewer).
+    With every s_i = period it is period × step_time."""
+    costs = fill_costs(speeds, plan.ids, fixed)
+    return max(plan.round_steps(p, period) * costs[p].time(b) for p, b in plan.batches)
 
 
 def published_costs(samples_per_s: Mapping[str, float], fixed_s: Mapping[str, float],
@@ -207,20 +258,23 @@ class Rebalancer:
     A new plan is taken at once when the members change (the shares must cover
     exactly the members); otherwise only at rounds that are multiples of
     `every_rounds` (the same rounds on every peer), and only if it would make a
-    step of all members (the slowest one, `step_time`) faster by more than
+    round of all members (the slowest one, `round_time`) faster by more than
     `threshold` (relative), so measurement noise does not flap the batches. The
     criterion is the time the plan costs, not how much a batch moves: ±2 samples
-    on a batch of 10 is 20 % but costs nothing when that peer is not the slowest."""
+    on a batch of 10 is 20 % but costs nothing when that peer is not the slowest.
+    `period`: the job's local steps per round (S), out of which plan_round gives
+    slow members fewer; 1 plans the batches alone (plan_batches)."""
 
     global_batch: int
     min_local_batch: int = 1
     every_rounds: int = 10
     threshold: float = 0.1
     plan: BatchPlan | None = None
+    period: int = 1
 
     def __post_init__(self) -> None:
-        if self.every_rounds < 1 or self.threshold < 0:
-            raise ValueError("every_rounds must be ≥ 1 and threshold ≥ 0")
+        if self.every_rounds < 1 or self.threshold < 0 or self.period < 1:
+            raise ValueError("every_rounds and period must be ≥ 1 and threshold ≥ 0")
 
     def update(self, round_: int, members: Iterable[str], speeds: Mapping[str, float],
                fixed: Mapping[str, float] | None = None) -> bool:
@@ -228,13 +282,19 @@ class Rebalancer:
         ids = tuple(sorted(set(members)))
         if self.plan is not None and ids == self.plan.ids and round_ % self.every_rounds:
             return False
-        candidate = plan_batches(self.global_batch, speeds, ids, self.min_local_batch, fixed)
+        candidate = plan_round(self.global_batch, speeds, ids, self.min_local_batch, fixed, self.period)
         if self.plan is not None and ids == self.plan.ids and \
-                step_time(self.plan, speeds, fixed) <= (1 + self.threshold) * step_time(candidate, speeds, fixed):
+                self._pace(self.plan, speeds, fixed) <= (1 + self.threshold) * self._pace(candidate, speeds, fixed):
             return False
         changed = candidate != self.plan
         self.plan = candidate
         return changed
+
+    def _pace(self, plan: BatchPlan, speeds: Mapping[str, float], fixed: Mapping[str, float] | None) -> float:
+        """round_time / period, written so that with every s_i = period it is
+        step_time's float exactly (the hysteresis then decides as it did)."""
+        costs = fill_costs(speeds, plan.ids, fixed)
+        return max(plan.round_steps(p, self.period) / self.period * costs[p].time(b) for p, b in plan.batches)
 
 
 def _measured(speeds: Mapping[str, float], p: str) -> bool:

@@ -8,7 +8,7 @@ Peer facade (peerd.peer) runs it in a background thread, so a script's loop and
 the engine's server never wait on each other except at a round.
 
     start()   serve, hear from the daemon, resume (peers' state, or a checkpoint)
-    end_round() after period_steps local steps: publish, exchange, checkpoint, report
+    end_round() after the round's local steps (period_steps, or fewer: StepPlan.round_steps): publish, exchange, checkpoint, report
     leave()   drained or signalled: announce, checkpoint
     conclude() the job is done: the exact average of the members' final models
     finish()  the job is done: final report
@@ -102,6 +102,23 @@ class StepPlan:
     data_sizes: dict[str, int] = field(default_factory=dict)
     progresses: dict[str, float] = field(default_factory=dict)  # ... and their counts of the job's epochs
 
+    def round_steps(self, peer: str, period: int) -> int:
+        """`peer`'s local steps in the next round: `period` ([gossip] period_steps)
+        unless the DBS plan gives it fewer (a member slower than the others even
+        at the minimum batch)."""
+        return self.plan.round_steps(peer, period) if self.plan is not None else period
+
+
+def rebalancer_of(spec: JobSpec) -> Rebalancer | None:
+    """The job's DBS plan keeper (None without DBS). Fewer steps per round for
+    slow members with shared data only: local data's clock counts every member's
+    steps alike (docs/algorithms.md), so there every member takes period_steps."""
+    if not spec.global_batch:
+        return None
+    period = spec.gossip.period_steps if spec.data_mode == "shared" else 1
+    return Rebalancer(spec.global_batch, spec.min_local_batch, spec.rebalance_rounds, spec.rebalance_threshold,
+                      period=period)
+
 
 class Engine:
     def __init__(
@@ -140,10 +157,10 @@ class Engine:
         self.stop_signal = False  # SIGTERM/SIGINT: finish the round, checkpoint, exit
         self.phase = "joining"
         self.round = 0
+        self._round_steps = spec.gossip.period_steps  # local steps in the last round (end_round)
         self.metrics: dict[str, float] = {}  # the last evaluation
         self.evaluate = None  # a callable returning metrics every eval_every_rounds (peerd's own loop)
-        self.rebalancer = Rebalancer(spec.global_batch, spec.min_local_batch, spec.rebalance_rounds,
-                                     spec.rebalance_threshold) if spec.global_batch else None
+        self.rebalancer = rebalancer_of(spec)
         self._server = None
         self._beats: asyncio.Task | None = None
         self._closed = False
@@ -258,10 +275,16 @@ class Engine:
         progresses = {p: self.link.progresses[p] for p in view if p in self.link.progresses}
         return StepPlan(members, len(view), self._plan(members), stop, sizes, progresses)
 
-    async def end_round(self) -> StepPlan:
-        """The local steps of a round are done: exchange, then the next plan."""
+    async def end_round(self, steps: int | None = None) -> StepPlan:
+        """The local steps of a round are done (`steps` of them, when the caller
+        counts): exchange, then the next plan."""
         if self.left:
             return StepPlan([self.me], 1, None, stop=True)
+        if steps is not None and steps != self._round_steps:
+            # Logged when it changes (a DBS plan gives this member fewer steps, or
+            # the full period again): the steps the plan in force asked for.
+            log.info("round %d: %d local steps per round from this round on", self.round + 1, steps)
+            self._round_steps = steps
         self._parked = True
         try:
             await self.capture_if_wanted()  # asked during the last step: at once, not after the exchange
@@ -374,9 +397,14 @@ class Engine:
         if self.rebalancer.update(self.round, members, speeds, fixed):
             # The step models it was planned from, exact (JSON floats round-trip): a
             # reader can recompute the plan (peerd.core.shares.plan_batches).
+            # period_steps: the S the steps per round were planned out of (plan_round).
+            plan, period = self.rebalancer.plan, self.rebalancer.period
             log.info("round %d: batches %s (global %d) planned from %s", self.round,
-                     " ".join(f"{p}={b}" for p, b in self.rebalancer.plan.batches), self.rebalancer.plan.total,
-                     json.dumps({"speeds": speeds, "fixed_s": fixed}, sort_keys=True))
+                     " ".join(f"{p}={b}" for p, b in plan.batches), plan.total,
+                     json.dumps({"speeds": speeds, "fixed_s": fixed, "period_steps": period}, sort_keys=True))
+            if plan.steps:
+                log.info("round %d: steps per round %s (period %d)", self.round,
+                         " ".join(f"{p}={s}" for p, s in plan.steps), period)
         return self.rebalancer.plan
 
     async def capture_if_wanted(self) -> None:
