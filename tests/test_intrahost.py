@@ -225,9 +225,9 @@ async def test_an_overlapped_round_runs_its_group_stage_on_the_group_too(tmp_pat
             await m.store.publish(round_, m.vector)
             plan = plan_hierarchical("job", round_, VIEW, m.id, SEGMENTS, 2)
             exchange = hierarchical_exchange(plan, m.id, addresses, m.layout, MemoryTransport(m.identity, servers),
-                                             m.stages, 5.0, intrahost=groups[m.id] if with_groups else None)
+                                             m.stages, intrahost=groups[m.id] if with_groups else None)
             out = torch.empty(NUMEL)
-            result = await exchange(RoundBuffers(m.vector, m.recv, out))
+            result = await exchange(RoundBuffers(m.vector, m.recv, out, 5.0))
             assert result.misses == 0
             return out
 

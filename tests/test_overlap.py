@@ -36,13 +36,13 @@ class Peer:
         self.transport = MemoryTransport(self.identity, servers)
         self.runner = OverlapRunner(self.store, NUMEL, grace_s=0.5)
 
-    def flat(self, round_: int, addresses: dict[str, str], deadline_s: float = 5.0):
+    def flat(self, round_: int, addresses: dict[str, str]):
         plan = plan_round("job", round_, list(addresses), self.id, SEGMENTS)
-        return flat_exchange(plan, addresses, self.layout, self.transport, deadline_s)
+        return flat_exchange(plan, addresses, self.layout, self.transport)
 
-    def hierarchical(self, round_: int, view: dict, addresses: dict[str, str], deadline_s: float = 5.0):
+    def hierarchical(self, round_: int, view: dict, addresses: dict[str, str]):
         plan = plan_hierarchical("job", round_, view, self.id, SEGMENTS, 3)
-        return hierarchical_exchange(plan, self.id, addresses, self.layout, self.transport, self.stages, deadline_s)
+        return hierarchical_exchange(plan, self.id, addresses, self.layout, self.transport, self.stages)
 
 
 def make_peers(ids) -> tuple[dict[str, Peer], dict[str, str]]:
@@ -149,12 +149,32 @@ async def test_a_partner_that_never_reaches_the_round_is_missed_at_the_deadline(
     a = peers["a"]
     before = a.model.clone()
     started = time.monotonic()
-    await a.runner.start(1, a.model, a.flat(1, addresses, deadline_s=0.3), 0.3)
+    await a.runner.start(1, a.model, a.flat(1, addresses), 0.3)
     a.model.add_(0.5)
     result = await a.runner.finish(a.model)
     assert time.monotonic() - started < 0.3 + 0.5
     assert result.misses == SEGMENTS and result.reached == set()
     assert torch.equal(a.model, before + 0.5)  # nothing arrived: only the local steps
+
+
+async def test_a_partner_up_to_a_round_behind_is_waited_for_not_missed():
+    """In the background a peer may start a round up to one round period before
+    its partner publishes it: the round waits that long beyond the transfer's
+    deadline (with the transfer deadline alone, 0.2 s here, every segment was
+    missed and the partners were suspected)."""
+    peers, addresses = make_peers(["a", "b"])
+    a, b = peers["a"], peers["b"]
+    await asyncio.gather(*(p.runner.start(1, p.model, p.flat(1, addresses), 0.2) for p in (a, b)))
+    await asyncio.sleep(1.0)  # a round of local steps
+    await asyncio.gather(a.runner.finish(a.model), b.runner.finish(b.model))
+    expected = (a.model + b.model) / 2
+    await a.runner.start(2, a.model, a.flat(2, addresses), 0.2)
+    await asyncio.sleep(0.6)  # b is still computing: past the transfer deadline, within a round
+    await b.runner.start(2, b.model, b.flat(2, addresses), 0.2)
+    ra, rb = await asyncio.gather(a.runner.finish(a.model), b.runner.finish(b.model))
+    assert ra.misses == 0 and rb.misses == 0
+    torch.testing.assert_close(a.model, expected)
+    torch.testing.assert_close(b.model, expected)
 
 
 async def fails(_: RoundBuffers):

@@ -3,7 +3,7 @@ while the next local steps compute, and its effect lands one round stale
 (peerd.worker.correction; docs/algorithms.md, "Overlapped rounds").
 
     runner = OverlapRunner(store, numel)
-    await runner.start(r, model_vector, flat_exchange(plan, view, layout, transport, deadline))
+    await runner.start(r, model_vector, flat_exchange(plan, view, layout, transport), deadline)
     ... local steps on model_vector ...
     result = await runner.finish(model_vector)   # None: no correction was applied
 
@@ -11,6 +11,15 @@ The runner owns three CPU buffers: the snapshot it publishes (handed to the
 snapshot store, so partners read it without a copy), the buffer the round
 writes the new state into, and the receive buffer. At most one round is in
 flight: `start` refuses a second one before `finish`.
+
+Deadlines. Blocking rounds keep the peers in step: each starts its next steps
+when the round ends, so partners reach the next round about together. Rounds in
+the background let a peer run up to one round ahead of a partner (it blocks only
+when it applies the round before), so a partner may publish a round up to one
+round period after this peer started it. A round's deadline is therefore the
+transfer deadline plus the time since this peer's previous round started; with
+the transfer deadline alone, the partners of a peer that happened to be early
+missed it round after round and were suspected (bench/bandwidth.py, session 7).
 """
 
 from __future__ import annotations
@@ -44,37 +53,39 @@ GRACE_S = 1.0  # past the round's deadline, how long `finish` waits before it gi
 @dataclass(frozen=True)
 class RoundBuffers:
     """What one overlapped round works on: `snapshot` is this peer's published
-    state (read only), `recv` scratch for received values, and `out` must hold
-    the whole new state when the round returns (the round functions' `out=`)."""
+    state (read only), `recv` scratch for received values, `out` must hold the
+    whole new state when the round returns (the round functions' `out=`), and
+    `deadline_s` bounds the exchange."""
 
     snapshot: torch.Tensor
     recv: torch.Tensor
     out: torch.Tensor
+    deadline_s: float
 
 
 Exchange = Callable[[RoundBuffers], Awaitable[RoundResult | None]]
 
 
 def flat_exchange(
-    plan: RoundPlan, addresses: dict[str, str], layout: list[Span], transport: Transport, deadline_s: float,
+    plan: RoundPlan, addresses: dict[str, str], layout: list[Span], transport: Transport,
     clipper: PullClipper | None = None,
 ) -> Exchange:
     """A flat crossover round (peerd.worker.gossip) as an overlapped exchange."""
     def run(b: RoundBuffers) -> Awaitable[RoundResult]:
-        return gossip_round(plan, addresses, b.snapshot, b.recv, layout, transport, deadline_s, clipper, out=b.out)
+        return gossip_round(plan, addresses, b.snapshot, b.recv, layout, transport, b.deadline_s, clipper, out=b.out)
     return run
 
 
 def hierarchical_exchange(
     plan: GroupPlan, me: str, addresses: dict[str, str], layout: list[Span], transport: Transport,
-    stages: StageStore, deadline_s: float, clipper: PullClipper | None = None,
+    stages: StageStore, clipper: PullClipper | None = None,
     wire_dtype: torch.dtype = torch.float32, intrahost: IntraHostGroup | None = None,
 ) -> Exchange:
     """A hierarchical round (peerd.worker.hierarchy) as an overlapped exchange;
     with `intrahost`, its group stage on the daemon's intra-host group when the
     members agree (peerd.worker.intrahost_round), else over the transport."""
     async def run(b: RoundBuffers) -> RoundResult:
-        args = (plan, me, addresses, b.snapshot, b.recv, layout, transport, stages, deadline_s, clipper, wire_dtype)
+        args = (plan, me, addresses, b.snapshot, b.recv, layout, transport, stages, b.deadline_s, clipper, wire_dtype)
         result = await intrahost_round(intrahost, *args, out=b.out) if intrahost is not None else None
         return result if result is not None else await hierarchical_round(*args, out=b.out)
     return run
@@ -93,6 +104,7 @@ class OverlapRunner:
         self._task: asyncio.Task | None = None
         self._pending: PendingRound | None = None
         self._until = 0.0
+        self._started_at: float | None = None  # when the last round started (its deadline, above)
 
     def _buffer(self) -> torch.Tensor:
         return torch.empty(self._numel, dtype=torch.float32)
@@ -106,8 +118,10 @@ class OverlapRunner:
         self, round_: int, vector: torch.Tensor, exchange: Exchange | None, deadline_s: float = 0.0,
     ) -> None:
         """Publish `vector` (the model now, on any device) as the snapshot of
-        `round_` and start its exchange; returns at once. `deadline_s` bounds the
-        whole exchange: `finish` gives it up `grace_s` later. With no exchange
+        `round_` and start its exchange; returns at once. The exchange may take
+        `deadline_s` (the transfer's) plus the time since the previous round
+        started (the module's docstring says why); `finish` gives it up
+        `grace_s` later. With no exchange
         (nobody to gossip with) the snapshot is only published, for partners
         that still plan with this peer."""
         if self._pending is not None:
@@ -116,11 +130,15 @@ class OverlapRunner:
         snapshot.copy_(vector)  # the one copy per round (device-to-host on a GPU)
         # The store serves this buffer itself and gives back the one it retires.
         self._snapshot = await self._store.hand_over(round_, snapshot)
+        now = time.monotonic()
+        period = now - self._started_at if self._started_at is not None else 0.0
+        self._started_at = now
         if exchange is None:
             return
+        deadline_s += period
         self._pending = PendingRound(round_, snapshot, self._out)
-        self._until = time.monotonic() + deadline_s + self._grace_s
-        self._task = asyncio.ensure_future(exchange(RoundBuffers(snapshot, self._recv, self._out)))
+        self._until = now + deadline_s + self._grace_s
+        self._task = asyncio.ensure_future(exchange(RoundBuffers(snapshot, self._recv, self._out, deadline_s)))
 
     async def finish(self, vector: torch.Tensor) -> RoundResult | None:
         """Wait for the round in flight (up to its deadline and the grace) and add

@@ -158,9 +158,9 @@ class Rounds:
             return None, 0.0
         plan, deadline = planned
         if self.spec.gossip.mode == "hierarchical":
-            return hierarchical_exchange(plan, self.me, view, self.layout, self.transport, self.stages, deadline,
+            return hierarchical_exchange(plan, self.me, view, self.layout, self.transport, self.stages,
                                          self.clipper, WIRE_DTYPES[self.spec.gossip.wire], self.intrahost), deadline
-        return flat_exchange(plan, view, self.layout, self.transport, deadline, self.clipper), deadline
+        return flat_exchange(plan, view, self.layout, self.transport, self.clipper), deadline
 
     async def run_overlapped(self, round_: int, view: dict[str, str], capture) -> RoundResult | None:
         """DESIGN §1.10: apply the correction of the round in flight (one round
