@@ -117,6 +117,19 @@ def bytes_per_round(before: tuple[int, int], after: tuple[int, int], rounds: int
     return ((after[0] - before[0]) + (after[1] - before[1])) / rounds
 
 
+def host_cpu() -> tuple[int, int]:
+    """(busy, total) jiffies of every CPU of this host, from /proc/stat."""
+    fields = [int(v) for v in open("/proc/stat").readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def busy_share(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """The share of the host's CPU time that was busy between two host_cpu() readings."""
+    total = after[1] - before[1]
+    return (after[0] - before[0]) / total if total > 0 else math.nan
+
+
 def link_seconds(nbytes: float, mbit: float) -> float:
     return nbytes * 8 / (mbit * 1e6)
 
@@ -137,6 +150,7 @@ class Result:
     wall_s: float
     rounds: list[int] = field(default_factory=list)
     best: list[tuple[float, float]] = field(default_factory=list)  # peerd: the best peer's latest metric
+    host_busy: float = math.nan  # share of the host's CPUs busy while it trained (every process, not only peerd's)
 
     def time_to(self, target: float) -> float:
         return time_to_target(self.curve, target)
@@ -149,8 +163,8 @@ def fmt_time(seconds: float, budget: float) -> str:
 def table(results: list[Result], target: float, budget: float) -> str:
     """The markdown table: variant × cap, ratios to the same cap's DDP."""
     lines = [f"| cap (Mbit/s) | variant | time to {target} (s) | × DDP | utilisation min / mean | "
-             "MB per peer per round (in + out) | steps per round |",
-             "|---|---|---|---|---|---|---|"]
+             "MB per peer per round (in + out) | steps per round | host CPU busy |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in results:
         base = next((b for b in results if b.cap == r.cap and b.variant == "ddp"), None)
         t, tb = r.time_to(target), base.time_to(target) if base else math.nan
@@ -167,7 +181,7 @@ def table(results: list[Result], target: float, budget: float) -> str:
         mb = [b / 1e6 for b in r.bytes_per_round if b == b]
         traffic = f"{sum(mb) / len(mb):.1f}" if mb else "n/a"
         lines.append(f"| {r.cap:g} | {r.variant} | {fmt_time(t, budget)} | {ratio} | {util} | {traffic} | "
-                     f"{r.steps_per_round} |")
+                     f"{r.steps_per_round} | {r.host_busy:.2f} |")
     return "\n".join(lines)
 
 
@@ -356,7 +370,7 @@ def run_ddp(bed: Testbed, cap: float, out: Path) -> Result:
     args = bed.args
     procs = []
     env = dict(os.environ)
-    before = bed.net.counters()
+    before, cpu = bed.net.counters(), host_cpu()
     try:
         for rank, peer in enumerate(bed.trainers):
             cmd = peer.net.command([sys.executable, __file__, "--ddp-rank", str(rank), "--ddp-store", str(store),
@@ -369,13 +383,13 @@ def run_ddp(bed: Testbed, cap: float, out: Path) -> Result:
         wait_ranks(procs, args.budget + START_S, f"a DDP rank failed; see {out}/ddp-*.log")
     finally:
         kill_ranks(procs)
-    after = bed.net.counters()
+    after, busy = bed.net.counters(), busy_share(cpu, host_cpu())
     ranks = [[json.loads(line) for line in open(out / f"ddp-{r}.jsonl")] for r in range(len(procs))]
     steps = len(ranks[0])
     return Result("ddp", cap, curve=[(row["t"], row["accuracy"]) for row in ranks[0] if "accuracy" in row],
                   utilisation=[utilisation([(row["t"], row["compute_s"]) for row in r]) for r in ranks],
                   bytes_per_round=[bytes_per_round(before[i], after[i], steps) for i in range(len(procs))],
-                  steps_per_round=1, wall_s=ranks[0][-1]["t"], rounds=[steps] * len(procs))
+                  steps_per_round=1, wall_s=ranks[0][-1]["t"], rounds=[steps] * len(procs), host_busy=busy)
 
 
 # ---------------------------------------------------------------- peerd
@@ -407,7 +421,7 @@ def run_peerd(bed: Testbed, variant: str, cap: float, out: Path, join: bool) -> 
         with peer.client(timeout_s=30.0) as c:
             c.join(text, str(JOBS))
     points: list[list[tuple[float, float]]] = [[] for _ in bed.trainers]
-    curve, best, t0, before, joined = [], [], None, {}, []
+    curve, best, t0, before, joined, cpu = [], [], None, {}, [], (0, 0)
     deadline = time.monotonic() + args.budget + START_S
     try:
         while time.monotonic() < deadline:
@@ -416,7 +430,7 @@ def run_peerd(bed: Testbed, variant: str, cap: float, out: Path, join: bool) -> 
             if any(j is not None and j.state == WorkerState.FAILED for j in jobs):
                 raise PeerdError(f"{variant} at {cap:g} Mbit/s: a worker failed; see {bed.out / 'peers'}")
             if t0 is None and any(j is not None and j.progress.step > 0 for j in jobs):
-                t0, before = now, bed.net.counters()
+                t0, before, cpu = now, bed.net.counters(), host_cpu()
             if t0 is not None:
                 t = now - t0
                 for k, j in enumerate(jobs):
@@ -431,7 +445,7 @@ def run_peerd(bed: Testbed, variant: str, cap: float, out: Path, join: bool) -> 
                         or all(j is not None and j.state in ENDED_STATES for j in jobs)):
                     break
             time.sleep(POLL_S)
-        after = bed.net.counters()
+        after, busy = bed.net.counters(), busy_share(cpu, host_cpu())
         rounds = [j.progress.round if j is not None else 0 for j in jobs]
         for k in range(args.joins if join else 0):
             if k:
@@ -444,7 +458,7 @@ def run_peerd(bed: Testbed, variant: str, cap: float, out: Path, join: bool) -> 
         raise PeerdError(f"{variant} at {cap:g} Mbit/s: no worker trained within {START_S:.0f}s")
     result = Result(variant, cap, curve=curve, utilisation=[utilisation(p) for p in points],
                     bytes_per_round=[bytes_per_round(before[i], after[i], r) for i, r in enumerate(rounds)],
-                    steps_per_round=PERIOD_STEPS, wall_s=t, rounds=rounds, best=best)
+                    steps_per_round=PERIOD_STEPS, wall_s=t, rounds=rounds, best=best, host_busy=busy)
     return result, joined
 
 
@@ -618,7 +632,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  target at {result.time_to(args.target):.1f}s (best peer: "
                       f"{time_to_target(result.best, args.target):.1f}s), utilisation "
                       f"{[round(u, 2) for u in result.utilisation]}, MB/round "
-                      f"{[round(b / 1e6, 1) for b in result.bytes_per_round]}, rounds {result.rounds} "
+                      f"{[round(b / 1e6, 1) for b in result.bytes_per_round]}, rounds {result.rounds}, host CPU busy "
+                      f"{result.host_busy:.2f} "
                       f"({time.monotonic() - started:.0f}s in all)", flush=True)
     finally:
         bed.close()

@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 from bandwidth import (  # noqa: E402
-    Result, bytes_per_round, join_goal_s, link_seconds, table, time_to_target, utilisation,
+    Result, busy_share, bytes_per_round, host_cpu, join_goal_s, link_seconds, table, time_to_target, utilisation,
 )
 
 
@@ -33,6 +33,13 @@ def test_time_to_target_is_the_first_crossing_or_nan():
 def test_bytes_per_round_counts_sent_and_received():
     assert bytes_per_round((100, 1000), (4100, 9000), 4) == (4000 + 8000) / 4
     assert math.isnan(bytes_per_round((0, 0), (10, 10), 0))
+
+
+def test_host_busy_share_is_busy_over_total_jiffies_between_readings():
+    assert busy_share((100, 400), (250, 600)) == pytest.approx(0.75)
+    assert math.isnan(busy_share((5, 10), (5, 10)))
+    busy, total = host_cpu()  # this host's own /proc/stat
+    assert 0 <= busy <= total and total > 0
 
 
 def test_join_goal_is_1_2_times_the_link_time_plus_a_second():
