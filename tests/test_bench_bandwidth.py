@@ -51,15 +51,15 @@ def test_join_goal_is_1_2_times_the_link_time_plus_a_second():
 def _result(variant: str, cap: float, reached: float | None) -> Result:
     curve = [(5.0, 0.5)] + ([(reached, 0.95)] if reached else [])
     return Result(variant, cap, curve, utilisation=[0.9, math.nan, 0.8], bytes_per_round=[2e6, 4e6],
-                  steps_per_round=1 if variant == "ddp" else 8, wall_s=60.0)
+                  steps_per_round=1 if variant == "ddp" else 8, wall_s=60.0, host_busy=0.97)
 
 
 def test_table_gives_ratios_to_the_same_caps_ddp_and_bounds_when_ddp_missed():
     rows = table([_result("ddp", 1000, 100.0), _result("overlap", 1000, 40.0),
                   _result("ddp", 100, None), _result("overlap", 100, 30.0), _result("peerd", 100, None)],
                  target=0.92, budget=150.0).splitlines()
-    assert rows[2] == "| 1000 | ddp | 100 | — | 0.80 / 0.85 | 3.0 | 1 |"
-    assert rows[3] == "| 1000 | overlap | 40 | 0.40 | 0.80 / 0.85 | 3.0 | 8 |"
+    assert rows[2] == "| 1000 | ddp | 100 | — | 0.80 / 0.85 | 3.0 | 1 | 0.97 |"
+    assert rows[3] == "| 1000 | overlap | 40 | 0.40 | 0.80 / 0.85 | 3.0 | 8 | 0.97 |"
     assert rows[4].startswith("| 100 | ddp | > 150 (not reached) | — |")
     assert rows[5].startswith("| 100 | overlap | 30 | < 0.20 |")  # DDP needs > 150 s: the ratio is a bound
     assert rows[6].startswith("| 100 | peerd | > 150 (not reached) | n/a |")
