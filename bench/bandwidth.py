@@ -151,6 +151,10 @@ class Result:
     rounds: list[int] = field(default_factory=list)
     best: list[tuple[float, float]] = field(default_factory=list)  # peerd: the best peer's latest metric
     host_busy: float = math.nan  # share of the host's CPUs busy while it trained (every process, not only peerd's)
+    # peerd: each peer's own account at the end, as shares of its training time:
+    # {"compute": c, "round": r, "evaluate": e, "checkpoint": k} (Progress.waited_s), and
+    # the mean seconds of an exchange and of a round
+    breakdown: list[dict[str, float]] = field(default_factory=list)
 
     def time_to(self, target: float) -> float:
         return time_to_target(self.curve, target)
@@ -447,6 +451,7 @@ def run_peerd(bed: Testbed, variant: str, cap: float, out: Path, join: bool) -> 
             time.sleep(POLL_S)
         after, busy = bed.net.counters(), busy_share(cpu, host_cpu())
         rounds = [j.progress.round if j is not None else 0 for j in jobs]
+        breakdown = [time_shares(j.progress) if j is not None else {} for j in jobs]
         for k in range(args.joins if join else 0):
             if k:
                 rejoin_reset(bed, name)
@@ -458,8 +463,20 @@ def run_peerd(bed: Testbed, variant: str, cap: float, out: Path, join: bool) -> 
         raise PeerdError(f"{variant} at {cap:g} Mbit/s: no worker trained within {START_S:.0f}s")
     result = Result(variant, cap, curve=curve, utilisation=[utilisation(p) for p in points],
                     bytes_per_round=[bytes_per_round(before[i], after[i], r) for i, r in enumerate(rounds)],
-                    steps_per_round=PERIOD_STEPS, wall_s=t, rounds=rounds, best=best, host_busy=busy)
+                    steps_per_round=PERIOD_STEPS, wall_s=t, rounds=rounds, best=best, host_busy=busy,
+                    breakdown=breakdown)
     return result, joined
+
+
+def time_shares(progress) -> dict[str, float]:
+    """A worker's own account of its training time (at its last round's report):
+    the shares spent computing and waiting, by cause."""
+    if progress.training_s <= 0:
+        return {}
+    mean_exchange = progress.exchange_sum_s / progress.exchange_count if progress.exchange_count else math.nan
+    return {"compute": progress.compute_s / progress.training_s,
+            **{cause: s / progress.training_s for cause, s in sorted(progress.waited_s.items())},
+            "exchange_mean_s": mean_exchange, "round_mean_s": progress.training_s / max(1, progress.rounds_done)}
 
 
 def measure_join(bed: Testbed, name: str, cap: float) -> dict:
@@ -633,7 +650,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{time_to_target(result.best, args.target):.1f}s), utilisation "
                       f"{[round(u, 2) for u in result.utilisation]}, MB/round "
                       f"{[round(b / 1e6, 1) for b in result.bytes_per_round]}, rounds {result.rounds}, host CPU busy "
-                      f"{result.host_busy:.2f} "
+                      f"{result.host_busy:.2f}, time shares "
+                      f"{[{k: round(v, 2) for k, v in b.items()} for b in result.breakdown]} "
                       f"({time.monotonic() - started:.0f}s in all)", flush=True)
     finally:
         bed.close()

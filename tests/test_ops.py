@@ -121,6 +121,15 @@ def test_metrics_are_served_and_move_as_rounds_complete(local_cluster):
     assert second[("peerd_global_batch", job)] == 64
     assert second[("peerd_learning_rate", job)] > 0 and second[("peerd_loss", job)] > 0
     assert second[("peerd_samples_per_second", job)] > 0
+    # Where the time went: steps and the waits between them, within the wall time
+    # since training started (each read at the same round's report).
+    waits = {cause: second[("peerd_waited_seconds_total", (("cause", cause), ("job", "metered")))]
+             for cause in ("round", "evaluate", "checkpoint")}
+    training = second[("peerd_training_seconds_total", job)]
+    assert second[("peerd_training_seconds_total", job)] > first[("peerd_training_seconds_total", job)]
+    assert 0 < second[("peerd_compute_seconds_total", job)] < training
+    assert waits["round"] > 0 and all(w >= 0 for w in waits.values())
+    assert second[("peerd_compute_seconds_total", job)] + sum(waits.values()) <= training
     assert second[("peerd_job_state", (("job", "metered"), ("state", "running")))] == 1
     with pytest.raises(urllib.error.HTTPError, match="404"):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/nothing", timeout=10)

@@ -254,3 +254,15 @@ def test_status_shows_the_consensus_models_metric_beside_the_own_one():
     assert peerctl._metric(p) == "accuracy 0.9000"
     p.metrics.update({"accuracy": 0.9, "consensus_accuracy": 0.95, "consensus_peers": 3})
     assert peerctl._metric(p) == "accuracy 0.9000, consensus of 3 0.9500"
+
+
+def test_busy_is_compute_over_training_time_with_the_largest_wait():
+    from peerd.progress import empty_progress
+
+    p = empty_progress()
+    assert peerctl._busy(p) == "-"  # no report yet
+    p.training_s, p.compute_s = 40.0, 25.0
+    p.waited_s.update({"round": 12.0, "evaluate": 2.0, "checkpoint": 0.0})
+    assert peerctl._busy(p) == "62% (round 30%)"
+    p.waited_s.clear()
+    assert peerctl._busy(p) == "62%"

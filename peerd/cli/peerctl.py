@@ -39,7 +39,7 @@ def _progress_rows(job) -> list[list[object]]:
         p = w.progress if w else job.progress
         head = [job.name, w.member if w else "-", w.device if w else "-", w.state if w else job.state]
         rows.append(head + [p.phase or "-", p.step, p.round, p.epoch, p.loss, p.lr, p.global_batch,
-                            p.local_batch or "-", _percent(p.share), p.samples_per_s,
+                            p.local_batch or "-", _percent(p.share), p.samples_per_s, _busy(p),
                             f"{p.partners_reached}/{p.partners_planned}", _metric(p),
                             w.restarts if w else job.restarts, w.pid if w else job.worker_pid])
     return rows
@@ -50,7 +50,7 @@ def cmd_status(client: ControlClient, args) -> tuple[object, str]:
     head = (f"peer {s.peer_id}  version {s.version}  up {s.uptime_s:.0f}s  "
             f"address {s.peer_address}  locality {s.locality or '-'}  peers known {s.peers_known}")
     table = render(["job", "worker", "device", "state", "phase", "step", "round", "epoch", "loss", "lr",
-                    "global batch", "batch", "share", "samples/s", "partners", "metric", "restarts", "pid"],
+                    "global batch", "batch", "share", "samples/s", "busy", "partners", "metric", "restarts", "pid"],
                    [row for j in s.jobs for row in _progress_rows(j)])
     notes = [f"{j.name}/{w.member}: {w.state}: {w.message}" for j in s.jobs for w in j.workers if w.message]
     notes += [f"{j.name}/{w.member}: intra-host group: {w.progress.intrahost}" for j in s.jobs for w in j.workers
@@ -73,6 +73,19 @@ def cmd_peers(client: ControlClient, args) -> tuple[object, str]:
             rows.append(head + job)
     return reply, render(["peer", "state", "address", "locality", "seen (s)", "job", "worker", "device",
                           "job state", "phase", "round", "lr", "global batch", "samples/s", "batch", "share"], rows)
+
+
+def _busy(p) -> str:
+    """The share of the wall time the worker computed since it started training,
+    and the largest cause of the rest: "62% (round 30%)"; '-' before its first report."""
+    if p.training_s <= 0:
+        return "-"
+    text = f"{100 * min(1.0, p.compute_s / p.training_s):.0f}%"
+    if p.waited_s:
+        cause, seconds = max(p.waited_s.items(), key=lambda kv: kv[1])
+        if seconds > 0:
+            text += f" ({cause} {100 * seconds / p.training_s:.0f}%)"
+    return text
 
 
 def _percent(share: float) -> str:

@@ -52,6 +52,9 @@ _COUNTERS = (
     ("peerd_samples", "Training samples processed.", "samples"),
     ("peerd_steps", "Optimizer steps taken (the job's step count).", "step"),
     ("peerd_checkpoints_written", "Checkpoints the worker wrote.", "checkpoints_written"),
+    ("peerd_compute_seconds", "Seconds the worker spent in training steps.", "compute_s"),
+    ("peerd_training_seconds", "Wall seconds since the worker started training (compute / this = busy).",
+     "training_s"),
 )
 _GAUGES = (
     ("peerd_round", "The round the worker is in.", "round"),
@@ -102,6 +105,8 @@ class DaemonCollector:
                                          labels=labels)
         rejected = CounterMetricFamily("peerd_rejected_messages", "Data-plane messages refused, by reason.",
                                        labels=[*labels, "reason"])
+        waited = CounterMetricFamily("peerd_waited_seconds", "Seconds the training waited between its steps, by "
+                                     "cause (round, evaluate, checkpoint).", labels=[*labels, "cause"])
         for name, job in jobs:
             state.add_metric([name, job.state], 1)
             members.add_metric([name], len(d.membership.job_view(name, job.spec.fingerprint)) + len(job.workers))
@@ -116,12 +121,15 @@ class DaemonCollector:
                 if _HAS_REJECTED:
                     for reason, count in sorted(p.rejected.items()):
                         rejected.add_metric([*key, reason], count)
+                for cause, seconds in sorted(p.waited_s.items()):
+                    waited.add_metric([*key, cause], seconds)
         yield state
         yield members
         yield restarts
         yield from counters.values()
         yield from gauges.values()
         yield exchange
+        yield waited
         if _HAS_REJECTED:
             yield rejected
 

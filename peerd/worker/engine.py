@@ -166,6 +166,9 @@ class Engine:
         self._closed = False
         self.left = False  # announced its leave: no more rounds
         self.exported, self.exported_round = "", 0  # peerctl export: the last file written
+        # Where the training's wall time goes besides its steps (Progress.waited_s).
+        self.training_since = math.nan  # monotonic time training started
+        self.waited = {"round": 0.0, "evaluate": 0.0, "checkpoint": 0.0}
 
     async def start(self) -> StepPlan:
         """Serve, hear from the daemon, resume; then the plan of the first steps."""
@@ -193,6 +196,7 @@ class Engine:
             await self.link.beat()
         await self._resume()
         self.phase = "training"
+        self.training_since = time.monotonic()
         log.info("training from round %d, step %d", self.round, self.source.step_count)
         await self.store.publish(self.round, self.state.flat.vector)
         self.link.address = address
@@ -287,21 +291,36 @@ class Engine:
             self._round_steps = steps
         self._parked = True
         try:
+            started = time.monotonic()
             await self.capture_if_wanted()  # asked during the last step: at once, not after the exchange
             self.round += 1
             run = self.rounds.run_overlapped if self.rounds.overlap is not None else self.rounds.run
             result = await run(self.round, self._view, self.capture_if_wanted)
             await self._round_done(result)
+            started = self._waited("round", started)
             if self.link.export_path and self.link.export_path != self.exported:
                 await self._export(self.link.export_path)
             if self._checkpoint_due():
                 await self.checkpoint("periodic")
+            started = self._waited("checkpoint", started)
             if self.round % self.spec.eval_every_rounds == 0 and self.evaluate is not None:
                 self.metrics = await asyncio.to_thread(self.evaluate)
+            self._waited("evaluate", started)
             self._report(result)
             return self._next_plan()
         finally:
             self._parked = False
+
+    @property
+    def training_s(self) -> float:
+        """Wall seconds since training started here (0 before)."""
+        return time.monotonic() - self.training_since if math.isfinite(self.training_since) else 0.0
+
+    def _waited(self, cause: str, since: float) -> float:
+        """Add the time since `since` to what the training waited for `cause`; returns now."""
+        now = time.monotonic()
+        self.waited[cause] += now - since
+        return now
 
     async def _export(self, path: str) -> None:
         """peerctl export: the exact average of this round's snapshots of the

@@ -29,6 +29,7 @@ def progress_of(engine, result: RoundResult | None, finished: bool = False) -> c
         exported=engine.exported, exported_round=engine.exported_round, intrahost=engine.rounds.intrahost_status,
         data_samples=getattr(t, "data_samples", 0), data_mode=engine.spec.data_mode,
         job_progress=getattr(t, "progress", 0.0),
+        training_s=engine.training_s, waited_s=engine.waited,
     )
     if result is not None:
         p.partners_reached = len(result.reached)
