@@ -24,8 +24,12 @@ the same seed, at global batch 4 × 32, SGD lr 0.05 momentum 0.9, constant LR:
                 the 4× slower peer)
   overlap       the same with [gossip] overlap = true
   overlap-bf16  the same with a bf16 wire as well
+  peerd-p4, overlap-p4, overlap-bf16-p4   (not run by default) the three above
+                with a round every 4 local steps: overlapped, the exchange is
+                hidden and the one-round delay of the mixing costs half as many
+                steps of drift (docs/algorithms.md, "Overlapped rounds")
 
-peerd variants evaluate every 2 rounds (each peer its own model; the curve is the
+peerd variants evaluate every 16 local steps (each peer its own model; the curve is the
 mean of the peers' latest values; the best peer's is printed and kept beside it). Every variant stops when the target accuracy is
 reached or after --budget seconds of training. Reported per variant and cap: time
 to --target, its ratio to DDP's, each peer's utilisation = time in steps (the
@@ -77,17 +81,22 @@ from _harness import ROOT, TOOK_STATE, kill_ranks, poll_until, run_main, wait_ra
 from join import stamp_of
 
 from peerd.core.codes import ENDED_STATES, WorkerState
+from peerd.core.slowdown import CLOCKS, Slowdown
 from peerd.errors import PeerdError
 from peerd.soak.netns import Namespaces, namespaces_unavailable
 from peerd.soak.peers import STOP_TIMEOUT_S, SoakPeer, slowdown_table
 
 JOBS = ROOT / "bench" / "jobs"
-VARIANTS = {"ddp": None, "peerd": (False, "fp32"), "overlap": (True, "fp32"), "overlap-bf16": (True, "bf16")}
+# peerd variants: (overlap, wire, local steps per round)
+VARIANTS = {"ddp": None, "peerd": (False, "fp32", 8), "overlap": (True, "fp32", 8),
+            "overlap-bf16": (True, "bf16", 8), "peerd-p4": (False, "fp32", 4), "overlap-p4": (True, "fp32", 4),
+            "overlap-bf16-p4": (True, "bf16", 4)}
 GLOBAL_BATCH = 128
 LR = 0.05
-PERIOD_STEPS = 8
+DEFAULT_VARIANTS = "ddp,peerd,overlap,overlap-bf16"
+PERIOD_STEPS = 8  # local steps per round, unless the variant says otherwise
 DDP_EVAL_EVERY = 8  # steps
-PEERD_EVAL_ROUNDS = 2  # each peer evaluates every 2 × PERIOD_STEPS of its own steps
+EVAL_STEPS = 16  # each peer evaluates every 16 of its own steps (every 2 rounds of 8)
 POLL_S = 0.5
 START_S = 150.0  # a variant's workers/ranks to start training
 JOIN_S = 120.0
@@ -195,12 +204,16 @@ def table(results: list[Result], target: float, budget: float) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--caps", default="1000,100", help="link caps in Mbit/s, in turn (default 1000,100)")
-    p.add_argument("--variants", default=",".join(VARIANTS),
-                   help=f"which to run at each cap, in order (default {','.join(VARIANTS)})")
+    p.add_argument("--variants", default=DEFAULT_VARIANTS,
+                   help=f"which to run at each cap, in order, of {', '.join(VARIANTS)} (default {DEFAULT_VARIANTS})")
     p.add_argument("--budget", type=float, default=120.0,
                    help="seconds of training at most per variant and cap (default 120)")
     p.add_argument("--target", type=float, default=0.9, help="test accuracy to reach (default 0.9)")
     p.add_argument("--slowdowns", default="1,1,2,4", help="per-peer slowdown factors (default 1,1,2,4)")
+    p.add_argument("--clock", choices=CLOCKS, default="wall",
+                   help="the slowdown's clock, for DDP's ranks and peerd's workers alike: wall (a step's wall "
+                        "time, which on a busy host includes waiting for the CPU, so a slow peer is slowed by "
+                        "more than its factor) or cpu (its thread's CPU time) (default wall)")
     p.add_argument("--join-cap", type=float, default=1000.0,
                    help="measure the newcomer's join at this cap, after `overlap` (0: no join; default 1000)")
     p.add_argument("--join-only", action="store_true",
@@ -264,7 +277,8 @@ class Testbed:
             peer.dir.mkdir(parents=True, exist_ok=True)
             # Only the newcomer keeps a standby worker: the trainers' would only load the CPUs.
             trainer = i < len(factors) - 1
-            peer.write_config(realm, None, f"\n[worker]\nslowdown = {factor}\nstandby = {str(not trainer).lower()}\n")
+            peer.write_config(realm, None, f"\n[worker]\nslowdown = {factor}\nslowdown_clock = \"{self.args.clock}\"\n"
+                                           f"standby = {str(not trainer).lower()}\n")
             self.peers.append(peer)
         if not self.net.multicast_crosses(0, 1):
             raise PeerdError("multicast does not cross the bridge: zeroconf could not work")
@@ -313,9 +327,11 @@ def ddp_rank(args: argparse.Namespace) -> None:
 
     import bw_mlp
 
+    from peerd.worker.slowdown import SlowedSteps
+
     rank, world = args.ddp_rank, len(args.slowdown_list)
-    slowdown = args.slowdown_list[rank]
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)  # before SlowedSteps: its cpu clock is then the thread's
+    slowed = SlowedSteps(Slowdown(args.slowdown_list[rank], args.clock))
     dist.init_process_group("gloo", init_method=f"file://{args.ddp_store}", rank=rank, world_size=world)
     torch.manual_seed(0)
     model = bw_mlp.make_model()
@@ -332,13 +348,12 @@ def ddp_rank(args: argparse.Namespace) -> None:
     while not stop:
         shard = torch.randperm(len(y), generator=torch.Generator().manual_seed(1000 + epoch))[rank::world]
         for start in range(0, per_rank - local + 1, local):
-            began = time.perf_counter()
+            slowed.start()
             idx = shard[start : start + local]
             model.train()
             opt.zero_grad(set_to_none=True)
             nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
-            time.sleep((slowdown - 1.0) * (time.perf_counter() - began))
-            compute += time.perf_counter() - began
+            compute += slowed.finish()  # the slowdown's sleep included, as peerd's workers
             row = {"t": time.perf_counter() - t0, "step": step, "compute_s": compute}
             flag = 0.0
             if rank == 0 and step % DDP_EVAL_EVERY == 0 and step:
@@ -378,7 +393,8 @@ def run_ddp(bed: Testbed, cap: float, out: Path) -> Result:
     try:
         for rank, peer in enumerate(bed.trainers):
             cmd = peer.net.command([sys.executable, __file__, "--ddp-rank", str(rank), "--ddp-store", str(store),
-                                    "--out", str(out), "--slowdowns", args.slowdowns, "--target", str(args.target),
+                                    "--out", str(out), "--slowdowns", args.slowdowns, "--clock", args.clock,
+                                    "--target", str(args.target),
                                     "--budget", str(args.budget)])
             with open(out / f"ddp-{rank}.log", "wb") as log:
                 procs.append(subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
@@ -399,26 +415,26 @@ def run_ddp(bed: Testbed, cap: float, out: Path) -> Result:
 # ---------------------------------------------------------------- peerd
 
 
-def job_text(name: str, overlap: bool, wire: str) -> str:
+def job_text(name: str, overlap: bool, wire: str, period: int = PERIOD_STEPS) -> str:
     return tomli_w.dumps({
         "job": {"name": name, "module": "bw_mlp", "metric": "accuracy", "seed": 0, "init": "shared",
                 "data_mode": "shared", "local_batch": GLOBAL_BATCH // 4, "epochs": 1000.0,
-                "eval_every_rounds": PEERD_EVAL_ROUNDS,
+                "eval_every_rounds": max(1, EVAL_STEPS // period),
                 # Batches that follow each peer's speed (bench/dbs.py), so no one waits for the slowest.
                 "global_batch": GLOBAL_BATCH, "min_local_batch": 4, "rebalance_rounds": 2,
                 "rebalance_threshold": 0.1},
         "optimizer": {"name": "sgd", "lr": LR, "momentum": 0.9, "weight_decay": 0.0001, "schedule": "constant",
                       "reference_batch": GLOBAL_BATCH},
-        "gossip": {"period_steps": PERIOD_STEPS, "segments": 8, "overlap": overlap, "wire": wire},
+        "gossip": {"period_steps": period, "segments": 8, "overlap": overlap, "wire": wire},
         "checkpoint": {"every_rounds": 0, "every_s": 0.0},
     })
 
 
 def run_peerd(bed: Testbed, variant: str, cap: float, out: Path, join: bool) -> tuple[Result, list[dict]]:
     args = bed.args
-    overlap, wire = VARIANTS[variant]
+    overlap, wire, period = VARIANTS[variant]
     name = f"bw-{variant}-{cap:g}"
-    text = job_text(name, overlap, wire)
+    text = job_text(name, overlap, wire, period)
     out.mkdir(parents=True, exist_ok=True)
     (out / "job.toml").write_text(text)
     for peer in bed.trainers:
@@ -463,7 +479,7 @@ def run_peerd(bed: Testbed, variant: str, cap: float, out: Path, join: bool) -> 
         raise PeerdError(f"{variant} at {cap:g} Mbit/s: no worker trained within {START_S:.0f}s")
     result = Result(variant, cap, curve=curve, utilisation=[utilisation(p) for p in points],
                     bytes_per_round=[bytes_per_round(before[i], after[i], r) for i, r in enumerate(rounds)],
-                    steps_per_round=PERIOD_STEPS, wall_s=t, rounds=rounds, best=best, host_busy=busy,
+                    steps_per_round=period, wall_s=t, rounds=rounds, best=best, host_busy=busy,
                     breakdown=breakdown)
     return result, joined
 
@@ -576,7 +592,7 @@ def plot(results: list[Result], args: argparse.Namespace) -> None:
     traffic.set(ylabel="MB per peer per round (in + out)", title="traffic (DDP: a round = a step)")
     for ax in (util, traffic):
         ax.set_xticks(range(len(results)), labels, fontsize=7)
-    fig.suptitle(f"12M-parameter MLP, MNIST-5k, 4 peers slowed {args.slowdowns}")
+    fig.suptitle(f"12M-parameter MLP, MNIST-5k, 4 peers slowed {args.slowdowns} ({args.clock} clock)")
     fig.tight_layout()
     args.png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(args.png, dpi=100)
@@ -588,7 +604,7 @@ def load_results(summary: Path, args: argparse.Namespace) -> tuple[list[Result],
     and slowdowns onto args."""
     data = json.loads(summary.read_text())
     args.target, args.budget = float(data["args"]["target"]), float(data["args"]["budget"])
-    args.slowdowns = data["args"]["slowdowns"]
+    args.slowdowns, args.clock = data["args"]["slowdowns"], data["args"].get("clock", "wall")
     return [Result(**r) for r in data["results"]], data["joins"]
 
 

@@ -121,6 +121,8 @@ def test_metrics_are_served_and_move_as_rounds_complete(local_cluster):
     assert second[("peerd_global_batch", job)] == 64
     assert second[("peerd_learning_rate", job)] > 0 and second[("peerd_loss", job)] > 0
     assert second[("peerd_samples_per_second", job)] > 0
+    # The DBS step model's parts, timed apart by peerd's own loop.
+    assert second[("peerd_step_fixed_seconds", job)] > 0 and second[("peerd_step_seconds_per_sample", job)] > 0
     # Where the time went: steps and the waits between them, within the wall time
     # since training started (each read at the same round's report).
     waits = {cause: second[("peerd_waited_seconds_total", (("cause", cause), ("job", "metered")))]
