@@ -32,6 +32,34 @@ def test_the_meter_recovers_a_and_c_whether_or_not_the_batch_varies(batches):
     assert m.speed == pytest.approx(mean_b / (m.fixed_s + m.per_sample_s * mean_b), rel=0.2)
 
 
+def step_s(b: int) -> float:
+    """A step that is not affine in its batch: 0.1 s of optimizer update, 0.05 s
+    of reading the weights in forward and backward whatever the batch, 0.002 s a sample."""
+    return 0.1 + 0.05 + 0.002 * b
+
+
+def test_after_dbs_moves_the_batch_the_meter_measures_the_new_batch_afresh():
+    """40 steps at 32 samples, then 2 at 4: the model's time of a 4-sample step is
+    the measured one, not the 32-sample steps' rate extrapolated (which said
+    0.1 + 4·(0.114 − 0.1)/32 = 0.10 s, a third off the 0.158 s it takes)."""
+    m = StepMeter()
+    for _ in range(40):
+        m.observe(32, step_s(32), fixed_s=0.1)
+    assert m.fixed_s + 4 * m.per_sample_s < 0.75 * step_s(4)  # the old regime's prediction
+    for _ in range(2):
+        m.observe(4, step_s(4), fixed_s=0.1)
+    assert m.fixed_s + 4 * m.per_sample_s == pytest.approx(step_s(4))
+    assert m.speed == pytest.approx(4 / step_s(4))
+
+
+def test_one_short_step_at_an_epochs_end_does_not_start_the_averages_over():
+    m = StepMeter()
+    for b in [32] * 40 + [5] + [32] * 3:
+        m.observe(b, step_s(b), fixed_s=0.1)
+    # the tail step weighs as one step of the EMA, not as the whole history
+    assert m.speed == pytest.approx(32 / step_s(32), rel=0.05)
+
+
 def test_a_meter_that_never_times_the_fixed_part_reports_no_model():
     m = StepMeter()
     for _ in range(5):
