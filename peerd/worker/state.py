@@ -30,6 +30,10 @@ from peerd.worker.snapshots import Identity, SnapshotStore, check_identity, wait
 
 log = logging.getLogger("peerd.worker")
 
+# A joiner cuts the state into this many ranges per donor and hands them out as
+# donors become free (pull_state): a donor that starts late serves fewer.
+RANGES_PER_DONOR = 4
+
 
 @dataclass(frozen=True)
 class StateMeta:
@@ -186,38 +190,98 @@ async def pull_state(
     """The state vector assembled from ranges pulled from `donors` in parallel.
 
     Returns the vector, the newest meta among the ranges, and the donors used.
-    A range whose donor fails is retried once with each other donor. Ranges
-    whose rounds differ by more than `max_round_spread` are not pieced
+    The state is cut into RANGES_PER_DONOR ranges per donor, and each donor is
+    asked for the next range not taken yet as soon as it has served one: a
+    donor whose capture comes late (a slow peer finishing its step) serves
+    fewer, and once none is left a free donor also asks for a range another is
+    still serving, the first copy to arrive winning, so a straggler holds up no
+    range. A donor that fails serves no more; its range goes to the others, and
+    so do the ranges it served already if what it sent was corrupt.
+    Ranges whose rounds differ by more than `max_round_spread` are not pieced
     together: the whole state is then taken from one donor.
     """
     if not donors:
         raise PeerUnavailable("no donor to take the state from")
     ids = sorted(donors)
-    spans = split_even(numel, min(len(ids), numel))
+    spans = split_even(numel, min(len(ids) * RANGES_PER_DONOR, numel))
     out = torch.empty(numel, dtype=torch.float32)
+    results: dict[int, tuple[StateMeta, str]] = {}
+    tried: dict[int, set[str]] = {k: set() for k in range(len(spans))}
+    serving: dict[int, dict[str, asyncio.Task]] = {k: {} for k in range(len(spans))}
+    errors: dict[int, list[str]] = {k: [] for k in range(len(spans))}
+    alive = set(ids)
+    first_s: dict[str, float] = {}  # each donor's wait for its first chunk (its capture), for the log
+    changed = asyncio.Event()  # a range arrived or a donor failed: what is open may have changed
 
-    async def one(k: int, span: Span) -> tuple[StateMeta, str]:
-        errors = []
-        for donor in ids[k:] + ids[:k]:  # its own donor first, then the others
+    def next_range(donor: str) -> int | None:
+        """A range nobody serves, else one a single other donor is still serving."""
+        open_ = [k for k in range(len(spans)) if k not in results and donor not in tried[k]]
+        fresh = [k for k in open_ if not serving[k]]
+        hedge = [k for k in open_ if len(serving[k]) == 1]
+        return (fresh or hedge or [None])[0]
+
+    async def serve_from(donor: str) -> None:
+        while donor in alive and len(results) < len(spans):
+            k = next_range(donor)
+            if k is None:
+                if not any(serving.values()):  # nothing in flight: nothing will open up
+                    return
+                changed.clear()
+                await changed.wait()
+                continue
+            tried[k].add(donor)
+            task = asyncio.ensure_future(transport.fetch_state(donors[donor], spans[k], timeout_s))
+            serving[k][donor] = task
             try:
-                asked = time.monotonic()
-                part = await transport.fetch_state(donors[donor], span, timeout_s)
-                out[span.start : span.stop] = part.values
-                log.info("state range %d+%d of round %d from %s: first chunk after %.2fs, verified after %.2fs",
-                         span.start, span.size, part.meta.round, donor, part.first_s, time.monotonic() - asked)
-                return part.meta, donor
+                part = await task
+            except asyncio.CancelledError:
+                if asyncio.current_task().cancelling():
+                    raise
+                continue  # another donor's copy of this range came first
             except PeerdError as exc:
-                errors.append(f"{donor}: {exc}")
-        raise PeerUnavailable(f"state range {span.start}..{span.stop}: " + "; ".join(errors))
+                errors[k].append(f"{donor}: {exc}")
+                alive.discard(donor)
+                if isinstance(exc, InvalidMessage):  # it sent a corrupt range: trust none of its others
+                    for j in [j for j, (_, d) in results.items() if d == donor]:
+                        del results[j]
+                return
+            finally:
+                serving[k].pop(donor, None)
+                changed.set()
+            if k in results:
+                continue
+            span = spans[k]
+            out[span.start : span.stop] = part.values
+            results[k] = (part.meta, donor)
+            first_s.setdefault(donor, part.first_s)
+            for other in list(serving[k].values()):
+                other.cancel()
 
-    results = await asyncio.gather(*(one(k, span) for k, span in enumerate(spans)))
-    rounds = sorted(meta.round for meta, _ in results)
-    if len(donors) > 1 and rounds[-1] - rounds[0] > max_round_spread:
+    loops = [asyncio.ensure_future(serve_from(d)) for d in ids]
+    try:
+        await asyncio.gather(*loops)
+    finally:
+        for task in loops:
+            task.cancel()
+        for tasks in serving.values():
+            for task in tasks.values():
+                task.cancel()
+        await asyncio.gather(*loops, *(t for tasks in serving.values() for t in tasks.values()),
+                             return_exceptions=True)
+    for donor in sorted(first_s):
+        mine = [k for k, (_, d) in results.items() if d == donor]
+        log.info("state from %s: %d of %d ranges (round %d), first chunk after %.2fs", donor,
+                 len(mine), len(spans), max(results[k][0].round for k in mine), first_s[donor])
+    if missing := [k for k in range(len(spans)) if k not in results]:
+        k = missing[0]
+        raise PeerUnavailable(f"state range {spans[k].start}..{spans[k].stop}: " + "; ".join(errors[k]))
+    rounds = sorted(meta.round for meta, _ in results.values())
+    if len({d for _, d in results.values()}) > 1 and rounds[-1] - rounds[0] > max_round_spread:
         # The donors disagree (e.g. one was cut off by a partition and trained
         # alone): ranges of different models pieced together are no model at all.
         # Take everything from one donor, the one in the middle of the rounds.
         median = rounds[len(rounds) // 2]
-        donor = next(d for meta, d in results if meta.round == median)
+        donor = next(d for meta, d in results.values() if meta.round == median)
         return await pull_state(transport, {donor: donors[donor]}, numel, timeout_s)
-    newest = max((meta for meta, _ in results), key=lambda m: (m.round, m.step))
-    return out, newest, sorted({donor for _, donor in results})
+    newest = max((meta for meta, _ in results.values()), key=lambda m: (m.round, m.step))
+    return out, newest, sorted({donor for _, donor in results.values()})
