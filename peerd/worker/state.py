@@ -5,9 +5,11 @@ small extra part) between two of its local steps when someone asks for it (at
 once while its training waits for a round, else after the step under way: not
 at the end of its round, which a joiner waited for), so a range it serves
 never holds half a local step. A joiner cuts
-the state into one range per donor and pulls them in parallel (no single donor
-carries every joiner: hivemind issue #169), checks each range against its
-SHA-256 and for finite values, and retries a failed range with another donor.
+the state into a few ranges per donor and pulls them in parallel, each donor
+the next free range as soon as it has served one (no single donor carries
+every joiner: hivemind issue #169; no slow donor holds the pull up), checks
+each range against its SHA-256 and for finite values, and asks another donor
+for a range whose donor fails.
 """
 
 from __future__ import annotations
