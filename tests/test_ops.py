@@ -135,3 +135,18 @@ def test_metrics_are_served_and_move_as_rounds_complete(local_cluster):
     assert second[("peerd_job_state", (("job", "metered"), ("state", "running")))] == 1
     with pytest.raises(urllib.error.HTTPError, match="404"):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/nothing", timeout=10)
+
+
+def test_status_shows_the_steps_of_a_round_still_under_way(local_cluster):
+    """A round of many local steps (a big model's, minutes long): the status moves
+    with each heartbeat, not only when a round ends. Here no round ends at all
+    before the job does (period_steps is larger than the whole job)."""
+    cluster = local_cluster(1)
+    peer = cluster.peers[0]
+    cluster.client(peer).join(example_job(job={"name": "long-rounds", "epochs": 2},
+                                          gossip={"period_steps": 100_000}))
+    job = wait_for(lambda: (j := job_of(cluster, peer)) and j.progress.phase == "training"
+                   and j.progress.step >= 10 and j, 120, "the status to show steps before any round ends")
+    p = job.progress
+    assert p.round == 0 and p.rounds_done == 0
+    assert p.samples >= 10 * 32 and p.compute_s > 0 and 0 < p.compute_s <= p.training_s

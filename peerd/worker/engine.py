@@ -201,7 +201,7 @@ class Engine:
         await self.store.publish(self.round, self.state.flat.vector)
         self.link.address = address
         await self.link.beat()  # the view now decides the split of the first chunk
-        self._beats = asyncio.create_task(self.link.run(HEARTBEAT_S))
+        self._beats = asyncio.create_task(self.link.run(HEARTBEAT_S, self._refresh))
         return self._next_plan()
 
     async def close(self) -> None:
@@ -506,6 +506,13 @@ class Engine:
         log.info("%s: took the state of round %d (step %d, epoch %.2f) from %s in %.2fs",
                  why, meta.round, meta.step, meta.progress, ", ".join(used), time.monotonic() - started)
         return True
+
+    def _refresh(self) -> None:
+        """Before each heartbeat while training: the counters as they are now (step,
+        loss, speed, where the time went), not as of the last round, which with
+        many local steps a round may be minutes old; the last round's figures kept."""
+        if self.phase == "training" and not self.left:
+            self._report(None)
 
     def _report(self, result: RoundResult | None, finished: bool = False) -> None:
         self.link.progress = progress_of(self, result, finished)

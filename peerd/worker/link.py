@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 import grpc
 
@@ -74,8 +75,11 @@ class SupervisorLink:
         self.finished = set(reply.finished)
         return True
 
-    async def run(self, interval_s: float) -> None:
+    async def run(self, interval_s: float, refresh: Callable[[], None] | None = None) -> None:
+        """Beat every interval_s; `refresh()` first brings `progress` up to date."""
         while True:
+            if refresh is not None:
+                refresh()
             await self.beat()
             await asyncio.sleep(interval_s)
 
