@@ -236,11 +236,15 @@ async def test_a_donor_whose_state_is_still_captures_when_asked_and_never_once_i
     torch.testing.assert_close(vector, torch.cat([a.vector, momentum]))
     assert (meta.round, meta.step) == (3, 30)
 
-    await a.store.publish(4, a.vector)  # the next round: the capture of round 3 is stale
-    still = False  # ... and the state moves (the training thread stepping)
+    await a.store.publish(4, a.vector)  # the next round: the capture of round 3 still serves it ...
+    still = False  # ... while the state moves (the training thread stepping)
+    part = await asyncio.wait_for(transport.fetch_state("mem-a", Span(0, NUMEL), 60.0), 10.0)
+    assert part.meta.round == 3 and not a.board.wanted  # served at once, no new capture asked for
+
+    await a.store.publish(5, a.vector)  # two rounds on: the capture of round 3 is stale
     part = await transport.fetch_state("mem-a", Span(0, NUMEL), 0.2)  # waits 0.1 s for a capture in vain
     assert part.meta.round == 3  # the last one taken: none was taken while the state moved
-    assert not await a.board.capture([a.vector, momentum], StateMeta(4, 40, 2.0), when=lambda: still)
+    assert not await a.board.capture([a.vector, momentum], StateMeta(5, 50, 2.0), when=lambda: still)
 
 
 async def test_memory_transport_reports_missing_peer():

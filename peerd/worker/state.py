@@ -35,6 +35,12 @@ log = logging.getLogger("peerd.worker")
 # A joiner cuts the state into this many ranges per donor and hands them out as
 # donors become free (pull_state): a donor that starts late serves fewer.
 RANGES_PER_DONOR = 4
+# A donor's capture serves the ranges asked in its round and this many after it:
+# a joiner's ranges from one donor arrive over a second or so, and a donor moving
+# to its next round meanwhile made every later range wait for a fresh capture
+# (0.15–0.5 s each, bench/bandwidth.py). Ranges are pieced from several donors'
+# captures anyway; one round apart is what one more gossip round evens out.
+CAPTURE_SERVES_ROUNDS = 1
 
 
 @dataclass(frozen=True)
@@ -155,7 +161,7 @@ class StateServer:
         if length == 0 or offset + length > total:
             raise InvalidMessage(f"state range {offset}+{length} outside 0..{total}", "bad_range")
         asked = time.monotonic()
-        async with self.board.hold(self.store.current_round, wait_s) as (vector, meta):
+        async with self.board.hold(self.store.current_round - CAPTURE_SERVES_ROUNDS, wait_s) as (vector, meta):
             held = time.monotonic()
             values = vector[offset : offset + length]
             sha = digest(values, meta.extra)
