@@ -192,6 +192,38 @@ async def test_a_donor_whose_capture_never_comes_holds_up_no_range():
     assert not slow.board.wanted  # its pending request was cancelled, not left waiting
 
 
+class LyingAfterFirstServer(StateServer):
+    """Serves its first range honestly, then ranges that fail their checksum."""
+
+    served = 0
+
+    async def state(self, *args, **kwargs):
+        self.served += 1
+        async for meta, offset, total, sha, data in super().state(*args, **kwargs):
+            yield meta, offset, total, sha, data if self.served == 1 else bytes([data[0] ^ 0xFF]) + data[1:]
+
+
+async def test_the_ranges_a_donor_served_before_it_sent_a_corrupt_one_are_taken_again():
+    gen = torch.Generator().manual_seed(6)
+    good, liar = Peer("good", torch.randn(NUMEL, generator=gen)), Peer("liar", torch.randn(NUMEL, generator=gen))
+    liar.state = LyingAfterFirstServer(liar.identity, liar.board, liar.store, CHUNK)
+    task = await donate(liar, 4, 40, 1.0)  # captures at once: it serves first
+
+    async def late_good() -> None:  # the good donor's capture comes 0.3 s later
+        await good.store.publish(4, good.vector)
+        await asyncio.sleep(0.3)
+        await good.board.capture([good.vector, torch.full((NUMEL,), 0.5)], StateMeta(4, 40, 1.0))
+
+    late = asyncio.create_task(late_good())
+    transport = MemoryTransport(Identity("job", "fp", "j"), {}, {"mem-good": good.state, "mem-liar": liar.state})
+    vector, meta, used = await asyncio.wait_for(
+        pull_state(transport, {"good": "mem-good", "liar": "mem-liar"}, 2 * NUMEL, 10.0), 20.0)
+    await asyncio.gather(task, late)
+    assert liar.state.served >= 2  # one honest range, then a corrupt one
+    assert used == ["good"]  # the honest range it served was dropped with it
+    torch.testing.assert_close(vector[:NUMEL], good.vector)
+
+
 async def test_a_failed_donor_is_replaced_and_a_corrupt_range_is_rejected(grpc_pair):
     a, b, addresses, (ta, _) = grpc_pair
     task = await donate(b, 3, 30, 1.0)

@@ -276,7 +276,7 @@ async def pull_state(
                 task.cancel()
         await asyncio.gather(*loops, *(t for tasks in serving.values() for t in tasks.values()),
                              return_exceptions=True)
-    for donor in sorted(first_s):
+    for donor in sorted({d for _, d in results.values()}):  # a donor voided for corruption has none
         mine = [k for k, (_, d) in results.items() if d == donor]
         log.info("state from %s: %d of %d ranges (round %d), first chunk after %.2fs", donor,
                  len(mine), len(spans), max(results[k][0].round for k in mine), first_s[donor])
