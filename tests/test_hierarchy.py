@@ -166,8 +166,10 @@ async def run_round_with_wire(peers, view, wire):
     return dict(zip(sorted(peers), results))
 
 
-async def test_views_that_differ_by_one_peer_finish_within_the_deadline():
-    """Half the peers still count a peer that left; nobody waits past the deadline."""
+@pytest.mark.parametrize("hand_over", [False, True])
+async def test_views_that_differ_by_one_peer_finish_within_the_deadline(hand_over):
+    """Half the peers still count a peer that left; nobody waits past the deadline
+    (with hand_over, owners wait for their lent values' reads before returning)."""
     full = {f"p{k}": () for k in range(6)}
     smaller = {p: loc for p, loc in full.items() if p != "p5"}
     peers = make_peers(full)
@@ -177,7 +179,7 @@ async def test_views_that_differ_by_one_peer_finish_within_the_deadline():
 
     async def one(p, view):
         transport = MemoryTransport(peers[p].identity, servers)
-        return await asyncio.wait_for(peers[p].round(7, view, addresses, transport, deadline), 3 * deadline)
+        return await asyncio.wait_for(peers[p].round(7, view, addresses, transport, deadline, hand_over), 3 * deadline)
 
     views = {p: (full if p in ("p0", "p1") else smaller) for p in smaller}
     results = await asyncio.gather(*(one(p, v) for p, v in views.items()))
@@ -204,3 +206,28 @@ async def test_with_a_narrow_wire_a_group_agrees_exactly():
     results = await asyncio.gather(one("x"), one("y"))
     assert all(r.misses == 0 for r in results)
     assert torch.equal(peers["x"].vector, peers["y"].vector)
+
+
+async def test_a_member_that_comes_late_gets_the_owners_values_after_their_states_moved_on():
+    """Owners lend their results from their new states and take them back before
+    their rounds return; a member that reads only then gets the same values from
+    a copy, never what the owners wrote into their states afterwards."""
+    view = {"x": (), "y": (), "z": ()}  # one group of 3
+    peers = make_peers(view)
+    servers = {f"mem-{p}": peers[p].server for p in peers}
+    addresses = {p: f"mem-{p}" for p in view}
+    late = peers["z"]
+    await late.store.publish(0, late.vector)  # its snapshot is there, its round comes later
+    expected = torch.stack([p.vector for p in peers.values()]).mean(0)
+    early = await asyncio.gather(*(peers[p].round(0, view, addresses, MemoryTransport(peers[p].identity, servers),
+                                                  deadline_s=0.5, hand_over=True) for p in ("x", "y")))
+    assert all(r.misses == len(peers["x"].layout) // 3 for r in early)  # z's segments: z never served them
+    for p in ("x", "y"):
+        peers[p].vector.fill_(float("nan"))  # they train on: their new states change
+    plan = plan_hierarchical("job", 0, view, "z", SEGMENTS, 3)
+    result = await hierarchical_round(plan, "z", addresses, late.vector, late.recv, late.layout,
+                                      MemoryTransport(late.identity, servers), late.stages, 5.0)
+    assert result.misses == 0
+    for s, span in enumerate(late.layout):
+        if plan.owners[s] != "z":
+            torch.testing.assert_close(late.vector[span.start : span.stop], expected[span.start : span.stop])

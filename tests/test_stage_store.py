@@ -119,3 +119,36 @@ async def test_a_scratch_buffer_never_put_is_free_again_at_the_next_round():
     assert stages.buffer(500).data_ptr() != scratch.data_ptr()
     await stages.begin(2, [0])
     assert scratch.data_ptr() in {stages.buffer(500).data_ptr() for _ in range(2)}
+
+
+async def test_settle_takes_back_what_everyone_read_and_copies_what_someone_may_still_read():
+    stages = StageStore()
+    server = _server(stages)
+    state = torch.arange(NUMEL, dtype=torch.float32)
+    await stages.begin(1, [0, 1])
+    await stages.lend(1, 2, 0, state[:500], reads=2)
+    await stages.lend(1, 2, 1, state[500:], reads=2)
+    settle = asyncio.create_task(stages.settle(1, 2, [0, 1], reads=1, wait_s=1e6))
+    first = await _read(server, 1, 0, 2)
+    await asyncio.sleep(0)
+    assert not settle.done()  # segment 1 not read once yet
+    await _read(server, 1, 0, 2)
+    await _read(server, 1, 1, 2)
+    await asyncio.wait_for(settle, HANG_GUARD_S)
+    expected = state[500:].tolist()
+    state.fill_(-1.0)  # the caller trains on its state again
+    with pytest.raises(RoundMismatch, match="not computed"):
+        await _read(server, 1, 0, 2)  # read as often as it was lent for: taken back
+    assert first == torch.arange(500, dtype=torch.float32).tolist()
+    assert await _read(server, 1, 1, 2) == expected  # a second reader may still come: a copy
+
+
+async def test_settle_waits_no_longer_than_told():
+    stages = StageStore()
+    server = _server(stages)
+    state = torch.ones(NUMEL)
+    await stages.begin(1, [0])
+    await stages.lend(1, 2, 0, state[:500], reads=3)
+    await asyncio.wait_for(stages.settle(1, 2, [0], reads=3, wait_s=0.05), HANG_GUARD_S)
+    state.fill_(5.0)
+    assert await _read(server, 1, 0, 2) == [1.0] * 500

@@ -12,6 +12,13 @@ then get the in-group average. A member that misses a stage keeps its own value
 for the segments concerned; a dead member costs the round only its own
 segments.
 
+When the round writes a new state (`out`), an owner computes a segment's
+final value straight into it and lends that view as stage 2 (StageStore.lend):
+no copy of the result. Before the round returns it waits for the members whose
+stage 2 it took (they run the same plan, so they come to read its own) and
+then takes the views back; a value some member has not read yet is served from
+a copy from then on, as before, for a member that comes late.
+
 The arithmetic (reduce, mix, round to the wire dtype) is peerd.worker.reduce;
 this module only fetches under the deadline and publishes the stages.
 """
@@ -28,7 +35,7 @@ from peerd.core.robust import PullClipper
 from peerd.core.segments import Span
 from peerd.errors import NonFiniteAverage, PeerdError, PeerUnavailable
 from peerd.worker.gossip import RoundResult, clip_pull, keep_own, record_failure, relative_gap
-from peerd.worker.reduce import mix_groups, reduce_group, round_to_wire
+from peerd.worker.reduce import mix_groups, reduce_group, round_to_wire, round_to_wire_
 from peerd.worker.snapshots import StageStore
 from peerd.worker.transport import Transport
 
@@ -77,6 +84,7 @@ class _Round:
         self.others = [m for m in plan.group if m != me]
         self.result = RoundResult(plan.round, planned_partners(plan, me))
         self.written: set[int] = set()
+        self.took: set[str] = set()  # members whose stage 2 this peer took: they read its own
         self.buffers: dict[int, list[torch.Tensor]] = {}  # stage 0, per owned segment
         self.gaps: list[float] = []
         self.started = time.monotonic()
@@ -85,8 +93,14 @@ class _Round:
         owned = self.plan.owned_by(self.me)
         await self.stages.begin(self.plan.round, owned)  # first: it frees the last round's buffers
         self.buffers = self._stage0_buffers(owned)
-        await asyncio.gather(*(self._own(s) for s in owned),
-                             *(self._gather(s) for s in range(len(self.layout)) if s not in owned))
+        over = False
+        try:
+            await asyncio.gather(*(self._own(s) for s in owned),
+                                 *(self._gather(s) for s in range(len(self.layout)) if s not in owned))
+            over = True
+        finally:  # cancelled or not, nothing may read the new state once the round is over
+            if self.out is not None:
+                await self._settle(owned, self._left(1.0) if over else 0.0)
         if self.out is not None:
             keep_own(self.out, self.vector, self.layout, self.written)
         if self.gaps:
@@ -108,6 +122,12 @@ class _Round:
             views[s] = [self.recv[start + k * size : start + (k + 1) * size] for k in range(len(self.others))]
             start += size * len(self.others)
         return views
+
+    async def _settle(self, owned: list[int], wait_s: float) -> None:
+        """Take back the views of the new state this round lent (stage 2, and
+        stage 1 with one group), once the members known to come have read them."""
+        await self.stages.settle(self.plan.round, 2, owned, len(self.took), wait_s)
+        await self.stages.reclaim(self.plan.round, 1, [s for s in owned if self.plan.sources[s] is None], 0.0)
 
     def _left(self, stage_end: float) -> float:
         """The time left until the end of a stage, as a fraction of the deadline."""
@@ -144,23 +164,33 @@ class _Round:
         arrived = [(p, b) for p, b, ok in zip(self.others, buffers, got) if ok]
         for _, values in arrived:
             self._clip(mine, values)
-        total, refused = reduce_group(mine, [values for _, values in arrived], out=self.stages.buffer(span.size))
+        into = self.into[span.start : span.stop]
+        lend = self.out is not None  # the result goes straight into the new state, lent as stage 2
+        source = self.plan.sources[s]
+        # With one group the mean is the result: into the new state at once.
+        total, refused = reduce_group(mine, [values for _, values in arrived],
+                                      out=into if lend and source is None else self.stages.buffer(span.size))
         for i in refused:
             self._refuse(arrived[i][0], s, 0)
         await self.stages.put(self.plan.round, 1, s, total)
         mixed = total
-        source = self.plan.sources[s]
         if source is not None:
             theirs = buffers[0] if buffers else self.stages.buffer(span.size)  # free again: `total` is elsewhere
             if await self._fetch(source, s, theirs, 1, 2 / 3):
                 self._clip(total, theirs)
-                mixed = mix_groups(total, theirs, self.plan.weight, out=self.stages.buffer(span.size))
+                mixed = mix_groups(total, theirs, self.plan.weight, out=into if lend else self.stages.buffer(span.size))
                 if mixed is None:
                     self._refuse(source, s, 1)
                     mixed = total
-        mixed = round_to_wire(mixed, self.wire_dtype)
-        await self.stages.put(self.plan.round, 2, s, mixed)
-        self.into[span.start : span.stop].copy_(mixed)
+        if lend:
+            if mixed is not into:  # the partner group's value did not come: the group mean
+                into.copy_(mixed)
+            round_to_wire_(into, self.wire_dtype)
+            await self.stages.lend(self.plan.round, 2, s, into, reads=len(self.others))
+        else:
+            mixed = round_to_wire(mixed, self.wire_dtype)
+            await self.stages.put(self.plan.round, 2, s, mixed)
+            into.copy_(mixed)
         self.written.add(s)
 
     async def _gather(self, s: int) -> None:
@@ -174,6 +204,7 @@ class _Round:
         # transport checks them (a transport may leave stages 0 and 1 to the round).
         if not await self._fetch(owner, s, theirs, 2, 1.0):
             return
+        self.took.add(owner)
         mine = self.vector[span.start : span.stop]
         self.gaps.append(relative_gap(mine, theirs))
         self._clip(mine, theirs)

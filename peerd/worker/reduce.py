@@ -71,3 +71,9 @@ def round_to_wire(values: torch.Tensor, wire_dtype: torch.dtype) -> torch.Tensor
     """`values` as the group members will receive them. The owner keeps the
     same rounding, or the group could never agree closer than the rounding."""
     return values if wire_dtype == torch.float32 else values.to(wire_dtype).float()
+
+
+def round_to_wire_(values: torch.Tensor, wire_dtype: torch.dtype) -> None:
+    """round_to_wire in place."""
+    if wire_dtype != torch.float32:
+        values.copy_(values.to(wire_dtype))

@@ -148,10 +148,11 @@ class StageStore:
     is its in-group average of a segment it owns, stage 2 that average mixed
     with the partner group's. Kept two rounds, like snapshots.
 
-    A pair round (peerd.worker.pair) *lends* its stage 2 values instead: views of
-    its new state, served until read, then reclaimed before the state is
-    trained on (`lend`, `reclaim`). A value can also be refused (`refuse`): the
-    owner could not compute it, and a request is answered at once."""
+    A pair round (peerd.worker.pair) and a hierarchical round that writes a new
+    state *lend* their stage 2 values instead: views of the new state, served
+    until read, then taken back before the state is trained on (`lend`, then
+    `reclaim` or `settle`). A value can also be refused (`refuse`): the owner
+    could not compute it, and a request is answered at once."""
 
     def __init__(self, keep: int = KEEP_ROUNDS) -> None:
         self._keep = keep
@@ -159,6 +160,7 @@ class StageStore:
         # (round, stage, segment) -> the value, or None for one refused or reclaimed
         self._values: dict[tuple[int, int, int], torch.Tensor | None] = {}
         self._wanted: dict[tuple[int, int, int], int] = {}  # a lent value's reads still to come
+        self._lent: dict[tuple[int, int, int], int] = {}  # a lent value's reads, as lent
         self._reading: dict[tuple[int, int, int], set[asyncio.Task]] = {}  # tasks streaming a value now
         self._drained: dict[tuple[int, int, int], asyncio.Event] = {}  # set when a reclaimed value's reads stop
         # Buffers this store handed out (`buffer`), by address, and those free
@@ -179,6 +181,7 @@ class StageStore:
             dropped = [(k, v) for k, v in self._values.items() if k[0] < oldest]
             self._values = {k: v for k, v in self._values.items() if k[0] >= oldest}
             self._wanted = {k: v for k, v in self._wanted.items() if k[0] >= oldest}
+            self._lent = {k: v for k, v in self._lent.items() if k[0] >= oldest}
             self._recycle(dropped)
             self._changed.notify_all()
 
@@ -220,7 +223,7 @@ class StageStore:
         """Serve `value`, a view of the caller's own state, for `reads` reads.
         The caller must `reclaim` it before writing there again."""
         await self.put(round_, stage, segment, value)
-        self._wanted[round_, stage, segment] = reads
+        self._wanted[round_, stage, segment] = self._lent[round_, stage, segment] = reads
 
     async def reclaim(self, round_: int, stage: int, segments: Iterable[int], wait_s: float) -> None:
         """Wait up to wait_s for the lent values' reads, then take them back:
@@ -230,11 +233,39 @@ class StageStore:
         keys = [(round_, stage, s) for s in segments]
         async with self._changed:
             await wait_until(self._changed, lambda: all(self._wanted.get(k, 0) <= 0 for k in keys), wait_s)
-            for key in keys:
-                self._wanted.pop(key, None)
-                if round_ in self._owned:
-                    self._values[key] = None
-            self._changed.notify_all()
+            self._take_back(keys, {})
+        await self._stop_reads(keys)
+
+    async def settle(self, round_: int, stage: int, segments: Iterable[int], reads: int, wait_s: float) -> None:
+        """End a loan when its round is over: wait up to wait_s until each lent
+        value was read `reads` times (by the readers known to come), then take
+        back those read as often as they were lent for, and serve the others
+        from a copy from now on: a reader still to come (a late member) gets
+        the value as if it had been put, for the rounds a value is kept. Reads
+        of a lent view still streaming are cancelled, as in `reclaim`."""
+        keys = [(round_, stage, s) for s in segments]
+
+        def read_enough() -> bool:
+            return all(self._lent.get(k, 0) - self._wanted.get(k, 0) >= min(reads, self._lent.get(k, 0)) for k in keys)
+
+        async with self._changed:
+            await wait_until(self._changed, read_enough, wait_s)
+            copies = {k: self.buffer(v.numel()).copy_(v) for k in keys
+                      if self._wanted.get(k, 0) > 0 and (v := self._values.get(k)) is not None}
+            self._take_back(keys, copies)
+        await self._stop_reads(keys)
+
+    def _take_back(self, keys: list[tuple[int, int, int]], copies: dict[tuple[int, int, int], torch.Tensor]) -> None:
+        """Lent values refused from now on, or served from `copies` (the lock held)."""
+        for key in keys:
+            self._wanted.pop(key, None)
+            self._lent.pop(key, None)
+            if key[0] in self._owned:
+                self._values[key] = copies.get(key)
+        self._changed.notify_all()
+
+    async def _stop_reads(self, keys: list[tuple[int, int, int]]) -> None:
+        """Cancel the reads of taken-back values still streaming, and wait for them."""
         me = asyncio.current_task()
         for key in keys:
             reading = self._reading.get(key, set()) - {me}
