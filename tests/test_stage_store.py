@@ -128,13 +128,10 @@ async def test_settle_takes_back_what_everyone_read_and_copies_what_someone_may_
     await stages.begin(1, [0, 1])
     await stages.lend(1, 2, 0, state[:500], reads=2)
     await stages.lend(1, 2, 1, state[500:], reads=2)
-    settle = asyncio.create_task(stages.settle(1, 2, [0, 1], reads=1, wait_s=1e6))
     first = await _read(server, 1, 0, 2)
-    await asyncio.sleep(0)
-    assert not settle.done()  # segment 1 not read once yet
     await _read(server, 1, 0, 2)
     await _read(server, 1, 1, 2)
-    await asyncio.wait_for(settle, HANG_GUARD_S)
+    await asyncio.wait_for(stages.settle(1, 2, [0, 1], wait_s=1e6), HANG_GUARD_S)
     expected = state[500:].tolist()
     state.fill_(-1.0)  # the caller trains on its state again
     with pytest.raises(RoundMismatch, match="not computed"):
@@ -143,12 +140,40 @@ async def test_settle_takes_back_what_everyone_read_and_copies_what_someone_may_
     assert await _read(server, 1, 1, 2) == expected  # a second reader may still come: a copy
 
 
-async def test_settle_waits_no_longer_than_told():
+async def test_settle_waits_for_no_reader_that_has_not_come():
     stages = StageStore()
     server = _server(stages)
     state = torch.ones(NUMEL)
     await stages.begin(1, [0])
     await stages.lend(1, 2, 0, state[:500], reads=3)
-    await asyncio.wait_for(stages.settle(1, 2, [0], reads=3, wait_s=0.05), HANG_GUARD_S)
+    await asyncio.wait_for(stages.settle(1, 2, [0], wait_s=1e6), HANG_GUARD_S)
     state.fill_(5.0)
     assert await _read(server, 1, 0, 2) == [1.0] * 500
+
+
+async def test_settle_lets_a_streaming_read_finish_and_cancels_one_past_the_wait():
+    stages = StageStore()
+    server = _server(stages)
+    state = torch.full((NUMEL,), 2.0)
+    await stages.begin(1, [0, 1])
+    await stages.lend(1, 2, 0, state[:500], reads=1)
+    started, stall = asyncio.Event(), asyncio.Event()
+    reader = asyncio.create_task(_read(server, 1, 0, 2, stall, started))
+    await started.wait()
+    settle = asyncio.create_task(stages.settle(1, 2, [0], wait_s=1e6))
+    await asyncio.sleep(0.05)
+    assert not settle.done()  # the read under way is let finish
+    stall.set()
+    assert await asyncio.wait_for(reader, HANG_GUARD_S) == [2.0] * 500
+    await asyncio.wait_for(settle, HANG_GUARD_S)
+    with pytest.raises(RoundMismatch, match="not computed"):
+        await _read(server, 1, 0, 2)  # read in full: taken back
+
+    await stages.lend(1, 2, 1, state[500:], reads=1)
+    started, stall = asyncio.Event(), asyncio.Event()
+    stuck = asyncio.create_task(_read(server, 1, 1, 2, stall, started))
+    await started.wait()
+    await asyncio.wait_for(stages.settle(1, 2, [1], wait_s=0.05), HANG_GUARD_S)
+    assert stuck.done() and stuck.cancelled()  # it can read the state no more
+    state.fill_(7.0)
+    assert await _read(server, 1, 1, 2) == [2.0] * 500  # not read to the end: a copy for a late reader

@@ -14,10 +14,10 @@ segments.
 
 When the round writes a new state (`out`), an owner computes a segment's
 final value straight into it and lends that view as stage 2 (StageStore.lend):
-no copy of the result. Before the round returns it waits for the members whose
-stage 2 it took (they run the same plan, so they come to read its own) and
-then takes the views back; a value some member has not read yet is served from
-a copy from then on, as before, for a member that comes late.
+no copy of the result. Before the round returns it lets the members' reads
+that are streaming finish and takes the views back; a value some member has not
+read yet is served from a copy from then on, as before, for a member that comes
+late. It never waits for a member that has not come to read.
 
 The arithmetic (reduce, mix, round to the wire dtype) is peerd.worker.reduce;
 this module only fetches under the deadline and publishes the stages.
@@ -84,7 +84,6 @@ class _Round:
         self.others = [m for m in plan.group if m != me]
         self.result = RoundResult(plan.round, planned_partners(plan, me))
         self.written: set[int] = set()
-        self.took: set[str] = set()  # members whose stage 2 this peer took: they read its own
         self.buffers: dict[int, list[torch.Tensor]] = {}  # stage 0, per owned segment
         self.gaps: list[float] = []
         self.started = time.monotonic()
@@ -125,8 +124,8 @@ class _Round:
 
     async def _settle(self, owned: list[int], wait_s: float) -> None:
         """Take back the views of the new state this round lent (stage 2, and
-        stage 1 with one group), once the members known to come have read them."""
-        await self.stages.settle(self.plan.round, 2, owned, len(self.took), wait_s)
+        stage 1 with one group), once the reads under way are through."""
+        await self.stages.settle(self.plan.round, 2, owned, wait_s)
         await self.stages.reclaim(self.plan.round, 1, [s for s in owned if self.plan.sources[s] is None], 0.0)
 
     def _left(self, stage_end: float) -> float:
@@ -204,7 +203,6 @@ class _Round:
         # transport checks them (a transport may leave stages 0 and 1 to the round).
         if not await self._fetch(owner, s, theirs, 2, 1.0):
             return
-        self.took.add(owner)
         mine = self.vector[span.start : span.stop]
         self.gaps.append(relative_gap(mine, theirs))
         self._clip(mine, theirs)

@@ -12,6 +12,7 @@ worker starts round r+1.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -236,20 +237,27 @@ class StageStore:
             self._take_back(keys, {})
         await self._stop_reads(keys)
 
-    async def settle(self, round_: int, stage: int, segments: Iterable[int], reads: int, wait_s: float) -> None:
-        """End a loan when its round is over: wait up to wait_s until each lent
-        value was read `reads` times (by the readers known to come), then take
-        back those read as often as they were lent for, and serve the others
-        from a copy from now on: a reader still to come (a late member) gets
-        the value as if it had been put, for the rounds a value is kept. Reads
-        of a lent view still streaming are cancelled, as in `reclaim`."""
+    async def settle(self, round_: int, stage: int, segments: Iterable[int], wait_s: float) -> None:
+        """End a loan when its round is over: let the reads of the lent values
+        that are streaming finish (up to wait_s; a reader that has not come is
+        not waited for), then take back those read as often as they were lent
+        for, and serve the others from a copy from now on: a reader still to
+        come (a late member) gets the value as if it had been put, for the
+        rounds a value is kept. A read still streaming after wait_s is
+        cancelled, as in `reclaim`."""
         keys = [(round_, stage, s) for s in segments]
-
-        def read_enough() -> bool:
-            return all(self._lent.get(k, 0) - self._wanted.get(k, 0) >= min(reads, self._lent.get(k, 0)) for k in keys)
-
+        until = time.monotonic() + wait_s
+        for key in keys:
+            if not self._reading.get(key):
+                continue
+            drained = self._drained[key] = asyncio.Event()
+            try:
+                await asyncio.wait_for(drained.wait(), max(0.0, until - time.monotonic()))
+            except TimeoutError:
+                pass
+            finally:
+                self._drained.pop(key, None)
         async with self._changed:
-            await wait_until(self._changed, read_enough, wait_s)
             copies = {k: self.buffer(v.numel()).copy_(v) for k in keys
                       if self._wanted.get(k, 0) > 0 and (v := self._values.get(k)) is not None}
             self._take_back(keys, copies)
@@ -312,19 +320,21 @@ class StageStore:
         task = asyncio.current_task()
         reading = self._reading.setdefault(key, set())
         reading.add(task)
+        read = False
         try:
             yield value
+            read = True
         finally:
+            if read and key in self._wanted:  # counted before anyone hears the read is over
+                self._wanted[key] -= 1
             reading.discard(task)
             if not reading:
                 self._reading.pop(key, None)
                 if key in self._drained:
                     self._drained[key].set()
-        if key in self._wanted:  # read to the end
+        if read and key in self._wanted:
             async with self._changed:
-                if key in self._wanted:  # not reclaimed meanwhile
-                    self._wanted[key] -= 1
-                    self._changed.notify_all()
+                self._changed.notify_all()
 
 
 class FinalStore:
