@@ -327,7 +327,8 @@ async def test_a_member_that_stepped_over_a_round_makes_the_group_re_form_in_ste
 # --- separate processes: kill -9 of one, the group re-formed -----------------------------
 
 
-def _member(directory: str, rank: int, size: int, commands, replies) -> None:
+def _member(directory: str, rank: int, size: int, commands, replies, timeout_s: float = 5.0,
+            form_timeout_s: float = 30.0) -> None:
     """A worker of the test's "daemon": a round per command, its result replied."""
     torch.set_num_threads(1)
     me = f"h.{rank}"
@@ -335,7 +336,7 @@ def _member(directory: str, rank: int, size: int, commands, replies) -> None:
 
     async def main() -> None:
         group = IntraHostGroup(IntraHostSlot(directory, rank, size), torch.device("cpu"), me,
-                               timeout_s=5.0, form_timeout_s=30.0)
+                               timeout_s=timeout_s, form_timeout_s=form_timeout_s)
         m = Member(me, torch.full((NUMEL,), float(rank)))
         transport = MemoryTransport(m.identity, {})
         while True:
@@ -346,6 +347,10 @@ def _member(directory: str, rank: int, size: int, commands, replies) -> None:
             if kind == "ready":  # poll (no collective) until the group of the current generation is up
                 group.poll(round_)
                 replies.put((rank, "ready", group.state.formed is not None, group.generation))
+                continue
+            if kind == "leave":  # done here, the process still up (the job's end, a drain): out of the group
+                await group.aclose()
+                replies.put((rank, "left"))
                 continue
             if pause:  # a member that stalls (a long GC pause, swapping) before its round
                 await asyncio.sleep(pause[0])
@@ -361,7 +366,8 @@ def _member(directory: str, rank: int, size: int, commands, replies) -> None:
 class Members:
     """The test's stand-in for a daemon: it starts the processes and bumps the generation."""
 
-    def __init__(self, directory, size: int) -> None:
+    def __init__(self, directory, size: int, timeout_s: float = 5.0, form_timeout_s: float = 30.0) -> None:
+        self.timeouts = (timeout_s, form_timeout_s)  # the members' collective and forming timeouts (gloo's too)
         self.ctx = multiprocessing.get_context("spawn")
         self.rendezvous = Rendezvous(directory, size)
         self.size = size
@@ -373,7 +379,7 @@ class Members:
         self.rendezvous.bump()  # as the daemon does before it (re)starts a worker
         self.commands[rank] = self.ctx.Queue()
         self.procs[rank] = self.ctx.Process(target=_member, daemon=True, args=(
-            str(self.rendezvous.directory), rank, self.size, self.commands[rank], self.replies))
+            str(self.rendezvous.directory), rank, self.size, self.commands[rank], self.replies, *self.timeouts))
         self.procs[rank].start()
 
     def ask(self, command, ranks) -> dict[int, tuple]:
@@ -435,6 +441,24 @@ def test_kill_9_of_a_member_falls_back_then_the_new_generation_re_forms(tmp_path
         second = m.wait_formed(ranks, 12)
         assert second > first
         assert m.ask(("round", 14), ranks) == {r: (True, 1.0) for r in ranks}
+    finally:
+        m.close()
+    assert all(not p.is_alive() for p in m.procs.values())
+
+
+def test_a_member_that_leaves_the_group_alive_lets_the_others_fall_back_at_once(tmp_path):
+    # Timeouts the test would never see the end of (ask_each gives up after 120 s):
+    # the others must fall back because the member left, not time out.
+    m = Members(tmp_path / "job", 3, timeout_s=3600.0, form_timeout_s=3600.0)
+    try:
+        for r in range(3):
+            m.start(r)
+        ranks = [0, 1, 2]
+        m.wait_formed(ranks, 8)
+        assert m.ask(("round", 10), ranks) == {r: (True, 1.0) for r in ranks}
+        assert m.ask(("leave", 0), [2]) == {2: ()}  # its process stays up, as in the end consensus
+        assert m.ask(("round", 11), [0, 1]) == {0: (False, 0.0), 1: (False, 1.0)}
+        assert m.procs[2].is_alive()
     finally:
         m.close()
     assert all(not p.is_alive() for p in m.procs.values())

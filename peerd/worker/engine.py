@@ -348,6 +348,7 @@ class Engine:
             return
         self.left = True
         await self._round_done(await self.rounds.finish_pending())  # the round in flight is this peer's last
+        await self.rounds.leave_group()
         self.phase = "draining"
         why = "the operator asked" if self.link.stop else "stopped by signal"
         log.info("leaving at round %d: %s", self.round, why)
@@ -370,6 +371,7 @@ class Engine:
         own model) with the average's beside them, as consensus_<name>."""
         self.phase = "consensus"
         self._report(None)
+        await self.rounds.leave_group()
         await self.store.finish()  # partners asking for a later round are answered at once
         await self.rounds.stages.finish()
         peers = {p: a for p, a in self.link.view.items() if p != self.me}

@@ -195,6 +195,14 @@ class Rounds:
             return ""
         return f"{group.backend} generation {group.generation}, {group.rounds} rounds"
 
+    async def leave_group(self) -> None:
+        """No more rounds here (the job is done, or this worker leaves): out of the
+        intra-host group at once, so that siblings still training are not held in
+        a collective this worker will not join until it exits (up to the
+        collective's timeout) but fall back to the bulk lane straight away."""
+        if self.intrahost is not None:
+            await self.intrahost.aclose()
+
     async def aclose(self) -> None:
         if self.overlap is not None:
             await self.overlap.aclose()
