@@ -161,7 +161,6 @@ class StageStore:
         # (round, stage, segment) -> the value, or None for one refused or reclaimed
         self._values: dict[tuple[int, int, int], torch.Tensor | None] = {}
         self._wanted: dict[tuple[int, int, int], int] = {}  # a lent value's reads still to come
-        self._lent: dict[tuple[int, int, int], int] = {}  # a lent value's reads, as lent
         self._reading: dict[tuple[int, int, int], set[asyncio.Task]] = {}  # tasks streaming a value now
         self._drained: dict[tuple[int, int, int], asyncio.Event] = {}  # set when a reclaimed value's reads stop
         # Buffers this store handed out (`buffer`), by address, and those free
@@ -182,7 +181,6 @@ class StageStore:
             dropped = [(k, v) for k, v in self._values.items() if k[0] < oldest]
             self._values = {k: v for k, v in self._values.items() if k[0] >= oldest}
             self._wanted = {k: v for k, v in self._wanted.items() if k[0] >= oldest}
-            self._lent = {k: v for k, v in self._lent.items() if k[0] >= oldest}
             self._recycle(dropped)
             self._changed.notify_all()
 
@@ -222,9 +220,9 @@ class StageStore:
 
     async def lend(self, round_: int, stage: int, segment: int, value: torch.Tensor, reads: int) -> None:
         """Serve `value`, a view of the caller's own state, for `reads` reads.
-        The caller must `reclaim` it before writing there again."""
+        The caller must `reclaim` or `settle` it before writing there again."""
         await self.put(round_, stage, segment, value)
-        self._wanted[round_, stage, segment] = self._lent[round_, stage, segment] = reads
+        self._wanted[round_, stage, segment] = reads
 
     async def reclaim(self, round_: int, stage: int, segments: Iterable[int], wait_s: float) -> None:
         """Wait up to wait_s for the lent values' reads, then take them back:
@@ -267,7 +265,6 @@ class StageStore:
         """Lent values refused from now on, or served from `copies` (the lock held)."""
         for key in keys:
             self._wanted.pop(key, None)
-            self._lent.pop(key, None)
             if key[0] in self._owned:
                 self._values[key] = copies.get(key)
         self._changed.notify_all()
