@@ -246,15 +246,7 @@ class StageStore:
         keys = [(round_, stage, s) for s in segments]
         until = time.monotonic() + wait_s
         for key in keys:
-            if not self._reading.get(key):
-                continue
-            drained = self._drained[key] = asyncio.Event()
-            try:
-                await asyncio.wait_for(drained.wait(), max(0.0, until - time.monotonic()))
-            except TimeoutError:
-                pass
-            finally:
-                self._drained.pop(key, None)
+            await self._drain(key, max(0.0, until - time.monotonic()))
         async with self._changed:
             copies = {k: self.buffer(v.numel()).copy_(v) for k in keys
                       if self._wanted.get(k, 0) > 0 and (v := self._values.get(k)) is not None}
@@ -274,14 +266,22 @@ class StageStore:
         me = asyncio.current_task()
         for key in keys:
             reading = self._reading.get(key, set()) - {me}
+            for task in reading:
+                task.cancel()
             if reading:
-                drained = self._drained[key] = asyncio.Event()
-                for task in reading:
-                    task.cancel()
-                try:
-                    await drained.wait()
-                finally:
-                    self._drained.pop(key, None)
+                await self._drain(key, None)
+
+    async def _drain(self, key: tuple[int, int, int], wait_s: float | None) -> None:
+        """Wait until nobody reads `key` (up to wait_s; None: as long as it takes)."""
+        if not self._reading.get(key):
+            return
+        drained = self._drained[key] = asyncio.Event()
+        try:
+            await asyncio.wait_for(drained.wait(), wait_s)
+        except TimeoutError:
+            pass
+        finally:
+            self._drained.pop(key, None)
 
     async def finish(self) -> None:
         async with self._changed:
