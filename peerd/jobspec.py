@@ -123,6 +123,12 @@ class JobSpec:
     # members of the moment: a membership change takes effect at the next chunk.
     epoch_chunks: int = 8
     eval_every_rounds: int = 100
+    # A job starts together: the first workers hold the initial state and take
+    # no step until this many members are in the job (peerd.core.startgate); a
+    # peer coming later joins the running job. Each peer's own business: left
+    # out of the fingerprint, like the checkpoint settings.
+    min_peers: int = 1
+    start_timeout_s: float = 600.0  # ... and give up (the worker fails, saying so) after this long
     optimizer: OptimizerSpec = OptimizerSpec()
     gossip: GossipSpec = GossipSpec()
     train: TrainSpec = TrainSpec()
@@ -142,6 +148,8 @@ class JobSpec:
         del fields["secret_file"]
         del fields["checkpoint"]
         del fields["data_loading"]
+        del fields["min_peers"]
+        del fields["start_timeout_s"]
         if self.data_mode == "shared":  # fingerprints of shared-data jobs as before local mode
             del fields["weighting"]
         if self.step_model == "affine":  # ... and of jobs as before the step model was a choice

@@ -184,6 +184,10 @@ def job_table(job: Table) -> dict[str, object]:
         epoch_chunks=job.get("epoch_chunks", int, 8, check=lambda v: 1 <= v <= 65536,
                              expect="an integer in 1..65536 (1: one split per epoch)"),
         eval_every_rounds=job.get("eval_every_rounds", int, 100, **positive),
+        min_peers=job.get("min_peers", int, 1, check=lambda v: 1 <= v <= 4096,
+                          expect="an integer in 1..4096 (1: the first peer starts at once)"),
+        start_timeout_s=job.get("start_timeout_s", float, 600.0, check=lambda v: 0 < v <= 7 * 86400,
+                                expect="seconds in (0, 604800]"),
         secret_file=job.get("secret_file", str, "", check=lambda v: 0 < len(v) <= 4096 and "\0" not in v,
                             expect="a path to a file holding the job secret"),
     )
