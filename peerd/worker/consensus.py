@@ -1,6 +1,7 @@
 """The exact average of the peers' models: at the job's end, and for an export.
 
-At the end every peer publishes its final model (stage 3, fp32) and pulls the
+At the end every peer publishes its final model (stage 3, fp32: the
+parameters and every buffer, peerd.worker.finalmodel) and pulls the
 whole final model of every peer in its view, waiting a bounded time for the
 last of them to get there; the consensus is the mean over the peers whose
 whole model arrived, summed in sorted-id order (peerd.core.consensus). Peers
@@ -23,6 +24,7 @@ from peerd.core.consensus import ConsensusPlan, describe, plan_consensus
 from peerd.core.segments import Span
 from peerd.errors import InvalidMessage, PeerdError
 from peerd.worker.codec import finite_by_sum
+from peerd.worker.finalmodel import FinalModel, largest_ints
 from peerd.worker.snapshots import FINAL_STAGE, FinalStore, SnapshotStore
 from peerd.worker.transport import Transport
 
@@ -102,26 +104,31 @@ def exact_average(plan: ConsensusPlan, models: dict[str, torch.Tensor]) -> torch
 
 async def average_models(
     me: str, own: torch.Tensor, addresses: dict[str, str], layout: list[Span], transport: Transport,
-    timeout: float, round_: int = 0, stage: int = FINAL_STAGE,
+    timeout: float, round_: int = 0, stage: int = FINAL_STAGE, int_tail: int = 0,
 ) -> Consensus:
     """Pull the others' models (final ones, or one round's snapshots) and
-    average them with `own` (a CPU fp32 copy of this peer's)."""
+    average them with `own` (a CPU fp32 copy of this peer's). The last
+    `int_tail` elements hold integer buffers (finalmodel): the largest value
+    among the members, not a mean."""
     started = time.monotonic()
     others = {p: a for p, a in addresses.items() if p != me and a}
     models, left_out = await gather_models(transport, others, layout, timeout, round_, stage)
     plan = plan_consensus(me, models)
     models[me] = own
     vector = own.clone() if plan.alone else exact_average(plan, models)
+    if int_tail and not plan.alone:
+        vector[-int_tail:] = largest_ints([models[p][-int_tail:] for p in plan.members])
     return Consensus(plan, vector, left_out, time.monotonic() - started)
 
 
-async def final_consensus(me: str, vector: torch.Tensor, final: FinalStore, addresses: dict[str, str],
-                          layout: list[Span], transport: Transport, timeout: float) -> Consensus:
+async def final_consensus(me: str, model: FinalModel, final: FinalStore, addresses: dict[str, str],
+                          gossip_layout: list[Span], transport: Transport, timeout: float) -> Consensus:
     """The job is done here: publish this peer's final model (a CPU copy of
-    `vector`, the live gossiped vector) and average it with the others'."""
-    own = vector.detach().to("cpu", copy=True)
-    await final.publish(own)
-    return await average_models(me, own, addresses, layout, transport, timeout)
+    its parameters and buffers) and average it with the others'."""
+    own = model.vector()
+    layout = model.layout(gossip_layout)
+    await final.publish(own, layout)
+    return await average_models(me, own, addresses, layout, transport, timeout, int_tail=model.int_elems)
 
 
 async def round_consensus(me: str, store: SnapshotStore, round_: int, vector: torch.Tensor,

@@ -32,7 +32,8 @@ from peerd.auth import Authenticator
 from peerd.core.consensus import consensus_timeout
 from peerd.core.meter import StepMeter
 from peerd.core.shares import BatchPlan, Rebalancer, published_costs
-from peerd.errors import PeerdError
+from peerd.core.startgate import Start, StartGate
+from peerd.errors import ConfigError, PeerdError
 from peerd.jobspec import JobSpec
 from peerd.rejections import Rejections
 from peerd.tls import TlsMaterial
@@ -52,6 +53,7 @@ from peerd.worker.traffic import (
 )
 from peerd.worker.trainstate import TrainState
 from peerd.worker.exchange_server import start_exchange_server
+from peerd.worker.finalmodel import FinalModel
 from peerd.worker.transport import GrpcTransport
 
 log = logging.getLogger("peerd.worker")
@@ -59,6 +61,12 @@ log = logging.getLogger("peerd.worker")
 HEARTBEAT_S = 0.5
 CATCH_UP_ROUNDS = 10  # a partner further ahead than this is logged when this worker steps up to it
 SETTLE_WAIT_S = 30.0  # longest wait for a freshly started daemon to hear from its peers
+JOIN_RETRY_S = 30.0  # how long a newcomer retries taking the running peers' state
+
+
+class StartTimeout(ConfigError):
+    """Too few members came to start the job together: a restart would wait the
+    same way, so the worker fails (ConfigError's exit code) and says why."""
 
 
 @dataclass(frozen=True)
@@ -194,7 +202,10 @@ class Engine:
         while not self.link.settled and not self.link.view.keys() - {self.me} and time.monotonic() < settle_by:
             await asyncio.sleep(HEARTBEAT_S)
             await self.link.beat()
-        await self._resume()
+        checkpoint = await asyncio.to_thread(self.checkpoints.load_newest)
+        if checkpoint is None:  # a fresh start: the job may want its peers first
+            await self._wait_for_peers()
+        await self._resume(checkpoint)
         self.phase = "training"
         self.training_since = time.monotonic()
         log.info("training from round %d, step %d", self.round, self.source.step_count)
@@ -222,17 +233,63 @@ class Engine:
         await self.transport.aclose()
         await self.link.aclose()
 
-    async def _resume(self) -> None:
+    async def _wait_for_peers(self) -> None:
+        """[job] min_peers: hold the initial state (serving) and take no step until
+        that many members are in the job, or until the job runs already (then
+        _resume joins it). Gives up after [job] start_timeout_s."""
+        gate = StartGate(self.spec.min_peers, self.spec.start_timeout_s)
+        since = time.monotonic()
+        while True:
+            if self.link.orphaned:
+                raise PeerdError("lost the daemon while waiting for the job's peers; stopping")
+            members = self.link.members
+            action = gate.action(self.me, members, self.link.view.keys(), time.monotonic() - since)
+            if action == Start.BEGIN:
+                if gate.min_peers > 1:
+                    log.info("%s are in the job: starting together", gate.describe(self.me, members))
+                return
+            if action == Start.JOIN:
+                return
+            if action == Start.GIVE_UP:
+                raise StartTimeout(
+                    f"job {self.spec.name!r} wants {self.spec.min_peers} members to start ([job] min_peers), "
+                    f"but only {gate.describe(self.me, members)} came within {self.spec.start_timeout_s:g} s "
+                    "([job] start_timeout_s): not starting alone. Join again once the other peers are up, "
+                    "or lower min_peers")
+            phase = f"waiting for peers ({gate.describe(self.me, members)})"
+            if phase != self.phase:
+                log.info("%s: holding the initial state until %d members are in the job", phase, gate.min_peers)
+                self.phase = phase
+                self._report(None)
+            await asyncio.sleep(HEARTBEAT_S)
+            await self.link.beat()
+
+    def _donors(self) -> dict[str, str]:
+        return {p: a for p, a in self.link.view.items() if p != self.me}
+
+    async def _resume(self, checkpoint) -> None:
         """Continue the job: from the running peers if there are any (their state
         is the job's), else from this peer's newest valid checkpoint, else from
-        scratch. A checkpoint further along than the peers' state wins."""
-        checkpoint = await asyncio.to_thread(self.checkpoints.load_newest)
-        donors = {p: a for p, a in self.link.view.items() if p != self.me}
-        if donors and await self._take_state(donors, "joining"):
-            ours = (self.round, self.source.step_count)
-            if checkpoint is None or (checkpoint.meta.round, checkpoint.meta.step) <= ours:
-                return
-            log.info("the checkpoint of round %d is ahead of the peers' state: using it", checkpoint.meta.round)
+        scratch. A checkpoint further along than the peers' state wins. A pull
+        that fails while peers run is tried again: starting from scratch beside
+        a running job would train an untrained model as the job's."""
+        donors, give_up_at = self._donors(), time.monotonic() + JOIN_RETRY_S
+        while donors:
+            if await self._take_state(donors, "joining"):
+                ours = (self.round, self.source.step_count)
+                if checkpoint is None or (checkpoint.meta.round, checkpoint.meta.step) <= ours:
+                    return
+                log.info("the checkpoint of round %d is ahead of the peers' state: using it", checkpoint.meta.round)
+                break
+            if time.monotonic() >= give_up_at:
+                if checkpoint is None:
+                    raise PeerdError(f"could not take the job's state from the running peers "
+                                     f"({', '.join(sorted(donors))}) within {JOIN_RETRY_S:g} s; not starting "
+                                     "from scratch beside them")
+                break
+            await asyncio.sleep(HEARTBEAT_S)
+            await self.link.beat()
+            donors = self._donors()
         if checkpoint is not None:
             meta = checkpoint.meta
             # Members that reached the job's end while this worker was away (it
@@ -261,7 +318,10 @@ class Engine:
     def _checkpoint_due(self) -> bool:
         every = self.spec.checkpoint
         last_round, last_time = self._checkpoint_at
-        return ((every.every_rounds > 0 and self.round - last_round >= every.every_rounds)
+        # This process's first round, too: a crash soon after a (re)start resumes
+        # from it, not from round 0 (docs/operations.md, Checkpoints).
+        first = self.checkpoints_written == 0 and (every.every_rounds > 0 or every.every_s > 0)
+        return (first or (every.every_rounds > 0 and self.round - last_round >= every.every_rounds)
                 or (every.every_s > 0 and time.monotonic() - last_time >= every.every_s))
 
     def _next_plan(self) -> StepPlan:
@@ -375,16 +435,17 @@ class Engine:
         await self.store.finish()  # partners asking for a later round are answered at once
         await self.rounds.stages.finish()
         peers = {p: a for p, a in self.link.view.items() if p != self.me}
-        self.consensus = c = await final_consensus(self.me, self.state.flat.vector, self.final, peers,
-                                                   self.rounds.layout, self.transport, self.consensus_limit_s())
+        model = FinalModel(self.state)
+        self.consensus = c = await final_consensus(self.me, model, self.final, peers, self.rounds.layout,
+                                                   self.transport, self.consensus_limit_s())
         log.info("consensus at the end over %s: digest %s, %.2fs", c.describe(), c.digest, c.seconds)
         theirs = metrics
         if not c.plan.alone:
-            self.state.flat.vector.copy_(c.vector)
+            model.adopt(c.vector)
             theirs = await asyncio.to_thread(self.evaluate) if self.evaluate is not None else {}
         return {**metrics, **{f"consensus_{k}": v for k, v in theirs.items()}, "consensus_peers": float(c.plan.size)}
 
-    async def finish(self, metrics: dict[str, float], model_path: Path) -> None:
+    async def finish(self, metrics: dict[str, float], model_path: Path | None) -> None:
         """The job is done: the last metrics and where the model went; then serve
         the final model until the others in the consensus have read it."""
         self.metrics = metrics
@@ -392,7 +453,8 @@ class Engine:
         name = self.spec.metric
         log.info("finished: %d steps, %d rounds, %s %.4f (own model), %.4f (consensus of %d); model saved to %s",
                  self.source.step_count, self.round, name, metrics.get(name, math.nan),
-                 metrics.get(f"consensus_{name}", math.nan), int(metrics.get("consensus_peers", 1)), model_path)
+                 metrics.get(f"consensus_{name}", math.nan), int(metrics.get("consensus_peers", 1)),
+                 model_path or "nowhere (no trained model)")
         if self.consensus is not None and not self.consensus.plan.alone:
             reads = (self.consensus.plan.size - 1) * len(self.rounds.layout)
             if not await self.final.wait_served(reads, self.consensus_limit_s()):

@@ -341,13 +341,14 @@ class FinalStore:
 
     def __init__(self) -> None:
         self.vector: torch.Tensor | None = None
+        self.layout: list[Span] | None = None  # its segments: the gossip's, then the buffers' (finalmodel)
         self.finished = False  # no final model will come
         self.served = 0  # segments streamed whole: the finish waits for its set's reads
         self._changed = asyncio.Condition()
 
-    async def publish(self, vector: torch.Tensor) -> None:
+    async def publish(self, vector: torch.Tensor, layout: list[Span] | None = None) -> None:
         async with self._changed:
-            self.vector = vector
+            self.vector, self.layout = vector, layout
             self._changed.notify_all()
 
     async def finish(self) -> None:
@@ -411,17 +412,21 @@ class SegmentServer:
         snapshot (fp32 on the wire), valid until the next chunk is asked for."""
         chunk_elems = chunk_elems or self.chunk_elems
         check_identity(self.identity, job, fingerprint)
-        if not 0 <= segment < len(self.layout):
-            raise InvalidMessage(f"segment {segment} out of range 0..{len(self.layout) - 1}", "bad_segment")
         if stage not in (0, 1, 2, FINAL_STAGE):
             raise InvalidMessage(f"stage {stage} out of range 0..{FINAL_STAGE}", "bad_segment")
-        span = self.layout[segment]
         if stage == FINAL_STAGE:
             vector = await self.final.get(wait_s)
+            layout = self.final.layout or self.layout
+            if not 0 <= segment < len(layout):
+                raise InvalidMessage(f"segment {segment} out of range 0..{len(layout) - 1}", "bad_segment")
+            span = layout[segment]
             for piece in chunk_spans(span.size, chunk_elems):
                 yield piece.start, span.size, to_wire(vector[span.start + piece.start : span.start + piece.stop], "fp32")
             await self.final.note_served()
             return
+        if not 0 <= segment < len(self.layout):
+            raise InvalidMessage(f"segment {segment} out of range 0..{len(self.layout) - 1}", "bad_segment")
+        span = self.layout[segment]
         if stage:
             async with self.stages.hold(round_, stage, segment, wait_s) as value:
                 for piece in chunk_spans(span.size, chunk_elems):

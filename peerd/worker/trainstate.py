@@ -54,6 +54,9 @@ class TrainState:
         kept = (floats if not average_buffers else []) + (moments if not average_optimizer_state else [])
         self.flat = FlatParams(model, [t for _, t in gossiped])
         self.kept = [t for _, t in kept]
+        # The model's buffers outside the gossiped vector: the end consensus takes them too (finalmodel).
+        self.kept_float_buffers = [t for _, t in floats] if not average_buffers else []
+        self.int_buffers = [t for _, t in self._int_buffers]
         self.names = [n for n, _ in gossiped] + [n for n, _ in kept]
         self.model = model
         self.optimizer = optimizer
