@@ -118,7 +118,9 @@ class JobSpec:
     # a_i; "proportional", t_i(b) = b / v_i (the plan before fixed costs were measured).
     step_model: str = "affine"
     epochs: float = 1.0
-    drop_last: bool = False  # skip an epoch's last batch when it is short (BatchNorm cannot train on 1 sample)
+    # Batches run on across epoch ends, so only the job's last batch may be short:
+    # skip it when it is (one of a single sample is always skipped: BatchNorm cannot train on it).
+    drop_last: bool = False
     # Each epoch's permutation is read in this many chunks, each split among the
     # members of the moment: a membership change takes effect at the next chunk.
     epoch_chunks: int = 8

@@ -28,8 +28,23 @@ def test_one_epoch_reads_exactly_this_peers_shard():
     for t in trainers:
         while not t.done:
             t.step(members)
-    assert [t.samples for t in trainers] == [3, 3]
+    # 3 samples each in batches of 2: the job's last batch would hold one
+    # sample, which is read but not trained on (BatchNorm cannot train on one).
+    assert [t.samples for t in trainers] == [2, 2]
     assert all(t.progress == 1.0 for t in trainers)
+
+
+def test_batches_run_on_across_epoch_ends_so_only_the_jobs_last_one_is_short():
+    t = Trainer(spec(epochs=3), "a", JOBCODE)  # a 3-sample shard of 6 in batches of 2
+    sizes, epochs = [], []
+    while not t.done:
+        before = t.samples
+        t.step(["a", "b"])
+        if t.samples > before:
+            sizes.append(t.samples - before)
+            epochs.append(t.progress)
+    assert sizes == [2, 2, 2, 2]  # not 2, 1, 2, 1, 2, 1
+    assert epochs[1] > 1.0 and t.progress == 3.0
 
 
 def test_more_peers_than_samples_still_finishes():
@@ -89,7 +104,9 @@ def test_every_epoch_of_the_job_is_trained():
     while not t.done and steps < 100:
         t.step(["a", "b"])
         steps += 1
-    assert t.samples == 3 * 3  # 3 epochs of a 3-sample shard
+    # 3 epochs of a 3-sample shard, in batches of 2 that run on across the
+    # epoch ends: the job's last one (one sample) is read, not trained on.
+    assert t.samples == 3 * 3 - 1
     assert t.progress == 3.0
 
 
@@ -169,7 +186,7 @@ def test_shares_are_fixed_for_a_chunk_and_the_batch_follows_the_plan():
     is still read exactly once."""
     members = ["a", "b"]
     first, second = BatchPlan((("a", 20), ("b", 10))), BatchPlan((("a", 6), ("b", 24)))
-    job = parse_job(_dbs_text(0.0, epoch_chunks=4), "t")  # 240 samples: chunks of 60
+    job = parse_job(_dbs_text(0.0, epoch_chunks=4, epochs=1), "t")  # 240 samples: chunks of 60
     trainers = {m: Trainer(job, m, JOBCODE) for m in members}
     read: dict[str, list[int]] = {m: [] for m in members}
     for m, t in trainers.items():  # one step at the first plan, inside chunk 0
@@ -182,7 +199,7 @@ def test_shares_are_fixed_for_a_chunk_and_the_batch_follows_the_plan():
     # Chunk 0 at the first shares (40 + 20), chunks 1–3 at the second (12 + 48 each).
     assert (len(read["a"]), len(read["b"])) == (40 + 3 * 12, 20 + 3 * 48)
     assert trainers["a"].share == pytest.approx(6 / 30)
-    # A batch spans chunks: only the epoch's last one is short.
+    # A batch spans chunks (and epochs): only the job's last one is short.
     assert [len(b) for b in trainers["b"].batches] == [10] + [24] * 6 + [10]
 
 

@@ -53,8 +53,10 @@ class DataCursor:
 
     def take(self, size: int, members: Sequence[str], plan: BatchPlan | None) -> list[int]:
         """Up to `size` indices: the rest of this peer's part of the current
-        chunk, then its parts of the next chunks. A batch may span chunks, not
-        epochs: an epoch's last batch may be short."""
+        chunk, then its parts of the next chunks, into the next epoch. A batch
+        spans chunks and epochs, so only the job's last batch may be short: an
+        epoch's end is no change of the global batch (the LR law) and no small
+        batch for BatchNorm's statistics (docs/algorithms.md, "Epoch ends")."""
         batch: list[int] = []
         while len(batch) < size and not self.done:
             if self.pos < len(self.part):
@@ -63,8 +65,6 @@ class DataCursor:
                 batch += taken
             elif self.chunk + 1 < self.spec.epoch_chunks:
                 self._start_chunk(self.chunk + 1, members, plan)
-            elif batch:
-                break
             else:
                 self.epoch, self.chunk, self.part, self.pos = self.epoch + 1, -1, [], 0
         return batch
@@ -134,8 +134,8 @@ class PeerSampler(Sampler[list[int]]):
             indices = self.cursor.take(size, self.view.members, self.view.plan)
             if not indices:
                 return
-            if len(indices) < size and self.cursor.spec.drop_last:
-                continue  # an epoch's short last batch: read, not trained on
+            if len(indices) < size and (self.cursor.spec.drop_last or len(indices) == 1):
+                continue  # the job's short last batch: read, not trained on (one sample cannot train BatchNorm)
             step = self.micro or len(indices)
             for start in range(0, len(indices), step):
                 part = indices[start : start + step]
