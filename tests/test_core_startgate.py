@@ -9,19 +9,19 @@ from peerd.core.startgate import Start, StartGate
 def test_a_worker_alone_waits_for_the_members_the_job_wants():
     gate = StartGate(3, 60.0)
     assert gate.action("a", ["a", "b"], [], 1.0) == Start.WAIT
-    assert gate.describe("a", ["a", "b"]) == "2 of 3 members"
+    assert gate.describe("a", ["a", "b"]) == "2 of 3 members ready"
 
 
-def test_the_job_begins_when_enough_members_are_in_it_also_those_still_starting():
+def test_the_job_begins_when_enough_members_are_ready():
     assert StartGate(3, 60.0).action("a", ["b", "c"], [], 1.0) == Start.BEGIN
 
 
-def test_a_member_that_serves_means_the_job_runs_so_a_newcomer_joins_it():
+def test_a_member_that_trained_means_the_job_runs_so_a_newcomer_joins_it():
     assert StartGate(3, 60.0).action("a", ["a", "b"], ["b"], 1.0) == Start.JOIN
     assert StartGate(1, 60.0).action("a", ["a", "b"], ["b"], 0.0) == Start.JOIN
 
 
-def test_its_own_address_in_the_view_is_not_a_running_job():
+def test_its_own_progress_is_not_a_running_job():
     assert StartGate(2, 60.0).action("a", ["a"], ["a"], 1.0) == Start.WAIT
 
 

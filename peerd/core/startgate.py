@@ -2,10 +2,11 @@
 
 A job with `[job] min_peers = n` starts together: a worker that starts fresh
 (no checkpoint of its own) holds the job's initial state and takes no step
-until n members are in the job, so that no peer trains alone on the union's
-epochs. Once any member serves the job (it is training), the job has started
-and the worker joins it as any later peer does, taking the running peers'
-state. The engine asks `start_action` at every heartbeat and carries the
+until n members hold it, so that no peer trains alone on the union's
+epochs. A waiting worker serves (its address is in the job's view) but
+publishes no speed and no progress; once any member has trained, the job has
+started and the worker joins it as any later peer does, taking the running
+peers' state. The engine asks `start_action` at every heartbeat and carries the
 answer out.
 """
 
@@ -17,8 +18,8 @@ from dataclasses import dataclass
 
 
 class Start(enum.StrEnum):
-    WAIT = "wait"  # too few members yet: hold the initial state, serve, ask again
-    BEGIN = "begin"  # enough members and none trains yet: step from the initial state, round 0
+    WAIT = "wait"  # too few members ready yet: hold the initial state, serve, ask again
+    BEGIN = "begin"  # enough members ready and none trains yet: step from the initial state, round 0
     JOIN = "join"  # the job runs already: take the running peers' state
     GIVE_UP = "give_up"  # the start timeout passed with too few members
 
@@ -28,15 +29,17 @@ class StartGate:
     min_peers: int
     timeout_s: float
 
-    def action(self, me: str, members: Collection[str], serving: Collection[str], waited_s: float) -> Start:
-        """What a fresh worker does now. `members`: the job's members its daemon
-        knows, serving or still starting; `serving`: those that serve (train)."""
-        if set(serving) - {me}:
+    def action(self, me: str, ready: Collection[str], training: Collection[str], waited_s: float) -> Start:
+        """What a fresh worker does now. `ready`: the members that serve the
+        job's state (waiting at the gate or training); `training`: those of
+        them that took steps. A member still loading its job is not ready: the
+        peers that begin without it would train the union's epochs alone."""
+        if set(training) - {me}:
             return Start.JOIN
-        if len(set(members) | {me}) >= self.min_peers:
+        if len(set(ready) | {me}) >= self.min_peers:
             return Start.BEGIN
         return Start.GIVE_UP if waited_s >= self.timeout_s else Start.WAIT
 
-    def describe(self, me: str, members: Collection[str]) -> str:
-        """"2 of 3 members": for the phase a status shows while waiting."""
-        return f"{len(set(members) | {me})} of {self.min_peers} members"
+    def describe(self, me: str, ready: Collection[str]) -> str:
+        """"2 of 3 members ready": for the phase a status shows while waiting."""
+        return f"{len(set(ready) | {me})} of {self.min_peers} members ready"

@@ -203,9 +203,14 @@ class Engine:
             await asyncio.sleep(HEARTBEAT_S)
             await self.link.beat()
         checkpoint = await asyncio.to_thread(self.checkpoints.load_newest)
-        if checkpoint is None:  # a fresh start: the job may want its peers first
-            await self._wait_for_peers()
+        if checkpoint is None and self.spec.min_peers > 1:  # a fresh start: the job wants its peers first
+            if await self._wait_for_peers(address) == Start.BEGIN:
+                return await self._begin(address)  # every member ready holds the same initial state
         await self._resume(checkpoint)
+        return await self._begin(address)
+
+    async def _begin(self, address: str) -> StepPlan:
+        """Train from the state this worker holds now."""
         self.phase = "training"
         self.training_since = time.monotonic()
         log.info("training from round %d, step %d", self.round, self.source.step_count)
@@ -233,39 +238,53 @@ class Engine:
         await self.transport.aclose()
         await self.link.aclose()
 
-    async def _wait_for_peers(self) -> None:
-        """[job] min_peers: hold the initial state (serving) and take no step until
-        that many members are in the job, or until the job runs already (then
-        _resume joins it). Gives up after [job] start_timeout_s."""
+    async def _wait_for_peers(self, address: str) -> Start:
+        """[job] min_peers: hold the initial state and take no step until that
+        many members hold it too, or until the job runs already (then _resume
+        joins it). Serves meanwhile (its address in the view marks it ready)
+        but publishes no speed or progress, so nobody takes it for a running
+        job. Gives up after [job] start_timeout_s."""
         gate = StartGate(self.spec.min_peers, self.spec.start_timeout_s)
         since = time.monotonic()
-        while True:
-            if self.link.orphaned:
-                raise PeerdError("lost the daemon while waiting for the job's peers; stopping")
-            members = self.link.members
-            action = gate.action(self.me, members, self.link.view.keys(), time.monotonic() - since)
-            if action == Start.BEGIN:
-                if gate.min_peers > 1:
-                    log.info("%s are in the job: starting together", gate.describe(self.me, members))
-                return
-            if action == Start.JOIN:
-                return
-            if action == Start.GIVE_UP:
-                raise StartTimeout(
-                    f"job {self.spec.name!r} wants {self.spec.min_peers} members to start ([job] min_peers), "
-                    f"but only {gate.describe(self.me, members)} came within {self.spec.start_timeout_s:g} s "
-                    "([job] start_timeout_s): not starting alone. Join again once the other peers are up, "
-                    "or lower min_peers")
-            phase = f"waiting for peers ({gate.describe(self.me, members)})"
-            if phase != self.phase:
-                log.info("%s: holding the initial state until %d members are in the job", phase, gate.min_peers)
-                self.phase = phase
-                self._report(None)
-            await asyncio.sleep(HEARTBEAT_S)
-            await self.link.beat()
+        self.link.address = address
+        try:
+            while True:
+                if self.link.orphaned:
+                    raise PeerdError("lost the daemon while waiting for the job's peers; stopping")
+                ready = self.link.view.keys()
+                action = gate.action(self.me, ready, self._training(), time.monotonic() - since)
+                if action == Start.BEGIN:
+                    log.info("%s: starting together", gate.describe(self.me, ready))
+                    return action
+                if action == Start.JOIN:
+                    return action
+                if action == Start.GIVE_UP:
+                    raise StartTimeout(
+                        f"job {self.spec.name!r} wants {self.spec.min_peers} members to start ([job] min_peers), "
+                        f"but only {gate.describe(self.me, ready)} within {self.spec.start_timeout_s:g} s "
+                        "([job] start_timeout_s): not starting alone. Join again once the other peers are up, "
+                        "or lower min_peers")
+                phase = f"waiting for peers ({gate.describe(self.me, ready)})"
+                if phase != self.phase:
+                    log.info("%s: holding the initial state until %d members are ready", phase, gate.min_peers)
+                    self.phase = phase
+                    self._report(None)
+                await asyncio.sleep(HEARTBEAT_S)
+                await self.link.beat()
+        finally:
+            self.phase = "joining"
+
+    def _training(self) -> set[str]:
+        """Members that published a speed or a position: they took steps."""
+        link = self.link
+        return {p for p, v in link.speeds.items() if v > 0} | {p for p, v in link.progresses.items() if v > 0}
 
     def _donors(self) -> dict[str, str]:
-        return {p: a for p, a in self.link.view.items() if p != self.me}
+        """Who to take the state from: the serving members that trained, when any
+        did (a member still waiting at the start gate holds the initial state)."""
+        serving = {p: a for p, a in self.link.view.items() if p != self.me}
+        trained = {p: a for p, a in serving.items() if p in self._training()}
+        return trained or serving
 
     async def _resume(self, checkpoint) -> None:
         """Continue the job: from the running peers if there are any (their state
