@@ -11,6 +11,7 @@ the command line is peerd.cli.cluster.
 
 from __future__ import annotations
 
+import re
 import secrets
 import shutil
 import signal
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -181,25 +183,99 @@ class LocalCluster:
         shutil.rmtree(self._sockets, ignore_errors=True)
 
 
-def local_data_settings(spec, out: Path, peers: int, workers: int = 1) -> Settings | None:
-    """A local-data job: each peer's data root and the job secret, made in `out`.
-    Only the built-in digits job has data peerd can split (by label); None for
-    a shared-data job."""
-    if spec.data_mode != "local":
+DIGITS_MODULE = "peerd.examples.digits_local"  # the built-in job whose data peerd cluster splits itself
+
+
+def data_roots(peers: int | None, roots: Sequence[Path] = (), data_dir: Path | None = None) -> list[Path] | None:
+    """Each peer's data root from the command line, peer-0's first: `roots` (one
+    per peer, in order) or `data_dir`/peer-K/; None when neither is given. With
+    `peers` None the count is taken from them (docs/operations.md, "Try it on one machine")."""
+    if roots and data_dir is not None:
+        raise PeerdError("give --data-root once per peer or --data-dir, not both")
+    if roots:
+        if peers is not None and len(roots) != peers:
+            raise PeerdError(f"--data-root given {len(roots)} time{'s' * (len(roots) != 1)} for --peers {peers}: "
+                             "give one data root per peer, peer-0's first")
+        found = [Path(r).expanduser().resolve() for r in roots]
+        for k, root in enumerate(found):
+            if not root.is_dir():
+                raise PeerdError(f"--data-root {root} (peer-{k}'s) is not a directory")
+        return found
+    if data_dir is None:
         return None
-    if spec.module != "peerd.examples.digits_local":
-        raise PeerdError(f"job {spec.name!r} keeps its data on each peer (data_mode = 'local'); peerd cluster "
-                         "prepares such data only for the built-in digits-noniid job (--job digits-noniid)")
+    base = Path(data_dir).expanduser().resolve()
+    if not base.is_dir():
+        raise PeerdError(f"--data-dir {base} is not a directory")
+    present = {d.name for d in base.iterdir() if d.is_dir() and re.fullmatch(r"peer-(0|[1-9][0-9]*)", d.name)}
+    if peers is None:
+        peers = len(present)
+        if not peers:
+            raise PeerdError(f"--data-dir {base} holds no peer-0/ folder: it needs one folder per peer, "
+                             "peer-0/, peer-1/, ... each that peer's data root")
+    missing = [f"peer-{k}/" for k in range(peers) if f"peer-{k}" not in present]
+    if missing:
+        extra = sorted(present - {f"peer-{k}" for k in range(peers)}, key=lambda n: int(n[5:]))
+        told = f" (it has {', '.join(n + '/' for n in extra)})" if extra else ""
+        raise PeerdError(f"--data-dir {base} lacks {', '.join(missing)}{told}: it needs one folder per peer, "
+                         f"peer-0/ … peer-{peers - 1}/")
+    return [base / f"peer-{k}" for k in range(peers)]
+
+
+def local_data_settings(spec, out: Path, peers: int, workers: int = 1,
+                        roots: Sequence[Path] | None = None) -> Settings | None:
+    """A local-data job: each peer's data root and the job secret (made in `out`).
+    `roots`: one per peer (`data_roots`); without them only the built-in digits
+    job has data peerd can split (by label, into `out`/peer-K/data). None for a
+    shared-data job."""
+    if spec.data_mode != "local":
+        if roots is not None:
+            raise PeerdError(f"job {spec.name!r} reads shared data (data_mode = 'shared'): every peer reads the "
+                             "whole data set, and --data-root/--data-dir are for data_mode = 'local' jobs")
+        return None
     if workers > 1:
         raise PeerdError("--workers > 1 with local data: every worker of a daemon would read the same data")
-    from peerd.auth import create_secret_file
-    from peerd.examples.noniid import write_split
+    if roots is not None:
+        if len(roots) != peers:
+            raise PeerdError(f"{len(roots)} data roots for {peers} peers: give one data root per peer")
+        roots = list(roots)
+    elif spec.module == DIGITS_MODULE:
+        from peerd.examples.noniid import write_split
 
-    roots = [out / f"peer-{k}" / "data" for k in range(peers)]
-    try:
-        write_split(roots)
-    except ValueError as exc:
-        raise PeerdError(str(exc)) from None
+        roots = [out / f"peer-{k}" / "data" for k in range(peers)]
+        try:
+            write_split(roots)
+        except ValueError as exc:
+            raise PeerdError(str(exc)) from None
+    else:
+        raise PeerdError(f"job {spec.name!r} keeps its data on each peer (data_mode = 'local'): give each of the "
+                         f"{peers} peers its data root, --data-dir DIR (holding peer-0/ … peer-{peers - 1}/) or "
+                         "--data-root DIR once per peer; only the built-in digits-noniid job's data peerd cluster "
+                         "splits itself" + (" (the job's [data] root would be one directory for all of them)"
+                                            if spec.data_loading.root else ""))
+    from peerd.auth import create_secret_file
+
     secret = out / "job.secret"
     create_secret_file(secret, overwrite=True)
     return lambda peer: {"data": {"root": str(roots[peer.index])}, "auth": {"job_secret_file": str(secret)}}
+
+
+def cluster_job_text(text: str, spec, members: int, own_roots: bool) -> tuple[str, list[str]]:
+    """The job file peerd cluster hands its daemons, and what it changed: [job]
+    min_peers = `members` unless the job sets it (the peers start together), and
+    with per-peer data roots (`own_roots`) no [data] root of the job's, which
+    would name one directory for every peer."""
+    data = tomllib.loads(text)
+    job, notes = data.setdefault("job", {}), []
+    if "min_peers" in job:
+        if spec.min_peers > members:
+            raise PeerdError(f"job {spec.name!r} sets min_peers = {spec.min_peers}, more than the cluster's "
+                             f"workers ({members}): it would never start (lower it, or raise --peers)")
+    else:
+        job["min_peers"] = members
+        notes.append(f"min_peers = {members}: the workers start together")
+    if own_roots and "root" in data.get("data", {}):
+        del data["data"]["root"]
+        if not data["data"]:
+            del data["data"]
+        notes.append("the job's [data] root is left out: each peer reads its own data root")
+    return tomli_w.dumps(data), notes

@@ -8,17 +8,21 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import math
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich import box
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
-from peerd.cluster import BUILTIN_JOBS, POLL_S, LocalCluster, Peer, builtin_job, default_job, local_data_settings
+from peerd.cluster import (BUILTIN_JOBS, POLL_S, LocalCluster, Peer, builtin_job, cluster_job_text, data_roots,
+                           default_job, local_data_settings)
 from peerd.core.codes import ENDED_STATES, ExitCode
 from peerd.errors import PeerdError
 from peerd.interrupts import raise_interrupt
@@ -34,11 +38,40 @@ def _label(metric: str) -> str:
     return "test accuracy" if metric == "accuracy" else metric
 
 
+DESCRIPTION = """\
+Start N peerd daemons on 127.0.0.1, join each to one job, show their progress,
+and stop them all at the end (or on Ctrl+C). The workers start together: the job
+handed to the daemons (OUT/job.toml) gets [job] min_peers = peers × workers per
+daemon unless it sets min_peers itself.
+
+Local data (data_mode = "local"): each peer trains on its own data root only.
+Give one per peer, with --data-dir DIR (DIR/peer-0/ ... DIR/peer-N-1/) or
+--data-root DIR once per peer, peer-0's first; without --peers, the count of
+roots is the count of peers. The built-in digits-noniid job needs neither: peerd
+cluster splits its digits by label into OUT/peer-K/data. A job secret is made
+in OUT/job.secret for every local-data job (a job's own secret_file wins).
+
+It ends with the job's metric of the model the peers saved (model.pt: the
+consensus, the average of their final models), with each peer's own model's
+beside it.
+"""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--peers", type=int, default=3, help="number of daemons (default 3)")
+    parser.description = DESCRIPTION
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("--peers", type=_count, default=None,
+                        help="number of daemons (default 3, or one per data root given)")
     parser.add_argument("--job", type=_job_file, default=None, metavar="FILE|NAME",
                         help="a job file, or a built-in job: " + "; ".join(f"{k}: {v}" for k, v in BUILTIN_JOBS.items())
                         + " (default: mnist)")
+    roots = parser.add_mutually_exclusive_group()
+    roots.add_argument("--data-dir", type=Path, default=None, metavar="DIR",
+                       help='a data_mode = "local" job: DIR holds one folder per peer, peer-0/ ... peer-N-1/, '
+                            "each that peer's data root ([data] root)")
+    roots.add_argument("--data-root", type=Path, action="append", default=[], metavar="DIR",
+                       help='a data_mode = "local" job: one peer\'s data root; give it once per peer, '
+                            "peer-0's first")
     parser.add_argument("--out", type=Path, default=None,
                         help="where logs, history.csv and progress.png go (default: runs/cluster-TIMESTAMP)")
     parser.add_argument("--slowdowns", type=_slowdowns, default=None, metavar="F,F,...",
@@ -49,6 +82,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              '["cpu", ...]); they form the innermost group in hierarchical mode (default 1)')
     parser.add_argument("--time-limit", type=float, default=900.0,
                         help="stop everything after this many seconds (default 900)")
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def _workers(text: str) -> int:
@@ -92,7 +135,7 @@ def _poll(cluster: LocalCluster, job: str, elapsed: float) -> list[dict]:
     for peer in cluster.peers:
         row = {"t": round(elapsed, 2), "peer": peer.peer_id, "state": "down", "epoch": 0, "step": 0, "round": 0,
                "loss": math.nan, "samples_per_s": math.nan, "partners": "-", "disagreement": math.nan,
-               "metric": math.nan, "consensus": math.nan}
+               "metric": math.nan, "consensus": math.nan, "dir": ""}
         try:
             with cluster.client(peer) as c:
                 jobs = {j.name: j for j in c.status().jobs}
@@ -103,13 +146,16 @@ def _poll(cluster: LocalCluster, job: str, elapsed: float) -> list[dict]:
         if j is None:
             rows.append(row)
             continue
-        workers = [(w.member, w.state, w.progress) for w in j.workers] or [(peer.peer_id, j.state, j.progress)]
-        for member, state, p in workers:
+        workers = ([(w.member, w.state, w.progress, w.log_path) for w in j.workers]
+                   or [(peer.peer_id, j.state, j.progress, j.log_path)])
+        for member, state, p, log_path in workers:
             rows.append({**row, "peer": member or peer.peer_id, "state": state, "epoch": p.epoch, "step": p.step,
                          "round": p.round, "loss": p.loss, "samples_per_s": p.samples_per_s,
                          "partners": f"{p.partners_reached}/{p.partners_planned}",
                          "disagreement": p.disagreement, "metric": p.metric,
-                         "consensus": p.metrics.get(f"consensus_{p.metric_name}", math.nan)})
+                         "consensus": p.metrics.get(f"consensus_{p.metric_name}", math.nan),
+                         # where its log, and at the end model.pt and model.json, are (not in history.csv)
+                         "dir": str(Path(log_path).parent) if log_path else ""})
     return rows
 
 
@@ -137,7 +183,7 @@ def _plot(history: list[dict], path: Path, metric: str) -> None:
 
 def _write_history(history: list[dict], path: Path) -> None:
     with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(history[0]))
+        writer = csv.DictWriter(f, fieldnames=[k for k in history[0] if k != "dir"], extrasaction="ignore")
         writer.writeheader()
         writer.writerows(history)
 
@@ -146,49 +192,63 @@ def run_cluster(args: argparse.Namespace) -> int:
     console = Console()
     job_path = args.job or default_job()
     out = args.out or Path("runs") / time.strftime("cluster-%Y%m%d-%H%M%S")
-    out.mkdir(parents=True, exist_ok=True)
+    made_out = not out.exists()
     try:
         spec, text = load_job(job_path)
+        roots = data_roots(args.peers, args.data_root, args.data_dir)
+        peers = args.peers or (len(roots) if roots is not None else 3)
+        out.mkdir(parents=True, exist_ok=True)
+        local = local_data_settings(spec, out, peers, args.workers, roots)
+        text, notes = cluster_job_text(text, spec, peers * args.workers, own_roots=local is not None)
+        (out / "job.toml").write_text(text)
     except PeerdError as exc:
-        console.print(f"[red]peerd cluster: {exc}")
+        console.print(f"[red]peerd cluster: {escape(str(exc))}")
+        if made_out and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
         return ExitCode.CONFIG
-    console.print(f"starting {args.peers} peerd daemons on 127.0.0.1 for job [bold]{spec.name}[/] ({job_path}); logs in {out}")
+    console.print(f"starting {peers} peerd daemons on 127.0.0.1 for job [bold]{escape(spec.name)}[/] "
+                  f"({escape(str(job_path))}); logs in {escape(str(out))}")
+    for note in notes:
+        console.print(f"job file handed to the daemons, {escape(str(out / 'job.toml'))}: {escape(note)}")
+    if local:
+        where = (f"the digits split by label into {out}/peer-K/data" if roots is None
+                 else "; ".join(f"peer-{k}: {root}" for k, root in enumerate(roots)))
+        secret = f"a job secret in {out / 'job.secret'}" if not spec.secret_file else "the job's own secret_file"
+        console.print(escape(f"local data: {where}; {secret}"))
     history: list[dict] = []
     rows: list[dict] = []
     started = time.monotonic()
     previous = signal.signal(signal.SIGTERM, raise_interrupt)
     try:
-        local = local_data_settings(spec, out, args.peers, args.workers)
-
         def settings(peer: Peer) -> dict[str, dict[str, object]]:
             tables = local(peer) if local else {}
             if args.workers > 1:
                 tables["worker"] = {"devices": ["cpu"] * args.workers}
             return tables
 
-        if local:
-            console.print(f"local data: the digits split by label into {out}/peer-N/data; a job secret in {out}")
-        with LocalCluster(args.peers, out, slowdowns=args.slowdowns, settings=settings) as cluster:
+        with LocalCluster(peers, out, slowdowns=args.slowdowns, settings=settings) as cluster:
             cluster.wait_ready()
             cluster.wait_discovery(console)
             for peer in cluster.peers:
                 with cluster.client(peer) as c:
+                    # Relative paths in the job (its module, secret_file, [data] root) stay the job file's.
                     c.join(text, str(job_path.resolve().parent))
-            console.print(f"all {args.peers} peers joined {spec.name}; training "
-                          f"({spec.epochs:g} epochs over the {'union of the peers' if local else 'shared'} data)")
+            data = "the union of the peers' data" if local else "the shared data"
+            console.print(f"all {peers} peers joined {escape(spec.name)}; training "
+                          f"({spec.epochs:g} epoch{'s' * (spec.epochs != 1)} over {data})")
             rows = _follow(cluster, spec, started, args.time_limit, history, console)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: stopped every daemon")
         return 130
     except PeerdError as exc:
-        console.print(f"[red]peerd cluster: {exc}")
+        console.print(f"[red]peerd cluster: {escape(str(exc))}")
         return 1
     finally:
         signal.signal(signal.SIGTERM, previous)
         if history:
             _write_history(history, out / "history.csv")
             _plot(history, out / "progress.png", spec.metric)
-    return _summary(rows, out, time.monotonic() - started, console, spec.metric)
+    return _summary(rows, out, time.monotonic() - started, console, spec)
 
 
 def _follow(cluster: LocalCluster, spec, started: float, limit: float, history: list[dict],
@@ -226,16 +286,83 @@ class _NoLive:
         pass
 
 
-def _summary(rows: list[dict], out: Path, elapsed: float, console: Console, metric: str) -> int:
+def _num(value: float) -> str:
+    """A metric's value: 4 decimals, or 4 significant digits for a small one (a loss near 0)."""
+    if value is None or math.isnan(value):
+        return "-"
+    return f"{value:.4f}" if value == 0 or abs(value) >= 0.01 else f"{value:.4g}"
+
+
+@dataclass
+class Saved:
+    """What a finished worker saved (its model.json): the consensus's metric, its own
+    model's, and which consensus it took part in."""
+
+    peer: str
+    own: float
+    consensus: float
+    digest: str = ""  # "" when its model.json could not be read
+    members: tuple[str, ...] = ()
+
+
+def _saved(row: dict, metric: str) -> Saved:
+    """From the worker's model.json (docs/operations.md, "Try it on one machine"); the
+    last progress report's values when it cannot be read."""
+    fallback = Saved(row["peer"], row["metric"], row["consensus"])
+    try:
+        info = json.loads((Path(row["dir"]) / "model.json").read_text()) if row["dir"] else None
+    except (OSError, ValueError):
+        info = None
+    if not isinstance(info, dict):
+        return fallback
+    metrics = info.get("metrics") or {}
+    own = float(metrics.get(metric, fallback.own))
+    return Saved(row["peer"], own, float(metrics.get(f"consensus_{metric}", own)),
+                 str(info.get("consensus_digest") or ""), tuple(info.get("consensus") or ()))
+
+
+def _headline(saved: list[Saved], spec, elapsed: float) -> tuple[str, bool]:
+    """The line the run ends with, and whether every peer saved the same model."""
+    label = _label(spec.metric)
+    better = "higher is better" if spec.metric_mode == "max" else "lower is better"
+    own = "each peer's own model: " + ", ".join(f"{s.peer} {_num(s.own)}" for s in saved)
+    digests = {s.digest for s in saved}
+    if len(digests) == 1 and "" not in digests:
+        values = [s.consensus for s in saved]
+        size = max(len(s.members) for s in saved) or len(saved)
+        if max(values) - min(values) <= 1e-9 * max(1.0, max(abs(v) for v in values)):
+            value = _num(values[0])
+        else:  # one model, each peer's own test data (local data)
+            value = (f"{_num(sum(values) / len(values))} (mean over the peers' own test data: "
+                     + ", ".join(f"{s.peer} {_num(s.consensus)}" for s in saved) + ")")
+        return (f"{label} of the saved model: {value} ({better}; model.pt, the consensus of {size} "
+                f"peer{'s' * (size != 1)}, the same on every peer); {own}; in {elapsed:.0f}s"), True
+    groups: dict[str, list[Saved]] = {}
+    for s in saved:
+        groups.setdefault(s.digest, []).append(s)
+    parts = []
+    for digest, group in groups.items():
+        names = ", ".join(s.peer for s in group)
+        what = f"consensus {digest[:12]}" if digest else "model.json not readable"
+        parts.append(f"{names}: " + ", ".join(_num(s.consensus) for s in group) + f" ({what})")
+    known = [d for d in groups if d]
+    why = (f"the peers saved {len(known)} different models (consensus_digest in model.json)" if len(known) > 1
+           else "not every peer's model.json could be read")
+    line = f"{label} of the saved models ({better}): {why}: " + "; ".join(parts)
+    return f"{line}; {own}; in {elapsed:.0f}s", False
+
+
+def _summary(rows: list[dict], out: Path, elapsed: float, console: Console, spec) -> int:
     finished = [r for r in rows if r["state"] == "finished" and not math.isnan(r["metric"])]
-    label = _label(metric)
+    label = _label(spec.metric)
     for r in rows:
-        consensus = f" (own model), {_f(r['consensus'], 4)} (consensus)" if not math.isnan(r["consensus"]) else ""
-        console.print(f"{r['peer']}: {r['state']}, {r['step']} steps, {label} {_f(r['metric'], 4)}{consensus}")
-    console.print(f"history: {out / 'history.csv'}; plot: {out / 'progress.png'}")
+        consensus = f" (own model), {_num(r['consensus'])} (saved model, the consensus)" \
+            if not math.isnan(r["consensus"]) else ""
+        console.print(escape(f"{r['peer']}: {r['state']}, {r['step']} steps, {label} {_num(r['metric'])}{consensus}"))
+    console.print(escape(f"history: {out / 'history.csv'}; plot: {out / 'progress.png'}"))
     if not finished or len(finished) < len(rows):
-        console.print(f"[red]not every peer finished ({len(finished)}/{len(rows)}); see the logs in {out}")
+        console.print(f"[red]not every peer finished ({len(finished)}/{len(rows)}); see the logs in {escape(str(out))}")
         return 1
-    mean = sum(r["metric"] for r in finished) / len(finished)
-    console.print(f"[bold green]{label} reached: {mean:.4f} (mean of {len(finished)} peers) in {elapsed:.0f}s")
+    line, same = _headline([_saved(r, spec.metric) for r in finished], spec, elapsed)
+    console.print(f"[bold {'green' if same else 'yellow'}]{escape(line)}")
     return 0
