@@ -55,6 +55,10 @@ class DaemonConfig:
     worker_standby: bool = True  # keep a worker process with torch imported, ready for the next join
     restart_backoff_s: float = 1.0
     restart_backoff_max_s: float = 30.0
+    # A worker's max_crashes-th crash within crash_window_s seconds is not restarted:
+    # the job fails on this peer (peerd.core.restarts). 0: restart every crash.
+    max_crashes: int = 5
+    crash_window_s: float = 600.0
     # Security (docs/operations.md). Without secrets the services are open to the LAN.
     realm_secret_file: Path | None = None  # proof of it on every daemon-to-daemon call
     job_secret_file: Path | None = None  # for jobs whose spec names no secret_file
@@ -100,6 +104,9 @@ def parse_config(data: dict, source: str) -> DaemonConfig:
         worker_standby=worker.get("standby", bool, d.worker_standby),
         restart_backoff_s=worker.get("restart_backoff_s", float, d.restart_backoff_s, **positive),
         restart_backoff_max_s=worker.get("restart_backoff_max_s", float, d.restart_backoff_max_s, **positive),
+        max_crashes=worker.get("max_crashes", int, d.max_crashes, check=lambda v: v >= 0,
+                               expect="an integer >= 0 (0: no limit)"),
+        crash_window_s=worker.get("crash_window_s", float, d.crash_window_s, **positive),
         realm_secret_file=_path(auth, "realm_secret_file", source),
         job_secret_file=_path(auth, "job_secret_file", source),
         tls=_tls(tls, source),

@@ -47,6 +47,7 @@ def test_empty_config_gives_defaults():
     assert config.worker_threads == 1
     assert config.restart_backoff_s == 1.0
     assert config.restart_backoff_max_s == 30.0
+    assert (config.max_crashes, config.crash_window_s) == (5, 600.0)
 
 
 def test_empty_tables_give_defaults():
@@ -74,6 +75,8 @@ seeds = ["10.9.0.1:7070", "[fd00::5]:7070"]
 threads = 4
 restart_backoff_s = 0.25
 restart_backoff_max_s = 8.0
+max_crashes = 3
+crash_window_s = 120
 
 [metrics]
 host = "127.0.0.1"
@@ -102,6 +105,8 @@ def test_every_key_is_read():
         worker_threads=4,
         restart_backoff_s=0.25,
         restart_backoff_max_s=8.0,
+        max_crashes=3,
+        crash_window_s=120.0,
         stop_timeout_s=45.0,
         zeroconf=False,
         seeds=("10.9.0.1:7070", "[fd00::5]:7070"),
@@ -208,6 +213,8 @@ def test_several_unknown_keys_all_named():
         ('[discovery]\nhello_interval_s = "1"', "discovery.hello_interval_s"),  # string for float
         ("[discovery]\nhello_interval_s = true", "discovery.hello_interval_s"),  # bool for float
         ("[worker]\nrestart_backoff_max_s = false", "worker.restart_backoff_max_s"),
+        ("[worker]\nmax_crashes = 2.5", "worker.max_crashes"),
+        ('[worker]\ncrash_window_s = "10m"', "worker.crash_window_s"),
         ("[daemon]\nhost = 127", "daemon.host"),
         ("[daemon]\nstate_dir = 1", "daemon.state_dir"),
         ("[daemon]\ncontrol_socket = true", "daemon.control_socket"),
@@ -253,6 +260,8 @@ def test_wrong_types_raise_naming_file_and_key(text, key):
         ("[discovery]\npeer_timeout_s = -5", "discovery.peer_timeout_s"),
         ("[worker]\nrestart_backoff_s = 0", "worker.restart_backoff_s"),
         ("[worker]\nrestart_backoff_max_s = -0.5", "worker.restart_backoff_max_s"),
+        ("[worker]\nmax_crashes = -1", "worker.max_crashes"),
+        ("[worker]\ncrash_window_s = 0", "worker.crash_window_s"),
         ("[worker]\nthreads = 0", "worker.threads"),
         ('[worker]\ndevice = "gpu"', "worker.device"),
         ('[worker]\ndevice = "cuda:x"', "worker.device"),

@@ -1,6 +1,6 @@
 """Script jobs through real daemons: a user's own loop under peerd.attach,
 joined by name, killed and restarted, drained, joined late; and scripts that
-go wrong."""
+go wrong: before attach, or again and again after it."""
 
 from __future__ import annotations
 
@@ -119,7 +119,8 @@ def test_a_broken_script_fails_with_a_clear_message_and_the_daemon_stays_up(loca
         return jobs and jobs[0].state == expect_state and jobs[0]
 
     job = wait_for(settled, 90, f"the job to be {expect_state}")
-    assert job.message == message and job.workers[0].message == message
+    # The message: the error line, then the last lines of the traceback, if any.
+    assert job.message.splitlines()[0] == message and job.workers[0].message == job.message
     assert job.restarts == 0  # it would fail the same way again
     assert cluster.client(peer).status().peer_id == peer.peer_id  # the daemon answers
 
@@ -141,3 +142,53 @@ def test_a_script_that_never_steps_is_told_so(local_cluster, tmp_path):
                    "the lazy script to end")
     log = Path(job.log_path).read_text()
     assert "the script lazy.py never called peer.step(): nothing was averaged" in log
+
+
+def test_a_script_that_always_raises_fails_after_the_crash_limit_and_says_why(local_cluster, tmp_path):
+    limit = {"worker": {"max_crashes": 3, "crash_window_s": 600, "restart_backoff_s": 0.2,
+                        "restart_backoff_max_s": 0.4}}
+    cluster = local_cluster(1, settings=lambda peer: limit)
+    [peer] = cluster.peers
+    (tmp_path / "boom.py").write_text(textwrap.dedent("""
+        import torch
+        import peerd
+        model = torch.nn.Linear(4, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        peer = peerd.attach(model, optimizer)
+        print(f"attached: step {peer.source.step_count}", flush=True)
+        for _ in range(3):
+            loss = model(torch.ones(8, 4)).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            peer.step(batch_size=8, loss=loss.item())
+        raise ValueError(f"boom after step {peer.source.step_count}")
+    """))
+    cluster.client(peer).join(script_job("boom", tmp_path / "boom.py", args=[]), str(tmp_path))
+    job = wait_for(lambda: (j := cluster.client(peer).status().jobs) and j[0].state == "failed" and j[0], 180,
+                   "the always-raising script job to fail")
+    assert job.restarts == 2 and job.worker_pid == 0, job  # crashed 3 times: restarted twice, then not
+    first, *traceback = job.message.splitlines()
+    assert re.fullmatch(r"crashed 3 times in 600s, not restarted; last: the script boom\.py failed: "
+                        r"ValueError: boom after step \d+", first), first
+    assert re.fullmatch(r"ValueError: boom after step \d+", traceback[-1]), job.message
+    assert any('raise ValueError(f"boom after step' in line for line in traceback), job.message
+    assert job.workers[0].message == job.message and job.workers[0].state == "failed"
+
+    # peerctl shows it too; the daemon still answers; the job ended here (a restarted daemon leaves it).
+    out = peerctl(peer, "status")
+    assert out.returncode == 0 and f"boom/peer-0: failed: {first}" in out.stdout, out.stdout + out.stderr
+    assert f"\n    {traceback[-1]}" in out.stdout, out.stdout
+    [shown] = json.loads(peerctl(peer, "status", "--json").stdout)["jobs"]
+    assert shown["state"] == "failed" and shown["message"] == job.message, shown
+    assert cluster.client(peer).status().peer_id == peer.peer_id
+    job_dir = peer.dir / "state" / "jobs" / "boom"
+    assert (job_dir / "ended").read_text() == "failed\n"
+    daemon_log = (peer.dir / "daemon.log").read_text()
+    assert re.search(r"job boom: worker peer-0 crashed 3 times in 600s; not restarting it: the job failed here "
+                     r"\(last error: the script boom\.py failed: ValueError: boom after step \d+; see ", daemon_log)
+
+    # Every restart went on from the checkpoint of the run before (written at its first
+    # round), not from step 0.
+    steps = [int(s) for s in re.findall(r"attached: step (\d+)", (job_dir / "worker.log").read_text())]
+    assert len(steps) == 3 and steps[0] == 0 and 0 < steps[1] < steps[2], steps

@@ -52,7 +52,9 @@ def cmd_status(client: ControlClient, args) -> tuple[object, str]:
     table = render(["job", "worker", "device", "state", "phase", "step", "round", "epoch", "loss", "lr",
                     "global batch", "batch", "share", "samples/s", "busy", "partners", "metric", "restarts", "pid"],
                    [row for j in s.jobs for row in _progress_rows(j)])
-    notes = [f"{j.name}/{w.member}: {w.state}: {w.message}" for j in s.jobs for w in j.workers if w.message]
+    # A message is the worker's last error line, then the last lines of its traceback.
+    notes = [f"{j.name}/{w.member}: {w.state}: " + "\n    ".join(w.message.splitlines())
+             for j in s.jobs for w in j.workers if w.message]
     notes += [f"{j.name}/{w.member}: intra-host group: {w.progress.intrahost}" for j in s.jobs for w in j.workers
               if w.progress.intrahost]
     notes = "".join("\n" + n for n in notes)

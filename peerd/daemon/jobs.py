@@ -1,13 +1,17 @@
 """Supervising the worker processes of one job (one per configured device).
 
-A worker that crashes is restarted with exponential backoff; one that exits 0
-after finishing its epochs, or exits 2 because its job cannot load, is not. The
-daemon never shares a process with torch, so a crashing job cannot take it down.
+A worker that crashes is restarted with exponential backoff, until it crashed
+[worker] max_crashes times within crash_window_s: then it fails. One that exits 0
+after finishing its epochs, or exits 2 because its job cannot load, is not
+restarted. The daemon never shares a process with torch, so a crashing job cannot
+take it down. Why a worker failed or crashed, its last error line and the last
+lines of its traceback, is kept for peerctl status (docs/operations.md).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 import signal
@@ -19,7 +23,7 @@ from pathlib import Path
 
 from peerd.core.codes import ACTIVE_STATES, WorkerState
 from peerd.core.intrahost import IntraHostSlot
-from peerd.core.restarts import Backoff, RestartHistory, after_exit
+from peerd.core.restarts import NO_LIMIT, Backoff, CrashLimit, ExitAction, RestartHistory, after_exit
 from peerd.daemon.process import RELAY_LINE_LIMIT
 from peerd.lifeline import parent_env
 from peerd.daemon.standby import Standby
@@ -33,6 +37,8 @@ JOINED = "joined.json"  # in the job's directory while this peer is in the job: 
 ENDED = "ended"  # the job finished or failed here: not resumed
 STOP_GRACE_S = 10.0
 DRAIN_TIMEOUT_S = 120.0
+TRACEBACK_LINES = 10  # of a worker's last traceback, kept for peerctl status
+TRACEBACK_LINE_CHARS = 300
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,7 @@ class WorkerProcess:
     stop_grace_s: float = STOP_GRACE_S  # after SIGTERM, how long the worker may take to checkpoint and exit
     on_end: Callable[[], None] = lambda: None  # it finished or failed: not restarted
     on_restart: Callable[[], object] = lambda: None  # called before a restarted worker starts
+    crash_limit: CrashLimit = NO_LIMIT  # the crash that reaches it is not restarted: the worker fails
     clock: Callable[[], float] = time.monotonic
     state: WorkerState = WorkerState.STARTING
     restarts: int = 0
@@ -95,11 +102,14 @@ class WorkerProcess:
     progress: control_pb2.Progress = field(default_factory=empty_progress)
     stop_requested: bool = False  # drain: the worker leaves after its current round
     message: str = ""  # its last error line: why it failed or crashed (peerctl status)
+    traceback: tuple[str, ...] = ()  # the last lines of its last traceback, with `message`
     export_path: str = ""  # peerctl export: the file the worker should write its model to
     standby: Standby | None = None  # a spare process to start the worker in ([worker] standby)
     _process: asyncio.subprocess.Process | None = None
     _task: asyncio.Task | None = None
     _stopping: bool = False
+    _run_message: str = ""  # the last error line of the run under way
+    _tail: TracebackTail = field(default_factory=lambda: TracebackTail())
 
     @property
     def pid(self) -> int:
@@ -108,6 +118,12 @@ class WorkerProcess:
     @property
     def device(self) -> str:
         return self.launch.device
+
+    @property
+    def why(self) -> str:
+        """What the control API shows as the worker's message: the error line,
+        then the last lines of the traceback before it, one a line; "" once it runs."""
+        return "\n".join(filter(None, (self.message, *self.traceback)))
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._supervise(), name=f"job:{self.job}:{self.member}")
@@ -121,26 +137,45 @@ class WorkerProcess:
                 self.on_restart()  # e.g. a new intra-host group generation for the restarted worker
             code = await self._run_once()
             self.address = ""
-            action = after_exit(code, self._stopping or self.stop_requested, history, backoff, self.clock())
+            stopped = self._stopping or self.stop_requested
+            action = after_exit(code, stopped, history, backoff, self.clock(), self.crash_limit)
             self.state, history, self.restarts = action.state, action.history, action.history.restarts
+            if not stopped and action.state != WorkerState.FINISHED:
+                self._say_why(code)
             if not action.restarts:
-                self._log_end(code)
+                self._log_end(action)
                 if action.state != WorkerState.STOPPED:
                     self.on_end()
                 return
-            log.warning("worker %s of %s exited with %s; restart %d in %.1fs",
-                        self.member, self.job, code, self.restarts, action.delay_s)
+            log.warning("worker %s of %s exited with %s; restart %d in %.1fs: %s",
+                        self.member, self.job, code, self.restarts, action.delay_s, self.message)
             await asyncio.sleep(max(0.0, action.restart_at - self.clock()))
 
-    def _log_end(self, code: int) -> None:
+    def _say_why(self, code: int) -> None:
+        """After a crash or failure: this run's error line and traceback; when it
+        printed no error line, its traceback's last line, else how it exited."""
+        lines = self._tail.lines
+        self.message = self._run_message or (lines[-1].strip() if lines else f"exited with {exit_name(code)}")
+        self.traceback = lines
+
+    def _log_end(self, action: ExitAction) -> None:
         if self.state == WorkerState.FINISHED:
             log.info("job %s: worker %s finished: %s %.4f", self.job, self.member,
                      self.progress.metric_name or "metric", self.progress.metric)
+        elif action.gave_up:
+            crashes = len(action.history.crashes)
+            log.error("job %s: worker %s crashed %d times in %.0fs; not restarting it: the job failed here "
+                      "(last error: %s; see %s)", self.job, self.member, crashes, self.crash_limit.window_s,
+                      self.message, self.launch.log_path)
+            self.message = (f"crashed {crashes} times in {self.crash_limit.window_s:g}s, not restarted; "
+                            f"last: {self.message}")
         elif self.state == WorkerState.FAILED:
-            log.error("job %s cannot run (see %s); not restarting", self.job, self.launch.log_path)
+            log.error("job %s cannot run (see %s); not restarting: %s", self.job, self.launch.log_path,
+                      self.message)
 
     async def _run_once(self) -> int:
         self.launch.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._run_message, self._tail = "", TracebackTail()
         with open(self.launch.log_path, "ab") as out:
             argv = self.launch.argv()
             self._process = await self.standby.launch(argv) if self.standby is not None else None
@@ -154,11 +189,19 @@ class WorkerProcess:
                 )
             log.info("job %s: worker %s pid %d started on %s (%s)", self.job, self.member, self._process.pid,
                      self.device, how)
-            await _relay(self._process.stdout, out, self._on_error)
+            await _relay(self._process.stdout, out, self._on_line)
             return await self._process.wait()
 
-    def _on_error(self, message: str) -> None:
-        self.message = message
+    def _on_line(self, line: bytes) -> None:
+        """A line of the worker's output: an error line or a traceback becomes
+        its message (the previous run's stays until this one says why)."""
+        message, changed = error_line(line), self._tail.feed(line)
+        if not message and not changed:
+            return
+        lines = self._tail.lines
+        self._run_message = message or self._run_message
+        self.message = self._run_message or (lines[-1].strip() if lines else "")
+        self.traceback = lines
 
     def on_heartbeat(self, report: control_pb2.WorkerReport) -> None:
         self.address = report.address
@@ -166,7 +209,7 @@ class WorkerProcess:
         self.progress = report.progress
         if self.state == WorkerState.STARTING and report.address:
             self.state = WorkerState.RUNNING
-            self.message = ""
+            self.message, self.traceback, self._run_message = "", (), ""
 
     async def stop(self, drain: bool) -> None:
         """Drain: let the worker finish its round and leave. Otherwise stop it now."""
@@ -210,10 +253,12 @@ class LocalJob:
     @classmethod
     def create(cls, spec: JobSpec, job_dir: Path, launches: list[WorkerLaunch], backoff_s: float,
                backoff_max_s: float, stop_grace_s: float = STOP_GRACE_S,
-               standby: Standby | None = None, on_restart: Callable[[], object] = lambda: None) -> LocalJob:
+               standby: Standby | None = None, on_restart: Callable[[], object] = lambda: None,
+               crash_limit: CrashLimit = NO_LIMIT) -> LocalJob:
         job = cls(spec, job_dir, [])
         job.workers = [WorkerProcess(spec.name, launch.peer_id, launch, backoff_s, backoff_max_s, stop_grace_s,
-                                     on_end=job._worker_ended, on_restart=on_restart, standby=standby)
+                                     on_end=job._worker_ended, on_restart=on_restart, crash_limit=crash_limit,
+                                     standby=standby)
                        for launch in launches]
         return job
 
@@ -255,22 +300,112 @@ class LocalJob:
 
 _ERROR_MSG = re.compile(rb'level=error .*?msg="(.*)"\s*$')
 _EXCEPTION = re.compile(rb"^(\w+\.)*\w*(Error|Exception|Interrupt|Exit)\b.*$")
+_RECORD = re.compile(r"ts=\S+ level=\w+ ")  # a text record of peerd.logs
+_FIELD = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\S*)')
+_ESCAPE = re.compile(r"\\(.)")
+TRACEBACK_HEAD = "Traceback (most recent call last):"
+_CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
+
+
+def record_fields(line: bytes) -> dict[str, str] | None:
+    """The fields of one of a worker's log records (peerd.logs, text or JSON),
+    values unescaped; None for any other line."""
+    text = line.decode(errors="replace").strip()
+    if text.startswith("{"):
+        try:
+            record = json.loads(text)
+        except ValueError:
+            return None
+        if isinstance(record, dict) and "level" in record and "msg" in record:
+            return {str(k): str(v) for k, v in record.items()}
+        return None
+    if not _RECORD.match(text):
+        return None
+    return {key: _ESCAPE.sub(_unescape, value[1:-1]) if value.startswith('"') else value
+            for key, value in _FIELD.findall(text)}
+
+
+def _unescape(match: re.Match) -> str:
+    return {"n": "\n", "r": "\r"}.get(match.group(1), match.group(1))
 
 
 def error_line(line: bytes) -> str:
     """The message of a worker's error record or the last line of a traceback
     ("ModuleNotFoundError: No module named 'foo'"); "" for any other line."""
-    match = _ERROR_MSG.search(line) or _EXCEPTION.match(line.strip())
-    if not match:
-        return ""
-    text = (match.group(1) if match.re is _ERROR_MSG else match.group(0)).decode(errors="replace")
-    return text.replace("\\n", " ").strip()[:500]
+    fields = record_fields(line)
+    if fields is not None:
+        text = fields.get("msg", "") if fields.get("level") == "error" else ""
+    else:
+        match = _ERROR_MSG.search(line) or _EXCEPTION.match(line.strip())
+        if not match:
+            return ""
+        text = (match.group(1) if match.re is _ERROR_MSG else match.group(0)).decode(errors="replace")
+        text = text.replace("\\n", " ")
+    return " ".join(text.splitlines()).strip()[:500]
 
 
-async def _relay(stream: asyncio.StreamReader, out, on_error=lambda message: None) -> None:
+class TracebackTail:
+    """The last TRACEBACK_LINES lines of the newest traceback in a worker's
+    output: one a log record carries (a script's traceback; a record's exc) or
+    one Python printed (an uncaught exception), chained ones included."""
+
+    def __init__(self) -> None:
+        self.lines: tuple[str, ...] = ()
+        self._raw: list[str] | None = None  # a printed traceback being read
+        self._ended = False  # ... that reached its exception line: only a chained one may follow
+
+    def feed(self, line: bytes) -> bool:
+        """Take one line of output; True when `lines` changed."""
+        fields = record_fields(line)
+        if fields is not None:
+            self._raw = None
+            for key in ("exc", "msg"):
+                text = fields.get(key, "")
+                if TRACEBACK_HEAD in text:
+                    return self._set(text[text.index(TRACEBACK_HEAD):].splitlines())
+            return False
+        text = line.decode(errors="replace").rstrip()
+        if text.startswith(TRACEBACK_HEAD) and self._raw is None:
+            self._raw, self._ended = [], False
+        if self._raw is None:
+            return False
+        if text.startswith((TRACEBACK_HEAD, *_CHAINED)) or not text.strip():
+            self._ended = False
+        elif text[:1].isspace():  # a frame, its source line, carets
+            if self._ended:
+                self._raw = None
+                return False
+        elif self._ended:  # unindented after the exception line: the traceback is over
+            self._raw = None
+            return False
+        else:
+            self._ended = True  # the exception line
+        self._raw.append(text)
+        del self._raw[:-4 * TRACEBACK_LINES]  # blank lines are dropped from `lines`
+        return self._set(self._raw)
+
+    def _set(self, lines: list[str]) -> bool:
+        # Frames of frozen modules (runpy running a script) have no source line and say nothing.
+        lines = tuple(x.rstrip()[:TRACEBACK_LINE_CHARS] for x in lines
+                      if x.strip() and not x.lstrip().startswith('File "<frozen '))[-TRACEBACK_LINES:]
+        changed, self.lines = lines != self.lines, lines
+        return changed
+
+
+def exit_name(code: int) -> str:
+    """How a process exited, for a message: "code 1", "signal SIGKILL"."""
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"code {code}"
+
+
+async def _relay(stream: asyncio.StreamReader, out, on_line=lambda line: None) -> None:
     """Copy the worker's output, line by line, to its log file and to the
-    daemon's stderr (journald under systemd), until the worker closes it;
-    error lines go to `on_error` too (peerctl status shows the last one)."""
+    daemon's stderr (journald under systemd), until the worker closes it; each
+    line goes to `on_line` too (its error lines and traceback: peerctl status)."""
     while True:
         try:
             line = await stream.readline()
@@ -280,8 +415,7 @@ async def _relay(stream: asyncio.StreamReader, out, on_error=lambda message: Non
             return
         out.write(line)
         out.flush()
-        if message := error_line(line):
-            on_error(message)
+        on_line(line)
         try:
             sys.stderr.write(line.decode(errors="replace"))
             sys.stderr.flush()

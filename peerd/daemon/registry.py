@@ -17,6 +17,7 @@ from peerd.auth import load_secret
 from peerd.config import DaemonConfig
 from peerd.core.codes import ACTIVE_STATES, ENDED_STATES, WorkerState
 from peerd.core.membership import Membership
+from peerd.core.restarts import CrashLimit
 from peerd.core.workers import split_threads
 from peerd.core.intrahost import wanted
 from peerd.rendezvous import Rendezvous
@@ -77,7 +78,8 @@ class JobRegistry:
                                                             data_root),
                               self.config.restart_backoff_s, self.config.restart_backoff_max_s,
                               stop_grace_s=max(1.0, self.config.stop_timeout_s - SHUTDOWN_RESERVE_S),
-                              standby=self.standby, on_restart=rendezvous.bump if rendezvous else lambda: None)
+                              standby=self.standby, on_restart=rendezvous.bump if rendezvous else lambda: None,
+                              crash_limit=CrashLimit(self.config.max_crashes, self.config.crash_window_s))
         self.jobs[spec.name] = job
         job.start()
         log.info("joined job %s (fingerprint %s)", spec.name, spec.fingerprint)
@@ -193,13 +195,13 @@ class JobRegistry:
         workers = [
             control_pb2.LocalWorker(member=w.member, device=w.device, state=w.state, pid=w.pid, restarts=w.restarts,
                                     progress=w.progress, log_path=str(w.launch.log_path), address=w.address,
-                                    message=w.message)
+                                    message=w.why)
             for w in job.workers
         ]
         return control_pb2.LocalJob(
             name=job.spec.name, state=job.state, spec_fingerprint=job.spec.fingerprint, worker_pid=first.pid,
             restarts=sum(w.restarts for w in job.workers), progress=first.progress,
-            log_path=str(first.launch.log_path), workers=workers, message=first.message,
+            log_path=str(first.launch.log_path), workers=workers, message=first.why,
             view_size=len(self.membership.job_view(job.spec.name, job.spec.fingerprint)) + len(job.workers),
         )
 

@@ -66,7 +66,13 @@ class SoakPeer:
 
     def write_config(self, realm: str, slowdown_key: str | None, extra: str = "") -> None:
         """`extra`: more tables (TOML), e.g. a local-data job's [data] and [auth]."""
-        slow = f"\n[{slowdown_key}]\nslowdown = {self.slowdown}\n" if slowdown_key and self.slowdown != 1.0 else ""
+        # The harness kills workers on purpose: none of them may count towards a crash
+        # limit ([worker] max_crashes, docs/operations.md) and end the job on its peer.
+        tables: dict[str, dict[str, object]] = {"worker": {"max_crashes": 0}}
+        if slowdown_key and self.slowdown != 1.0:
+            tables.setdefault(slowdown_key, {})["slowdown"] = self.slowdown
+        slow = "".join(f"\n[{name}]\n" + "".join(f"{k} = {v}\n" for k, v in values.items())
+                       for name, values in tables.items())
         (self.dir / "peerd.toml").write_text(
             "[daemon]\n"
             f'state_dir = "{self.dir / "state"}"\n'
