@@ -102,7 +102,7 @@ class Source(Protocol):
 class StepPlan:
     """What the next local steps train with: decided by the engine at a round."""
 
-    members: list[str]  # every peer in the job, also those still starting: the data split
+    members: list[str]  # the peers that serve the job, this one included: the data split
     trainers: int  # peers serving now: the global batch the LR is scaled for
     plan: BatchPlan | None  # DBS: each member's batch
     stop: bool = False  # leave now: drained, signalled, or the daemon is gone
@@ -256,7 +256,9 @@ class Engine:
                 if action == Start.BEGIN:
                     log.info("%s: starting together", gate.describe(self.me, ready))
                     return action
-                if action == Start.JOIN:
+                if action == Start.JOIN:  # not ready while it takes the state: out of the view again
+                    self.link.address = ""
+                    await self.link.beat()
                     return action
                 if action == Start.GIVE_UP:
                     raise StartTimeout(
@@ -349,9 +351,11 @@ class Engine:
             raise PeerdError("lost the daemon: no heartbeat answer; stopping")
         view = dict(self.link.view)
         view[self.me] = self.link.address
-        # Split the data among every member, also those still starting: they
-        # will read their shares once they serve.
-        members = sorted({*self.link.members, *view})
+        # Split the data among the members that serve: one still loading or taking
+        # the state starts at a chunk boundary past the donor's position, so a
+        # part kept for it in the chunks before would go unread. The start gate
+        # ([job] min_peers) makes the first members serve before anyone reads.
+        members = sorted(view)
         self._view = view
         stop = self.link.stop or self.stop_signal
         sizes = {p: self.link.data_sizes.get(p, 0) for p in view}
