@@ -84,6 +84,26 @@ async def test_peers_that_end_together_save_byte_identical_models_with_averaged_
     assert int(state["1.num_batches_tracked"]) == max(counts)
 
 
+def test_buffers_of_other_float_types_are_averaged_not_taken_for_integers():
+    class Net(nn.Module):
+        def __init__(self, value: float) -> None:
+            super().__init__()
+            self.lin = nn.Linear(2, 1)
+            self.register_buffer("halves", torch.tensor([0.5, 1.75], dtype=torch.float16) * value)
+            self.register_buffer("steps", torch.tensor(3, dtype=torch.int32))
+
+    net = Net(1.0)
+    state = TrainState(net, torch.optim.SGD(net.parameters(), lr=0.1))
+    model = FinalModel(state)
+    vector = model.vector()
+    with torch.no_grad():
+        net.halves.zero_()
+        net.steps.zero_()
+    model.adopt(vector)
+    assert net.halves.tolist() == [0.5, 1.75] and net.halves.dtype == torch.float16
+    assert int(net.steps) == 3 and net.steps.dtype == torch.int32
+
+
 async def test_a_peer_alone_keeps_its_own_model():
     f = Finisher("p0", 2, False)
     before = saved(f.model)

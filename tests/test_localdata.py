@@ -91,6 +91,9 @@ def train(ts: list[Trainer], mix, plan: BatchPlan | None) -> torch.Tensor:
         for t in ts:
             t.step(MEMBERS, plan=plan)
         mix(ts, round_)
+        terms = {t.peer_id: t.epochs_read for t in ts}  # what the daemons relay
+        for t in ts:
+            t.set_data_sizes(SIZES, terms)
         round_ += 1
     assert all(t.done for t in ts)
     return torch.stack([t.flat.vector for t in ts]).mean(0).double()
@@ -196,7 +199,8 @@ def test_each_peer_reads_its_whole_data_set_once_per_local_epoch(tmp_path):
         seen.append(t.last_indices)
     assert sorted(seen[0] + seen[1]) == sorted(seen[2] + seen[3]) == list(range(10))
     assert seen[0] + seen[1] != seen[2] + seen[3]  # a fresh order each local epoch
-    # Three peers × 5 samples per step over a union of 75: a fifth of an epoch per step.
+    # Three peers × 5 samples per step over a union of 75: a fifth of an epoch per
+    # step (the others' terms, relayed by the daemons, are not in yet).
     assert t.progress == pytest.approx(4 * 15 / 75)
 
 
@@ -220,7 +224,7 @@ def test_a_newcomer_takes_the_jobs_progress_and_reads_its_own_data(tmp_path):
         a.step(MEMBERS)
     b.adopt_state(a.state.vector(), a.state.extra(), a.step_count, a.progress)
     b.step(MEMBERS)
-    assert b.progress == pytest.approx(a.progress + 15 / 75)
+    assert b.progress == pytest.approx(a.progress + 15 / 75)  # the job's clock came with the state
     assert max(b.last_indices) < SIZES["b"]
     assert math.isclose(b.lr, a.lr / SIZES["a"] * SIZES["b"], rel_tol=0.05)  # same schedule, own weight
 
@@ -321,7 +325,7 @@ def test_peerd_cluster_writes_each_peers_digits_and_a_secret(tmp_path):
 
 def test_loader_workers_count_the_jobs_progress_from_the_first_step(tmp_path):
     """Worker processes read batches ahead as soon as the loader starts: each of
-    those steps must already count its share of the union."""
+    those steps must already count its samples in the union."""
     write_data(tmp_path)
     text = job_text("samples", epochs=100, lr=0.1, schedule="constant") + "[data]\nloader_workers = 1\n"
     t = trainers(text, tmp_path)[0]
@@ -349,20 +353,30 @@ def test_the_random_split_gives_disjoint_equal_slices_of_every_class(tmp_path):
             == np.bincount(labels[TEST_SIZE:], minlength=10)).all()
 
 
-def test_a_peer_keeps_up_with_the_furthest_count_of_the_jobs_epochs(tmp_path):
-    """Views that differ for a while make the peers' counts drift; each keeps up with
-    the furthest it hears of, never goes back, and so they end together."""
+def test_the_jobs_clock_adds_up_each_peers_steps_once(tmp_path):
+    """The job's epochs are the sum of each peer's term (its steps' samples over the
+    union); a term heard twice or late counts once, a stale one takes nothing
+    back, and the clock comes with the state to a peer that takes it. Between
+    terms a peer counts the whole global batch at each of its steps."""
     write_data(tmp_path)
-    a, b, _ = trainers(job_text("samples", epochs=10, lr=0.1, schedule="cosine"), tmp_path)
+    a, b, c = trainers(job_text("samples", epochs=10, lr=0.1, schedule="cosine"), tmp_path)
+    for t in (a, b, c):
+        t.set_data_sizes(SIZES)
     for _ in range(5):
         a.step(MEMBERS)
     b.step(MEMBERS)
-    b.set_data_sizes(SIZES, {"a": a.progress, "c": 0.1})
-    assert b.progress == a.progress
-    b.step(MEMBERS)
-    assert b.progress == pytest.approx(a.progress + 15 / 75)
-    b.set_data_sizes(SIZES, {"a": a.progress})  # behind now: no step back
-    assert b.progress == pytest.approx(a.progress + 15 / 75)
+    assert a.epochs_read == pytest.approx(5 * 5 / 75)  # its own samples over the union
+    assert a.progress == pytest.approx(5 * 15 / 75)  # ... and the others' steps, estimated
+    assert b.progress == pytest.approx(15 / 75)
+    b.set_data_sizes(SIZES, {"a": a.epochs_read})
+    assert b.progress == pytest.approx(a.epochs_read + b.epochs_read)  # 0.4: more than its estimate
+    b.set_data_sizes(SIZES, {"a": a.epochs_read, "b": 0.0})  # heard again: counted once
+    assert b.progress == pytest.approx(a.epochs_read + b.epochs_read)
+    before = b.progress
+    b.set_data_sizes(SIZES, {"a": a.epochs_read / 2})  # a stale term takes nothing back
+    assert b.progress == before
+    c.adopt_state(b.state.vector(), b.state.extra(), b.step_count, b.progress)
+    assert c.progress == pytest.approx(before) and c.epochs_read == 0.0
 
 
 def test_local_data_plans_every_member_at_the_full_period_shared_data_fewer_for_slow_ones():

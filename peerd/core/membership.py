@@ -34,6 +34,7 @@ class JobEntry:
     # peer that does not publish it (then planned by `speed` alone)
     fixed_s: float = 0.0
     per_sample_s: float = 0.0
+    epochs_read: float = 0.0  # data_mode = "local": its term of the job's clock (peerd.core.unionclock)
 
     @property
     def serving(self) -> bool:
@@ -138,6 +139,12 @@ class Membership:
         """member id -> published job progress (local data) of every other daemon's worker in `job`."""
         return {member: entry.progress for member, _, entry in self._entries(job, spec_fingerprint, _active)}
 
+    def job_terms(self, job: str, spec_fingerprint: str) -> dict[str, float]:
+        """member id -> published term of the job's clock (local data) of every other
+        daemon's worker in `job`, finished ones included: the terms only grow."""
+        return {member: entry.epochs_read for member, _, entry in self._entries(job, spec_fingerprint, _any)
+                if entry.epochs_read > 0}
+
     def job_finished(self, job: str, spec_fingerprint: str) -> list[str]:
         """Member ids of the other daemons' workers that finished `job` (reached its end)."""
         return [member for member, _, _ in
@@ -162,3 +169,7 @@ def liveness(peers: list[PeerRecord], now: float, suspect_after_s: float) -> dic
 
 def _active(entry: JobEntry) -> bool:
     return entry.state in ACTIVE_STATES
+
+
+def _any(entry: JobEntry) -> bool:
+    return True

@@ -179,15 +179,17 @@ class JobRegistry:
                  **{w.member: w.progress.data_samples for w in mine if w is not worker}}
         progress = {**self.membership.job_progress(name, fingerprint),
                     **{w.member: w.progress.job_progress for w in mine if w is not worker}}
+        terms = {**self.membership.job_terms(name, fingerprint),
+                 **{w.member: w.progress.epochs_read for w in job.workers if w is not worker}}
         finished = [*self.membership.job_finished(name, fingerprint),
                     *(w.member for w in job.workers if w.state == WorkerState.FINISHED)]
         view = control_pb2.WorkerView(
             peers=peers, members=members, stop=worker.stop_requested, settled=settled, export_path=worker.export_path,
             finished=finished,
-            speeds=[control_pb2.MemberSpeed(peer_id=p, samples_per_s=v, data_samples=sizes.get(p, 0),
+            speeds=[control_pb2.MemberSpeed(peer_id=p, samples_per_s=speeds.get(p, 0.0), data_samples=sizes.get(p, 0),
                                             progress=progress.get(p, 0.0), fixed_s=costs.get(p, (0.0, 0.0))[0],
-                                            per_sample_s=costs.get(p, (0.0, 0.0))[1])
-                    for p, v in speeds.items()])
+                                            per_sample_s=costs.get(p, (0.0, 0.0))[1], epochs_read=terms.get(p, 0.0))
+                    for p in speeds.keys() | {p for p, t in terms.items() if t > 0}])
         return view, worker.address != serving
 
     def local_job(self, job: LocalJob) -> control_pb2.LocalJob:
@@ -216,7 +218,7 @@ class JobRegistry:
             state=w.state, phase=p.phase, lr=p.lr, global_batch=p.global_batch, samples_per_s=p.samples_per_s,
             fixed_s=p.fixed_s, per_sample_s=p.per_sample_s,
             local_batch=p.local_batch, share=p.share, device=w.device, data_samples=p.data_samples,
-            progress=p.job_progress,
+            progress=p.job_progress, epochs_read=p.epochs_read,
             member=w.member if w.member != self.peer_id else "",  # a single worker's ad is as before
         )
 

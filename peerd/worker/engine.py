@@ -108,7 +108,7 @@ class StepPlan:
     stop: bool = False  # leave now: drained, signalled, or the daemon is gone
     # local data: the serving peers' published data set sizes (0: not known yet), for the weights
     data_sizes: dict[str, int] = field(default_factory=dict)
-    progresses: dict[str, float] = field(default_factory=dict)  # ... and their counts of the job's epochs
+    terms: dict[str, float] = field(default_factory=dict)  # ... every member's term of the job's clock, ever
 
     def round_steps(self, peer: str, period: int) -> int:
         """`peer`'s local steps in the next round: `period` ([gossip] period_steps)
@@ -359,8 +359,7 @@ class Engine:
         self._view = view
         stop = self.link.stop or self.stop_signal
         sizes = {p: self.link.data_sizes.get(p, 0) for p in view}
-        progresses = {p: self.link.progresses[p] for p in view if p in self.link.progresses}
-        return StepPlan(members, len(view), self._plan(members), stop, sizes, progresses)
+        return StepPlan(members, len(view), self._plan(members), stop, sizes, dict(self.link.terms))
 
     async def end_round(self, steps: int | None = None) -> StepPlan:
         """The local steps of a round are done (`steps` of them, when the caller
@@ -459,6 +458,7 @@ class Engine:
         await self.rounds.stages.finish()
         peers = {p: a for p, a in self.link.view.items() if p != self.me}
         model = FinalModel(self.state)
+        self._final_segments = len(model.layout(self.rounds.layout))
         self.consensus = c = await final_consensus(self.me, model, self.final, peers, self.rounds.layout,
                                                    self.transport, self.consensus_limit_s())
         log.info("consensus at the end over %s: digest %s, %.2fs", c.describe(), c.digest, c.seconds)
@@ -479,7 +479,7 @@ class Engine:
                  metrics.get(f"consensus_{name}", math.nan), int(metrics.get("consensus_peers", 1)),
                  model_path or "nowhere (no trained model)")
         if self.consensus is not None and not self.consensus.plan.alone:
-            reads = (self.consensus.plan.size - 1) * len(self.rounds.layout)
+            reads = (self.consensus.plan.size - 1) * self._final_segments
             if not await self.final.wait_served(reads, self.consensus_limit_s()):
                 log.info("not every peer of the consensus read this peer's final model in time")
 

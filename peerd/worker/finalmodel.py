@@ -1,13 +1,14 @@
 """The model a finished peer puts into the consensus at the job's end, as one
 fp32 vector (docs/algorithms.md, "One model at the end"):
 
-    [ gossiped vector | fp32 buffers gossip leaves alone | integer buffers ]
+    [ gossiped vector | float buffers gossip leaves alone | integer buffers ]
 
 Gossip averages the parameters (and buffers only with average_buffers), so
 without the middle part each peer would save its own BatchNorm statistics
 beside the common parameters: a different model.pt on every peer, each scored
 on statistics that do not match the weights. The consensus averages the first
-two parts exactly; integer buffers (`num_batches_tracked`) travel in 16-bit
+two parts exactly (a buffer of another float type in fp32: an fp64 one comes
+back rounded to fp32); integer and boolean buffers (`num_batches_tracked`) travel in 16-bit
 pieces, each exact in fp32, and take the largest value among the members.
 """
 
@@ -61,7 +62,7 @@ class FinalModel:
     def vector(self) -> torch.Tensor:
         """A CPU fp32 copy of the final model."""
         parts = [self.state.flat.vector.detach().reshape(-1).cpu()]
-        parts += [t.detach().reshape(-1).cpu() for t in self.floats]
+        parts += [t.detach().reshape(-1).cpu().to(torch.float32) for t in self.floats]
         parts += [encode_ints(b.detach().cpu()) for b in self.ints]
         return torch.cat(parts).to(torch.float32)
 
@@ -78,7 +79,7 @@ class FinalModel:
         flat.copy_(vector[: flat.numel()].to(flat.device))
         offset = flat.numel()
         for t in self.floats:
-            t.view(-1).copy_(vector[offset : offset + t.numel()].to(t.device))
+            t.view(-1).copy_(vector[offset : offset + t.numel()].to(device=t.device, dtype=t.dtype))
             offset += t.numel()
         for b in self.ints:
             n = PIECES * b.numel()

@@ -40,6 +40,7 @@ class SupervisorLink:
         self.per_sample_s: dict[str, float] = {}  # ... and seconds per sample
         self.data_sizes: dict[str, int] = {}  # local data: the other members' published data set sizes
         self.progresses: dict[str, float] = {}  # local data: the other members' counts of the job's epochs
+        self.terms: dict[str, float] = {}  # local data: the members' terms of the job's clock (peerd.core.unionclock)
         self.stop = False
         self.export_path = ""  # peerctl export asks for the model here
         self.settled = False  # the daemon's view can be trusted to show a running job
@@ -69,6 +70,7 @@ class SupervisorLink:
         self.per_sample_s = {s.peer_id: s.per_sample_s for s in reply.speeds}
         self.data_sizes = {s.peer_id: s.data_samples for s in reply.speeds if s.data_samples}
         self.progresses = {s.peer_id: s.progress for s in reply.speeds if s.progress > 0}
+        self.terms = {s.peer_id: s.epochs_read for s in reply.speeds if s.epochs_read > 0}
         self.stop = self.stop or reply.stop
         self.export_path = reply.export_path
         self.settled = reply.settled

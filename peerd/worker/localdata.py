@@ -3,9 +3,9 @@
 `LocalCursor` stands where `DataCursor` stands in the shared mode (the same
 calls, so peerd's sampler and DataLoader serve both): each peer reads its whole
 data set in its own order, a fresh permutation every local epoch, and the job's
-progress counts epochs of the union of every peer's data (global samples
-trained on / Σ n_i), so every peer agrees on how far the job is (the LR
-schedule, the end) whatever it holds. `LocalData` keeps the members' data set
+progress counts epochs of the union of every peer's data as the peers' reads
+add up (peerd.core.unionclock), so every peer agrees on how far the job is (the
+LR schedule, the end) whatever it holds. `LocalData` keeps the members' data set
 sizes and turns them, through peerd.core.weighting, into this peer's LR weight.
 """
 
@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 
 from peerd.core.partition import epoch_permutation
 from peerd.core.shares import BatchPlan
+from peerd.core.unionclock import UnionClock
 from peerd.core.weighting import weigh
 from peerd.jobspec import JobSpec
 
@@ -32,13 +33,27 @@ class LocalCursor:
         self.spec = spec
         self.peer_id = peer_id
         self.samples = samples
-        self.progress = 0.0  # epochs of the union done (the job's clock)
-        self.fraction = 0.0  # what one step adds to it: global batch / union size (set per step)
+        self.clock = UnionClock(peer_id)  # the job's clock: epochs of the union the peers' steps read
+        self.union = float(samples)  # the union's size as this peer sees it (set per step)
+        self.global_batch = 0  # the step's global batch (set per step)
+        # The others' terms are a Hello old. Between them this peer counts what the
+        # whole global batch adds at each of its steps (gossip keeps the members'
+        # steps in step), so its schedule does not stall and fall back with the
+        # Hellos; the job's position is the larger of that and the clock. Never
+        # published: the clock's terms are.
+        self._estimate = 0.0
+        self._floor = 0.0  # a position given by seek (a job that ended while this peer was away)
         self.local_epoch = 0  # passes over this peer's own data
         self._order: list[int] = []
         self.pos = 0
         self._salt = 0  # a resumed peer reads in a new order, not its first epoch's again
         self.share = math.nan  # local data is not split among the members
+
+    @property
+    def progress(self) -> float:
+        """Epochs of the union done (the job's clock, the others' steps since
+        their last terms estimated)."""
+        return max(self.clock.epochs, self._estimate, self._floor)
 
     @property
     def epoch(self) -> int:
@@ -50,7 +65,7 @@ class LocalCursor:
 
     def take(self, size: int, members: Sequence[str], plan: BatchPlan | None) -> list[int]:
         """One step's `size` indices of this peer's data, in its order, across
-        local epochs; the job's progress moves on by one step's worth."""
+        local epochs; this peer's term of the job's clock grows by them."""
         if self.done:
             return []
         batch: list[int] = []
@@ -60,8 +75,13 @@ class LocalCursor:
             taken = self._order[self.pos : self.pos + size - len(batch)]
             self.pos += len(taken)
             batch += taken
-        self.progress += self.fraction
+        self._estimate = max(self._estimate, self.clock.epochs) + max(self.global_batch, len(batch)) / self.union
+        self.clock.add(len(batch), self.union)
         return batch
+
+    def heard(self, terms: Mapping[str, float]) -> None:
+        """The others' terms as the daemons relay them."""
+        self.clock.merge(terms)
 
     def _next_order(self) -> None:
         if self._order:
@@ -71,9 +91,10 @@ class LocalCursor:
         self.pos = 0
 
     def seek(self, progress: float) -> None:
-        """Go on from the job's `progress` (a donor's, or a checkpoint's). This
-        peer's own position is its own business: a new order of its data."""
-        self.progress = progress
+        """Go on from the job's `progress` (a donor's, or a checkpoint's: its
+        clock came with the state). This peer's own position is its own
+        business: a new order of its data."""
+        self._floor = self._estimate = progress
         self._salt = round(progress * 1e6)
         self._order, self.pos, self.local_epoch = [], 0, 0
 
@@ -99,27 +120,19 @@ class LocalData:
         count of the job's progress, differently on different peers."""
         self.sizes = {p: n for p, n in sizes.items() if p != self.peer_id}
 
-    def keep_up(self, progresses: Mapping[str, float], trained: float) -> float:
-        """The job's clock is the furthest count of the peers it averages with
-        (published, so a second or two old): views that differed for a while
-        (a peer counted in one union and not in another) made the counts drift,
-        and a peer that lags would train alone, toward its own data, after the
-        others finished. Returns this peer's progress (`trained`, or the new count)."""
-        ahead = max(progresses.values(), default=0.0)
-        if ahead <= self.cursor.progress:
-            return trained
-        if ahead - self.cursor.progress > 0.01 * self.spec.epochs:
-            log.info("local data: the job is at epoch %.2f among the peers, this peer at %.2f: keeping up",
-                     ahead, self.cursor.progress)
-        self.cursor.progress = ahead
-        return max(trained, ahead)
+    def observe(self, terms: Mapping[str, float]) -> float:
+        """The others' terms of the job's clock (published, a Hello old); returns
+        the job's progress now."""
+        self.cursor.heard(terms)
+        return self.cursor.progress
 
     def plan_step(self, members: Sequence[str], global_batch: int) -> None:
-        """Before a step: this peer's weight and what the step adds to the job's progress."""
+        """Before a step: this peer's weight, the union its samples count in and
+        the step's global batch."""
         peers = [*(members if self.sizes is None else self.sizes), self.peer_id]
         weights = weigh({**(self.sizes or {}), self.peer_id: self.samples}, peers, self.spec.weighting)
         if abs(weights.of(self.peer_id) - self.weight) > 1e-3 * self.weight or weights.union != self.union:
             log.info("local data: LR weight %.3f (%s weighting; %d samples here, %.0f in the union of %d peers)",
                      weights.of(self.peer_id), self.spec.weighting, self.samples, weights.union, len(weights.lr))
         self.weight, self.union = weights.of(self.peer_id), weights.union
-        self.cursor.fraction = global_batch / weights.union
+        self.cursor.union, self.cursor.global_batch = weights.union, global_batch

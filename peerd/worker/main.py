@@ -84,7 +84,7 @@ def run_declarative(launch: Launch) -> int:
         peer = Peer(launch, trainer, evaluate=trainer.evaluate)
         while not peer.should_stop:
             plan = peer.plan
-            trainer.set_data_sizes(plan.data_sizes, plan.progresses)
+            trainer.set_data_sizes(plan.data_sizes, plan.terms)
             trainer.step(plan.members, plan.trainers, plan.plan)
             peer.step()
         outcome = peer.close(finished=trainer.done)

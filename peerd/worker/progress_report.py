@@ -28,7 +28,7 @@ def progress_of(engine, result: RoundResult | None, finished: bool = False) -> c
         checkpoint_round=engine.checkpoint_round, checkpoints_written=engine.checkpoints_written,
         exported=engine.exported, exported_round=engine.exported_round, intrahost=engine.rounds.intrahost_status,
         data_samples=getattr(t, "data_samples", 0), data_mode=engine.spec.data_mode,
-        job_progress=getattr(t, "progress", 0.0),
+        job_progress=getattr(t, "progress", 0.0), epochs_read=getattr(t, "epochs_read", 0.0),
         training_s=engine.training_s, waited_s=engine.waited,
     )
     if result is not None:

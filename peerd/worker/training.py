@@ -96,11 +96,13 @@ class Trainer:
         self.optimizer = build_optimizer([p for p in self.model.parameters() if p.requires_grad], spec.optimizer,
                                          self.code.make_optimizer, f"{self.code.where}.")
         objects = {"scaler": self.precision.scaler} if self.precision.scaler is not None else {}
+        # local mode: this peer's own data set, the members' sizes and its LR weight
+        self.local = LocalData(spec, peer_id, len(self.train_set)) if spec.data_mode == "local" else None
+        if self.local is not None:  # the job's clock travels with the state (newcomers, checkpoints)
+            objects["clock"] = self.local.cursor.clock
         self.state = TrainState(self.model, self.optimizer, average_buffers=spec.gossip.average_buffers,
                                 average_optimizer_state=spec.gossip.average_optimizer_state, objects=objects)
         self.flat = self.state.flat
-        # local mode: this peer's own data set, the members' sizes and its LR weight
-        self.local = LocalData(spec, peer_id, len(self.train_set)) if spec.data_mode == "local" else None
         self.cursor = self.local.cursor if self.local else DataCursor(spec, peer_id, len(self.train_set))
         self.view = View()
         self._loader_iter = None  # made at the first step: a newcomer seeks first
@@ -336,14 +338,18 @@ class Trainer:
             return self.local.weight
         return micro.step_size / plan.mean if plan is not None else 1.0
 
-    def set_data_sizes(self, sizes: dict[str, int], progresses: dict[str, float] | None = None) -> None:
+    def set_data_sizes(self, sizes: dict[str, int], terms: dict[str, float] | None = None) -> None:
         """local mode: the peers this one averages with, their published data set
-        sizes (for the weights and the union) and counts of the job's epochs
-        (this peer keeps up with the furthest); by default every member."""
+        sizes (for the weights and the union), and the peers' terms of the job's
+        clock (peerd.core.unionclock); by default every member."""
         if self.local is not None:
             self.local.set_sizes(sizes)
-            if progresses:
-                self.progress = self.local.keep_up(progresses, self.progress)
+            self.progress = max(self.progress, self.local.observe(terms or {}))
+
+    @property
+    def epochs_read(self) -> float:
+        """local mode: this peer's term of the job's clock (published); 0 otherwise."""
+        return self.local.cursor.clock.own if self.local is not None else 0.0
 
     @property
     def data_samples(self) -> int:

@@ -56,7 +56,8 @@ class TrainState:
         self.kept = [t for _, t in kept]
         # The model's buffers outside the gossiped vector: the end consensus takes them too (finalmodel).
         self.kept_float_buffers = [t for _, t in floats] if not average_buffers else []
-        self.int_buffers = [t for _, t in self._int_buffers]
+        self.kept_float_buffers += [t for _, t in self._int_buffers if t.is_floating_point()]  # fp16, fp64, ...
+        self.int_buffers = [t for _, t in self._int_buffers if not t.is_floating_point()]
         self.names = [n for n, _ in gossiped] + [n for n, _ in kept]
         self.model = model
         self.optimizer = optimizer

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Progress(_message.Message):
-    __slots__ = ("step", "round", "epoch", "loss", "samples_per_s", "partners_reached", "partners_planned", "metric", "disagreement", "samples", "segment_misses", "finished", "exchange_s", "lr", "phase", "global_batch", "rejected", "local_batch", "share", "compute_s", "metric_name", "metric_higher_better", "metrics", "skipped_steps", "exported", "exported_round", "intrahost", "data_samples", "data_mode", "job_progress", "fixed_s", "per_sample_s", "training_s", "waited_s", "rounds_done", "bytes_sent", "bytes_received", "exchange_buckets", "exchange_sum_s", "exchange_count", "checkpoint_round", "checkpoints_written")
+    __slots__ = ("step", "round", "epoch", "loss", "samples_per_s", "partners_reached", "partners_planned", "metric", "disagreement", "samples", "segment_misses", "finished", "exchange_s", "lr", "phase", "global_batch", "rejected", "local_batch", "share", "compute_s", "metric_name", "metric_higher_better", "metrics", "skipped_steps", "exported", "exported_round", "intrahost", "data_samples", "data_mode", "job_progress", "fixed_s", "per_sample_s", "training_s", "waited_s", "epochs_read", "rounds_done", "bytes_sent", "bytes_received", "exchange_buckets", "exchange_sum_s", "exchange_count", "checkpoint_round", "checkpoints_written")
     class RejectedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -63,6 +63,7 @@ class Progress(_message.Message):
     PER_SAMPLE_S_FIELD_NUMBER: _ClassVar[int]
     TRAINING_S_FIELD_NUMBER: _ClassVar[int]
     WAITED_S_FIELD_NUMBER: _ClassVar[int]
+    EPOCHS_READ_FIELD_NUMBER: _ClassVar[int]
     ROUNDS_DONE_FIELD_NUMBER: _ClassVar[int]
     BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
     BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
@@ -105,6 +106,7 @@ class Progress(_message.Message):
     per_sample_s: float
     training_s: float
     waited_s: _containers.ScalarMap[str, float]
+    epochs_read: float
     rounds_done: int
     bytes_sent: int
     bytes_received: int
@@ -113,7 +115,7 @@ class Progress(_message.Message):
     exchange_count: int
     checkpoint_round: int
     checkpoints_written: int
-    def __init__(self, step: _Optional[int] = ..., round: _Optional[int] = ..., epoch: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., partners_reached: _Optional[int] = ..., partners_planned: _Optional[int] = ..., metric: _Optional[float] = ..., disagreement: _Optional[float] = ..., samples: _Optional[int] = ..., segment_misses: _Optional[int] = ..., finished: _Optional[bool] = ..., exchange_s: _Optional[float] = ..., lr: _Optional[float] = ..., phase: _Optional[str] = ..., global_batch: _Optional[int] = ..., rejected: _Optional[_Mapping[str, int]] = ..., local_batch: _Optional[int] = ..., share: _Optional[float] = ..., compute_s: _Optional[float] = ..., metric_name: _Optional[str] = ..., metric_higher_better: _Optional[bool] = ..., metrics: _Optional[_Mapping[str, float]] = ..., skipped_steps: _Optional[int] = ..., exported: _Optional[str] = ..., exported_round: _Optional[int] = ..., intrahost: _Optional[str] = ..., data_samples: _Optional[int] = ..., data_mode: _Optional[str] = ..., job_progress: _Optional[float] = ..., fixed_s: _Optional[float] = ..., per_sample_s: _Optional[float] = ..., training_s: _Optional[float] = ..., waited_s: _Optional[_Mapping[str, float]] = ..., rounds_done: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., exchange_buckets: _Optional[_Iterable[int]] = ..., exchange_sum_s: _Optional[float] = ..., exchange_count: _Optional[int] = ..., checkpoint_round: _Optional[int] = ..., checkpoints_written: _Optional[int] = ...) -> None: ...
+    def __init__(self, step: _Optional[int] = ..., round: _Optional[int] = ..., epoch: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., partners_reached: _Optional[int] = ..., partners_planned: _Optional[int] = ..., metric: _Optional[float] = ..., disagreement: _Optional[float] = ..., samples: _Optional[int] = ..., segment_misses: _Optional[int] = ..., finished: _Optional[bool] = ..., exchange_s: _Optional[float] = ..., lr: _Optional[float] = ..., phase: _Optional[str] = ..., global_batch: _Optional[int] = ..., rejected: _Optional[_Mapping[str, int]] = ..., local_batch: _Optional[int] = ..., share: _Optional[float] = ..., compute_s: _Optional[float] = ..., metric_name: _Optional[str] = ..., metric_higher_better: _Optional[bool] = ..., metrics: _Optional[_Mapping[str, float]] = ..., skipped_steps: _Optional[int] = ..., exported: _Optional[str] = ..., exported_round: _Optional[int] = ..., intrahost: _Optional[str] = ..., data_samples: _Optional[int] = ..., data_mode: _Optional[str] = ..., job_progress: _Optional[float] = ..., fixed_s: _Optional[float] = ..., per_sample_s: _Optional[float] = ..., training_s: _Optional[float] = ..., waited_s: _Optional[_Mapping[str, float]] = ..., epochs_read: _Optional[float] = ..., rounds_done: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., exchange_buckets: _Optional[_Iterable[int]] = ..., exchange_sum_s: _Optional[float] = ..., exchange_count: _Optional[int] = ..., checkpoint_round: _Optional[int] = ..., checkpoints_written: _Optional[int] = ...) -> None: ...
 
 class WorkerReport(_message.Message):
     __slots__ = ("job", "pid", "address", "fingerprint", "progress", "member")
@@ -162,20 +164,22 @@ class WorkerView(_message.Message):
     def __init__(self, peers: _Optional[_Iterable[_Union[PeerEndpoint, _Mapping]]] = ..., stop: _Optional[bool] = ..., members: _Optional[_Iterable[str]] = ..., settled: _Optional[bool] = ..., speeds: _Optional[_Iterable[_Union[MemberSpeed, _Mapping]]] = ..., export_path: _Optional[str] = ..., finished: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class MemberSpeed(_message.Message):
-    __slots__ = ("peer_id", "samples_per_s", "data_samples", "progress", "fixed_s", "per_sample_s")
+    __slots__ = ("peer_id", "samples_per_s", "data_samples", "progress", "fixed_s", "per_sample_s", "epochs_read")
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_PER_S_FIELD_NUMBER: _ClassVar[int]
     DATA_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     FIXED_S_FIELD_NUMBER: _ClassVar[int]
     PER_SAMPLE_S_FIELD_NUMBER: _ClassVar[int]
+    EPOCHS_READ_FIELD_NUMBER: _ClassVar[int]
     peer_id: str
     samples_per_s: float
     data_samples: int
     progress: float
     fixed_s: float
     per_sample_s: float
-    def __init__(self, peer_id: _Optional[str] = ..., samples_per_s: _Optional[float] = ..., data_samples: _Optional[int] = ..., progress: _Optional[float] = ..., fixed_s: _Optional[float] = ..., per_sample_s: _Optional[float] = ...) -> None: ...
+    epochs_read: float
+    def __init__(self, peer_id: _Optional[str] = ..., samples_per_s: _Optional[float] = ..., data_samples: _Optional[int] = ..., progress: _Optional[float] = ..., fixed_s: _Optional[float] = ..., per_sample_s: _Optional[float] = ..., epochs_read: _Optional[float] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()

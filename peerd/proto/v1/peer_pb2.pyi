@@ -37,7 +37,7 @@ class HelloRequest(_message.Message):
     def __init__(self, peer_id: _Optional[str] = ..., address: _Optional[str] = ..., version: _Optional[str] = ..., realm: _Optional[str] = ..., changed: _Optional[bool] = ...) -> None: ...
 
 class JobAd(_message.Message):
-    __slots__ = ("name", "spec_fingerprint", "worker_address", "round", "state", "phase", "lr", "global_batch", "samples_per_s", "local_batch", "share", "member", "device", "data_samples", "progress", "fixed_s", "per_sample_s")
+    __slots__ = ("name", "spec_fingerprint", "worker_address", "round", "state", "phase", "lr", "global_batch", "samples_per_s", "local_batch", "share", "member", "device", "data_samples", "progress", "fixed_s", "per_sample_s", "epochs_read")
     NAME_FIELD_NUMBER: _ClassVar[int]
     SPEC_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     WORKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +55,7 @@ class JobAd(_message.Message):
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     FIXED_S_FIELD_NUMBER: _ClassVar[int]
     PER_SAMPLE_S_FIELD_NUMBER: _ClassVar[int]
+    EPOCHS_READ_FIELD_NUMBER: _ClassVar[int]
     name: str
     spec_fingerprint: str
     worker_address: str
@@ -72,7 +73,8 @@ class JobAd(_message.Message):
     progress: float
     fixed_s: float
     per_sample_s: float
-    def __init__(self, name: _Optional[str] = ..., spec_fingerprint: _Optional[str] = ..., worker_address: _Optional[str] = ..., round: _Optional[int] = ..., state: _Optional[str] = ..., phase: _Optional[str] = ..., lr: _Optional[float] = ..., global_batch: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., local_batch: _Optional[int] = ..., share: _Optional[float] = ..., member: _Optional[str] = ..., device: _Optional[str] = ..., data_samples: _Optional[int] = ..., progress: _Optional[float] = ..., fixed_s: _Optional[float] = ..., per_sample_s: _Optional[float] = ...) -> None: ...
+    epochs_read: float
+    def __init__(self, name: _Optional[str] = ..., spec_fingerprint: _Optional[str] = ..., worker_address: _Optional[str] = ..., round: _Optional[int] = ..., state: _Optional[str] = ..., phase: _Optional[str] = ..., lr: _Optional[float] = ..., global_batch: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., local_batch: _Optional[int] = ..., share: _Optional[float] = ..., member: _Optional[str] = ..., device: _Optional[str] = ..., data_samples: _Optional[int] = ..., progress: _Optional[float] = ..., fixed_s: _Optional[float] = ..., per_sample_s: _Optional[float] = ..., epochs_read: _Optional[float] = ...) -> None: ...
 
 class HelloReply(_message.Message):
     __slots__ = ("peer_id", "version", "locality", "jobs", "realm", "known")
