@@ -4,7 +4,7 @@ The core decides; WorkerProcess._supervise (peerd.daemon.jobs) carries it out.
 A crash is restarted with exponential backoff; a worker that finished, cannot
 load its job (ExitCode.CONFIG), or was asked to stop is not. Nor is a worker
 that crashed `CrashLimit.max_crashes` times within `CrashLimit.window_s`: it
-fails (docs/operations.md, "A failing worker").
+fails (docs/operations.md, "When a worker crashes").
 
 Every crash counts towards the limit, whatever the worker said: an error line
 is no reliable identity (messages carry sizes, addresses, rounds; a kill by the

@@ -84,8 +84,9 @@ class DataCursor:
     def seek(self, progress: float) -> None:
         """Go on at the first chunk boundary at or after `progress` (a donor's
         position): the chunk under way may have been split without this peer,
-        so reading in it could read samples twice. If the others did count it
-        (as a starting member), its part of that chunk goes unread this epoch."""
+        so reading in it could read samples twice. The others count this peer
+        from the first chunk they start after it serves (docs/algorithms.md,
+        "Data partition")."""
         self.epoch = int(progress)
         self.chunk = chunk_at(self.bounds, progress - self.epoch) - 1
         self.part, self.pos = [], 0

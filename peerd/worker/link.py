@@ -34,7 +34,7 @@ class SupervisorLink:
         self.view: dict[str, str] = {}  # serving workers: peer id -> exchange address
         self.localities: dict[str, str] = {}  # peer id -> its rack/subnet label
         self.daemons: dict[str, str] = {}  # peer id -> its daemon's peer id (several workers may share one)
-        self.members: list[str] = []  # every peer in the job, for the data split
+        self.members: list[str] = []  # every peer in the job, serving or still starting
         self.speeds: dict[str, float] = {}  # the other members' published speeds (DBS)
         self.fixed_s: dict[str, float] = {}  # ... their published step models (DBS): fixed seconds per step
         self.per_sample_s: dict[str, float] = {}  # ... and seconds per sample
