@@ -19,3 +19,11 @@ def attach(model, optimizer, **registered):
     from peerd.peer import attach as _attach
 
     return _attach(model, optimizer, **registered)
+
+
+def total_steps(dataset, batch_size=None, epochs=None) -> int:
+    """The steps a per-batch scheduler must allow for this job (peerd.peer.total_steps;
+    callable before attach, so that the scheduler handed to it can be made with it)."""
+    from peerd.peer import total_steps as _total_steps
+
+    return _total_steps(dataset, batch_size, epochs)

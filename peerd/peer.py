@@ -6,12 +6,30 @@
     for batch in peer.loader(train_set, batch_size=32):
         loss = compute_loss(model, batch); loss.backward()
         optimizer.step(); optimizer.zero_grad()
-        peer.step(batch_size=len(batch[0]))
+        peer.step(batch_size=len(batch[0]), loss=loss)
         if peer.should_stop:
             break
 
+A script's own epoch loop may stay around the loader: peer.loader() hands out
+this peer's batches of the whole job (every epoch, as far as the job's position
+is when it is made), so the first pass of the outer loop trains the job to its
+end and the later passes get no batch; peer.epoch is the job's epoch of the
+batch in hand, for per-epoch logs:
+
+    sched = OneCycleLR(optimizer, max_lr=0.1, total_steps=peerd.total_steps(train_set, 32))
+    peer = peerd.attach(model, optimizer, scheduler=sched)
+    for epoch in range(EPOCHS):
+        for x, y in peer.loader(train_set, batch_size=32):
+            ...; sched.step()
+            peer.step(loss=loss)
+        print(f"trained to epoch {peer.epoch}")
+
 A scheduler given to attach() follows the job's position (see
-Peer._advance_scheduler): written for one process, it ends with the job.
+Peer._advance_scheduler): written for one process, it ends with the job;
+peerd.total_steps() is the length a per-batch schedule (OneCycleLR's
+total_steps) must have. The script runs in its worker's own directory (the
+job's per-worker directory, where model.pt goes), so its relative writes stay
+apart from other workers'.
 attach() registers the training state (the model, the optimizer's state made up
 front, the scheduler's and scaler's state, anything else with state_dict and
 load_state_dict) and blocks until this peer holds the job's state: from the
@@ -27,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import signal
 import threading
 from collections.abc import Callable, Coroutine, Mapping
@@ -35,10 +54,12 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from peerd.core.lr import ScaleRamp
 from peerd.core.slowdown import Slowdown
 from peerd.errors import ConfigError
 from peerd.launch import Launch, current_launch, set_launch
 from peerd.scriptsource import ScriptSource
+from peerd.scriptsource import total_steps as _total_steps
 from peerd.worker.data import PeerSampler, View, default_loader
 from peerd.worker.engine import Engine, StepPlan
 from peerd.worker.link import SupervisorLink
@@ -47,7 +68,7 @@ from peerd.worker.optim import init_state
 from peerd.worker.slowdown import SlowedSteps
 from peerd.worker.trainstate import Stateful, TrainState
 
-__all__ = ["Launch", "Peer", "ScriptSource", "attach", "set_launch"]
+__all__ = ["Launch", "Peer", "ScriptSource", "attach", "set_launch", "total_steps"]
 
 log = logging.getLogger("peerd.worker")
 
@@ -91,6 +112,25 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, *, scheduler: Sta
     return peer
 
 
+def total_steps(dataset: Dataset | int, batch_size: int | None = None, epochs: float | None = None) -> int:
+    """The steps a per-batch scheduler must allow (OneCycleLR's `total_steps`)
+    for one process to train the job's `[job] epochs` over `dataset` (or a
+    number of samples) at `batch_size` (default: the job's local_batch), the
+    job's short last batch included. Callable before attach(), so the
+    scheduler given to it can be made with it; outside a peerd job (a plain
+    twin of the script), `epochs` and `batch_size` must be given. A registered
+    scheduler is never stepped past it (Peer._advance_scheduler), and a peer's
+    own scheduler.step() per local step never gets there first."""
+    launch = current_launch()
+    if epochs is None or batch_size is None:
+        if launch is None:
+            raise ConfigError("peerd.total_steps(): outside a peerd job, give epochs= and batch_size=")
+        epochs = launch.spec.epochs if epochs is None else epochs
+        batch_size = batch_size or launch.spec.local_batch
+    samples = dataset if isinstance(dataset, int) else len(dataset)
+    return _total_steps(epochs, samples, batch_size)
+
+
 def _script_evaluation(model: nn.Module, evaluate: Callable[[], Mapping[str, float]]):
     """The script's evaluate(), safe to call between its steps: without gradients,
     the model's mode as it was after, and its result checked."""
@@ -109,6 +149,22 @@ def _script_evaluation(model: nn.Module, evaluate: Callable[[], Mapping[str, flo
                               f"got {metrics!r}") from exc
 
     return run
+
+
+def _loss_value(loss) -> float | None:
+    """peer.step(loss=...) as a float: a number, or a one-element tensor taken
+    without its graph."""
+    if loss is None:
+        return None
+    if isinstance(loss, torch.Tensor):
+        if loss.numel() != 1:
+            raise ConfigError(f"peer.step(loss=...): a number or a one-element tensor, got a tensor of shape "
+                              f"{tuple(loss.shape)}")
+        return float(loss.detach())
+    try:
+        return float(loss)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"peer.step(loss=...): a number or a one-element tensor, got {loss!r}") from exc
 
 
 class _LoopThread:
@@ -199,6 +255,20 @@ class Peer:
         return self._engine.round
 
     @property
+    def epoch(self) -> int:
+        """The job's epoch (from 0) this peer is in: of the batch the script
+        trains on now, between steps of the last one; never the job's end
+        (`epochs`) itself. For per-epoch logs."""
+        if self._script:
+            return self.source.batch_epoch
+        return min(self.source.epoch, max(0, math.ceil(self.spec.epochs) - 1))
+
+    @property
+    def progress(self) -> float:
+        """The job's epochs done, fractional, as far as this peer's steps go."""
+        return self.source.progress
+
+    @property
     def plan(self) -> StepPlan:
         """Members, trainers and the DBS batches for the next local steps."""
         return self._plan
@@ -216,16 +286,20 @@ class Peer:
     # -- what a script calls ----------------------------------------------------------------
 
     def loader(self, dataset: Dataset, batch_size: int | None = None, **options) -> DataLoader:
-        """This peer's part of `dataset` for the whole job (every epoch), in
-        batches of the job's local_batch (or `batch_size`; with DBS, the size the
-        measured speeds give). `options` go to the DataLoader (num_workers,
-        pin_memory, collate_fn, ...); the sampler is peerd's."""
+        """This peer's part of `dataset` for the rest of the job (every epoch
+        from the job's position on), in batches of the job's local_batch (or
+        `batch_size`; with DBS, the size the measured speeds give). Once the job
+        is done here (or this peer left) a loader yields nothing, so a script's
+        own epoch loop around it ends. `options` go to the DataLoader
+        (num_workers, pin_memory, collate_fn, ...); the sampler is peerd's."""
         if not self._script:
             raise ConfigError("peer.loader() is for scripts; peerd's own loop reads through its job module")
         if "batch_size" in options or "shuffle" in options or "sampler" in options:
             raise ConfigError("peer.loader(): peerd decides the batches (its sampler splits the data among "
                               "the peers); drop batch_size/shuffle/sampler from the options")
         size = batch_size or self.spec.local_batch
+        if self.should_stop:
+            return DataLoader(dataset, batch_sampler=[])
         source: ScriptSource = self.source
         cursor = source.new_cursor(len(dataset))
         view = View()
@@ -237,18 +311,30 @@ class Peer:
 
         source.sampler = PeerSampler(cursor, view, batch, 0)
         source.local_batch = size
+        source.samples_per_epoch = len(dataset)
         source.steps_per_epoch = len(dataset) / size
+        source.total_steps = _total_steps(self.spec.epochs, len(dataset), size)
+        if size != source.planned_batch:
+            source.planned_batch = size
+            self._update_lr(fresh=self._steps == 0)
         if not options:
             d = self.spec.data_loading
             return default_loader(dataset, source.sampler, d.loader_workers, False, d.prefetch_factor)
         return DataLoader(dataset, batch_sampler=source.sampler, **options)
 
-    def step(self, batch_size: int | None = None, loss: float | None = None) -> None:
+    def total_steps(self, dataset: Dataset | int, batch_size: int | None = None) -> int:
+        """peerd.total_steps() for this job: the steps a per-batch schedule over
+        `dataset` at `batch_size` (default: the job's local_batch) must allow."""
+        return total_steps(dataset, batch_size or self.spec.local_batch, self.spec.epochs)
+
+    def step(self, batch_size: int | None = None, loss: float | torch.Tensor | None = None) -> None:
         """A local step is done (call it after optimizer.step(), also when a
-        GradScaler skipped the step): the gossip round when one is due."""
+        GradScaler skipped the step): the gossip round when one is due.
+        `batch_size` defaults to the loader's batch just trained on; `loss` is
+        a number or the loss tensor (detached here)."""
         if self._script:
             elapsed = self._slowed.finish()  # the testing knob's sleep (a slower device) included
-            self.source.record(batch_size, float(loss) if loss is not None else None, elapsed)
+            self.source.record(batch_size, _loss_value(loss), elapsed)
         self._steps += 1
         self._since_round += 1
         if self._since_round >= self._plan.round_steps(self.peer_id, self.spec.gossip.period_steps) \
@@ -325,19 +411,27 @@ class Peer:
         source: ScriptSource = self.source
         if scheduler is None or source.sampler is None or not hasattr(scheduler, "last_epoch"):
             return
-        target = int(source.progress * source.steps_per_epoch)
+        # Never past the schedule's end: peerd.total_steps(), or a OneCycleLR's own.
+        end = min(source.total_steps, getattr(scheduler, "total_steps", source.total_steps))
+        target = min(int(source.progress * source.steps_per_epoch), end)
         while scheduler.last_epoch < target:
             scheduler.step()
 
-    def _update_lr(self) -> None:
-        """The multiplier for the script's next optimizer step."""
+    def _update_lr(self, fresh: bool = False) -> None:
+        """The multiplier for the script's next optimizer step: from the global
+        batch planned (the DBS plan's, else the loader's batch × the trainers),
+        never from one step's actual size (an epoch's short last batch).
+        `fresh`: no step taken yet, so no ramp from the batch assumed before."""
         source: ScriptSource = self.source
         plan = self._plan
+        if fresh:
+            old = source.lr_control.ramp
+            source.lr_control.ramp = ScaleRamp(old.reference_batch, old.ramp_steps, old.law, old.max_scale)
         if plan.plan is not None:
             batch = plan.plan.batch(self.peer_id)
             source.lr_control.update(plan.plan.total, source.step_count, batch / plan.plan.mean)
         else:
-            source.lr_control.update(source.local_batch * plan.trainers, source.step_count)
+            source.lr_control.update(source.planned_batch * plan.trainers, source.step_count)
 
     async def _watch_first_step(self) -> None:
         await asyncio.sleep(NO_STEP_WARNING_S)

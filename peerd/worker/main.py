@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import runpy
 import sys
 import traceback
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -99,14 +101,27 @@ def run_declarative(launch: Launch) -> int:
 
 
 def run_script(launch: Launch) -> int:
-    """The user's script, in this process, with peerd.attach pointed at the daemon."""
-    path = launch.spec.script_path(launch.spec_dir)
+    """The user's script, in this process, with peerd.attach pointed at the daemon.
+
+    It runs in the worker's own directory (--out-dir: the job's per-worker
+    directory, beside model.pt and worker.log), so that what it writes to a
+    relative path stays apart from the other workers'; its own path, the job's
+    directory and the daemon's paths were made absolute first."""
+    path = launch.spec.script_path(launch.spec_dir).resolve()
     if not path.is_file():
         raise ConfigError(f"job.script = {launch.spec.script!r}: no such file {path}")
+    launch = replace(launch, spec_dir=str(Path(launch.spec_dir).resolve()) if launch.spec_dir else "",
+                     out_dir=launch.out_dir.resolve(),
+                     data_root=str(Path(launch.data_root).resolve()) if launch.data_root else "")
+    launch.out_dir.mkdir(parents=True, exist_ok=True)
+    # An import path relative to the directory the worker started in stays so.
+    started_in = os.getcwd()
+    sys.path[:] = [str(Path(started_in, p)) if not os.path.isabs(p) else p for p in sys.path]
+    os.chdir(launch.out_dir)
     set_launch(launch)
     sys.argv = [str(path), *launch.spec.args]
     sys.path.insert(0, str(path.parent))
-    log.info("running %s %s", path, " ".join(launch.spec.args))
+    log.info("running %s %s in %s", path, " ".join(launch.spec.args), launch.out_dir)
     try:
         runpy.run_path(str(path), run_name="__main__")
     except KeyboardInterrupt:
