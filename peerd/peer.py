@@ -420,7 +420,7 @@ class Peer:
     def _update_lr(self, fresh: bool = False) -> None:
         """The multiplier for the script's next optimizer step: from the global
         batch planned (the DBS plan's, else the loader's batch × the trainers),
-        never from one step's actual size (an epoch's short last batch).
+        never from one step's actual size (the job's short last batch).
         `fresh`: no step taken yet, so no ramp from the batch assumed before."""
         source: ScriptSource = self.source
         plan = self._plan

@@ -44,7 +44,7 @@ class ScriptSource:
         self.samples_per_epoch = 0  # the loader's data set
         self.total_steps = 0  # total_steps() of the loader's data set and batch: the schedule's end
         # The batch the script's loader plans each step for: the LR law's (a short
-        # step, an epoch's last, does not change the global batch).
+        # step, the job's last, does not change the global batch).
         self.planned_batch = spec.local_batch
         self.step_count = self.samples = self.skipped_steps = 0
         self.progress = 0.0
