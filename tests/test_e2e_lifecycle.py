@@ -112,3 +112,60 @@ def test_every_sample_is_read_once_per_epoch_across_a_join_and_a_leave(local_clu
     # most: with a join and a leave, no sample is read more than 2 times off.
     assert epochs - 2 <= int(count.min()) and int(count.max()) <= epochs + 2
     assert off <= SAMPLES // 2
+
+
+def test_local_data_reads_add_up_to_the_jobs_epochs_across_a_join_and_a_leave(local_cluster, tmp_path, monkeypatch):
+    """Local data of unequal sizes, 3 daemons: two start together, the third joins
+    at about epoch 1, the first drains at about epoch 3. Each peer reads its own
+    data in whole passes, and the peers' terms of the job's clock (samples over
+    the union as each saw it) add up to the job's epochs when it ends."""
+    sizes = [300, 150, 450]
+    roots = [tmp_path / f"data-{k}" for k in range(3)]
+    for k, root in enumerate(roots):
+        root.mkdir()
+        torch.save(torch.arange(sum(sizes[:k]), sum(sizes[: k + 1])), root / "ids.pt")
+    secret = tmp_path / "job.secret"
+    create_secret_file(secret)
+    reads = tmp_path / "reads"
+    reads.mkdir()
+    monkeypatch.setenv("PEERD_TEST_READ_LOG", str(reads))
+    cluster = local_cluster(3, settings=lambda peer: {"data": {"root": str(roots[peer.index])}})
+    wait_for(lambda: all(cluster.client(p).status().peers_known == 2 for p in cluster.peers), 60, "discovery")
+    epochs = 20
+    text = ('[job]\nname = "lids"\nmodule = "ids_job"\ndata_mode = "local"\nmetric = "loss"\nlocal_batch = 2\n'
+            f'epochs = {epochs}\nmin_peers = 2\neval_every_rounds = 1000\nsecret_file = "{secret}"\n'
+            '[optimizer]\nlr = 0.02\nschedule = "constant"\n')
+    first, second, third = cluster.peers
+    for peer in (first, second):
+        cluster.client(peer).join(text, JOBCODE)
+
+    def job(peer):
+        j = cluster.client(peer).status().jobs[0]
+        assert j.state not in ("failed", "restarting"), j
+        return j
+
+    wait_for(lambda: job(second).progress.job_progress >= 1.0, 300, "epoch 1")
+    cluster.client(third).join(text, JOBCODE)
+    wait_for(lambda: job(third).progress.epochs_read > 0, 300, "the third peer to train")
+    at_join = job(third).progress.job_progress
+    wait_for(lambda: job(third).progress.job_progress >= at_join + 2.0, 300, "two more epochs with three peers")
+    assert at_join < epochs - 5, "the job ran out before the leave: make it longer"
+    leaver = job(first).progress.epochs_read  # it drains after the round under way: one step more
+    cluster.client(first).leave("lids", drain=True)
+    ended = wait_for(lambda: all_finished(job(p) for p in (second, third)), 300, "the other two to finish")
+
+    terms = [leaver, *(j.progress.epochs_read for j in ended)]
+    total = sum(terms)
+    print(f"local ids: terms {', '.join(f'{t:.3f}' for t in terms)}; sum {total:.3f} of {epochs} epochs")
+    assert all(t > 0 for t in terms)
+    # Each peer stops when its clock (the others' terms a Hello old, its estimate
+    # between) says the job is done: the terms add up to the epochs, give or take
+    # what the peers read in about a Hello at the end.
+    assert epochs - 0.5 <= total <= epochs + 1.5, terms
+    for k, peer in enumerate(cluster.peers):  # each peer's own data, read in whole passes
+        lines = [ln for log in reads.glob(f"{peer.peer_id}-*.txt") for ln in log.read_text().split("\n") if ln]
+        ids = torch.tensor([int(i) for ln in lines for i in ln.split()])
+        own = torch.load(roots[k] / "ids.pt")
+        assert set(ids.tolist()) <= set(own.tolist())
+        count = torch.bincount(ids - int(own[0]), minlength=len(own))
+        assert int(count.max()) - int(count.min()) <= 1, (peer.peer_id, count.min(), count.max())
