@@ -208,8 +208,8 @@ def test_the_ramp_reaches_its_target_within_T_times_the_ratio(a, b, reference, l
     assert old == new or abs(length - t * max(new / old, old / new)) < 1 + 1e-6
     end = 100 + length
     assert ramp.scale(end) == new
-    if end > 101:
-        assert ramp.scale(end - 1) != new or old == new
+    if end > 101:  # not there a step early, unless old and new are a rounding apart (a cap of 1 + ε)
+        assert ramp.scale(end - 1) != new or math.isclose(old, new, rel_tol=1e-12)
 
 
 def test_cosine_goes_from_one_to_zero():
