@@ -82,7 +82,8 @@ def test_a_batchnorm_adamw_bf16_job_with_a_late_joiner(local_cluster, tmp_path):
         saved = torch.load(peer.dir / "state" / "jobs" / "lab" / "model.pt", weights_only=True)
         model = nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3))
         model.load_state_dict(saved)
-        assert int(saved["1.num_batches_tracked"]) == p.step, (peer.peer_id, p.step)
+        # The model at the end takes the largest of the members' counters.
+        assert int(saved["1.num_batches_tracked"]) == max(j.progress.step for j in jobs), (peer.peer_id, p.step)
     assert jobs[2].progress.step > 30
 
 

@@ -26,9 +26,10 @@ def test_peers_with_the_job_secret_train_together_and_never_average_with_a_wrong
     cluster = local_cluster(3)
     wait_for(lambda: all(cluster.client(p).status().peers_known == 2 for p in cluster.peers), 30, "discovery")
     # The secret path is relative: each peer's file sits next to its job file.
-    # 8 epochs: on a quiet machine 2 are over before the last peer has started.
+    # The three start together (min_peers: the outsider is ready as any member is),
+    # so the two sides meet however quick the machine is.
     text = example_job(job={"name": "guarded", "epochs": 8, "eval_every_rounds": 20, "init": "per-peer",
-                            "secret_file": "job.secret"})
+                            "secret_file": "job.secret", "min_peers": 3})
     spec = parse_job(text, "guarded job")
     for peer, holder in zip(cluster.peers, ("lab", "lab", "outsider")):
         directory = cluster.out / holder

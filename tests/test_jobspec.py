@@ -192,10 +192,24 @@ def test_every_field_is_covered_by_changes():
     fields |= {f"gossip.{k}" for k in GossipSpec.__dataclass_fields__}
     fields |= {f"train.{k}" for k in TrainSpec.__dataclass_fields__}
     covered = {f"{t}.{k}" for t, k, _ in CHANGES} | {"optimizer.options"}  # momentum, nesterov, ...
-    # weighting is local mode's (test below); secret_file is left out of the
-    # fingerprint on purpose (test below); script and args exclude a job module
-    # (test below).
-    assert fields - covered == {"job.weighting", "job.secret_file", "job.script", "job.args"}
+    # weighting is local mode's (test below); secret_file, min_peers and
+    # start_timeout_s are left out of the fingerprint on purpose (tests below);
+    # script and args exclude a job module (test below).
+    assert fields - covered == {"job.weighting", "job.secret_file", "job.script", "job.args", "job.min_peers",
+                                "job.start_timeout_s"}
+
+
+def test_the_start_gate_is_each_peers_own_and_not_in_the_fingerprint():
+    data = copy.deepcopy(MNIST_DATA)
+    data["job"].update(min_peers=4, start_timeout_s=30.0)
+    gated = parse_job(tomli_w.dumps(data), SRC)
+    assert (gated.min_peers, gated.start_timeout_s) == (4, 30.0)
+    assert gated.fingerprint == parse_job(MNIST_TEXT, SRC).fingerprint
+    for key, bad in (("min_peers", 0), ("start_timeout_s", 0.0)):
+        data["job"][key] = bad
+        with pytest.raises(ConfigError, match=key):
+            parse_job(tomli_w.dumps(data), SRC)
+        data["job"][key] = 4 if key == "min_peers" else 30.0
 
 
 def test_local_mode_weighting_is_in_the_fingerprint_and_shared_fingerprints_are_as_before():
@@ -211,7 +225,8 @@ def test_local_mode_weighting_is_in_the_fingerprint_and_shared_fingerprints_are_
     # A shared-data job's canonical form has no weighting, nor the default step_model:
     # peers of before local mode, and of before the step model was a choice, still match.
     fields = dataclasses.asdict(shared)
-    for key in ("secret_file", "checkpoint", "data_loading", "weighting", "step_model"):
+    for key in ("secret_file", "checkpoint", "data_loading", "weighting", "step_model", "min_peers",
+                "start_timeout_s"):
         del fields[key]
     canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     assert shared.fingerprint == hashlib.sha256(canonical.encode()).hexdigest()[:32]
