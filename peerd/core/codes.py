@@ -11,11 +11,12 @@ import enum
 
 class ExitCode(enum.IntEnum):
     """How a peerd process ended. The daemon restarts a worker that exits with
-    anything else than FINISHED, CONFIG or LEFT (a crash)."""
+    anything but FINISHED or CONFIG, or that it did not ask to stop or leave
+    (a crash; peerd.core.restarts)."""
 
     FINISHED = 0  # trained every epoch of the job (for a CLI: success)
     ERROR = 1  # a peerd error a restart may get past
-    CONFIG = 2  # the job or config cannot load here: restarting would not help
+    CONFIG = 2  # the job or config cannot load here, or too few peers came to start: restarting would not help
     LEFT = 3  # left on the operator's request (drain)
     STOPPED = 143  # stopped by a signal (128 + SIGTERM)
 
