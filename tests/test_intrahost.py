@@ -15,6 +15,7 @@ import multiprocessing
 import os
 import queue
 import signal
+import time
 
 import pytest
 import torch
@@ -371,15 +372,18 @@ class Members:
         self.ctx = multiprocessing.get_context("spawn")
         self.rendezvous = Rendezvous(directory, size)
         self.size = size
-        self.replies = self.ctx.Queue()
+        # One reply queue per member: a member killed while its queue's feeder
+        # thread held the write lock of a shared queue would block the others' replies.
+        self.replies: dict[int, multiprocessing.Queue] = {}
         self.procs: dict[int, multiprocessing.Process] = {}
         self.commands: dict[int, multiprocessing.Queue] = {}
 
     def start(self, rank: int) -> None:
         self.rendezvous.bump()  # as the daemon does before it (re)starts a worker
-        self.commands[rank] = self.ctx.Queue()
+        self.commands[rank], self.replies[rank] = self.ctx.Queue(), self.ctx.Queue()
         self.procs[rank] = self.ctx.Process(target=_member, daemon=True, args=(
-            str(self.rendezvous.directory), rank, self.size, self.commands[rank], self.replies, *self.timeouts))
+            str(self.rendezvous.directory), rank, self.size, self.commands[rank], self.replies[rank],
+            *self.timeouts))
         self.procs[rank].start()
 
     def ask(self, command, ranks) -> dict[int, tuple]:
@@ -389,9 +393,10 @@ class Members:
         for r, command in commands.items():
             self.commands[r].put(command)
         ranks, got = list(commands), {}
-        while len(got) < len(ranks):
+        deadline = time.monotonic() + 120
+        for r in ranks:
             try:
-                rank, _, *rest = self.replies.get(timeout=120)
+                rank, _, *rest = self.replies[r].get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 pytest.fail(f"no answer to {commands} from {sorted(set(ranks) - set(got))}")
             got[rank] = tuple(rest)
@@ -416,7 +421,7 @@ class Members:
             if p.is_alive():
                 p.kill()
                 p.join(5)
-        for q in (*self.commands.values(), self.replies):
+        for q in (*self.commands.values(), *self.replies.values()):
             q.close()
             q.cancel_join_thread()
 
