@@ -12,7 +12,7 @@ from peerd.core.lr import (
     DEFAULT_LAW, DEFAULT_MAX_SCALE, DEFAULT_RAMP_STEPS, LAWS, ScaleRamp, cosine, ramp_length, scale_for,
 )
 
-LINEAR = dict(law="linear", max_scale=math.inf)  # the rule before issue 19: k, uncapped
+LINEAR = dict(law="linear", max_scale=math.inf)  # the rule before the capped laws: k, uncapped
 ratios = st.floats(1e-4, 1e4, allow_nan=False)
 caps = st.one_of(st.just(math.inf), st.floats(1.0, 1e3))
 laws = st.sampled_from(LAWS)
@@ -130,8 +130,8 @@ def test_a_change_during_a_ramp_starts_from_the_current_value():
 
 def test_a_join_that_lands_in_two_steps_still_ramps_the_whole_way():
     # 4 → 28 → 32 peers of 32 samples (the simulator's 4 → 32 join lands over two
-    # rounds). Before issue 19 the second, small change (k = 8/7) restarted the
-    # ramp with T·8/7 ≈ 10 steps from ~1.1 to 8: the LR jumped after all.
+    # rounds). A ramp that the second, small change (k = 8/7) restarted with
+    # T·8/7 ≈ 10 steps from ~1.1 to 8 would make the LR jump after all.
     ramp = ScaleRamp(reference_batch=128, ramp_steps=8, **LINEAR)
     ramp.set_batch(128, 0)
     ramp.set_batch(28 * 32, 16)

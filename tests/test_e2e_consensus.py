@@ -1,4 +1,4 @@
-"""End to end: at the job's end the peers agree on one model (issue 17)."""
+"""End to end: at the job's end the peers agree on one model."""
 
 from __future__ import annotations
 

@@ -72,7 +72,7 @@ def test_a_batchnorm_adamw_bf16_job_with_a_late_joiner(local_cluster, tmp_path):
     assert re.search(r"joining: took the state of round \d+", log), log[:3000]
     for peer, job in zip(cluster.peers, jobs):
         p = job.progress
-        # The own model's metrics, and the consensus model's beside them (issue 17).
+        # The own model's metrics, and the consensus model's beside them.
         assert p.metric_name == "accuracy" and set(p.metrics) == {
             "accuracy", "loss", "consensus_accuracy", "consensus_loss", "consensus_peers"}
         assert p.metric > 0.6, (peer.peer_id, p.metric)  # chance is below 0.5 on three classes

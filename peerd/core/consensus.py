@@ -1,4 +1,4 @@
-"""One model at the end (issue 17): the decisions of the final exact average.
+"""One model at the end: the decisions of the final exact average.
 
 When a peer's job is done, it publishes its final model and pulls the final
 models of the peers still in its view; the consensus is the exact mean over

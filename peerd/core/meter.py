@@ -17,7 +17,7 @@ MIN_PER_SAMPLE_S = 1e-9  # the batch-dependent part is never taken as free
 # (a forward and backward read every weight whatever the batch), so the average of
 # steps at 32 samples said too little of a step at 4: a peer DBS moved from 32 to
 # 4 samples was planned 25–33 % too fast for ~20 steps and held every round back
-# (bench/bandwidth.py, session 7).
+# (bench/bandwidth.py).
 REGIME = 1.5
 REGIME_STEPS = 2
 

@@ -19,7 +19,7 @@ when it applies the round before), so a partner may publish a round up to one
 round period after this peer started it. A round's deadline is therefore the
 transfer deadline plus the time since this peer's previous round started; with
 the transfer deadline alone, the partners of a peer that happened to be early
-missed it round after round and were suspected (bench/bandwidth.py, session 7).
+missed it round after round and were suspected (bench/bandwidth.py).
 """
 
 from __future__ import annotations
