@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Capped links: time to accuracy of peerd against DDP, per-peer utilisation, bytes
 per peer per round and a newcomer's join time, through real network namespaces
-shaped by tc tbf (issue 17).
+shaped by tc tbf.
 
 One invocation builds a bridge and one namespace per peer (peerd.soak.netns: veth
 pairs, a tbf cap on each peer's link, both ways) and starts 5 real daemons in them

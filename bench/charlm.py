@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The language-model example job (peerd/examples/charlm.py): validation loss
 of peerd's decentralised training against one process with the same total
-samples and schedule (issue 14, acceptance).
+samples and schedule.
 
 Both variants read the job file (default peerd/examples/charlm.toml) and train
 the same model from the same seed on `epochs × len(train)` samples with AdamW,

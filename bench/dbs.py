@@ -19,7 +19,7 @@ global batch B and epochs; for each slowdown clock in --clocks, --repeats times:
                 measured step model (peerd/core/shares.py: equal step times under
                 t_i(b) = a_i + c_i·b), LR × b_i/mean(b), data split by the shares.
   prop[@N]/SCHED dbs with [job] step_model = "proportional": batches in proportion
-                to the whole-step speed (b_i ∝ v_i), the plan before session 6.
+                to the whole-step speed (b_i ∝ v_i), the plan before step costs were measured.
 
 --overheads adds a fixed sleep to every step of each worker ([worker]
 step_overhead_s, peerd/core/slowdown.py; the DDP ranks too): a step with a large

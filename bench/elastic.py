@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Elastic membership, 2 → 4 → 3 peers: smoothed vs immediate LR change (issue 3).
+"""Elastic membership, 2 → 4 → 3 peers: smoothed vs immediate LR change.
 
 One invocation trains the built-in MNIST example job (peerd/examples/mnist.toml)
 in two variants, --repeats times each (interleaved), every run on a fresh local

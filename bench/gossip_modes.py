@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Gossip modes on the example job: whole-model gossip, flat crossover,
-hierarchical crossover, and hierarchical with bf16 on the wire (issue 4).
+hierarchical crossover, and hierarchical with bf16 on the wire.
 
 One invocation trains the built-in MNIST example job (peerd/examples/mnist.toml)
 once per variant, each on a fresh local cluster of real `peerd` daemons on

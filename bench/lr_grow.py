@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The LR through a large membership change on real daemons (issue 19, part 3).
+"""The LR through a large membership change on real daemons.
 
 One invocation grows a job from 1 worker to --grow workers (default 6, the most
 this machine holds) on real daemons on 127.0.0.1, twice:

@@ -1,4 +1,4 @@
-"""LR scaling law × cap × ramp length T on joins and leaves of k = 2, 4, 8 (issue 19).
+"""LR scaling law × cap × ramp length T on joins and leaves of k = 2, 4, 8.
 
 Every run is `python -m peerd.sim --algorithm crossover --model mlp --hidden 64
 --local-batch 32 --lr 0.2 --rounds 300` with the membership change at t = 1.0 s

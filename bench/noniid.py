@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Non-IID digits: each peer alone on its own classes against peerd's gossip (issue 16).
+"""Non-IID digits: each peer alone on its own classes against peerd's gossip.
 
 The bundled digits are split by label among N peers (peerd.examples.noniid:
 4/3/3 classes for 3 peers), each peer's part in its own data root, and the

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""The same MNIST training as a script job and as a job module, on 3 real daemons
-(issue 15): does `peerd.attach` train what peerd's own loop trains?
+"""The same MNIST training as a script job and as a job module, on 3 real daemons:
+does `peerd.attach` train what peerd's own loop trains?
 
 One invocation runs, one after the other on 3 daemons on 127.0.0.1 (LocalCluster):
 

@@ -43,7 +43,7 @@ class OptimizerSpec:
 @dataclass(frozen=True)
 class GossipSpec:
     period_steps: int = 1  # local optimizer steps between gossip rounds
-    # "crossover": flat, segment by segment (DESIGN §1.2); "hierarchical":
+    # "crossover": flat, segment by segment (docs/algorithms.md §1.2); "hierarchical":
     # locality groups of ≤ group_size (§1.3); "whole": the whole model from one partner.
     mode: str = "crossover"
     group_size: int = 4

@@ -1,4 +1,4 @@
-"""Exchange deadlines from measured transfer times (DESIGN §1.4).
+"""Exchange deadlines from measured transfer times (docs/algorithms.md §1.4).
 
 The deadline is a multiple of a slow-tail estimate of recent exchange times,
 clamped to [floor, ceiling], instead of one fixed constant.

@@ -1,5 +1,5 @@
 """Hierarchical crossover: locality groups, segment owners, gossip across groups
-(DESIGN §1.3; Crossover-SGD's hierarchical variant).
+(docs/algorithms.md §1.3; Crossover-SGD's hierarchical variant).
 
 Each round the members are cut into groups of at most `size`, innermost
 locality first (peers of one host, then of one rack label), the remainder at

@@ -1,4 +1,4 @@
-"""The intra-host tier's decisions (DESIGN §1.3): the workers of one daemon for one
+"""The intra-host tier's decisions (docs/algorithms.md §1.3): the workers of one daemon for one
 job form a torch.distributed process group and run the innermost stage of a
 hierarchical round as collectives; gRPC carries only what crosses hosts.
 

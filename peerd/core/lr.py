@@ -1,4 +1,4 @@
-"""Learning rate for a changing global batch (Dynamic mini-batch SGD; DESIGN §1.6).
+"""Learning rate for a changing global batch (Dynamic mini-batch SGD; docs/algorithms.md §1.6).
 
 The job's schedule gives the LR at the reference global batch B_ref. With an
 effective global batch B = k·B_ref the LR is multiplied by `scale_for(k, law,

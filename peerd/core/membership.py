@@ -1,4 +1,4 @@
-"""The membership view a daemon builds from discovery and Hello replies (DESIGN §1.7).
+"""The membership view a daemon builds from discovery and Hello replies (docs/algorithms.md §1.7).
 
 Pure: every method takes `now`. The daemon feeds it what it hears; workers get
 `job_workers()` as their list of partners. A daemon may run several workers of

@@ -1,4 +1,4 @@
-"""Data partition among the current members (DESIGN §1.5).
+"""Data partition among the current members (docs/algorithms.md §1.5).
 
 Each epoch the sample indices are permuted by a seed of (job, epoch), and the
 permutation is cut into `chunks` fixed pieces. Each chunk is split among the

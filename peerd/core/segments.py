@@ -1,4 +1,4 @@
-"""Cutting the flat parameter vector into segments and chunks (DESIGN §1.1)."""
+"""Cutting the flat parameter vector into segments and chunks (docs/algorithms.md §1.1)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Dynamic batch size (DBS, DESIGN §1.5): local batches that take every member
+"""Dynamic batch size (DBS, docs/algorithms.md §1.5): local batches that take every member
 the same time.
 
 Member i's step is modelled as t_i(b) = a_i + c_i·b: a fixed part a_i ≥ 0 that no

@@ -1,4 +1,4 @@
-"""Suspecting dead partners from missed exchanges (DESIGN §1.7).
+"""Suspecting dead partners from missed exchanges (docs/algorithms.md §1.7).
 
 A partner that misses its exchange in `threshold` consecutive rounds is left
 out of this peer's plans for `backoff_s`, so survivors stop paying a deadline

@@ -1,4 +1,4 @@
-"""Load-balanced random topology (Crossover-SGD, Algorithm 2; DESIGN §1.2).
+"""Load-balanced random topology (Crossover-SGD, Algorithm 2; docs/algorithms.md §1.2).
 
 For round r and segment s every peer draws the same uniformly random
 derangement σ of the sorted participants, from a seed shared by the job. Peer i

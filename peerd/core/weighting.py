@@ -1,4 +1,4 @@
-"""Whose data counts how much when each peer trains on its own (DESIGN §1.5, local mode).
+"""Whose data counts how much when each peer trains on its own (docs/algorithms.md §1.5, local mode).
 
 In `data_mode = "local"` peer i holds n_i samples and minimises its own mean
 loss f_i. Gossip averages the models with a doubly stochastic mixing matrix, so

@@ -171,7 +171,7 @@ def sgp(state: State, view: View, segs: Segments) -> Comm:
 
 
 def hierarchical(state: State, view: View, segs: Segments, size: int) -> Comm:
-    """peerd's hierarchical crossover (DESIGN §1.3) with the groups core's plan.
+    """peerd's hierarchical crossover (docs/algorithms.md §1.3) with the groups core's plan.
 
     Per segment s: the owner of s in group G (member s mod |G|) averages s over
     G's live members, sets x ← (1 − w_G)·x_G + w_G·x_H with H = the partner

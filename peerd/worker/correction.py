@@ -1,4 +1,4 @@
-"""An overlapped round's effect on the model, one round stale (DESIGN §1.10).
+"""An overlapped round's effect on the model, one round stale (docs/algorithms.md §1.10).
 
 A round mixes the snapshot x_r the worker published at its start; meanwhile
 the worker keeps training, so when the round completes the model is x_r + u

@@ -1,4 +1,4 @@
-"""The model's parameters as one flat fp32 vector (DESIGN §1.1).
+"""The model's parameters as one flat fp32 vector (docs/algorithms.md §1.1).
 
 Each parameter becomes a view into one contiguous buffer, so a segment is a
 slice of that buffer and gossip averages it in place: no gather or scatter per

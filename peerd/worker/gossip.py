@@ -1,4 +1,4 @@
-"""One gossip round of flat Crossover-SGD (DESIGN §1.2, §1.4).
+"""One gossip round of flat Crossover-SGD (docs/algorithms.md §1.2, §1.4).
 
 For every segment, fetch it from this round's source and set
 θ[s] ← ½(θ[s] + θ_source[s]). Fetches run concurrently under one deadline; a

@@ -1,4 +1,4 @@
-"""One round of hierarchical crossover (peerd.core.groups; DESIGN §1.3).
+"""One round of hierarchical crossover (peerd.core.groups; docs/algorithms.md §1.3).
 
 For every segment s it owns, a peer (1) fetches s from the other members of
 its group and averages (reduce-scatter), publishes that as stage 1, (2) fetches

@@ -1,6 +1,6 @@
 """The intra-host tier: a daemon's workers of one job average their group stage
 over torch.distributed (NCCL between GPUs, gloo on the CPU) instead of the bulk
-lane (DESIGN §1.3; the decisions are in peerd.core.intrahost).
+lane (docs/algorithms.md §1.3; the decisions are in peerd.core.intrahost).
 
 Rendezvous comes from the daemon: a FileStore in the rendezvous directory under
 the job's directory on this host (`store-<generation>`), with the generation the

@@ -1,4 +1,4 @@
-"""Flat crossover between two peers, each averaging half (DESIGN §1.2).
+"""Flat crossover between two peers, each averaging half (docs/algorithms.md §1.2).
 
 With two peers in the view every segment's source is the other peer, and flat
 crossover has both compute the same average of every segment (the operands in

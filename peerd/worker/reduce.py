@@ -1,4 +1,4 @@
-"""The arithmetic of a hierarchical round (DESIGN §1.3), apart from any fetch:
+"""The arithmetic of a hierarchical round (docs/algorithms.md §1.3), apart from any fetch:
 reduce a segment over the group, mix it with the partner group's, round it to
 the wire dtype. No asyncio and no transport: peerd.worker.hierarchy fetches the
 values and calls these, tests call them on tensors.

@@ -163,7 +163,7 @@ class Rounds:
         return flat_exchange(plan, view, self.layout, self.transport, self.clipper), deadline
 
     async def run_overlapped(self, round_: int, view: dict[str, str], capture) -> RoundResult | None:
-        """DESIGN §1.10: apply the correction of the round in flight (one round
+        """docs/algorithms.md §1.10: apply the correction of the round in flight (one round
         stale: x ← x + mix(x_r) − x_r), let `capture()` copy the state (nothing in
         flight: no correction is missing from the copy), then start the exchange
         of round `round_` on a snapshot of the model of now; it runs while the

@@ -1,4 +1,4 @@
-"""Full training state for newcomers (DESIGN §1.8): capture, serve, pull, verify.
+"""Full training state for newcomers (docs/algorithms.md §1.8): capture, serve, pull, verify.
 
 A donor captures its state (peerd.worker.trainstate: the vector, and the
 small extra part) between two of its local steps when someone asks for it (at

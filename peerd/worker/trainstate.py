@@ -1,6 +1,6 @@
 """The whole training state of a peer, registered once, in one fixed layout.
 
-What a newcomer, a restarted worker and a checkpoint receive (DESIGN §1.9):
+What a newcomer, a restarted worker and a checkpoint receive (docs/algorithms.md §1.9):
 
     vector  fp32: the gossiped tensors (parameters, then any buffers or optimizer
             moments the job averages), then every other fp32 tensor of the state
