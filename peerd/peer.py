@@ -376,21 +376,21 @@ class Peer:
                 # One model at the end: the members' exact average replaces this peer's own.
                 limit = engine.consensus_limit_s() + CLOSE_TIMEOUT_S
                 metrics = self._loop.call(engine.conclude(metrics), limit)
+                path = None
                 if engine.consensus.plan.alone and self.source.step_count == 0:
                     # Nobody's steps are in this model: saving it would hand back the
                     # initial model as the job's result.
                     log.error("finished without a trained model: no step was taken here and no peer's "
                               "model reached the consensus; model.pt not written")
-                    self._loop.call(engine.finish(metrics, None), limit)
-                    self.outcome = "finished"
-                    return self.outcome
-                from peerd.worker.training import save_model
+                else:
+                    from peerd.worker.training import save_model
 
-                path = self.launch.out_dir / "model.pt"
-                save_model(self.state.model, path, job=self.spec.name, step=self.source.step_count,
-                           progress=self.source.progress, round=engine.round, metric=self.spec.metric,
-                           metrics=metrics, fingerprint=engine.identity.fingerprint,
-                           consensus=list(engine.consensus.plan.members), consensus_digest=engine.consensus.digest)
+                    path = self.launch.out_dir / "model.pt"
+                    save_model(self.state.model, path, job=self.spec.name, step=self.source.step_count,
+                               progress=self.source.progress, round=engine.round, metric=self.spec.metric,
+                               metrics=metrics, fingerprint=engine.identity.fingerprint,
+                               consensus=list(engine.consensus.plan.members),
+                               consensus_digest=engine.consensus.digest)
                 self._loop.call(engine.finish(metrics, path), limit)
                 self.outcome = "finished"
             else:

@@ -158,6 +158,7 @@ class Engine:
         self.store = self.rounds.store
         self.final = FinalStore()  # this peer's final model, for the consensus at the end
         self.consensus: Consensus | None = None
+        self._final_segments = 0  # segments of this peer's final model (conclude): the reads finish waits for
         self.checkpoints = CheckpointDir(out_dir / "checkpoints", spec.name, self.identity.fingerprint, self.state.numel)
         self._checkpoint_at = (0, time.monotonic())  # round and time of the last checkpoint
         self.checkpoint_round = 0

@@ -42,7 +42,6 @@ class LocalCursor:
         # Hellos; the job's position is the larger of that and the clock. Never
         # published: the clock's terms are.
         self._estimate = 0.0
-        self._floor = 0.0  # a position given by seek (a job that ended while this peer was away)
         self.local_epoch = 0  # passes over this peer's own data
         self._order: list[int] = []
         self.pos = 0
@@ -53,7 +52,7 @@ class LocalCursor:
     def progress(self) -> float:
         """Epochs of the union done (the job's clock, the others' steps since
         their last terms estimated)."""
-        return max(self.clock.epochs, self._estimate, self._floor)
+        return max(self.clock.epochs, self._estimate)
 
     @property
     def epoch(self) -> int:
@@ -94,7 +93,7 @@ class LocalCursor:
         """Go on from the job's `progress` (a donor's, or a checkpoint's: its
         clock came with the state). This peer's own position is its own
         business: a new order of its data."""
-        self._floor = self._estimate = progress
+        self._estimate = progress  # a job that ended while this peer was away may set it past the clock
         self._salt = round(progress * 1e6)
         self._order, self.pos, self.local_epoch = [], 0, 0
 
