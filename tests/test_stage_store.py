@@ -177,3 +177,18 @@ async def test_settle_lets_a_streaming_read_finish_and_cancels_one_past_the_wait
     assert stuck.done() and stuck.cancelled()  # it can read the state no more
     state.fill_(7.0)
     assert await _read(server, 1, 1, 2) == [2.0] * 500  # not read to the end: a copy for a late reader
+
+
+async def test_a_round_this_worker_went_through_in_no_group_is_refused_at_once_with_its_round():
+    # A partner one round behind asks for a round this worker trained alone:
+    # the value will never come, and the answer says where this worker is.
+    stages = StageStore()
+    await stages.begin(2, [0])  # round 1 went by in no group
+    with pytest.raises(RoundMismatch, match="no group stage") as refused:
+        await asyncio.wait_for(stages.get(1, 1, 0, wait_s=1e6), HANG_GUARD_S)
+    assert refused.value.current_round == 2
+    # The round it is in keeps its values; one it has not reached is waited for.
+    await stages.put(2, 1, 0, torch.ones(3))
+    assert (await stages.get(2, 1, 0, wait_s=0.0)).tolist() == [1.0, 1.0, 1.0]
+    with pytest.raises(RoundMismatch, match="not ready"):
+        await stages.get(3, 1, 0, wait_s=0.0)

@@ -290,12 +290,17 @@ class StageStore:
 
     async def get(self, round_: int, stage: int, segment: int, wait_s: float) -> torch.Tensor:
         """The value, waited for up to wait_s. A value that will never come (this
-        worker is past the round, does not own the segment, or refused it) is
-        refused at once."""
+        worker is past the round or went through it in no group, does not own
+        the segment, or refused it) is refused at once, with this worker's round:
+        a partner one round behind then steps up instead of waiting out its
+        deadline for a round this worker skipped."""
         key = (round_, stage, segment)
 
+        def gone() -> bool:  # a round this worker is past, or went through in no group
+            return round_ < self.current_round and round_ not in self._owned
+
         def settled() -> bool:
-            return key in self._values or self.finished or round_ < self.current_round - self._keep + 1 or (
+            return key in self._values or self.finished or gone() or (
                 round_ in self._owned and segment not in self._owned[round_])
 
         async with self._changed:
@@ -303,7 +308,8 @@ class StageStore:
             value = self._values.get(key)
             if value is None:
                 owns = segment in self._owned.get(round_, (segment,))
-                why = (f"segment {segment} not owned here" if not owns else
+                why = ("no group stage of that round here" if gone() else
+                       f"segment {segment} not owned here" if not owns else
                        f"stage {stage} of segment {segment} not " + ("computed" if key in self._values else "ready"))
                 raise RoundMismatch(f"round {round_}: {why} (peer in round {self.current_round})", self.current_round)
             return value
