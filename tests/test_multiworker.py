@@ -88,7 +88,7 @@ def test_two_daemons_with_two_workers_each_train_in_groups_of_their_own(local_cl
         assert w.progress.metric > 0.8, w
 
     # Each worker's own directory: log, checkpoints, model, and its groups (group_size 2).
-    models = []
+    models, ends = [], []
     for peer in cluster.peers:
         job_dir = peer.dir / "state" / "jobs" / "multi"
         assert (job_dir / "ended").read_text().strip() == "finished"
@@ -110,8 +110,9 @@ def test_two_daemons_with_two_workers_each_train_in_groups_of_their_own(local_cl
             if peer is cluster.peers[0]:
                 assert max(used) >= 2, used
             models.append(flat_params(job_dir / f"worker-{k}" / "model.pt"))
+            ends += [line for line in log.splitlines() if re.search(r"consensus at the end|finished:|took the state", line)]
     spread = max(float((a - b).norm() / b.norm()) for a in models for b in models)
-    assert spread < 0.05, spread
+    assert spread < 0.05, (spread, ends)
 
 
 def test_leave_stops_every_worker_of_the_job(local_cluster):
