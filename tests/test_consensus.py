@@ -63,6 +63,11 @@ async def test_n_peers_with_different_models_end_with_the_same_exact_average(wir
         assert torch.equal(result.vector, first)  # bit for bit, also over a narrowed wire
         assert result.digest == results[0].digest
     torch.testing.assert_close(first, reference(group), rtol=1e-6, atol=1e-6)
+    # Each names how far its own model was from the average (what gossip left undone).
+    mean = reference(group)
+    for member, result in zip(reversed(group), results):
+        expected = float((member.vector - mean).norm() / mean.norm())
+        assert result.own_gap == pytest.approx(expected, rel=1e-4)
 
 
 async def test_a_peer_that_reaches_the_end_later_is_waited_for():

@@ -37,6 +37,7 @@ class Consensus:
     vector: torch.Tensor  # the average (CPU, fp32)
     left_out: dict[str, str] = field(default_factory=dict)  # peer -> why its model is not in it
     seconds: float = 0.0
+    own_gap: float = 0.0  # this peer's own model's relative L2 distance from the average
 
     @property
     def digest(self) -> str:
@@ -118,7 +119,16 @@ async def average_models(
     vector = own.clone() if plan.alone else exact_average(plan, models)
     if int_tail and not plan.alone:
         vector[-int_tail:] = largest_ints([models[p][-int_tail:] for p in plan.members])
-    return Consensus(plan, vector, left_out, time.monotonic() - started)
+    return Consensus(plan, vector, left_out, time.monotonic() - started, relative_gap(own, vector, int_tail))
+
+
+def relative_gap(own: torch.Tensor, mean: torch.Tensor, int_tail: int = 0) -> float:
+    """How far a peer's own model was from the average, relative to the
+    average's norm (integer buffers left out): what gossip left to the final
+    exchange. Near 0 when the peers trained together."""
+    end = own.numel() - int_tail
+    norm = float(mean[:end].norm())
+    return float((own[:end] - mean[:end]).norm()) / norm if norm > 0 else 0.0
 
 
 async def final_consensus(me: str, model: FinalModel, final: FinalStore, addresses: dict[str, str],

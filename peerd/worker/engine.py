@@ -462,7 +462,8 @@ class Engine:
         self._final_segments = len(model.layout(self.rounds.layout))
         self.consensus = c = await final_consensus(self.me, model, self.final, peers, self.rounds.layout,
                                                    self.transport, self.consensus_limit_s())
-        log.info("consensus at the end over %s: digest %s, %.2fs", c.describe(), c.digest, c.seconds)
+        log.info("consensus at the end over %s: digest %s, own model %.3g%% from it, %.2fs", c.describe(),
+                 c.digest, 100 * c.own_gap, c.seconds)
         theirs = metrics
         if not c.plan.alone:
             model.adopt(c.vector)
