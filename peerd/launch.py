@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from peerd.jobspec import JobSpec
-from peerd.worker.engine import Security
+from peerd.security import Security
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,6 @@ from typing import Protocol
 
 import torch
 
-from peerd.auth import Authenticator
 from peerd.core.consensus import consensus_timeout
 from peerd.core.meter import StepMeter
 from peerd.core.shares import BatchPlan, Rebalancer, published_costs
@@ -36,7 +35,7 @@ from peerd.core.startgate import Start, StartGate
 from peerd.errors import ConfigError, PeerdError
 from peerd.jobspec import JobSpec
 from peerd.rejections import Rejections
-from peerd.tls import TlsMaterial
+from peerd.security import Security
 from peerd.worker.checkpoint import CheckpointDir
 from peerd.worker.consensus import Consensus, final_consensus, round_consensus, state_with
 from peerd.worker.gossip import RoundResult
@@ -67,14 +66,6 @@ JOIN_RETRY_S = 30.0  # how long a newcomer retries taking the running peers' sta
 class StartTimeout(ConfigError):
     """Too few members came to start the job together: a restart would wait the
     same way, so the worker fails (ConfigError's exit code) and says why."""
-
-
-@dataclass(frozen=True)
-class Security:
-    """The job secret and the TLS material: both absent means an open data plane."""
-
-    auth: Authenticator | None = None
-    tls: TlsMaterial | None = None
 
 
 class Source(Protocol):

@@ -27,8 +27,8 @@ from peerd.errors import ConfigError, PeerdError
 from peerd.jobspec import parse_job
 from peerd.logs import setup_logging
 from peerd.peer import Launch, Peer, _attached, set_launch
+from peerd.security import Security
 from peerd.tls import TlsSettings, load_tls
-from peerd.worker.engine import Security
 from peerd.worker import intrahost
 from peerd.worker.training import Trainer, resolve_device
 
