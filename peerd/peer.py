@@ -61,9 +61,11 @@ from peerd.launch import Launch, current_launch, set_launch
 from peerd.scriptsource import ScriptSource
 from peerd.scriptsource import total_steps as _total_steps
 from peerd.worker.data import PeerSampler, View, default_loader
+from peerd.worker.device import resolve_device
 from peerd.worker.engine import Engine, StepPlan
 from peerd.worker.link import SupervisorLink
 from peerd.worker.lrcontrol import LrControl
+from peerd.worker.modelfile import save_model
 from peerd.worker.optim import init_state
 from peerd.worker.slowdown import SlowedSteps
 from peerd.worker.trainstate import Stateful, TrainState
@@ -246,8 +248,6 @@ class Peer:
     @property
     def device(self) -> torch.device:
         """The device this worker was given ([worker] device / devices)."""
-        from peerd.worker.training import resolve_device
-
         return resolve_device(self.launch.device)
 
     @property
@@ -383,8 +383,6 @@ class Peer:
                     log.error("finished without a trained model: no step was taken here and no peer's "
                               "model reached the consensus; model.pt not written")
                 else:
-                    from peerd.worker.training import save_model
-
                     path = self.launch.out_dir / "model.pt"
                     save_model(self.state.model, path, job=self.spec.name, step=self.source.step_count,
                                progress=self.source.progress, round=engine.round, metric=self.spec.metric,

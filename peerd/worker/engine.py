@@ -53,6 +53,7 @@ from peerd.worker.traffic import (
 from peerd.worker.trainstate import TrainState
 from peerd.worker.exchange_server import start_exchange_server
 from peerd.worker.finalmodel import FinalModel
+from peerd.worker.modelfile import write_model
 from peerd.worker.transport import GrpcTransport
 
 log = logging.getLogger("peerd.worker")
@@ -399,8 +400,6 @@ class Engine:
     async def _export(self, path: str) -> None:
         """peerctl export: the exact average of this round's snapshots of the
         members that answer in a round deadline, as a plain state_dict."""
-        from peerd.worker.training import write_model
-
         mean = await round_consensus(self.me, self.store, self.round, self.state.flat.vector, self._view,
                                      self.rounds.layout, self.transport, self.rounds.deadline.deadline())
         state = state_with(self.state.model, self.state.flat.vector, mean.vector)

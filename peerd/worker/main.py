@@ -30,7 +30,8 @@ from peerd.peer import Launch, Peer, _attached, set_launch
 from peerd.security import Security
 from peerd.tls import TlsSettings, load_tls
 from peerd.worker import intrahost
-from peerd.worker.training import Trainer, resolve_device
+from peerd.worker.device import resolve_device
+from peerd.worker.training import Trainer
 
 log = logging.getLogger("peerd.worker")
 

@@ -8,10 +8,8 @@ whole training state is registered in a TrainState.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,13 +25,18 @@ from peerd.core.slowdown import Slowdown
 from peerd.errors import ConfigError
 from peerd.jobspec import JobSpec
 from peerd.worker.data import DataCursor, PeerSampler, View, default_loader, eval_loader
+from peerd.worker.device import resolve_device
 from peerd.worker.jobmodule import JobCode, JobContext
 from peerd.worker.localdata import LocalData
 from peerd.worker.lrcontrol import LrControl
+from peerd.worker.modelfile import model_state, save_model, write_model
 from peerd.worker.optim import build_optimizer
 from peerd.worker.precision import Precision
 from peerd.worker.slowdown import SlowedSteps
 from peerd.worker.trainstate import TrainState
+
+# resolve_device and the model-file helpers live in their own modules; still importable from here.
+__all__ = ["Trainer", "init_seed", "model_state", "resolve_device", "save_model", "to_device", "write_model"]
 
 log = logging.getLogger("peerd.worker")
 
@@ -42,20 +45,6 @@ EVAL_BATCH = 500
 # backward's kernels would otherwise land in it), which costs the overlap of the
 # optimizer update with the next step's start: only every this many steps.
 CUDA_SPLIT_EVERY = 4
-
-
-def resolve_device(name: str) -> torch.device:
-    """The torch device for a worker: "auto" is the first GPU if there is one."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"worker.device = {name!r}, but torch sees no CUDA device here")
-    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise ConfigError(f"worker.device = {name!r}, but torch sees {torch.cuda.device_count()} CUDA device(s)")
-    if device.type == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError(f"worker.device = {name!r}, but MPS is not available here")
-    return device
 
 
 def init_seed(spec: JobSpec, peer_id: str) -> int:
@@ -380,31 +369,3 @@ class Trainer:
     def close(self) -> None:
         """Stop the loader's worker processes."""
         self._loader_iter = None
-
-
-def model_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The model's state_dict, copied to the CPU (the file loads on any machine)."""
-    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
-
-
-def save_model(model: nn.Module, path: Path, **info: object) -> None:
-    """Write the model as a plain state_dict (`model.load_state_dict(torch.load(path))`
-    works without peerd), atomically, with `info` beside it as JSON (model.json)."""
-    write_model(model_state(model), path, **info)
-
-
-def write_model(state: dict[str, torch.Tensor], path: Path, **info: object) -> None:
-    """save_model for a state_dict already taken (`model_state`)."""
-    _write_atomic(path, lambda f: torch.save(state, f))
-    text = json.dumps(info, indent=1, sort_keys=True, default=float) + "\n"
-    _write_atomic(path.with_suffix(".json"), lambda f: f.write(text.encode()))
-
-
-def _write_atomic(path: Path, write) -> None:
-    """A crash mid-write leaves the old file."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
