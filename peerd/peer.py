@@ -70,7 +70,7 @@ from peerd.worker.optim import init_state
 from peerd.worker.slowdown import SlowedSteps
 from peerd.worker.trainstate import Stateful, TrainState
 
-__all__ = ["Launch", "Peer", "ScriptSource", "attach", "set_launch", "total_steps"]
+__all__ = ["Launch", "Peer", "ScriptSource", "attach", "last_attached", "set_launch", "total_steps"]
 
 log = logging.getLogger("peerd.worker")
 
@@ -112,6 +112,11 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, *, scheduler: Sta
                 evaluate=_script_evaluation(model, evaluate) if evaluate is not None else None)
     _attached.append(peer)
     return peer
+
+
+def last_attached() -> Peer | None:
+    """The Peer that attach() made last in this process (None before the first)."""
+    return _attached[-1] if _attached else None
 
 
 def total_steps(dataset: Dataset | int, batch_size: int | None = None, epochs: float | None = None) -> int:
@@ -267,6 +272,11 @@ class Peer:
     def progress(self) -> float:
         """The job's epochs done, fractional, as far as this peer's steps go."""
         return self.source.progress
+
+    @property
+    def local_steps(self) -> int:
+        """peer.step() calls so far."""
+        return self._steps
 
     @property
     def plan(self) -> StepPlan:

@@ -26,7 +26,7 @@ from peerd.core.slowdown import CLOCKS
 from peerd.errors import ConfigError, PeerdError
 from peerd.jobspec import parse_job
 from peerd.logs import setup_logging
-from peerd.peer import Launch, Peer, _attached, set_launch
+from peerd.peer import Launch, Peer, last_attached, set_launch
 from peerd.security import Security
 from peerd.tls import TlsSettings, load_tls
 from peerd.worker import intrahost
@@ -137,24 +137,25 @@ def run_script(launch: Launch) -> int:
             raise
     except BaseException as exc:
         log.warning("the script's traceback:\n%s", traceback.format_exc().rstrip())
-        if not _attached:  # its own code or setup is broken: a restart fails the same way
+        if last_attached() is None:  # its own code or setup is broken: a restart fails the same way
             raise ConfigError(f"the script {path.name} failed before peerd.attach(): "
                               f"{type(exc).__name__}: {exc}") from None
         log.error("the script %s failed: %s: %s", path.name, type(exc).__name__, exc)
         _close_attached(finished=False)
         return ExitCode.ERROR
-    if not _attached:
+    peer = last_attached()
+    if peer is None:
         raise ConfigError(f"the script {path.name} ended without calling peerd.attach(): "
                           "a script job must attach its model and optimizer")
-    if _attached[-1]._steps == 0:
+    if peer.local_steps == 0:
         log.warning("the script %s never called peer.step(): nothing was averaged", path.name)
     return EXITS[_close_attached(finished=True)]
 
 
 def _close_attached(finished: bool) -> str:
-    if not _attached:
+    peer = last_attached()
+    if peer is None:
         return ""
-    peer = _attached[-1]
     return peer.outcome if peer.closed else peer.close(finished=finished)
 
 
