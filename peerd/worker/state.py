@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from peerd.core.pullplan import PullPlan, Stop, Wait, one_donor_if_apart
 from peerd.core.segments import Span, chunk_spans, split_even
 from peerd.errors import InvalidMessage, PeerUnavailable, PeerdError
 from peerd.worker.codec import all_finite
@@ -207,89 +208,89 @@ async def pull_state(
     so do the ranges it served already if what it sent was corrupt.
     Ranges whose rounds differ by more than `max_round_spread` are not pieced
     together: the whole state is then taken from one donor.
+    The schedule is peerd.core.pullplan's; this carries it out.
     """
     if not donors:
         raise PeerUnavailable("no donor to take the state from")
-    ids = sorted(donors)
-    spans = split_even(numel, min(len(ids) * RANGES_PER_DONOR, numel))
-    out = torch.empty(numel, dtype=torch.float32)
-    results: dict[int, tuple[StateMeta, str]] = {}
-    tried: dict[int, set[str]] = {k: set() for k in range(len(spans))}
-    serving: dict[int, dict[str, asyncio.Task]] = {k: {} for k in range(len(spans))}
-    errors: dict[int, list[str]] = {k: [] for k in range(len(spans))}
-    alive = set(ids)
-    first_s: dict[str, float] = {}  # each donor's wait for its first chunk (its capture), for the log
-    changed = asyncio.Event()  # a range arrived or a donor failed: what is open may have changed
-
-    def next_range(donor: str) -> int | None:
-        """A range nobody serves, else one a single other donor is still serving."""
-        open_ = [k for k in range(len(spans)) if k not in results and donor not in tried[k]]
-        fresh = [k for k in open_ if not serving[k]]
-        hedge = [k for k in open_ if len(serving[k]) == 1]
-        return (fresh or hedge or [None])[0]
-
-    async def serve_from(donor: str) -> None:
-        while donor in alive and len(results) < len(spans):
-            k = next_range(donor)
-            if k is None:
-                if not any(serving.values()):  # nothing in flight: nothing will open up
-                    return
-                changed.clear()
-                await changed.wait()
-                continue
-            tried[k].add(donor)
-            task = asyncio.ensure_future(transport.fetch_state(donors[donor], spans[k], timeout_s))
-            serving[k][donor] = task
-            try:
-                part = await task
-            except asyncio.CancelledError:
-                if asyncio.current_task().cancelling():
-                    raise
-                continue  # another donor's copy of this range came first
-            except PeerdError as exc:
-                errors[k].append(f"{donor}: {exc}")
-                alive.discard(donor)
-                if isinstance(exc, InvalidMessage):  # it sent a corrupt range: trust none of its others
-                    for j in [j for j, (_, d) in results.items() if d == donor]:
-                        del results[j]
-                return
-            finally:
-                serving[k].pop(donor, None)
-                changed.set()
-            if k in results:
-                continue
-            span = spans[k]
-            out[span.start : span.stop] = part.values
-            results[k] = (part.meta, donor)
-            first_s.setdefault(donor, part.first_s)
-            for other in list(serving[k].values()):
-                other.cancel()
-
-    loops = [asyncio.ensure_future(serve_from(d)) for d in ids]
-    try:
-        await asyncio.gather(*loops)
-    finally:
-        for task in loops:
-            task.cancel()
-        for tasks in serving.values():
-            for task in tasks.values():
-                task.cancel()
-        await asyncio.gather(*loops, *(t for tasks in serving.values() for t in tasks.values()),
-                             return_exceptions=True)
-    for donor in sorted({d for _, d in results.values()}):  # a donor voided for corruption has none
-        mine = [k for k, (_, d) in results.items() if d == donor]
-        log.info("state from %s: %d of %d ranges (round %d), first chunk after %.2fs", donor,
-                 len(mine), len(spans), max(results[k][0].round for k in mine), first_s[donor])
-    if missing := [k for k in range(len(spans)) if k not in results]:
-        k = missing[0]
-        raise PeerUnavailable(f"state range {spans[k].start}..{spans[k].stop}: " + "; ".join(errors[k]))
-    rounds = sorted(meta.round for meta, _ in results.values())
-    if len({d for _, d in results.values()}) > 1 and rounds[-1] - rounds[0] > max_round_spread:
+    pull = _Pull(transport, donors, numel, timeout_s)
+    await pull.run()
+    plan = pull.plan
+    pull.log_sources()
+    if missing := plan.missing():
+        span = pull.spans[missing[0]]
+        raise PeerUnavailable(f"state range {span.start}..{span.stop}: " + plan.why(missing[0]))
+    pieces = [(pull.metas[k].round, d) for k, d in plan.kept.items()]
+    if (donor := one_donor_if_apart(pieces, max_round_spread)) is not None:
         # The donors disagree (e.g. one was cut off by a partition and trained
         # alone): ranges of different models pieced together are no model at all.
-        # Take everything from one donor, the one in the middle of the rounds.
-        median = rounds[len(rounds) // 2]
-        donor = next(d for meta, d in results.values() if meta.round == median)
         return await pull_state(transport, {donor: donors[donor]}, numel, timeout_s)
-    newest = max((meta for meta, _ in results.values()), key=lambda m: (m.round, m.step))
-    return out, newest, sorted({donor for _, donor in results.values()})
+    newest = max((pull.metas[k] for k in plan.kept), key=lambda m: (m.round, m.step))
+    return pull.out, newest, plan.used()
+
+
+class _Pull:
+    """One pull_state: a loop per donor asks the plan what to fetch, fetches it
+    and tells the plan how it went."""
+
+    def __init__(self, transport, donors: dict[str, str], numel: int, timeout_s: float) -> None:
+        self.transport = transport
+        self.donors = donors
+        self.spans = split_even(numel, min(len(donors) * RANGES_PER_DONOR, numel))
+        self.timeout_s = timeout_s
+        self.plan = PullPlan(len(self.spans), tuple(sorted(donors)))
+        self.out = torch.empty(numel, dtype=torch.float32)
+        self.metas: dict[int, StateMeta] = {}  # each kept range's
+        self.first_s: dict[str, float] = {}  # each donor's wait for its first chunk (its capture), for the log
+        self.fetches: dict[tuple[int, str], asyncio.Task] = {}  # (range, donor) under way
+        self.changed = asyncio.Event()  # a fetch ended: what is open may have changed
+
+    async def run(self) -> None:
+        loops = [asyncio.ensure_future(self.serve_from(d)) for d in self.plan.donors]
+        try:
+            await asyncio.gather(*loops)
+        finally:
+            for task in loops:
+                task.cancel()
+            for task in self.fetches.values():
+                task.cancel()
+            await asyncio.gather(*loops, *self.fetches.values(), return_exceptions=True)
+
+    async def serve_from(self, donor: str) -> None:
+        while not isinstance(step := self.plan.assign(donor), Stop):
+            if isinstance(step, Wait):
+                self.changed.clear()
+                await self.changed.wait()
+            else:
+                await self.fetch(donor, step.index)
+
+    async def fetch(self, donor: str, k: int) -> None:
+        task = asyncio.ensure_future(self.transport.fetch_state(self.donors[donor], self.spans[k], self.timeout_s))
+        self.fetches[k, donor] = task
+        try:
+            part = await task
+        except asyncio.CancelledError:
+            if asyncio.current_task().cancelling():
+                raise
+            self.plan.cancelled(donor, k)  # another donor's copy of this range came first
+            return
+        except PeerdError as exc:
+            # It serves no more; if what it sent was corrupt, none of its ranges is kept.
+            self.plan.failed(donor, k, f"{donor}: {exc}", corrupt=isinstance(exc, InvalidMessage))
+            return
+        finally:
+            del self.fetches[k, donor]
+            self.changed.set()
+        if not self.plan.arrived(donor, k):
+            return
+        span = self.spans[k]
+        self.out[span.start : span.stop] = part.values
+        self.metas[k] = part.meta
+        self.first_s.setdefault(donor, part.first_s)
+        for other in self.plan.serving[k]:  # copies no longer needed
+            self.fetches[k, other].cancel()
+
+    def log_sources(self) -> None:
+        for donor in self.plan.used():  # a donor voided for corruption has none
+            mine = self.plan.ranges_from(donor)
+            log.info("state from %s: %d of %d ranges (round %d), first chunk after %.2fs", donor,
+                     len(mine), self.plan.ranges, max(self.metas[k].round for k in mine), self.first_s[donor])
