@@ -91,7 +91,8 @@ class Servers:
                                           peer_id="fuzzed", realm="fuzz"))
         self.daemon_servicers, self.daemon_addresses = {}, {}
         for name, auth in (("open", None), ("secret", Authenticator(SECRET))):
-            servicer = PeerServicer(self.daemon, auth)
+            d = self.daemon
+            servicer = PeerServicer(d.config.realm, d.hello, d.hello_reply, d.registry, auth)
             server, address = await start_peer_server(servicer, health_aio.HealthServicer(), "127.0.0.1", 0, None)
             self.servers.append(server)
             self.daemon_servicers[name], self.daemon_addresses[name] = servicer, address

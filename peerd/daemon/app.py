@@ -85,7 +85,7 @@ class Daemon:
         self._tls = load_tls(config.tls) if config.tls else None
         self.hello = HelloClient(self.peer_id, config, self.membership, realm_auth, self._tls)
         self.directory = self.hello.directory
-        self.peer_servicer = PeerServicer(self, realm_auth)
+        self.peer_servicer = PeerServicer(config.realm, self.hello, self.hello_reply, self.registry, realm_auth)
         if config.job_secret_file:
             load_secret(config.job_secret_file)
 
@@ -112,7 +112,7 @@ class Daemon:
         if self.config.zeroconf:
             self._discovery = Discovery(
                 self.peer_id, self.config.realm, self.config.host, split_host_port(self.peer_address)[1],
-                self.config.interfaces, on_found=self.learn_address, on_lost=self.hello.lost,
+                self.config.interfaces, on_found=self.hello.learn_address, on_lost=self.hello.lost,
             )
             await self._discovery.start(self._announced)
         if self.config.seeds:
@@ -139,7 +139,7 @@ class Daemon:
             path.unlink()  # left by a daemon that died
         server = grpc.aio.server()
         control_pb2_grpc.add_ControlServicer_to_server(ControlServicer(self), server)
-        control_pb2_grpc.add_SupervisorServicer_to_server(SupervisorServicer(self), server)
+        control_pb2_grpc.add_SupervisorServicer_to_server(SupervisorServicer(self.worker_heartbeat), server)
         if server.add_insecure_port(f"unix:{path}") == 0:
             raise ConfigError(f"cannot bind the control socket {path}")
         await server.start()
@@ -186,12 +186,6 @@ class Daemon:
             await asyncio.sleep(interval)
 
     # ---- discovery -------------------------------------------------------
-
-    def learn_address(self, peer_id: str, address: str, via: str = "zeroconf") -> None:
-        self.hello.learn_address(peer_id, address, via)
-
-    def pull_soon(self, peer_id: str) -> None:
-        self.hello.pull_soon(peer_id)
 
     async def _after_hello_round(self) -> None:
         await self._announce_if_changed()
@@ -265,9 +259,6 @@ class Daemon:
                 continue
             return await self.join(reply.spec_toml, spec_dir)
         raise PeerUnavailable(f"none of {', '.join(peers)} sent the spec of job {name!r}")
-
-    def job_spec(self, name: str) -> peer_pb2.JobSpecReply:
-        return self.registry.spec_reply(name)
 
     async def join(self, spec_toml: str, spec_dir: str) -> JobSpec:
         return self.registry.join(spec_toml, spec_dir)

@@ -6,7 +6,8 @@ peerd errors become status codes here and nowhere else.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Protocol
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -16,12 +17,10 @@ from peerd import __version__
 from peerd.core.names import PEER_ID_RULE, join_host_port, valid_address, valid_peer_id
 from peerd.auth import AUTH_KEY, REPLY_KEY, Authenticator, metadata_value
 from peerd.errors import ConfigError, JobMismatch, PeerdError, PeerUnavailable, Unauthenticated, UnknownJob
+from peerd.jobspec import JobSpec
 from peerd.proto.v1 import control_pb2, control_pb2_grpc, peer_pb2
 from peerd.rejections import Rejections
 from peerd.tls import TlsMaterial, add_port, open_channel
-
-if TYPE_CHECKING:
-    from peerd.daemon.app import Daemon
 
 _CODES = {
     ConfigError: grpc.StatusCode.INVALID_ARGUMENT,
@@ -52,12 +51,34 @@ PEER_CHANNEL_OPTIONS = [
 ]
 
 
+class AddressBook(Protocol):
+    """What a Hello tells the daemon: who is where, and who changed
+    (peerd.daemon.hello.HelloClient)."""
+
+    def learn_address(self, peer_id: str, address: str, via: str) -> None: ...
+
+    def pull_soon(self, peer_id: str) -> None: ...
+
+
+class JobSpecs(Protocol):
+    """The specs of the jobs this daemon joined (peerd.daemon.registry.JobRegistry)."""
+
+    def spec_reply(self, name: str) -> peer_pb2.JobSpecReply: ...
+
+
 class PeerServicer:
     """Daemon-to-daemon calls. Requests arrive as raw bytes: with a realm secret
-    they must carry proof of it (peerd.auth), and replies carry proof back."""
+    they must carry proof of it (peerd.auth), and replies carry proof back.
 
-    def __init__(self, daemon: Daemon, auth: Authenticator | None = None) -> None:
-        self._daemon = daemon
+    A Hello of this `realm` goes to `book`; every Hello is answered with
+    `hello_reply()`, a GetJobSpec from `specs`."""
+
+    def __init__(self, realm: str, book: AddressBook, hello_reply: Callable[[], peer_pb2.HelloReply],
+                 specs: JobSpecs, auth: Authenticator | None = None) -> None:
+        self._realm = realm
+        self._book = book
+        self._hello_reply = hello_reply
+        self._specs = specs
         self._auth = auth
         self.rejections = Rejections(log)
 
@@ -87,19 +108,19 @@ class PeerServicer:
 
     async def Hello(self, raw: bytes, context) -> bytes:
         request, reply = await self._admit(HELLO, raw, peer_pb2.HelloRequest, context)
-        if request.realm == self._daemon.config.realm and (request.peer_id or request.address):
+        if request.realm == self._realm and (request.peer_id or request.address):
             if not (valid_peer_id(request.peer_id) and valid_address(request.address)):
                 await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, "bad_request",
                                    f"Hello needs a peer_id of {PEER_ID_RULE} and an IP:port address")
-            self._daemon.learn_address(request.peer_id, request.address, via="hello")
+            self._book.learn_address(request.peer_id, request.address, via="hello")
             if request.changed:
-                self._daemon.pull_soon(request.peer_id)
-        return self._answer(context, reply, self._daemon.hello_reply())
+                self._book.pull_soon(request.peer_id)
+        return self._answer(context, reply, self._hello_reply())
 
     async def GetJobSpec(self, raw: bytes, context) -> bytes:
         request, reply = await self._admit(GET_JOB_SPEC, raw, peer_pb2.JobSpecRequest, context)
         try:
-            return self._answer(context, reply, self._daemon.job_spec(request.name))
+            return self._answer(context, reply, self._specs.spec_reply(request.name))
         except PeerdError as exc:
             await _abort(context, exc)
 
@@ -154,50 +175,72 @@ class PeerClient:
             raise PeerUnavailable("undecodable reply") from None
 
 
+class ControlApi(Protocol):
+    """What peerctl asks of the daemon (peerd.daemon.app.Daemon)."""
+
+    def status(self) -> control_pb2.StatusReply: ...
+
+    def list_peers(self) -> control_pb2.ListPeersReply: ...
+
+    def list_jobs(self) -> control_pb2.ListJobsReply: ...
+
+    async def join(self, spec_toml: str, spec_dir: str) -> JobSpec: ...
+
+    async def join_by_name(self, name: str, spec_dir: str = "") -> JobSpec: ...
+
+    async def leave(self, name: str, drain: bool) -> None: ...
+
+    async def export(self, name: str, path: str) -> control_pb2.ExportReply: ...
+
+
 class ControlServicer(control_pb2_grpc.ControlServicer):
-    def __init__(self, daemon: Daemon) -> None:
-        self._daemon = daemon
+    def __init__(self, api: ControlApi) -> None:
+        self._api = api
 
     async def Status(self, request, context):
-        return self._daemon.status()
+        return self._api.status()
 
     async def ListPeers(self, request, context):
-        return self._daemon.list_peers()
+        return self._api.list_peers()
 
     async def ListJobs(self, request, context):
-        return self._daemon.list_jobs()
+        return self._api.list_jobs()
 
     async def Join(self, request, context):
         try:
             if request.name:
-                spec = await self._daemon.join_by_name(request.name, request.spec_dir)
+                spec = await self._api.join_by_name(request.name, request.spec_dir)
             else:
-                spec = await self._daemon.join(request.spec_toml, request.spec_dir)
+                spec = await self._api.join(request.spec_toml, request.spec_dir)
         except PeerdError as exc:
             await _abort(context, exc)
         return control_pb2.JoinReply(name=spec.name, spec_fingerprint=spec.fingerprint)
 
     async def Leave(self, request, context):
         try:
-            await self._daemon.leave(request.name, request.drain)
+            await self._api.leave(request.name, request.drain)
         except PeerdError as exc:
             await _abort(context, exc)
         return control_pb2.LeaveReply()
 
     async def Export(self, request, context):
         try:
-            return await self._daemon.export(request.name, request.path)
+            return await self._api.export(request.name, request.path)
         except PeerdError as exc:
             await _abort(context, exc)
 
 
+# A worker's report in, the job's view for it out (peerd.daemon.app.Daemon.worker_heartbeat).
+WorkerHeartbeat = Callable[[control_pb2.WorkerReport], control_pb2.WorkerView]
+
+
 class SupervisorServicer(control_pb2_grpc.SupervisorServicer):
-    def __init__(self, daemon: Daemon) -> None:
-        self._daemon = daemon
+    def __init__(self, heartbeat: WorkerHeartbeat) -> None:
+        self._heartbeat = heartbeat
 
     async def Heartbeat(self, request, context):
         try:
-            return self._daemon.worker_heartbeat(request)
+            return self._heartbeat(request)
         except PeerdError as exc:
             await _abort(context, exc)
 
