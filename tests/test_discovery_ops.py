@@ -155,7 +155,7 @@ async def test_a_worker_that_starts_or_stops_serving_reaches_the_others_before_t
     When one of its workers starts or stops serving (a join, a drained leave),
     the daemon Hellos everyone at once with `changed`, and they ask it back
     at once. With a 60 s interval, the others can only have learnt it that way."""
-    from peerd.daemon.jobs import LocalJob, WorkerLaunch
+    from peerd.daemon.jobs import LocalJob, RestartPolicy, WorkerLaunch
     from peerd.jobspec import parse_job
     from peerd.proto.v1 import control_pb2
 
@@ -167,7 +167,7 @@ async def test_a_worker_that_starts_or_stops_serving_reaches_the_others_before_t
     await until(lambda: "alpha" in b.directory, "beta to learn alpha's address")  # from a's first Hello; b asks a again in 60 s
     spec = parse_job(example_job(job={"name": "pushed"}), "test")
     launch = WorkerLaunch("unix:/nowhere", "alpha", "127.0.0.1", 1, tmp_path / "job.toml", "", tmp_path / "w.log")
-    a.jobs[spec.name] = LocalJob.create(spec, tmp_path, [launch], 1.0, 1.0)  # supervised by nobody: reports only
+    a.jobs[spec.name] = LocalJob.create(spec, tmp_path, [launch], RestartPolicy(1.0, 1.0))  # supervised by nobody: reports only
 
     def report(address: str) -> None:
         a.worker_heartbeat(control_pb2.WorkerReport(job=spec.name, pid=1, address=address, fingerprint="f"))

@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from peerd.config import DaemonConfig
 from peerd.daemon.app import Daemon
-from peerd.daemon.jobs import LocalJob, WorkerLaunch
+from peerd.daemon.jobs import LocalJob, RestartPolicy, WorkerLaunch
 from peerd.daemon.metrics import make_registry
 from peerd.jobspec import parse_job
 from peerd.progress import EXCHANGE_BUCKETS_S, empty_progress
@@ -23,7 +23,7 @@ from conftest import example_job
 def job(tmp_path: Path) -> LocalJob:
     spec = parse_job(example_job(job={"name": "m"}), "job")
     launch = WorkerLaunch("unix:x", "me", "127.0.0.1", 1, tmp_path / "job.toml", "", tmp_path / "worker.log")
-    j = LocalJob.create(spec, tmp_path, [launch], 1.0, 2.0)
+    j = LocalJob.create(spec, tmp_path, [launch], RestartPolicy(1.0, 2.0))
     j.first.state, j.first.restarts = "running", 2
     p = empty_progress()
     p.MergeFrom(control_pb2.Progress(
@@ -89,7 +89,7 @@ def test_several_workers_have_a_series_each(tmp_path):
     spec = parse_job(example_job(job={"name": "m"}), "job")
     launches = [WorkerLaunch("unix:x", member, "127.0.0.1", 1, tmp_path / "job.toml", "", tmp_path / f"{k}.log")
                 for k, member in enumerate(daemon.members)]
-    j = LocalJob.create(spec, tmp_path, launches, 1.0, 2.0)
+    j = LocalJob.create(spec, tmp_path, launches, RestartPolicy(1.0, 2.0))
     j.workers[1].restarts = 3
     daemon.jobs["m"] = j
     got = samples(daemon)

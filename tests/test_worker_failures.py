@@ -15,7 +15,7 @@ import pytest
 from conftest import until
 from peerd.core.codes import WorkerState
 from peerd.core.restarts import CrashLimit
-from peerd.daemon.jobs import TRACEBACK_LINES, TracebackTail, WorkerLaunch, WorkerProcess, error_line
+from peerd.daemon.jobs import TRACEBACK_LINES, RestartPolicy, TracebackTail, WorkerLaunch, WorkerProcess, error_line
 from peerd.logs import OneLineFormatter
 
 
@@ -117,7 +117,7 @@ def scripted(tmp_path: Path, runs, limit: CrashLimit) -> tuple[ScriptedWorker, l
     launch = WorkerLaunch("unix:x", "peer-0", "127.0.0.1", 1, tmp_path / "job.toml", str(tmp_path),
                           tmp_path / "worker.log")
     ended: list[str] = []
-    worker = ScriptedWorker("job", "peer-0", launch, 0.01, 0.02, crash_limit=limit)
+    worker = ScriptedWorker("job", "peer-0", launch, RestartPolicy(0.01, 0.02, limit))
     worker.on_end = lambda: ended.append(worker.state)
     worker.runs = list(runs)
     return worker, ended

@@ -81,6 +81,19 @@ class WorkerLaunch:
         return args + (self.tls.argv() if self.tls else [])
 
 
+@dataclass(frozen=True)
+class RestartPolicy:
+    """When a crashed worker is started again, and when it is not ([worker]
+    restart_backoff_s, restart_backoff_max_s, max_crashes, crash_window_s)."""
+
+    backoff_s: float
+    backoff_max_s: float
+    crash_limit: CrashLimit = NO_LIMIT  # the crash that reaches it is not restarted: the worker fails
+
+    def backoff(self) -> Backoff:
+        return Backoff(self.backoff_s, self.backoff_max_s)
+
+
 @dataclass
 class WorkerProcess:
     """One worker of a job: started, watched, restarted on its own."""
@@ -88,12 +101,10 @@ class WorkerProcess:
     job: str
     member: str  # its id in the job (WorkerLaunch.peer_id)
     launch: WorkerLaunch
-    backoff_s: float
-    backoff_max_s: float
+    restart_policy: RestartPolicy
     stop_grace_s: float = STOP_GRACE_S  # after SIGTERM, how long the worker may take to checkpoint and exit
     on_end: Callable[[], None] = lambda: None  # it finished or failed: not restarted
     on_restart: Callable[[], object] = lambda: None  # called before a restarted worker starts
-    crash_limit: CrashLimit = NO_LIMIT  # the crash that reaches it is not restarted: the worker fails
     clock: Callable[[], float] = time.monotonic
     state: WorkerState = WorkerState.STARTING
     restarts: int = 0
@@ -130,7 +141,7 @@ class WorkerProcess:
 
     async def _supervise(self) -> None:
         """Run the worker; after each exit, carry out what restarts.after_exit decides."""
-        backoff, history = Backoff(self.backoff_s, self.backoff_max_s), RestartHistory()
+        backoff, history = self.restart_policy.backoff(), RestartHistory()
         while not self._stopping:
             self.state, self.address = WorkerState.STARTING, ""
             if self.restarts:
@@ -138,7 +149,7 @@ class WorkerProcess:
             code = await self._run_once()
             self.address = ""
             stopped = self._stopping or self.stop_requested
-            action = after_exit(code, stopped, history, backoff, self.clock(), self.crash_limit)
+            action = after_exit(code, stopped, history, backoff, self.clock(), self.restart_policy.crash_limit)
             self.state, history, self.restarts = action.state, action.history, action.history.restarts
             if not stopped and action.state != WorkerState.FINISHED:
                 self._say_why(code)
@@ -163,11 +174,11 @@ class WorkerProcess:
             log.info("job %s: worker %s finished: %s %.4f", self.job, self.member,
                      self.progress.metric_name or "metric", self.progress.metric)
         elif action.gave_up:
-            crashes = len(action.history.crashes)
+            crashes, window_s = len(action.history.crashes), self.restart_policy.crash_limit.window_s
             log.error("job %s: worker %s crashed %d times in %.0fs; not restarting it: the job failed here "
-                      "(last error: %s; see %s)", self.job, self.member, crashes, self.crash_limit.window_s,
+                      "(last error: %s; see %s)", self.job, self.member, crashes, window_s,
                       self.message, self.launch.log_path)
-            self.message = (f"crashed {crashes} times in {self.crash_limit.window_s:g}s, not restarted; "
+            self.message = (f"crashed {crashes} times in {window_s:g}s, not restarted; "
                             f"last: {self.message}")
         elif self.state == WorkerState.FAILED:
             log.error("job %s cannot run (see %s); not restarting: %s", self.job, self.launch.log_path,
@@ -251,14 +262,12 @@ class LocalJob:
     workers: list[WorkerProcess]
 
     @classmethod
-    def create(cls, spec: JobSpec, job_dir: Path, launches: list[WorkerLaunch], backoff_s: float,
-               backoff_max_s: float, stop_grace_s: float = STOP_GRACE_S,
-               standby: Standby | None = None, on_restart: Callable[[], object] = lambda: None,
-               crash_limit: CrashLimit = NO_LIMIT) -> LocalJob:
+    def create(cls, spec: JobSpec, job_dir: Path, launches: list[WorkerLaunch], restart_policy: RestartPolicy,
+               stop_grace_s: float = STOP_GRACE_S, standby: Standby | None = None,
+               on_restart: Callable[[], object] = lambda: None) -> LocalJob:
         job = cls(spec, job_dir, [])
-        job.workers = [WorkerProcess(spec.name, launch.peer_id, launch, backoff_s, backoff_max_s, stop_grace_s,
-                                     on_end=job._worker_ended, on_restart=on_restart, crash_limit=crash_limit,
-                                     standby=standby)
+        job.workers = [WorkerProcess(spec.name, launch.peer_id, launch, restart_policy, stop_grace_s,
+                                     on_end=job._worker_ended, on_restart=on_restart, standby=standby)
                        for launch in launches]
         return job
 

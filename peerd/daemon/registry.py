@@ -21,7 +21,7 @@ from peerd.core.restarts import CrashLimit
 from peerd.core.workers import split_threads
 from peerd.core.intrahost import wanted
 from peerd.rendezvous import Rendezvous
-from peerd.daemon.jobs import ENDED, JOINED, LocalJob, WorkerLaunch, WorkerProcess
+from peerd.daemon.jobs import ENDED, JOINED, LocalJob, RestartPolicy, WorkerLaunch, WorkerProcess
 from peerd.daemon.localdata import check_local_job
 from peerd.daemon.standby import Standby
 from peerd.errors import ConfigError, JobMismatch, PeerUnavailable, UnknownJob
@@ -74,12 +74,12 @@ class JobRegistry:
         rendezvous = Rendezvous(job_dir, len(self.devices)) if wanted(self.devices, spec.gossip.mode) else None
         if rendezvous is not None:
             rendezvous.bump()
-        job = LocalJob.create(spec, job_dir, self._launches(job_dir, spec_path, spec_dir, secret_file, rendezvous,
-                                                            data_root),
-                              self.config.restart_backoff_s, self.config.restart_backoff_max_s,
+        launches = self._launches(job_dir, spec_path, spec_dir, secret_file, rendezvous, data_root)
+        restarts = RestartPolicy(self.config.restart_backoff_s, self.config.restart_backoff_max_s,
+                                 CrashLimit(self.config.max_crashes, self.config.crash_window_s))
+        job = LocalJob.create(spec, job_dir, launches, restarts,
                               stop_grace_s=max(1.0, self.config.stop_timeout_s - SHUTDOWN_RESERVE_S),
-                              standby=self.standby, on_restart=rendezvous.bump if rendezvous else lambda: None,
-                              crash_limit=CrashLimit(self.config.max_crashes, self.config.crash_window_s))
+                              standby=self.standby, on_restart=rendezvous.bump if rendezvous else lambda: None)
         self.jobs[spec.name] = job
         job.start()
         log.info("joined job %s (fingerprint %s)", spec.name, spec.fingerprint)
