@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Dynamic batch size on heterogeneous peers: time to accuracy against the best
-synchronous data-parallel setup (issues 5 and 17).
+synchronous data-parallel setup.
 
 One invocation trains the built-in MNIST example (peerd/examples/mnist.py) on 4
 workers slowed by factors 1, 1, 2, 4, in several variants one after the other, with
