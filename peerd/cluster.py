@@ -51,7 +51,9 @@ BUILTIN_JOBS = {"mnist": "a LeNet-sized CNN on 5,000 MNIST digits (SGD, accuracy
 
 
 @dataclass
-class Peer:
+class LocalDaemon:
+    """One daemon of a local cluster: its directory, control socket and process."""
+
     index: int
     dir: Path
     socket: Path
@@ -64,10 +66,10 @@ class Peer:
         return f"peer-{self.index}"
 
 
-Settings = Callable[["Peer"], dict[str, dict[str, object]]]
+Settings = Callable[["LocalDaemon"], dict[str, dict[str, object]]]
 
 
-def _write_config(peer: Peer, realm: str, settings: Settings | None = None) -> None:
+def _write_config(peer: LocalDaemon, realm: str, settings: Settings | None = None) -> None:
     tables: dict[str, dict[str, object]] = {
         "daemon": {"state_dir": str(peer.dir / "state"), "control_socket": str(peer.socket),
                    "peer_id": peer.peer_id, "locality": peer.locality,
@@ -108,7 +110,7 @@ class LocalCluster:
         # Unix socket paths are limited to ~107 bytes, so they live in a short temp dir.
         self._sockets = Path(tempfile.mkdtemp(prefix="peerd-"))
         self.realm = f"local-{secrets.token_hex(4)}"
-        self.peers = [Peer(i, out / f"peer-{i}", self._sockets / f"peer-{i}.sock", slowdown=f)
+        self.peers = [LocalDaemon(i, out / f"peer-{i}", self._sockets / f"peer-{i}.sock", slowdown=f)
                       for i, f in enumerate(slowdowns)]
         for peer, locality in zip(self.peers, localities):
             peer.locality = locality
@@ -124,7 +126,7 @@ class LocalCluster:
             raise
         return self
 
-    def start(self, peer: Peer) -> None:
+    def start(self, peer: LocalDaemon) -> None:
         """Start (or restart, after it died) the daemon of `peer`."""
         if peer.process is not None and peer.process.poll() is None:
             raise PeerdError(f"{peer.peer_id} is already running")
@@ -137,7 +139,7 @@ class LocalCluster:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def client(self, peer: Peer) -> ControlClient:
+    def client(self, peer: LocalDaemon) -> ControlClient:
         return ControlClient(peer.socket, timeout_s=5.0)
 
     def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> None:

@@ -276,7 +276,7 @@ def test_peerd_cluster_keeps_the_jobs_own_min_peers_and_refuses_one_it_cannot_re
 
 
 def test_data_roots_given_once_per_peer_go_to_the_peers_in_order(tmp_path, monkeypatch):
-    from peerd.cluster import Peer, data_roots, local_data_settings
+    from peerd.cluster import LocalDaemon, data_roots, local_data_settings
     from peerd.jobspec import load_job
 
     spec, _ = load_job(lsq_job(tmp_path))
@@ -287,6 +287,7 @@ def test_data_roots_given_once_per_peer_go_to_the_peers_in_order(tmp_path, monke
     assert roots == [tmp_path / "b", tmp_path / "a", tmp_path / "c"]
     (tmp_path / "run").mkdir()
     settings = local_data_settings(spec, tmp_path / "run", len(roots), roots=roots)
-    assert [settings(Peer(k, tmp_path, tmp_path))["data"]["root"] for k in range(3)] == [str(r) for r in roots]
-    assert settings(Peer(0, tmp_path, tmp_path))["auth"]["job_secret_file"] == str(tmp_path / "run" / "job.secret")
+    assert [settings(LocalDaemon(k, tmp_path, tmp_path))["data"]["root"] for k in range(3)] == [str(r) for r in roots]
+    secret = settings(LocalDaemon(0, tmp_path, tmp_path))["auth"]["job_secret_file"]
+    assert secret == str(tmp_path / "run" / "job.secret")
     assert data_roots(None) is None

@@ -21,7 +21,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from peerd.cluster import (BUILTIN_JOBS, POLL_S, LocalCluster, Peer, builtin_job, cluster_job_text, data_roots,
+from peerd.cluster import (BUILTIN_JOBS, POLL_S, LocalCluster, LocalDaemon, builtin_job, cluster_job_text, data_roots,
                            default_job, local_data_settings)
 from peerd.core.codes import ENDED_STATES, ExitCode
 from peerd.errors import PeerdError
@@ -220,7 +220,7 @@ def run_cluster(args: argparse.Namespace) -> int:
     started = time.monotonic()
     previous = signal.signal(signal.SIGTERM, raise_interrupt)
     try:
-        def settings(peer: Peer) -> dict[str, dict[str, object]]:
+        def settings(peer: LocalDaemon) -> dict[str, dict[str, object]]:
             tables = local(peer) if local else {}
             if args.workers > 1:
                 tables["worker"] = {"devices": ["cpu"] * args.workers}
