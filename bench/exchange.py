@@ -95,6 +95,7 @@ def _peerd(rank: int, cfg: dict, barrier, conn) -> dict:
     from peerd.core.topology import plan_round
     from peerd.worker.gossip import gossip_round
     from peerd.worker.pair import pair_round
+    from peerd.worker.roundctx import RoundBuffers, RoundContext, RoundInputs
     from peerd.worker.snapshots import Identity, SegmentServer, SnapshotStore
     from peerd.worker.state import StateBoard, StateServer
     from peerd.auth import Authenticator
@@ -127,6 +128,7 @@ def _peerd(rank: int, cfg: dict, barrier, conn) -> dict:
         auth = Authenticator(b"bench-job-secret-0123456789") if cfg.get("auth") else None
         grpc_server, address = await start_exchange_server(server, state, "127.0.0.1", bulk=bulk, auth=auth)
         transport = GrpcTransport(identity, auth, bulk=bulk)
+        ctx = RoundContext(me, layout, transport, server.stages)
         try:
             conn.send(address)
             if not await asyncio.to_thread(conn.poll, BARRIER_TIMEOUT_S):
@@ -148,12 +150,11 @@ def _peerd(rank: int, cfg: dict, barrier, conn) -> dict:
                     await store.publish(round_, vector)
                 t1 = time.perf_counter()
                 plan = plan_round(JOB, round_, list(addresses), me, segments)
+                inputs = RoundInputs(plan, addresses, RoundBuffers(vector, recv, cfg["deadline_s"], into))
                 if cfg["pair"]:  # as the worker runs a flat round with two peers (peerd.worker.pair)
-                    result = await pair_round(plan, addresses, vector, recv, layout, transport, server.stages,
-                                              cfg["deadline_s"], out=into)
+                    result = await pair_round(ctx, inputs)
                 else:
-                    result = await gossip_round(plan, addresses, vector, recv, layout, transport,
-                                                cfg["deadline_s"], out=into)
+                    result = await gossip_round(ctx, inputs)
                 if into is not None:
                     vector = into  # the model moves into the buffer the round wrote
                 t2, c2, gc_s = time.perf_counter(), time.process_time(), gc_meter.take()

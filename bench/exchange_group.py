@@ -69,6 +69,7 @@ def _peerd(mode: str, rank: int, cfg: dict, barrier, conn) -> dict:
     from peerd.core.topology import plan_round
     from peerd.worker.gossip import gossip_round
     from peerd.worker.hierarchy import hierarchical_round
+    from peerd.worker.roundctx import RoundBuffers, RoundContext, RoundInputs
     from peerd.worker.snapshots import Identity, SegmentServer, SnapshotStore, StageStore
     from peerd.worker.state import StateBoard, StateServer
     from peerd.worker.exchange_server import start_exchange_server
@@ -92,6 +93,7 @@ def _peerd(mode: str, rank: int, cfg: dict, barrier, conn) -> dict:
         state = StateServer(identity, StateBoard(2 * numel, numel), store, chunk_elems)
         grpc_server, address = await start_exchange_server(server, state, "127.0.0.1")
         transport = GrpcTransport(identity)
+        ctx = RoundContext(me, layout, transport, stages)
         try:
             conn.send(address)
             if not await asyncio.to_thread(conn.poll, BARRIER_TIMEOUT_S):
@@ -105,14 +107,13 @@ def _peerd(mode: str, rank: int, cfg: dict, barrier, conn) -> dict:
                 t0, c0, _ = time.perf_counter(), time.process_time(), gc_meter.take()
                 round_ = i + 1
                 into = await store.hand_over(round_, vector)  # as the worker does with a model on the CPU
+                buffers = RoundBuffers(vector, recv, cfg["deadline_s"], into)
                 if mode == "hier":
                     plan = plan_hierarchical(JOB, round_, localities, me, segments, procs)
-                    result = await hierarchical_round(plan, me, addresses, vector, recv, layout, transport, stages,
-                                                      cfg["deadline_s"], out=into)
+                    result = await hierarchical_round(ctx, RoundInputs(plan, addresses, buffers))
                 else:
                     plan = plan_round(JOB, round_, list(addresses), me, segments)
-                    result = await gossip_round(plan, addresses, vector, recv, layout, transport, cfg["deadline_s"],
-                                                out=into)
+                    result = await gossip_round(ctx, RoundInputs(plan, addresses, buffers))
                 vector = into
                 t1, c1, gc_s = time.perf_counter(), time.process_time(), gc_meter.take()
                 misses += result.misses

@@ -61,6 +61,7 @@ def _intrahost(rank: int, cfg: dict, barrier) -> dict:
     from peerd.core.segments import split_even
     from peerd.worker.intrahost import IntraHostGroup
     from peerd.worker.intrahost_round import intrahost_round
+    from peerd.worker.roundctx import RoundBuffers, RoundContext, RoundInputs
     from peerd.worker.snapshots import Identity, SnapshotStore, StageStore
     from peerd.worker.transport import MemoryTransport
 
@@ -79,6 +80,7 @@ def _intrahost(rank: int, cfg: dict, barrier) -> dict:
                 await asyncio.sleep(0.05)
             store, stages = SnapshotStore(numel), StageStore()
             transport = MemoryTransport(Identity(JOB, "fp", me), {})  # one group: nothing crosses hosts
+            ctx = RoundContext(me, layout, transport, stages, intrahost=group)
             vector, recv = own0.clone(), torch.empty(numel)
             times, cpu = [], []
             for i in range(cfg["warmup"] + cfg["repeats"]):
@@ -88,8 +90,8 @@ def _intrahost(rank: int, cfg: dict, barrier) -> dict:
                 round_ = group.state.start + i  # the group is used from its start round
                 into = await store.hand_over(round_, vector)  # as the worker does with a model on the CPU
                 plan = plan_hierarchical(JOB, round_, localities, me, segments, procs)
-                result = await intrahost_round(group, plan, me, {}, vector, recv, layout, transport, stages,
-                                               cfg["deadline_s"], out=into)
+                buffers = RoundBuffers(vector, recv, cfg["deadline_s"], into)
+                result = await intrahost_round(ctx, RoundInputs(plan, {}, buffers))
                 if result is None:
                     raise RuntimeError(f"round {round_}: the intra-host group was not used")
                 vector = into

@@ -40,6 +40,7 @@ from peerd.core.segments import split_even  # noqa: E402
 from peerd.core.topology import plan_round  # noqa: E402
 from peerd.worker.gossip import RoundResult, gossip_round  # noqa: E402
 from peerd.worker.hierarchy import hierarchical_round  # noqa: E402
+from peerd.worker.roundctx import RoundBuffers, RoundContext, RoundInputs  # noqa: E402
 from peerd.worker.snapshots import Identity, SegmentServer, SnapshotStore, StageStore  # noqa: E402
 from peerd.worker.state import StateBoard, StateServer  # noqa: E402
 from peerd.worker.exchange_server import start_exchange_server  # noqa: E402
@@ -123,12 +124,13 @@ class Worker:
     async def round(self, round_: int, addresses: dict[str, str], transport, deadline_s: float) -> RoundResult:
         await self.store.publish(round_, self.vector)
         s = self.setup
+        ctx = RoundContext(self.id, self.layout, transport, self.stages)
+        buffers = RoundBuffers(self.vector, self.recv, deadline_s)
         if s.mode == "hierarchical":
             plan = plan_hierarchical(JOB, round_, s.localities(), self.id, len(self.layout), s.group_size)
-            return await hierarchical_round(plan, self.id, addresses, self.vector, self.recv, self.layout,
-                                            transport, self.stages, deadline_s)
+            return await hierarchical_round(ctx, RoundInputs(plan, addresses, buffers))
         plan = plan_round(JOB, round_, sorted(addresses), self.id, len(self.layout))
-        return await gossip_round(plan, addresses, self.vector, self.recv, self.layout, transport, deadline_s)
+        return await gossip_round(ctx, RoundInputs(plan, addresses, buffers))
 
 
 @dataclass

@@ -12,6 +12,8 @@ from peerd.core.segments import split_even
 from peerd.core.topology import plan_round
 from peerd.worker.codec import fill_values, finite_by_sum
 from peerd.worker.gossip import average_pair, gossip_round
+from peerd.worker.roundctx import RoundBuffers, RoundContext, RoundInputs
+from peerd.worker.snapshots import StageStore
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
@@ -69,8 +71,9 @@ async def test_the_round_refuses_a_poisoned_segment_that_the_transport_let_throu
     theirs[layout[2].start + 3] = math.nan
     plan = plan_round("job", 1, ["a", "b"], "a", segments)
     out = torch.empty(numel)
-    result = await gossip_round(plan, {"a": "a", "b": "b"}, mine, torch.empty(numel), layout,
-                                UncheckedTransport({"b": theirs}, layout), 1.0, out=out)
+    ctx = RoundContext("a", layout, UncheckedTransport({"b": theirs}, layout), StageStore())
+    buffers = RoundBuffers(mine, torch.empty(numel), 1.0, out)
+    result = await gossip_round(ctx, RoundInputs(plan, {"a": "a", "b": "b"}, buffers))
     assert result.misses == 1 and "non-finite" in result.errors["b"]
     assert result.reached == {"b"}  # the other segments came and were averaged
     for s, span in enumerate(layout):

@@ -11,7 +11,8 @@ from peerd.core.segments import Span, split_even
 from peerd.core.topology import plan_round
 from peerd.errors import InvalidMessage, JobMismatch, PeerUnavailable, RoundMismatch
 from peerd.worker.gossip import gossip_round
-from peerd.worker.snapshots import Identity, SegmentServer, SnapshotStore
+from peerd.worker.roundctx import RoundBuffers, RoundContext, RoundInputs
+from peerd.worker.snapshots import Identity, SegmentServer, SnapshotStore, StageStore
 from peerd.worker.state import (
     RANGES_PER_DONOR, StateBoard, StateMeta, StatePart, StateServer, digest, pull_state, verify_part,
 )
@@ -34,10 +35,14 @@ class Peer:
         self.layout = split_even(NUMEL, SEGMENTS)
         self.recv = torch.empty(NUMEL)
 
+    def context(self, transport, clipper=None) -> RoundContext:
+        return RoundContext(self.identity.peer_id, self.layout, transport, StageStore(), clipper)
+
     async def round(self, round_: int, addresses: dict[str, str], transport, deadline_s: float = 5.0):
         await self.store.publish(round_, self.vector)
         plan = plan_round("job", round_, list(addresses), self.identity.peer_id, SEGMENTS)
-        return await gossip_round(plan, addresses, self.vector, self.recv, self.layout, transport, deadline_s)
+        return await gossip_round(self.context(transport),
+                                  RoundInputs(plan, addresses, RoundBuffers(self.vector, self.recv, deadline_s)))
 
 
 def two_peers() -> tuple[Peer, Peer]:
@@ -421,8 +426,8 @@ async def test_clipping_bounds_what_a_poisoner_does_to_honest_peers(factor):
             peer.vector.fill_(1e4)  # publishes garbage every round from round 4 on
         await peer.store.publish(r, peer.vector)
         plan = plan_round("job", r, list(addresses), p, SEGMENTS)
-        return await gossip_round(plan, addresses, peer.vector, peer.recv, peer.layout,
-                                  MemoryTransport(peer.identity, servers), 5.0, clippers[p])
+        return await gossip_round(peer.context(MemoryTransport(peer.identity, servers), clippers[p]),
+                                  RoundInputs(plan, addresses, RoundBuffers(peer.vector, peer.recv, 5.0)))
 
     for r in range(12):
         results = await asyncio.gather(*(one(p, r) for p in peers))
@@ -485,7 +490,8 @@ async def test_a_handed_over_vector_is_served_unchanged_and_the_round_writes_a_n
     async def round_(peer: Peer, r: int, transport) -> torch.Tensor:
         into = await peer.store.hand_over(r, peer.vector)
         plan = plan_round("job", r, list(addresses), peer.identity.peer_id, SEGMENTS)
-        result = await gossip_round(plan, addresses, peer.vector, peer.recv, peer.layout, transport, 5.0, out=into)
+        result = await gossip_round(peer.context(transport),
+                                    RoundInputs(plan, addresses, RoundBuffers(peer.vector, peer.recv, 5.0, into)))
         assert result.misses == 0
         return into
 
@@ -497,8 +503,8 @@ async def test_a_handed_over_vector_is_served_unchanged_and_the_round_writes_a_n
     # A partner alone (its source gone): the new state is its own, segment for segment.
     lonely = await b.store.hand_over(2, new_b)
     plan = plan_round("job", 2, list(addresses), "b", SEGMENTS)
-    result = await gossip_round(plan, addresses, new_b, b.recv, b.layout, MemoryTransport(b.identity, {}), 0.5,
-                                out=lonely)
+    result = await gossip_round(b.context(MemoryTransport(b.identity, {})),
+                                RoundInputs(plan, addresses, RoundBuffers(new_b, b.recv, 0.5, lonely)))
     assert result.misses == SEGMENTS and torch.equal(lonely, new_b)
 
 

@@ -10,6 +10,7 @@ import torch
 from peerd.core.groups import plan_hierarchical
 from peerd.core.segments import split_even
 from peerd.worker.hierarchy import hierarchical_round
+from peerd.worker.roundctx import RoundBuffers, RoundContext, RoundInputs
 from peerd.worker.snapshots import Identity, SegmentServer, SnapshotStore, StageStore
 from peerd.worker.exchange_server import start_exchange_server
 from peerd.worker.transport import GrpcTransport, MemoryTransport
@@ -33,6 +34,12 @@ class Peer:
         self.layout = split_even(NUMEL, SEGMENTS)
         self.recv = torch.empty(NUMEL)
 
+    def context(self, transport, wire_dtype=torch.float32) -> RoundContext:
+        return RoundContext(self.id, self.layout, transport, self.stages, wire_dtype=wire_dtype)
+
+    def inputs(self, plan, addresses, deadline_s=5.0, out=None) -> RoundInputs:
+        return RoundInputs(plan, addresses, RoundBuffers(self.vector, self.recv, deadline_s, out))
+
     async def round(self, round_, view, addresses, transport, deadline_s=5.0, hand_over=False):
         """In place after a copy (publish), or as the worker runs a model on the
         CPU: the vector becomes the snapshot and the round writes a new one."""
@@ -41,9 +48,7 @@ class Peer:
             await self.store.publish(round_, self.vector)
         plan = plan_hierarchical("job", round_, view, self.id, SEGMENTS, 3)
         snapshot = self.vector.clone()
-        result = await hierarchical_round(
-            plan, self.id, addresses, self.vector, self.recv, self.layout, transport, self.stages, deadline_s,
-            out=into)
+        result = await hierarchical_round(self.context(transport), self.inputs(plan, addresses, deadline_s, into))
         if into is not None:
             assert torch.equal(self.vector, snapshot)  # what partners read was never written
             self.vector = into
@@ -199,9 +204,8 @@ async def test_with_a_narrow_wire_a_group_agrees_exactly():
         peer = peers[p]
         await peer.store.publish(0, peer.vector)
         plan = plan_hierarchical("job", 0, view, p, SEGMENTS, 3)
-        return await hierarchical_round(plan, p, addresses, peer.vector, peer.recv, peer.layout,
-                                        MemoryTransport(peer.identity, servers, wire="bf16"), peer.stages, 5.0,
-                                        wire_dtype=torch.bfloat16)
+        return await hierarchical_round(peer.context(MemoryTransport(peer.identity, servers, wire="bf16"),
+                                                     torch.bfloat16), peer.inputs(plan, addresses))
 
     results = await asyncio.gather(one("x"), one("y"))
     assert all(r.misses == 0 for r in results)
@@ -225,8 +229,8 @@ async def test_a_member_that_comes_late_gets_the_owners_values_after_their_state
     for p in ("x", "y"):
         peers[p].vector.fill_(float("nan"))  # they train on: their new states change
     plan = plan_hierarchical("job", 0, view, "z", SEGMENTS, 3)
-    result = await hierarchical_round(plan, "z", addresses, late.vector, late.recv, late.layout,
-                                      MemoryTransport(late.identity, servers), late.stages, 5.0)
+    result = await hierarchical_round(late.context(MemoryTransport(late.identity, servers)),
+                                      late.inputs(plan, addresses))
     assert result.misses == 0
     for s, span in enumerate(late.layout):
         if plan.owners[s] != "z":

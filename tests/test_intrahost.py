@@ -43,7 +43,8 @@ from peerd.rendezvous import Rendezvous, advance
 from peerd.worker.hierarchy import hierarchical_round
 from peerd.worker.intrahost import IntraHostGroup
 from peerd.worker.intrahost_round import intrahost_round
-from peerd.worker.overlap import RoundBuffers, hierarchical_exchange
+from peerd.worker.overlap import hierarchical_exchange
+from peerd.worker.roundctx import RoundBuffers, RoundContext, RoundInputs
 from peerd.worker.snapshots import Identity, SegmentServer, SnapshotStore, StageStore
 from peerd.worker.transport import MemoryTransport
 
@@ -129,6 +130,14 @@ class Member:
         self.layout = split_even(NUMEL, SEGMENTS)
         self.recv = torch.empty(NUMEL)
 
+    def context(self, group, transport=None) -> RoundContext:
+        """One host's group alone: nothing crosses hosts (no partner to reach)."""
+        return RoundContext(self.id, self.layout, transport or MemoryTransport(self.identity, {}), self.stages,
+                            intrahost=group)
+
+    def inputs(self, plan) -> RoundInputs:
+        return RoundInputs(plan, {}, RoundBuffers(self.vector, self.recv, 5.0))
+
 
 def members(view: dict[str, tuple]) -> dict[str, Member]:
     gen = torch.Generator().manual_seed(2)
@@ -170,13 +179,12 @@ async def run_round(peers, view, round_, groups=None, hand_over=False, size=2):
             await m.store.publish(round_, m.vector)
         plan = plan_hierarchical("job", round_, view, m.id, SEGMENTS, size)
         transport = MemoryTransport(m.identity, servers)
-        args = (plan, m.id, addresses, m.vector, m.recv, m.layout, transport, m.stages, 5.0)
-        result = None
-        if groups and m.id in groups:
-            result = await intrahost_round(groups[m.id], *args, out=into)
+        ctx = RoundContext(m.id, m.layout, transport, m.stages, intrahost=(groups or {}).get(m.id))
+        inputs = RoundInputs(plan, addresses, RoundBuffers(m.vector, m.recv, 5.0, into))
+        result = await intrahost_round(ctx, inputs)
         used[m.id] = result is not None
         if result is None:
-            result = await hierarchical_round(*args, out=into)
+            result = await hierarchical_round(ctx, inputs)
         if into is not None:
             m.vector = into
         return result
@@ -225,10 +233,10 @@ async def test_an_overlapped_round_runs_its_group_stage_on_the_group_too(tmp_pat
         async def one(m: Member):
             await m.store.publish(round_, m.vector)
             plan = plan_hierarchical("job", round_, VIEW, m.id, SEGMENTS, 2)
-            exchange = hierarchical_exchange(plan, m.id, addresses, m.layout, MemoryTransport(m.identity, servers),
-                                             m.stages, intrahost=groups[m.id] if with_groups else None)
+            ctx = RoundContext(m.id, m.layout, MemoryTransport(m.identity, servers), m.stages,
+                               intrahost=groups[m.id] if with_groups else None)
             out = torch.empty(NUMEL)
-            result = await exchange(RoundBuffers(m.vector, m.recv, out, 5.0))
+            result = await hierarchical_exchange(ctx, plan, addresses)(RoundBuffers(m.vector, m.recv, 5.0, out))
             assert result.misses == 0
             return out
 
@@ -290,8 +298,7 @@ async def test_views_that_differ_fall_back_together_and_stay_in_step(tmp_path):
             m = peers[p]
             plan = plan_hierarchical("job", round_, view, p, SEGMENTS, 3)
             before = m.vector.clone()
-            got = await intrahost_round(groups[p], plan, p, {}, m.vector, m.recv, m.layout,
-                                        MemoryTransport(m.identity, {}), m.stages, 5.0)
+            got = await intrahost_round(m.context(groups[p]), m.inputs(plan))
             if got is None:
                 assert torch.equal(m.vector, before)  # nothing written: the caller's fallback starts clean
             return got is not None
@@ -312,8 +319,7 @@ async def test_a_member_that_stepped_over_a_round_makes_the_group_re_form_in_ste
         async def one(p, round_):
             m = peers[p]
             plan = plan_hierarchical("job", round_, view, p, SEGMENTS, 2)
-            return await intrahost_round(groups[p], plan, p, {}, m.vector, m.recv, m.layout,
-                                         MemoryTransport(m.identity, {}), m.stages, 5.0) is not None
+            return await intrahost_round(m.context(groups[p]), m.inputs(plan)) is not None
 
         # h.1 caught up to a partner's round: 14 where h.0 is in 10.
         assert await asyncio.gather(one("h.0", 10), one("h.1", 14)) == [False, False]
@@ -357,7 +363,7 @@ def _member(directory: str, rank: int, size: int, commands, replies, timeout_s: 
                 await asyncio.sleep(pause[0])
             m.vector.fill_(float(rank))
             plan = plan_hierarchical("job", round_, view, me, SEGMENTS, size)
-            result = await intrahost_round(group, plan, me, {}, m.vector, m.recv, m.layout, transport, m.stages, 5.0)
+            result = await intrahost_round(m.context(group, transport), m.inputs(plan))
             replies.put((rank, "round", result is not None, float(m.vector.mean())))
         await group.aclose()
 

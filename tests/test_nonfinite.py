@@ -106,7 +106,7 @@ async def test_a_flat_round_keeps_the_own_values_of_a_poisoned_segment(hand_over
         if into is None:
             await a.store.publish(1, a.vector)
         plan = plan_round("job", 1, ["a", "b"], "a", len(a.layout))
-        result = await gossip_round(plan, addresses, a.vector, a.recv, a.layout, transports["a"], 5.0, out=into)
+        result = await gossip_round(a.context(transports["a"]), a.inputs(plan, addresses, out=into))
     got = into if hand_over else a.vector
     assert result.misses == 1 and "non-finite" in result.errors["b"]
     assert "non-finite" in result.non_finite["b"]  # the round's refusal, for the engine's rejections count

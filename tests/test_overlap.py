@@ -14,7 +14,8 @@ from peerd.core.segments import split_even
 from peerd.core.topology import plan_round
 from peerd.errors import PeerUnavailable
 from peerd.worker.gossip import gossip_round
-from peerd.worker.overlap import OverlapRunner, RoundBuffers, flat_exchange, hierarchical_exchange
+from peerd.worker.overlap import OverlapRunner, flat_exchange, hierarchical_exchange
+from peerd.worker.roundctx import RoundBuffers, RoundContext, RoundInputs
 from peerd.worker.snapshots import Identity, SegmentServer, SnapshotStore, StageStore
 from peerd.worker.transport import MemoryTransport
 
@@ -36,13 +37,17 @@ class Peer:
         self.transport = MemoryTransport(self.identity, servers)
         self.runner = OverlapRunner(self.store, NUMEL, grace_s=0.5)
 
+    @property
+    def context(self) -> RoundContext:
+        return RoundContext(self.id, self.layout, self.transport, self.stages)
+
     def flat(self, round_: int, addresses: dict[str, str]):
         plan = plan_round("job", round_, list(addresses), self.id, SEGMENTS)
-        return flat_exchange(plan, addresses, self.layout, self.transport)
+        return flat_exchange(self.context, plan, addresses)
 
     def hierarchical(self, round_: int, view: dict, addresses: dict[str, str]):
         plan = plan_hierarchical("job", round_, view, self.id, SEGMENTS, 3)
-        return hierarchical_exchange(plan, self.id, addresses, self.layout, self.transport, self.stages)
+        return hierarchical_exchange(self.context, plan, addresses)
 
 
 def make_peers(ids) -> tuple[dict[str, Peer], dict[str, str]]:
@@ -322,8 +327,8 @@ async def test_a_cancelled_flat_round_leaves_no_fetch_behind():
     await a.store.publish(1, a.model)
     before = asyncio.all_tasks()
     plan = plan_round("job", 1, list(addresses), "a", SEGMENTS)
-    task = asyncio.create_task(gossip_round(plan, addresses, a.model, torch.empty(NUMEL), a.layout, a.transport,
-                                            30.0, out=torch.empty(NUMEL)))
+    buffers = RoundBuffers(a.model, torch.empty(NUMEL), 30.0, torch.empty(NUMEL))
+    task = asyncio.create_task(gossip_round(a.context, RoundInputs(plan, addresses, buffers)))
     await asyncio.sleep(0.1)
     assert len(asyncio.all_tasks() - before) > 1  # the round and its fetches
     task.cancel()

@@ -40,8 +40,7 @@ async def _pair_round(peers, addresses, transports, round_=1, hand_over=True, de
     async def one(p):
         peer = peers[p]
         plan = plan_round("job", round_, sorted(addresses), p, len(peer.layout))
-        result = await pair_round(plan, addresses, peer.vector, peer.recv, peer.layout, transports[p], peer.stages,
-                                  deadline_s, out=intos[p])
+        result = await pair_round(peer.context(transports[p]), peer.inputs(plan, addresses, deadline_s, intos[p]))
         if intos[p] is not None:
             peer.vector = intos[p]
         return result
@@ -53,8 +52,8 @@ async def _flat_round(peers, addresses, transports, round_=1):
     for peer in peers.values():
         await peer.store.publish(round_, peer.vector)
     results = await asyncio.gather(*(
-        gossip_round(plan_round("job", round_, sorted(addresses), p, len(peer.layout)), addresses, peer.vector,
-                     peer.recv, peer.layout, transports[p], 10.0)
+        gossip_round(peer.context(transports[p]),
+                     peer.inputs(plan_round("job", round_, sorted(addresses), p, len(peer.layout)), addresses, 10.0))
         for p, peer in peers.items()))
     return dict(zip(peers, results))
 

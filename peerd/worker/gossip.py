@@ -16,11 +16,10 @@ import torch
 
 from peerd.core.robust import PullClipper
 from peerd.core.segments import Span
-from peerd.core.topology import RoundPlan
 from peerd.errors import NonFiniteAverage, PeerdError, PeerUnavailable, RoundMismatch
 from peerd.worker.codec import finite_by_sum
 from peerd.worker.reduce import BLOCK
-from peerd.worker.transport import Transport
+from peerd.worker.roundctx import RoundContext, RoundInputs
 
 
 @dataclass
@@ -110,20 +109,12 @@ def average_pair(own: torch.Tensor, theirs: torch.Tensor, into: torch.Tensor, ow
     return False
 
 
-async def gossip_round(
-    plan: RoundPlan,
-    addresses: dict[str, str],
-    vector: torch.Tensor,
-    recv: torch.Tensor,
-    layout: list[Span],
-    transport: Transport,
-    deadline_s: float,
-    clipper: PullClipper | None = None,
-    out: torch.Tensor | None = None,
-) -> RoundResult:
+async def gossip_round(ctx: RoundContext, inputs: RoundInputs) -> RoundResult:
     """Average `vector` (this peer's state at the start of the round) with the
     plan's sources, segment by segment: in place, or into `out` (then `vector`
     is left as it was and `out` holds the whole new state on return)."""
+    plan, addresses, layout, transport, b = inputs.plan, inputs.addresses, ctx.layout, ctx.transport, inputs.buffers
+    vector, recv, out, deadline_s = b.vector, b.recv, b.out, b.deadline_s
     result = RoundResult(plan.round, plan.partners)
     started = time.monotonic()
     into = vector if out is None else out
@@ -139,7 +130,7 @@ async def gossip_round(
         # Averaged as soon as it is here, while the next segment is still arriving
         # (no await below: a deadline cannot cut an average in half).
         gap = relative_gap(own, theirs)
-        clipped = clip_pull(own, theirs, clipper) < 1.0
+        clipped = clip_pull(own, theirs, ctx.clipper) < 1.0
         if not average_pair(own, theirs, into[span.start : span.stop], plan.me < source):
             raise NonFiniteAverage(f"{source} sent non-finite values in segment {s}")
         result.reached.add(source)

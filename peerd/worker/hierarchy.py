@@ -31,34 +31,17 @@ import time
 import torch
 
 from peerd.core.groups import GroupPlan
-from peerd.core.robust import PullClipper
-from peerd.core.segments import Span
 from peerd.errors import NonFiniteAverage, PeerdError, PeerUnavailable
 from peerd.worker.gossip import RoundResult, clip_pull, keep_own, record_failure, relative_gap
 from peerd.worker.reduce import mix_groups, reduce_group, round_to_wire, round_to_wire_
-from peerd.worker.snapshots import StageStore
-from peerd.worker.transport import Transport
+from peerd.worker.roundctx import RoundContext, RoundInputs
 
 
-async def hierarchical_round(
-    plan: GroupPlan,
-    me: str,
-    addresses: dict[str, str],
-    vector: torch.Tensor,
-    recv: torch.Tensor,
-    layout: list[Span],
-    transport: Transport,
-    stages: StageStore,
-    deadline_s: float,
-    clipper: PullClipper | None = None,
-    wire_dtype: torch.dtype = torch.float32,
-    out: torch.Tensor | None = None,
-) -> RoundResult:
+async def hierarchical_round(ctx: RoundContext, inputs: RoundInputs) -> RoundResult:
     """Run this peer's part of the round; `vector` (its state at the start of
     the round, already published as its snapshot) is updated in place, or left
     as it was with the new state written into `out`."""
-    return await _Round(plan, me, addresses, vector, recv, layout, transport, stages, deadline_s, clipper,
-                        wire_dtype, out).run()
+    return await _Round(ctx, inputs).run()
 
 
 def planned_partners(plan: GroupPlan, me: str) -> frozenset[str]:
@@ -72,15 +55,13 @@ def planned_partners(plan: GroupPlan, me: str) -> frozenset[str]:
 class _Round:
     """One peer's part of one round: the fetches and the stage publishing."""
 
-    def __init__(self, plan: GroupPlan, me: str, addresses: dict[str, str], vector: torch.Tensor,
-                 recv: torch.Tensor, layout: list[Span], transport: Transport, stages: StageStore,
-                 deadline_s: float, clipper: PullClipper | None, wire_dtype: torch.dtype,
-                 out: torch.Tensor | None) -> None:
-        self.plan, self.me, self.addresses, self.layout = plan, me, addresses, layout
-        self.vector, self.recv, self.out = vector, recv, out
-        self.transport, self.stages, self.clipper, self.wire_dtype = transport, stages, clipper, wire_dtype
-        self.deadline_s = deadline_s
-        self.into = vector if out is None else out  # where the new state goes
+    def __init__(self, ctx: RoundContext, inputs: RoundInputs) -> None:
+        plan, me, b = inputs.plan, ctx.me, inputs.buffers
+        self.plan, self.me, self.addresses, self.layout = plan, me, inputs.addresses, ctx.layout
+        self.transport, self.stages, self.clipper = ctx.transport, ctx.stages, ctx.clipper
+        self.wire_dtype = ctx.wire_dtype
+        self.vector, self.recv, self.out, self.deadline_s = b.vector, b.recv, b.out, b.deadline_s
+        self.into = b.vector if b.out is None else b.out  # where the new state goes
         self.others = [m for m in plan.group if m != me]
         self.result = RoundResult(plan.round, planned_partners(plan, me))
         self.written: set[int] = set()

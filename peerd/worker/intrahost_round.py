@@ -25,70 +25,55 @@ import time
 
 import torch
 
-from peerd.core.groups import GroupPlan
 from peerd.core.intrahost import NOT_COVERING, covers, round_key
-from peerd.core.robust import PullClipper
-from peerd.core.segments import Span
 from peerd.errors import NonFiniteAverage, PeerdError, PeerUnavailable
 from peerd.worker.codec import finite_by_sum
 from peerd.worker.gossip import RoundResult, clip_pull, record_failure, relative_gap
-from peerd.worker.intrahost import IntraHostError, IntraHostGroup
-from peerd.worker.snapshots import StageStore
-from peerd.worker.transport import Transport
+from peerd.worker.intrahost import IntraHostError
+from peerd.worker.roundctx import RoundContext, RoundInputs
 
 
-async def intrahost_round(
-    group: IntraHostGroup,
-    plan: GroupPlan,
-    me: str,
-    addresses: dict[str, str],
-    vector: torch.Tensor,
-    recv: torch.Tensor,
-    layout: list[Span],
-    transport: Transport,
-    stages: StageStore,
-    deadline_s: float,
-    clipper: PullClipper | None = None,
-    wire_dtype: torch.dtype = torch.float32,
-    out: torch.Tensor | None = None,
-) -> RoundResult | None:
+async def intrahost_round(ctx: RoundContext, inputs: RoundInputs) -> RoundResult | None:
     """hierarchical_round with the inner stage on the intra-host group (same
-    arguments, same result); None: the group is not usable for this round, and
-    `vector` (and `out`) are as they were, so the caller runs hierarchical_round."""
-    del wire_dtype  # members get the owner's mix as exact fp32 over the group; only stage 1 crosses hosts
+    arguments, same result); None: the group is not usable for this round (or
+    there is none), and `vector` (and `out`) are as they were, so the caller
+    runs hierarchical_round. Members get the owner's mix as exact fp32 over the
+    group: only stage 1 crosses hosts, and the wire dtype plays no part."""
+    group, plan, b = ctx.intrahost, inputs.plan, inputs.buffers
+    if group is None:
+        return None
     started = time.monotonic()
     key = round_key(plan.round, plan.group, plan.owners, plan.sources) if covers(plan.group, group.members) \
         else NOT_COVERING
     if not await group.enter(plan.round, key):
         return None
-    work = recv if out is None else out  # the new state; `vector` stays as it was until the round succeeds
+    work = b.recv if b.out is None else b.out  # the new state; `vector` stays as it was until the round succeeds
     try:
-        await group.run(group.mean_into_, vector, work)
+        await group.run(group.mean_into_, b.vector, work)
     except IntraHostError:
         return None
-    owned = plan.owned_by(me)
-    others = [m for m in plan.group if m != me]
+    owned = plan.owned_by(ctx.me)
+    others = [m for m in plan.group if m != ctx.me]
     partners = {plan.sources[s] for s in owned if plan.sources[s] is not None}
     result = RoundResult(plan.round, frozenset({*others, *partners}))
     result.reached.update(others)
     if len(plan.groups) > 1:
-        await _cross_hosts(group, plan, me, addresses, vector, work, layout, transport, stages, deadline_s,
-                           clipper, result, started)
+        await _cross_hosts(ctx, inputs, work, result, started)
     group.rounds += 1
-    gaps = [relative_gap(vector[s.start : s.stop], work[s.start : s.stop]) for s in layout]
+    gaps = [relative_gap(b.vector[s.start : s.stop], work[s.start : s.stop]) for s in ctx.layout]
     result.disagreement = sum(gaps) / len(gaps)
-    if out is None:
-        vector.copy_(work)
+    if b.out is None:
+        b.vector.copy_(work)
     result.seconds = time.monotonic() - started
     return result
 
 
-async def _cross_hosts(group: IntraHostGroup, plan: GroupPlan, me: str, addresses: dict[str, str],
-                       vector: torch.Tensor, work: torch.Tensor, layout: list[Span], transport: Transport,
-                       stages: StageStore, deadline_s: float, clipper: PullClipper | None, result: RoundResult,
+async def _cross_hosts(ctx: RoundContext, inputs: RoundInputs, work: torch.Tensor, result: RoundResult,
                        started: float) -> None:
     """Stages 2 and 3: owners mix with the partner groups over the transport, then
     each mixed segment goes to the group by broadcast from its owner."""
+    group, plan, me, layout, stages = ctx.intrahost, inputs.plan, ctx.me, ctx.layout, ctx.stages
+    addresses, vector, deadline_s = inputs.addresses, inputs.buffers.vector, inputs.buffers.deadline_s
     owned = plan.owned_by(me)
     await stages.begin(plan.round, owned)
     for s in owned:  # stage 1, for the partner groups' owners
@@ -103,12 +88,12 @@ async def _cross_hosts(group: IntraHostGroup, plan: GroupPlan, me: str, addresse
             if address is None:
                 raise PeerUnavailable(f"{source} has no address in this view")
             budget = max(0.0, started + deadline_s * 2 / 3 - time.monotonic())
-            await asyncio.wait_for(transport.fetch_segment(address, plan.round, s, theirs, budget, 1), budget)
+            await asyncio.wait_for(ctx.transport.fetch_segment(address, plan.round, s, theirs, budget, 1), budget)
         except (PeerdError, TimeoutError) as exc:
             record_failure(result, source, plan.round, exc)
         else:
             result.reached.add(source)
-            result.clipped += clip_pull(mean, theirs, clipper) < 1.0
+            result.clipped += clip_pull(mean, theirs, ctx.clipper) < 1.0
             if finite_by_sum(theirs):  # the transport leaves stage 1 to the round (ROUND_CHECKED_STAGES)
                 mean.mul_(1 - plan.weight).add_(theirs, alpha=plan.weight)
             else:

@@ -3,7 +3,7 @@ while the next local steps compute, and its effect lands one round stale
 (peerd.worker.correction; docs/algorithms.md, "Overlapped rounds").
 
     runner = OverlapRunner(store, numel)
-    await runner.start(r, model_vector, flat_exchange(plan, view, layout, transport), deadline)
+    await runner.start(r, model_vector, flat_exchange(context, plan, view), deadline)
     ... local steps on model_vector ...
     result = await runner.finish(model_vector)   # None: no correction was applied
 
@@ -28,66 +28,42 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 import torch
 
 from peerd.core.groups import GroupPlan
-from peerd.core.robust import PullClipper
-from peerd.core.segments import Span
 from peerd.core.topology import RoundPlan
 from peerd.errors import PeerdError
 from peerd.worker.correction import PendingRound
 from peerd.worker.gossip import RoundResult, gossip_round
 from peerd.worker.hierarchy import hierarchical_round
-from peerd.worker.intrahost import IntraHostGroup
 from peerd.worker.intrahost_round import intrahost_round
-from peerd.worker.snapshots import SnapshotStore, StageStore
-from peerd.worker.transport import Transport
+from peerd.worker.roundctx import RoundBuffers, RoundContext, RoundInputs
+from peerd.worker.snapshots import SnapshotStore
 
 log = logging.getLogger("peerd.worker")
 
 GRACE_S = 1.0  # past the round's deadline, how long `finish` waits before it gives the round up
 
 
-@dataclass(frozen=True)
-class RoundBuffers:
-    """What one overlapped round works on: `snapshot` is this peer's published
-    state (read only), `recv` scratch for received values, `out` must hold the
-    whole new state when the round returns (the round functions' `out=`), and
-    `deadline_s` bounds the exchange."""
-
-    snapshot: torch.Tensor
-    recv: torch.Tensor
-    out: torch.Tensor
-    deadline_s: float
-
-
 Exchange = Callable[[RoundBuffers], Awaitable[RoundResult | None]]
 
 
-def flat_exchange(
-    plan: RoundPlan, addresses: dict[str, str], layout: list[Span], transport: Transport,
-    clipper: PullClipper | None = None,
-) -> Exchange:
+def flat_exchange(ctx: RoundContext, plan: RoundPlan, addresses: dict[str, str]) -> Exchange:
     """A flat crossover round (peerd.worker.gossip) as an overlapped exchange."""
     def run(b: RoundBuffers) -> Awaitable[RoundResult]:
-        return gossip_round(plan, addresses, b.snapshot, b.recv, layout, transport, b.deadline_s, clipper, out=b.out)
+        return gossip_round(ctx, RoundInputs(plan, addresses, b))
     return run
 
 
-def hierarchical_exchange(
-    plan: GroupPlan, me: str, addresses: dict[str, str], layout: list[Span], transport: Transport,
-    stages: StageStore, clipper: PullClipper | None = None,
-    wire_dtype: torch.dtype = torch.float32, intrahost: IntraHostGroup | None = None,
-) -> Exchange:
+def hierarchical_exchange(ctx: RoundContext, plan: GroupPlan, addresses: dict[str, str]) -> Exchange:
     """A hierarchical round (peerd.worker.hierarchy) as an overlapped exchange;
-    with `intrahost`, its group stage on the daemon's intra-host group when the
+    with an intra-host group in `ctx`, its group stage on that group when the
     members agree (peerd.worker.intrahost_round), else over the transport."""
     async def run(b: RoundBuffers) -> RoundResult:
-        args = (plan, me, addresses, b.snapshot, b.recv, layout, transport, stages, b.deadline_s, clipper, wire_dtype)
-        result = await intrahost_round(intrahost, *args, out=b.out) if intrahost is not None else None
-        return result if result is not None else await hierarchical_round(*args, out=b.out)
+        inputs = RoundInputs(plan, addresses, b)
+        result = await intrahost_round(ctx, inputs)
+        return result if result is not None else await hierarchical_round(ctx, inputs)
     return run
 
 
@@ -138,7 +114,7 @@ class OverlapRunner:
         deadline_s += period
         self._pending = PendingRound(round_, snapshot, self._out)
         self._until = now + deadline_s + self._grace_s
-        self._task = asyncio.ensure_future(exchange(RoundBuffers(snapshot, self._recv, self._out, deadline_s)))
+        self._task = asyncio.ensure_future(exchange(RoundBuffers(snapshot, self._recv, deadline_s, self._out)))
 
     async def finish(self, vector: torch.Tensor) -> RoundResult | None:
         """Wait for the round in flight (up to its deadline and the grace) and add

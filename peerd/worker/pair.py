@@ -32,12 +32,9 @@ import time
 import torch
 
 from peerd.core.robust import PullClipper
-from peerd.core.segments import Span
-from peerd.core.topology import RoundPlan
 from peerd.errors import NonFiniteAverage
 from peerd.worker.gossip import RoundResult, average_pair, keep_own, record_failure, relative_gap
-from peerd.worker.snapshots import StageStore
-from peerd.worker.transport import Transport
+from peerd.worker.roundctx import RoundContext, RoundInputs
 
 STAGE_SNAPSHOT, STAGE_AVERAGE = 0, 2
 
@@ -53,32 +50,21 @@ def owned_by(me: str, partner: str, segments: int) -> list[int]:
     return [s for s in range(segments) if (s % 2 == 0) == (me == first)]
 
 
-async def pair_round(
-    plan: RoundPlan,
-    addresses: dict[str, str],
-    vector: torch.Tensor,
-    recv: torch.Tensor,
-    layout: list[Span],
-    transport: Transport,
-    stages: StageStore,
-    deadline_s: float,
-    out: torch.Tensor | None = None,
-) -> RoundResult:
+async def pair_round(ctx: RoundContext, inputs: RoundInputs) -> RoundResult:
     """gossip_round's result for a view of two peers: `vector` averaged with
     the partner's snapshot, in place or into `out`."""
-    return await _Pair(plan, addresses, vector, recv, layout, transport, stages, deadline_s, out).run()
+    return await _Pair(ctx, inputs).run()
 
 
 class _Pair:
-    def __init__(self, plan: RoundPlan, addresses: dict[str, str], vector: torch.Tensor, recv: torch.Tensor,
-                 layout: list[Span], transport: Transport, stages: StageStore, deadline_s: float,
-                 out: torch.Tensor | None) -> None:
-        self.plan, self.layout, self.transport, self.stages = plan, layout, transport, stages
-        self.vector, self.recv, self.out = vector, recv, out
-        self.into = vector if out is None else out
+    def __init__(self, ctx: RoundContext, inputs: RoundInputs) -> None:
+        plan, b = inputs.plan, inputs.buffers
+        self.plan, self.layout, self.transport, self.stages = plan, ctx.layout, ctx.transport, ctx.stages
+        self.vector, self.recv, self.out = b.vector, b.recv, b.out
+        self.into = b.vector if b.out is None else b.out
         self.partner = plan.sources[0]
-        self.address = addresses[self.partner]
-        self.deadline_s = deadline_s
+        self.address = inputs.addresses[self.partner]
+        self.deadline_s = b.deadline_s
         self.result = RoundResult(plan.round, plan.partners)
         self.written: set[int] = set()
         self.lent: list[int] = []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 
 import torch
 
@@ -29,6 +30,7 @@ from peerd.worker.link import SupervisorLink
 from peerd.worker.overlap import Exchange, OverlapRunner, flat_exchange, hierarchical_exchange
 from peerd.worker.pair import fits as pair_fits
 from peerd.worker.pair import pair_round
+from peerd.worker.roundctx import RoundBuffers, RoundContext, RoundInputs
 from peerd.worker.snapshots import WIRE_DTYPES, SnapshotStore, StageStore
 from peerd.worker.traffic import ExchangeTimes
 from peerd.worker.trainstate import TrainState
@@ -46,7 +48,6 @@ class Rounds:
         self.me = me
         self.state = state
         self.link = link
-        self.transport = transport
         numel = state.gossiped
         segments = 1 if spec.gossip.mode == "whole" else min(spec.gossip.segments, numel)
         self.layout = split_even(numel, segments)
@@ -61,6 +62,9 @@ class Rounds:
         self.deadline = DeadlineEstimator(spec.gossip.deadline_floor_s, spec.gossip.deadline_ceiling_s)
         self.suspicion = Suspicion()
         self.clipper = PullClipper(spec.gossip.clip_factor)
+        # What every round of the job shares (peerd.worker.roundctx).
+        self.context = RoundContext(me, self.layout, transport, self.stages, self.clipper,
+                                    WIRE_DTYPES[spec.gossip.wire], intrahost)
         self.clipped = 0
         self.misses = 0
         self.exchange_times = ExchangeTimes()  # one per gossip round this process completed
@@ -70,6 +74,15 @@ class Rounds:
         self._in_flight: tuple[int, dict[str, str], float] = (0, {}, 0.0)  # round, view, start of the one in flight
         self.round = 0  # the round being run (for plans and logs)
         self._pair = False  # this flat round runs as a pair round (peerd.worker.pair)
+
+    @property
+    def transport(self):
+        """The rounds' transport: the context's (setting it makes a new context)."""
+        return self.context.transport
+
+    @transport.setter
+    def transport(self, transport) -> None:
+        self.context = replace(self.context, transport=transport)
 
     async def run(self, round_: int, view: dict[str, str], capture) -> RoundResult | None:
         """One round, now: publish, let `capture()` copy the state for newcomers
@@ -129,23 +142,20 @@ class Rounds:
         vector = self.work if self.work is not None else self.state.flat.vector
         if vector is not self.state.flat.vector:
             vector.copy_(self.state.flat.vector)
+        inputs = RoundInputs(plan, view, RoundBuffers(vector, self.recv, deadline, into))
         if self.spec.gossip.mode == "hierarchical":
-            args = (plan, self.me, view, vector, self.recv, self.layout, self.transport, self.stages, deadline,
-                    self.clipper, WIRE_DTYPES[self.spec.gossip.wire])
             # Every worker of the group makes this call in every round, whatever its
             # view: intrahost_round agrees with the others or falls back (None).
-            result = await intrahost_round(self.intrahost, *args, out=into) if self.intrahost else None
+            result = await intrahost_round(self.context, inputs)
             if result is None:
-                result = await hierarchical_round(*args, out=into)
+                result = await hierarchical_round(self.context, inputs)
         elif self._pair:  # two peers: each averages half (peerd.worker.pair)
-            result = await pair_round(plan, view, vector, self.recv, self.layout, self.transport, self.stages,
-                                      deadline, out=into)
+            result = await pair_round(self.context, inputs)
         else:
             # No stage values in a flat round: a partner that runs a pair round
             # (its view holds only the two of us) is refused them at once.
             await self.stages.begin(plan.round, ())
-            result = await gossip_round(plan, view, vector, self.recv, self.layout, self.transport, deadline,
-                                        self.clipper, out=into)
+            result = await gossip_round(self.context, inputs)
         if vector is not self.state.flat.vector:
             self.state.flat.vector.copy_(vector, non_blocking=True)
         await self._after_round(result, view, now)
@@ -158,9 +168,8 @@ class Rounds:
             return None, 0.0
         plan, deadline = planned
         if self.spec.gossip.mode == "hierarchical":
-            return hierarchical_exchange(plan, self.me, view, self.layout, self.transport, self.stages,
-                                         self.clipper, WIRE_DTYPES[self.spec.gossip.wire], self.intrahost), deadline
-        return flat_exchange(plan, view, self.layout, self.transport, self.clipper), deadline
+            return hierarchical_exchange(self.context, plan, view), deadline
+        return flat_exchange(self.context, plan, view), deadline
 
     async def run_overlapped(self, round_: int, view: dict[str, str], capture) -> RoundResult | None:
         """docs/algorithms.md §1.10: apply the correction of the round in flight (one round
