@@ -21,8 +21,8 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from peerd.cluster import (BUILTIN_JOBS, POLL_S, LocalCluster, LocalDaemon, builtin_job, cluster_job_text, data_roots,
-                           default_job, local_data_settings)
+from peerd.cluster import (BUILTIN_JOBS, POLL_S, LocalCluster, LocalDaemon, Settings, builtin_job, cluster_job_text,
+                           data_roots, default_job, local_data_settings)
 from peerd.core.codes import ENDED_STATES, ExitCode
 from peerd.errors import PeerdError
 from peerd.interrupts import raise_interrupt
@@ -188,6 +188,26 @@ def _write_history(history: list[dict], path: Path) -> None:
         writer.writerows(history)
 
 
+def _local_data_note(spec, out: Path, roots: list[Path] | None) -> str:
+    """Where a local-data job's peers read their data, and which secret guards it."""
+    where = (f"the digits split by label into {out}/peer-K/data" if roots is None
+             else "; ".join(f"peer-{k}: {root}" for k, root in enumerate(roots)))
+    secret = f"a job secret in {out / 'job.secret'}" if not spec.secret_file else "the job's own secret_file"
+    return f"local data: {where}; {secret}"
+
+
+def _daemon_settings(local: Settings | None, workers: int) -> Settings:
+    """Each daemon's own config tables: a local-data job's root and secret, and
+    `workers` CPU workers."""
+    def settings(peer: LocalDaemon) -> dict[str, dict[str, object]]:
+        tables = local(peer) if local else {}
+        if workers > 1:
+            tables["worker"] = {"devices": ["cpu"] * workers}
+        return tables
+
+    return settings
+
+
 def run_cluster(args: argparse.Namespace) -> int:
     console = Console()
     job_path = args.job or default_job()
@@ -211,21 +231,13 @@ def run_cluster(args: argparse.Namespace) -> int:
     for note in notes:
         console.print(f"job file handed to the daemons, {escape(str(out / 'job.toml'))}: {escape(note)}")
     if local:
-        where = (f"the digits split by label into {out}/peer-K/data" if roots is None
-                 else "; ".join(f"peer-{k}: {root}" for k, root in enumerate(roots)))
-        secret = f"a job secret in {out / 'job.secret'}" if not spec.secret_file else "the job's own secret_file"
-        console.print(escape(f"local data: {where}; {secret}"))
+        console.print(escape(_local_data_note(spec, out, roots)))
     history: list[dict] = []
     rows: list[dict] = []
     started = time.monotonic()
     previous = signal.signal(signal.SIGTERM, raise_interrupt)
     try:
-        def settings(peer: LocalDaemon) -> dict[str, dict[str, object]]:
-            tables = local(peer) if local else {}
-            if args.workers > 1:
-                tables["worker"] = {"devices": ["cpu"] * args.workers}
-            return tables
-
+        settings = _daemon_settings(local, args.workers)
         with LocalCluster(peers, out, slowdowns=args.slowdowns, settings=settings) as cluster:
             cluster.wait_ready()
             cluster.wait_discovery(console)
