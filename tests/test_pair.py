@@ -146,3 +146,22 @@ async def test_a_poisoned_partner_leaves_the_segments_concerned_at_the_own_value
         else:
             assert torch.equal(a.vector[cut], torch.lerp(before["a"][cut], before["b"][cut], 0.5))
     assert torch.isfinite(a.vector).all()
+
+
+async def test_a_cancelled_pair_round_leaves_no_step_behind():
+    """A round given up is cancelled (an overlapped round past its grace): none of
+    its fetches outlives it, to write into buffers the next round uses."""
+    peers = make_peers(PAIR)  # b never publishes: a's steps wait
+    a = peers["a"]
+    transport = MemoryTransport(a.identity, {"mem-a": a.server, "mem-b": peers["b"].server})
+    await a.store.publish(1, a.vector)
+    before = asyncio.all_tasks()
+    plan = plan_round("job", 1, sorted(PAIR), "a", len(a.layout))
+    inputs = a.inputs(plan, {"a": "mem-a", "b": "mem-b"}, 30.0, torch.empty(a.vector.numel()))
+    task = asyncio.create_task(pair_round(a.context(transport), inputs))
+    await asyncio.sleep(0.1)
+    assert len(asyncio.all_tasks() - before) > 1  # the round and its steps
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await asyncio.sleep(0)
+    assert asyncio.all_tasks() - before == set()

@@ -80,12 +80,13 @@ class _Pair:
         await self.stages.begin(self.plan.round, owned)
         steps = {asyncio.ensure_future(self._average(s) if s in owned else self._take(s)): s
                  for s in range(len(self.layout))}
+        done: set[asyncio.Future] = set()
         try:
-            done, pending = await asyncio.wait(steps, timeout=self.deadline_s)
-            for task in pending:
+            done, _ = await asyncio.wait(steps, timeout=self.deadline_s)
+        finally:  # cancelled or not, no step outlives the round and nothing reads the new state once it is over
+            for task in steps:  # those done already are left as they are
                 task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
-        finally:  # cancelled or not, nothing may read the new state once the round is over
+            await asyncio.gather(*steps, return_exceptions=True)
             # The partner reads our averages if it runs a pair round too, and then
             # it lent us some of its own. If it lent none (it is gone, or runs a
             # flat round because its view differs) nothing will come to read.
