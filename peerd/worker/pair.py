@@ -83,15 +83,8 @@ class _Pair:
         done: set[asyncio.Future] = set()
         try:
             done, _ = await asyncio.wait(steps, timeout=self.deadline_s)
-        finally:  # cancelled or not, no step outlives the round and nothing reads the new state once it is over
-            for task in steps:  # those done already are left as they are
-                task.cancel()
-            await asyncio.gather(*steps, return_exceptions=True)
-            # The partner reads our averages if it runs a pair round too, and then
-            # it lent us some of its own. If it lent none (it is gone, or runs a
-            # flat round because its view differs) nothing will come to read.
-            took = bool(self.written - set(owned))
-            await self.stages.reclaim(self.plan.round, STAGE_AVERAGE, owned, self._left() if took else 0.0)
+        finally:  # cancelled or not
+            await self._end(steps, owned)
         for task, s in steps.items():
             exc = None if task in done and not task.cancelled() else TimeoutError("deadline")
             exc = exc or task.exception()
@@ -103,6 +96,19 @@ class _Pair:
             self.result.disagreement = sum(self.gaps) / len(self.gaps)
         self.result.seconds = time.monotonic() - self.started
         return self.result
+
+    async def _end(self, steps: dict[asyncio.Future, int], owned: list[int]) -> None:
+        """No step outlives the round, and nothing reads the new state once it is over."""
+        try:
+            for task in steps:  # those done already are left as they are
+                task.cancel()
+            await asyncio.gather(*steps, return_exceptions=True)
+        finally:
+            # The partner reads our averages if it runs a pair round too, and then
+            # it lent us some of its own. If it lent none (it is gone, or runs a
+            # flat round because its view differs) nothing will come to read.
+            took = bool(self.written - set(owned))
+            await self.stages.reclaim(self.plan.round, STAGE_AVERAGE, owned, self._left() if took else 0.0)
 
     def _left(self) -> float:
         return max(0.0, self.started + self.deadline_s - time.monotonic())
