@@ -30,6 +30,7 @@ import torch
 
 from peerd.core.consensus import consensus_timeout
 from peerd.core.meter import StepMeter
+from peerd.core.resume import Attempt, Resume, Tried, donors, resume_action, trained
 from peerd.core.shares import BatchPlan, Rebalancer, published_costs
 from peerd.core.startgate import Start, StartGate
 from peerd.errors import ConfigError, PeerdError
@@ -245,7 +246,8 @@ class Engine:
                 if self.link.orphaned:
                     raise PeerdError("lost the daemon while waiting for the job's peers; stopping")
                 ready = self.link.view.keys()
-                action = gate.action(self.me, ready, self._training(), time.monotonic() - since)
+                action = gate.action(self.me, ready, trained(self.link.speeds, self.link.progresses),
+                                     time.monotonic() - since)
                 if action == Start.BEGIN:
                     log.info("%s: starting together", gate.describe(self.me, ready))
                     return action
@@ -269,55 +271,50 @@ class Engine:
         finally:
             self.phase = "joining"
 
-    def _training(self) -> set[str]:
-        """Members that published a speed or a position: they took steps."""
-        link = self.link
-        return {p for p, v in link.speeds.items() if v > 0} | {p for p, v in link.progresses.items() if v > 0}
-
     def _donors(self) -> dict[str, str]:
-        """Who to take the state from: the serving members that trained, when any
-        did (a member still waiting at the start gate holds the initial state)."""
-        serving = {p: a for p, a in self.link.view.items() if p != self.me}
-        trained = {p: a for p, a in serving.items() if p in self._training()}
-        return trained or serving
+        link = self.link
+        return donors(link.view, self.me, trained(link.speeds, link.progresses))
 
     async def _resume(self, checkpoint) -> None:
-        """Continue the job: from the running peers if there are any (their state
-        is the job's), else from this peer's newest valid checkpoint, else from
-        scratch. A checkpoint further along than the peers' state wins. A pull
-        that fails while peers run is tried again: starting from scratch beside
-        a running job would train an untrained model as the job's."""
-        donors, give_up_at = self._donors(), time.monotonic() + JOIN_RETRY_S
-        while donors:
-            if await self._take_state(donors, "joining"):
-                ours = (self.round, self.source.step_count)
-                if checkpoint is None or (checkpoint.meta.round, checkpoint.meta.step) <= ours:
-                    return
-                log.info("the checkpoint of round %d is ahead of the peers' state: using it", checkpoint.meta.round)
-                break
-            if time.monotonic() >= give_up_at:
-                if checkpoint is None:
-                    raise PeerdError(f"could not take the job's state from the running peers "
-                                     f"({', '.join(sorted(donors))}) within {JOIN_RETRY_S:g} s; not starting "
-                                     "from scratch beside them")
-                break
-            await asyncio.sleep(HEARTBEAT_S)
-            await self.link.beat()
-            donors = self._donors()
-        if checkpoint is not None:
-            meta = checkpoint.meta
-            # Members that reached the job's end while this worker was away (it
-            # crashed and restarted, say) ended the job: train no more of it alone.
-            ended_by = sorted(self.link.finished - {self.me})
-            progress = max(meta.progress, float(self.spec.epochs)) if ended_by else meta.progress
-            self.source.adopt_state(checkpoint.vector, meta.extra, meta.step, progress)
-            self.round = self.checkpoint_round = meta.round
-            self._checkpoint_at = (meta.round, time.monotonic())
-            log.info("resumed from checkpoint %s: round %d, step %d, epoch %.2f",
-                     checkpoint.path.name, meta.round, meta.step, meta.progress)
-            if ended_by:
-                log.info("the job finished on %s while this worker was away: ending with this checkpoint",
-                         ", ".join(ended_by))
+        """Continue the job as resume_action (peerd.core.resume) says: from the
+        running peers' state, this peer's newest valid checkpoint, or scratch."""
+        serving, deadline = self._donors(), time.monotonic() + JOIN_RETRY_S
+        position = (checkpoint.meta.round, checkpoint.meta.step) if checkpoint is not None else None
+        tried, taken = Tried.NOTHING, None
+        while True:
+            action = resume_action(Attempt(tried, bool(serving), position, taken), time.monotonic(), deadline)
+            if action == Resume.PULL:
+                ok = await self._take_state(serving, "joining")
+                tried, taken = (Tried.TOOK, (self.round, self.source.step_count)) if ok else (Tried.FAILED, None)
+            elif action == Resume.WAIT:
+                await asyncio.sleep(HEARTBEAT_S)
+                await self.link.beat()
+                serving, tried = self._donors(), Tried.WAITED
+            elif action == Resume.GIVE_UP:
+                raise PeerdError(f"could not take the job's state from the running peers "
+                                 f"({', '.join(sorted(serving))}) within {JOIN_RETRY_S:g} s; not starting "
+                                 "from scratch beside them")
+            else:
+                if action == Resume.CHECKPOINT:
+                    if tried == Tried.TOOK:
+                        log.info("the checkpoint of round %d is ahead of the peers' state: using it", position[0])
+                    self._adopt_checkpoint(checkpoint)
+                return
+
+    def _adopt_checkpoint(self, checkpoint) -> None:
+        meta = checkpoint.meta
+        # Members that reached the job's end while this worker was away (it
+        # crashed and restarted, say) ended the job: train no more of it alone.
+        ended_by = sorted(self.link.finished - {self.me})
+        progress = max(meta.progress, float(self.spec.epochs)) if ended_by else meta.progress
+        self.source.adopt_state(checkpoint.vector, meta.extra, meta.step, progress)
+        self.round = self.checkpoint_round = meta.round
+        self._checkpoint_at = (meta.round, time.monotonic())
+        log.info("resumed from checkpoint %s: round %d, step %d, epoch %.2f",
+                 checkpoint.path.name, meta.round, meta.step, meta.progress)
+        if ended_by:
+            log.info("the job finished on %s while this worker was away: ending with this checkpoint",
+                     ", ".join(ended_by))
 
     async def checkpoint(self, why: str) -> None:
         meta = self._meta()
