@@ -21,6 +21,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
+from peerd.cli.plot import plot_progress
 from peerd.cluster import (BUILTIN_JOBS, POLL_S, LocalCluster, LocalDaemon, Settings, builtin_job, cluster_job_text,
                            data_roots, default_job, local_data_settings)
 from peerd.core.codes import ENDED_STATES, ExitCode
@@ -159,28 +160,6 @@ def _poll(cluster: LocalCluster, job: str, elapsed: float) -> list[dict]:
     return rows
 
 
-def _plot(history: list[dict], path: Path, metric: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
-    for peer in sorted({r["peer"] for r in history}):
-        rows = [r for r in history if r["peer"] == peer and r["step"] > 0]
-        ax_loss.plot([r["t"] for r in rows], [r["loss"] for r in rows], label=peer)
-        acc = [r for r in rows if not math.isnan(r["metric"])]
-        ax_acc.plot([r["t"] for r in acc], [r["metric"] for r in acc], marker=".", label=peer)
-    ax_loss.set(xlabel="seconds", ylabel="training loss (EMA)", title="loss per peer", yscale="log")
-    ax_acc.set(xlabel="seconds", ylabel=_label(metric), title=f"{_label(metric)} per peer")
-    for ax in (ax_loss, ax_acc):
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def _write_history(history: list[dict], path: Path) -> None:
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=[k for k in history[0] if k != "dir"], extrasaction="ignore")
@@ -259,7 +238,7 @@ def run_cluster(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
         if history:
             _write_history(history, out / "history.csv")
-            _plot(history, out / "progress.png", spec.metric)
+            plot_progress(history, out / "progress.png", spec.metric, spec.metric_mode)
     return _summary(rows, out, time.monotonic() - started, console, spec)
 
 
