@@ -56,13 +56,14 @@ from torch.utils.data import DataLoader, Dataset
 
 from peerd.core.lr import ScaleRamp
 from peerd.core.slowdown import Slowdown
+from peerd.core.stepplan import StepPlan
 from peerd.errors import ConfigError
 from peerd.launch import Launch, current_launch, set_launch
 from peerd.scriptsource import ScriptSource
 from peerd.scriptsource import total_steps as _total_steps
 from peerd.worker.data import PeerSampler, View, default_loader
 from peerd.worker.device import resolve_device
-from peerd.worker.engine import Engine, StepPlan
+from peerd.worker.engine import Engine
 from peerd.worker.link import SupervisorLink
 from peerd.worker.lrcontrol import LrControl
 from peerd.worker.modelfile import save_model

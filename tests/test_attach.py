@@ -16,12 +16,12 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import peerd
+from peerd.core.stepplan import StepPlan
 from peerd.errors import ConfigError
 from peerd.jobspec import parse_job
 from peerd.launch import Launch, set_launch
 from peerd.peer import Peer, _loss_value, _script_evaluation
 from peerd.scriptsource import ScriptSource
-from peerd.worker.engine import StepPlan
 from peerd.worker.lrcontrol import LrControl
 from peerd.worker.main import run_script
 from peerd.worker.trainstate import TrainState

@@ -22,22 +22,24 @@ import json
 import logging
 import math
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 import torch
 
+from peerd.core.catchup import step_up
 from peerd.core.consensus import consensus_timeout
 from peerd.core.meter import StepMeter
 from peerd.core.resume import Attempt, Resume, Tried, donors, resume_action, trained
 from peerd.core.shares import BatchPlan, Rebalancer, published_costs
 from peerd.core.startgate import Start, StartGate
+from peerd.core.stepplan import StepPlan, members_of, own_view, step_plan
 from peerd.errors import ConfigError, PeerdError
 from peerd.jobspec import JobSpec
 from peerd.rejections import Rejections
 from peerd.security import Security
 from peerd.worker.checkpoint import CheckpointDir
+from peerd.worker.checkpointer import Checkpointer
 from peerd.worker.consensus import Consensus, final_consensus, round_consensus, state_with
 from peerd.worker.gossip import RoundResult
 from peerd.worker.link import SupervisorLink
@@ -60,7 +62,6 @@ from peerd.worker.transport import GrpcTransport
 log = logging.getLogger("peerd.worker")
 
 HEARTBEAT_S = 0.5
-CATCH_UP_ROUNDS = 10  # a partner further ahead than this is logged when this worker steps up to it
 SETTLE_WAIT_S = 30.0  # longest wait for a freshly started daemon to hear from its peers
 JOIN_RETRY_S = 30.0  # how long a newcomer retries taking the running peers' state
 
@@ -89,25 +90,6 @@ class Source(Protocol):
     skipped_steps: int
 
     def adopt_state(self, vector: torch.Tensor, extra: bytes, step: int, progress: float) -> None: ...
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    """What the next local steps train with: decided by the engine at a round."""
-
-    members: list[str]  # the peers that serve the job, this one included: the data split
-    trainers: int  # peers serving now: the global batch the LR is scaled for
-    plan: BatchPlan | None  # DBS: each member's batch
-    stop: bool = False  # leave now: drained, signalled, or the daemon is gone
-    # local data: the serving peers' published data set sizes (0: not known yet), for the weights
-    data_sizes: dict[str, int] = field(default_factory=dict)
-    terms: dict[str, float] = field(default_factory=dict)  # ... every member's term of the job's clock, ever
-
-    def round_steps(self, peer: str, period: int) -> int:
-        """`peer`'s local steps in the next round: `period` ([gossip] period_steps)
-        unless the DBS plan gives it fewer (a member slower than the others even
-        at the minimum batch)."""
-        return self.plan.round_steps(peer, period) if self.plan is not None else period
 
 
 def rebalancer_of(spec: JobSpec) -> Rebalancer | None:
@@ -152,10 +134,9 @@ class Engine:
         self.final = FinalStore()  # this peer's final model, for the consensus at the end
         self.consensus: Consensus | None = None
         self._final_segments = 0  # segments of this peer's final model (conclude): the reads finish waits for
-        self.checkpoints = CheckpointDir(out_dir / "checkpoints", spec.name, self.identity.fingerprint, self.state.numel)
-        self._checkpoint_at = (0, time.monotonic())  # round and time of the last checkpoint
-        self.checkpoint_round = 0
-        self.checkpoints_written = 0
+        self.checkpoints = Checkpointer(
+            CheckpointDir(out_dir / "checkpoints", spec.name, self.identity.fingerprint, self.state.numel),
+            spec.checkpoint)
         self.stop_signal = False  # SIGTERM/SIGINT: finish the round, checkpoint, exit
         self.phase = "joining"
         self.round = 0
@@ -196,7 +177,7 @@ class Engine:
         while not self.link.settled and not self.link.view.keys() - {self.me} and time.monotonic() < settle_by:
             await asyncio.sleep(HEARTBEAT_S)
             await self.link.beat()
-        checkpoint = await asyncio.to_thread(self.checkpoints.load_newest)
+        checkpoint = await self.checkpoints.load_newest()
         if checkpoint is None and self.spec.min_peers > 1:  # a fresh start: the job wants its peers first
             if await self._wait_for_peers(address) == Start.BEGIN:
                 return await self._begin(address)  # every member ready holds the same initial state
@@ -308,8 +289,8 @@ class Engine:
         ended_by = sorted(self.link.finished - {self.me})
         progress = max(meta.progress, float(self.spec.epochs)) if ended_by else meta.progress
         self.source.adopt_state(checkpoint.vector, meta.extra, meta.step, progress)
-        self.round = self.checkpoint_round = meta.round
-        self._checkpoint_at = (meta.round, time.monotonic())
+        self.round = meta.round
+        self.checkpoints.resumed(meta.round)
         log.info("resumed from checkpoint %s: round %d, step %d, epoch %.2f",
                  checkpoint.path.name, meta.round, meta.step, meta.progress)
         if ended_by:
@@ -317,39 +298,16 @@ class Engine:
                      ", ".join(ended_by))
 
     async def checkpoint(self, why: str) -> None:
-        meta = self._meta()
-        # A copy on the CPU (the model may live on a GPU): training goes on meanwhile.
-        vector = self.state.vector()
-        path = await asyncio.to_thread(self.checkpoints.save, meta, vector)
-        self._checkpoint_at = (self.round, time.monotonic())
-        self.checkpoint_round = self.round
-        self.checkpoints_written += 1
-        log.info("checkpoint of round %d written (%s): %s", self.round, why, path.name)
-
-    def _checkpoint_due(self) -> bool:
-        every = self.spec.checkpoint
-        last_round, last_time = self._checkpoint_at
-        # This process's first round, too: a crash soon after a (re)start resumes
-        # from it, not from round 0 (docs/operations.md, Checkpoints).
-        first = self.checkpoints_written == 0 and (every.every_rounds > 0 or every.every_s > 0)
-        return (first or (every.every_rounds > 0 and self.round - last_round >= every.every_rounds)
-                or (every.every_s > 0 and time.monotonic() - last_time >= every.every_s))
+        await self.checkpoints.write(self._meta(), self.state.vector(), why)
 
     def _next_plan(self) -> StepPlan:
         """The plan of the next local steps, from the view of now."""
-        if self.link.orphaned:
+        link = self.link
+        if link.orphaned:
             raise PeerdError("lost the daemon: no heartbeat answer; stopping")
-        view = dict(self.link.view)
-        view[self.me] = self.link.address
-        # Split the data among the members that serve: one still loading or taking
-        # the state starts at a chunk boundary past the donor's position, so a
-        # part kept for it in the chunks before would go unread. The start gate
-        # ([job] min_peers) makes the first members serve before anyone reads.
-        members = sorted(view)
-        self._view = view
-        stop = self.link.stop or self.stop_signal
-        sizes = {p: self.link.data_sizes.get(p, 0) for p in view}
-        return StepPlan(members, len(view), self._plan(members), stop, sizes, dict(self.link.terms))
+        self._view = view = own_view(link.view, self.me, link.address)
+        return step_plan(view, self._plan(members_of(view)), link.stop or self.stop_signal, link.data_sizes,
+                         link.terms)
 
     async def end_round(self, steps: int | None = None) -> StepPlan:
         """The local steps of a round are done (`steps` of them, when the caller
@@ -372,7 +330,7 @@ class Engine:
             started = self._waited("round", started)
             if self.link.export_path and self.link.export_path != self.exported:
                 await self._export(self.link.export_path)
-            if self._checkpoint_due():
+            if self.checkpoints.due(self.round):
                 await self.checkpoint("periodic")
             started = self._waited("checkpoint", started)
             if self.round % self.spec.eval_every_rounds == 0 and self.evaluate is not None:
@@ -542,23 +500,17 @@ class Engine:
         if result is not None:
             for source, why in result.non_finite.items():
                 self.rejections.record(self._view.get(source, source), "non_finite", why)
-        await self._catch_up(result)
+        self._catch_up(result)
 
-    async def _catch_up(self, result: RoundResult | None) -> None:
-        """A partner is rounds ahead: step up to its round, keeping this model.
-
-        Never by taking its state: being ahead in rounds says nothing about being
-        right. A peer cut off by a partition races ahead in rounds (nobody to wait
-        for) on a model that diverged; taking "the state of whoever is ahead"
-        after the heal spread that model, pieced with others, to every peer and
-        sent the job to chance accuracy (found by peerd soak). Gossip merges the
-        models from here on, as it merges any two."""
-        if result is None or result.ahead_round <= self.round:
+    def _catch_up(self, result: RoundResult | None) -> None:
+        """A partner is rounds ahead: step up to its round, keeping this model (peerd.core.catchup)."""
+        up = step_up(self.round, result.ahead_round) if result is not None else None
+        if up is None:
             return
-        if result.ahead_round - self.round > CATCH_UP_ROUNDS:
+        if up.logged:
             log.info("round %d: %s is in round %d; stepping up to it", self.round, result.ahead_peer,
                      result.ahead_round)
-        self.round = max(self.round, result.ahead_round - 1)
+        self.round = up.round
 
     async def _take_state(self, donors: dict[str, str], why: str) -> bool:
         """Pull the training state from `donors` in parallel and continue from it."""

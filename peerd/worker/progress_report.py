@@ -25,7 +25,7 @@ def progress_of(engine, result: RoundResult | None, finished: bool = False) -> c
         rounds_done=times.count, bytes_sent=engine.traffic.sent,
         bytes_received=engine.traffic.received, exchange_buckets=times.buckets,
         exchange_sum_s=times.sum_s, exchange_count=times.count,
-        checkpoint_round=engine.checkpoint_round, checkpoints_written=engine.checkpoints_written,
+        checkpoint_round=engine.checkpoints.round, checkpoints_written=engine.checkpoints.written,
         exported=engine.exported, exported_round=engine.exported_round, intrahost=engine.rounds.intrahost_status,
         data_samples=getattr(t, "data_samples", 0), data_mode=engine.spec.data_mode,
         job_progress=getattr(t, "progress", 0.0), epochs_read=getattr(t, "epochs_read", 0.0),
