@@ -11,6 +11,10 @@ __version__ = "0.1.0"
 # use gRPC in a child, so the handlers are off unless the user turned them on.
 # Set before grpc is imported; inherited by every process peerd starts.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+# gRPC's core logs every failed TLS handshake (a peer of another CA, say) as its
+# own INFO line on stderr, once per attempt; peerd logs such a refusal itself, one
+# line per peer per minute (peerd.daemon.hello). GRPC_VERBOSITY=INFO brings them back.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 
 def attach(model, optimizer, **registered):

@@ -12,9 +12,11 @@ _MAX_PEERS_TRACKED = 4096
 
 
 class Rejections:
-    def __init__(self, log: logging.Logger, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, log: logging.Logger, clock: Callable[[], float] = time.monotonic,
+                 what: str = "refused a message from") -> None:
         self.counts: Counter[str] = Counter()
         self._log = log
+        self._what = what
         self._clock = clock
         self._last_logged: dict[str, float] = {}
 
@@ -29,5 +31,5 @@ class Rejections:
             if len(self._last_logged) >= _MAX_PEERS_TRACKED:
                 self._last_logged.clear()
         self._last_logged[peer] = now
-        self._log.warning("refused a message from %s (%s): %s; %d refused so far (%s)", peer, reason, detail,
+        self._log.warning("%s %s (%s): %s; %d refused so far (%s)", self._what, peer, reason, detail,
                           sum(self.counts.values()), ", ".join(f"{k}={v}" for k, v in sorted(self.counts.items())))

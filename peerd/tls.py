@@ -6,6 +6,8 @@ whose certificate that CA signed; the control socket (local) stays plain.
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,3 +72,14 @@ def add_port(server: grpc.aio.Server, address: str, tls: TlsMaterial | None) -> 
     credentials = grpc.ssl_server_credentials(
         [(tls.key, tls.cert)], root_certificates=tls.ca, require_client_auth=True)
     return server.add_secure_port(address, credentials)
+
+
+_HANDSHAKE = re.compile(r"tls handshake failed[^:]*:(?:.*?OPENSSL_internal:)?\s*([A-Z0-9_]+(?:: [^:]+)?)", re.IGNORECASE)
+
+
+def handshake_refusal(message: str) -> str | None:
+    """The reason in a gRPC error for a failed TLS handshake (for example
+    "CERTIFICATE_VERIFY_FAILED: unable to get local issuer certificate": the
+    peer's certificate is not of this lab's CA), or None for any other error."""
+    found = _HANDSHAKE.search(message)
+    return found.group(1).strip() if found else None

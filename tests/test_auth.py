@@ -19,7 +19,7 @@ from peerd.daemon.services import HELLO, PeerClient
 from peerd.errors import ConfigError, PeerUnavailable, Unauthenticated
 from peerd.proto.v1 import peer_pb2
 from peerd.rejections import Rejections
-from peerd.tls import TlsSettings
+from peerd.tls import TlsSettings, handshake_refusal
 from peerd.worker.snapshots import Identity
 from peerd.worker.state import StateMeta
 from peerd.worker.exchange_server import start_exchange_server
@@ -313,6 +313,43 @@ async def test_daemons_with_the_realm_secret_and_tls_see_each_other_and_no_one_e
     finally:
         for d in daemons:
             await d.aclose()
+
+
+def test_a_failed_tls_handshake_is_named_and_anything_else_is_not():
+    # gRPC's words when the other side's certificate is of another CA, and when a
+    # peer without TLS talks to one with it.
+    refused = ("127.0.0.1:40819: UNAVAILABLE: failed to connect to all addresses; last error: UNKNOWN: "
+               "ipv4:127.0.0.1:40819: Tls handshake failed (TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL: "
+               "error:1000007d:SSL routines:OPENSSL_internal:CERTIFICATE_VERIFY_FAILED: unable to get local "
+               "issuer certificate: OK")
+    assert handshake_refusal(refused) == "CERTIFICATE_VERIFY_FAILED: unable to get local issuer certificate"
+    assert handshake_refusal("127.0.0.1:40819: UNAVAILABLE: failed to connect to all addresses; last error: "
+                             "UNAVAILABLE: ipv4:127.0.0.1:40819: Socket closed") is None
+    assert handshake_refusal("peer-1: DEADLINE_EXCEEDED: Deadline Exceeded") is None
+
+
+@needs_openssl
+async def test_a_daemon_of_another_ca_is_refused_with_one_peerd_line_per_peer_per_minute(tmp_path, caplog, capfd):
+    make_ca(tmp_path, "lab")
+    make_ca(tmp_path, "rogue")
+    realm = tmp_path.name
+    alpha = Daemon(daemon_config(tmp_path, "alpha", realm, tls=settings(tmp_path, "lab", "alpha")))
+    delta = Daemon(daemon_config(tmp_path, "delta", realm, tls=settings(tmp_path, "rogue", "delta")))
+    caplog.set_level(logging.WARNING, logger="peerd")
+    try:
+        await alpha.start()
+        await delta.start()
+        # They find each other (zeroconf on loopback) and every Hello fails the handshake.
+        await until(lambda: alpha.hello.tls_refusals.counts["tls"] >= 3, "three refused Hellos from alpha")
+        assert alpha.membership.get("delta") is None and delta.membership.get("alpha") is None
+    finally:
+        await alpha.aclose()
+        await delta.aclose()
+    lines = [r.getMessage() for r in caplog.records if "TLS handshake failed with delta" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert "CERTIFICATE_VERIFY_FAILED" in lines[0], lines
+    # gRPC's own handshake lines (one per try, not in peerd's format) stay off stderr.
+    assert "ssl_transport_security" not in capfd.readouterr().err
 
 
 def test_a_daemon_with_an_unreadable_secret_does_not_start(tmp_path):

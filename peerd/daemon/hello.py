@@ -18,7 +18,8 @@ from peerd.core.membership import JobEntry, Membership, PeerRecord
 from peerd.daemon.services import GET_JOB_SPEC, HELLO as HELLO_METHOD, PeerClient, hello_request
 from peerd.errors import PeerdError
 from peerd.proto.v1 import peer_pb2
-from peerd.tls import TlsMaterial
+from peerd.rejections import Rejections
+from peerd.tls import TlsMaterial, handshake_refusal
 
 log = logging.getLogger("peerd")
 HELLO_TIMEOUT_S = 2.0
@@ -35,6 +36,8 @@ class HelloClient:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._background: set[asyncio.Task] = set()  # channel closes and out-of-turn Hellos in flight
         self._pulling: set[str] = set()  # peers asked out of turn, until they answer
+        # A peer of another CA fails every Hello: one line per peer per minute, not one per try.
+        self.tls_refusals = Rejections(log, clock, what="TLS handshake failed with")
 
     # ---- the address book ------------------------------------------------
 
@@ -119,7 +122,11 @@ class HelloClient:
                 hello_request(self.peer_id, self.peer_address, self.config.realm, changed),
                 peer_pb2.HelloReply, HELLO_TIMEOUT_S)
         except PeerdError as exc:
-            log.debug("hello to %s at %s failed: %s", peer_id, address, exc)
+            refusal = handshake_refusal(str(exc))
+            if refusal is not None:
+                self.tls_refusals.record(f"{peer_id or 'a seed'} at {address}", "tls", refusal)
+            else:
+                log.debug("hello to %s at %s failed: %s", peer_id, address, exc)
             return  # silence counts against it through the membership timeout
         if reply.realm != self.config.realm:
             if peer_id:
