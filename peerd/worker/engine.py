@@ -23,13 +23,9 @@ import logging
 import math
 import time
 from pathlib import Path
-from typing import Protocol
-
-import torch
 
 from peerd.core.catchup import step_up
 from peerd.core.consensus import consensus_timeout
-from peerd.core.meter import StepMeter
 from peerd.core.resume import Attempt, Resume, Tried, donors, resume_action, trained
 from peerd.core.shares import BatchPlan, Rebalancer, published_costs
 from peerd.core.startgate import Start, StartGate
@@ -43,9 +39,10 @@ from peerd.worker.checkpointer import Checkpointer
 from peerd.worker.consensus import Consensus, final_consensus, round_consensus, state_with
 from peerd.worker.gossip import RoundResult
 from peerd.worker.link import SupervisorLink
-from peerd.worker.progress_report import progress_of
+from peerd.worker.progress_report import EngineFigures, TimeSpent, progress_of
 from peerd.worker.rounds import Rounds
 from peerd.worker.snapshots import FinalStore, Identity, SegmentServer
+from peerd.worker.source import Source
 from peerd.worker.state import StateBoard, StateMeta, StateServer, pull_state
 from peerd.worker.traffic import (
     CountingSegmentServer,
@@ -53,7 +50,6 @@ from peerd.worker.traffic import (
     CountingTransport,
     Traffic,
 )
-from peerd.worker.trainstate import TrainState
 from peerd.worker.exchange_server import start_exchange_server
 from peerd.worker.finalmodel import FinalModel
 from peerd.worker.modelfile import write_model
@@ -69,27 +65,6 @@ JOIN_RETRY_S = 30.0  # how long a newcomer retries taking the running peers' sta
 class StartTimeout(ConfigError):
     """Too few members came to start the job together: a restart would wait the
     same way, so the worker fails (ConfigError's exit code) and says why."""
-
-
-class Source(Protocol):
-    """The training side, as the engine sees it: its counters and its state."""
-
-    state: TrainState
-    step_count: int
-    samples: int
-    progress: float  # epochs done, fractional
-    epoch: int
-    loss_ema: float
-    speed_ema: float  # samples/s of compute, no network wait (DBS)
-    meter: StepMeter  # the same speed, and the step's fixed and per-sample costs when timed apart (DBS)
-    local_batch: int
-    share: float
-    compute_s: float
-    lr: float
-    global_batch: int
-    skipped_steps: int
-
-    def adopt_state(self, vector: torch.Tensor, extra: bytes, step: int, progress: float) -> None: ...
 
 
 def rebalancer_of(spec: JobSpec) -> Rebalancer | None:
@@ -149,9 +124,7 @@ class Engine:
         self._closed = False
         self.left = False  # announced its leave: no more rounds
         self.exported, self.exported_round = "", 0  # peerctl export: the last file written
-        # Where the training's wall time goes besides its steps (Progress.waited_s).
-        self.training_since = math.nan  # monotonic time training started
-        self.waited = {"round": 0.0, "evaluate": 0.0, "checkpoint": 0.0}
+        self.time = TimeSpent()
 
     async def start(self) -> StepPlan:
         """Serve, hear from the daemon, resume; then the plan of the first steps."""
@@ -187,7 +160,7 @@ class Engine:
     async def _begin(self, address: str) -> StepPlan:
         """Train from the state this worker holds now."""
         self.phase = "training"
-        self.training_since = time.monotonic()
+        self.time.start()
         log.info("training from round %d, step %d", self.round, self.source.step_count)
         await self.store.publish(self.round, self.state.flat.vector)
         self.link.address = address
@@ -327,30 +300,19 @@ class Engine:
             run = self.rounds.run_overlapped if self.rounds.overlap is not None else self.rounds.run
             result = await run(self.round, self._view, self.capture_if_wanted)
             await self._round_done(result)
-            started = self._waited("round", started)
+            started = self.time.add("round", started)
             if self.link.export_path and self.link.export_path != self.exported:
                 await self._export(self.link.export_path)
             if self.checkpoints.due(self.round):
                 await self.checkpoint("periodic")
-            started = self._waited("checkpoint", started)
+            started = self.time.add("checkpoint", started)
             if self.round % self.spec.eval_every_rounds == 0 and self.evaluate is not None:
                 self.metrics = await asyncio.to_thread(self.evaluate)
-            self._waited("evaluate", started)
+            self.time.add("evaluate", started)
             self._report(result)
             return self._next_plan()
         finally:
             self._parked = False
-
-    @property
-    def training_s(self) -> float:
-        """Wall seconds since training started here (0 before)."""
-        return time.monotonic() - self.training_since if math.isfinite(self.training_since) else 0.0
-
-    def _waited(self, cause: str, since: float) -> float:
-        """Add the time since `since` to what the training waited for `cause`; returns now."""
-        now = time.monotonic()
-        self.waited[cause] += now - since
-        return now
 
     async def _export(self, path: str) -> None:
         """peerctl export: the exact average of this round's snapshots of the
@@ -543,4 +505,8 @@ class Engine:
             self._report(None)
 
     def _report(self, result: RoundResult | None, finished: bool = False) -> None:
-        self.link.progress = progress_of(self, result, finished)
+        rounds = self.rounds
+        figures = EngineFigures(self.round, self.phase, self.metrics, self.checkpoints.last,
+                                (self.exported, self.exported_round), rounds.misses, rounds.exchange_times,
+                                rounds.intrahost_status, self.rejections.counts, self.traffic, self.time)
+        self.link.progress = progress_of(self.source, figures, self.spec, result, self.link.progress, finished)
