@@ -111,7 +111,7 @@ PEERS = ("peer-0", "peer-1", "peer-2")
 def healthy(t: float, peer: str, **changes) -> Sample:
     base = Sample(t=t, peer=peer, expected_up=True, up=True, linked=True, in_job=True, state="running",
                   phase="training", step=int(10 * t) + 1, round=int(10 * t) + 1, loss=1.0 / (1 + t),
-                  accuracy=0.95, exchange_s=0.2, reached=2, planned=2, view=frozenset(PEERS))
+                  metric=0.95, exchange_s=0.2, reached=2, planned=2, view=frozenset(PEERS))
     return replace(base, **changes)
 
 
@@ -233,11 +233,84 @@ def test_checkpoint_check_skips_without_support_and_fails_bad_files():
     assert bad.verdict == "fail" and bad.details == ("b.ckpt: checksum mismatch",)
 
 
-def test_target_accuracy_uses_the_peers_in_the_job_at_the_end():
-    samples = run_of(20, lambda t, p: {"accuracy": 0.5} if p == "peer-2" else {})
-    assert ck.target_accuracy(samples, 0.9).verdict == "fail"  # mean (0.95 + 0.95 + 0.5) / 3
+def test_target_uses_the_peers_in_the_job_at_the_end():
+    samples = run_of(20, lambda t, p: {"metric": 0.5} if p == "peer-2" else {})
+    assert ck.reached_target(samples, 0.9).verdict == "fail"  # mean (0.95 + 0.95 + 0.5) / 3
     gone = [replace(s, in_job=False) if s.peer == "peer-2" and s.t > 15 else s for s in samples]
-    assert ck.target_accuracy(gone, 0.9).verdict == "pass"
+    assert ck.reached_target(gone, 0.9).verdict == "pass"
+
+
+def test_accuracy_target_is_higher_is_better_with_a_default_of_0_9():
+    check = ck.reached_target(run_of(20, lambda t, p: {"metric": 0.91} if p == "peer-2" else {}), None)
+    assert check.name == "the job reached test accuracy ≥ 0.9"
+    assert check.evidence == "mean last test accuracy 0.9367 over 3 peers (best 0.9500; higher is better)"
+    assert check.verdict == "pass"
+
+
+def val_loss_run(values: dict[str, float]) -> list[Sample]:
+    """A language-model job: its metric is a validation loss, lower is better."""
+    return run_of(20, lambda t, p: {"metric": values[p] + 1.0 / (1 + t)})  # falling, to values[p] + 0.05
+
+
+def test_a_min_mode_metric_passes_at_or_below_its_target():
+    samples = val_loss_run({"peer-0": 1.55, "peer-1": 1.60, "peer-2": 1.70})
+    check = ck.reached_target(samples, 1.75, "val_loss", "min")
+    assert check.verdict == "pass"
+    assert check.name == "the job reached val_loss ≤ 1.75"
+    # best is the lowest; nothing says accuracy
+    assert check.evidence == "mean last val_loss 1.6667 over 3 peers (best 1.6000; lower is better)"
+    assert check.details == ("peer-0: 1.6000 at 19s", "peer-1: 1.6500 at 19s", "peer-2: 1.7500 at 19s")
+    checks = ck.run_checks(samples, [], ceiling_s=10, stall_s=20, converge_s=10, target=1.75, checkpoints=None,
+                           metric="val_loss", mode="min")
+    assert [(c.name, c.verdict) for c in checks][-1] == ("the job reached val_loss ≤ 1.75", "pass")
+
+
+def test_a_min_mode_metric_fails_above_its_target():
+    samples = val_loss_run({"peer-0": 1.55, "peer-1": 1.60, "peer-2": 1.70})
+    check = ck.reached_target(samples, 1.6, "val_loss", "min")  # a higher-is-better check would pass this
+    assert check.verdict == "fail"
+    assert check.evidence == "mean last val_loss 1.6667 over 3 peers (best 1.6000; lower is better)"
+    assert "accuracy" not in check.name + check.evidence
+
+
+def test_a_metric_without_a_target_is_reported_not_judged():
+    check = ck.reached_target(val_loss_run({"peer-0": 1.5, "peer-1": 1.5, "peer-2": 1.5}), None, "val_loss", "min")
+    assert (check.name, check.verdict) == ("the job's val_loss (no target)", "skip")
+    assert check.evidence == "mean last val_loss 1.5500 over 3 peers (best 1.5500; lower is better); no --target given"
+
+
+def test_target_option_and_its_old_name():
+    import argparse
+
+    from peerd.soak.cli import add_arguments, settings_from
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert settings_from(parser.parse_args(["--target", "1.7"])).target == 1.7
+    assert settings_from(parser.parse_args(["--target-accuracy", "0.8"])).target == 0.8
+    assert settings_from(parser.parse_args([])).target is None  # the job's metric decides: 0.9 for accuracy
+
+
+def test_report_and_live_line_name_the_jobs_metric(tmp_path):
+    from peerd.jobspec import parse_job
+    from peerd.soak.report import write_report
+    from peerd.soak.runner import Run, SoakSettings, _line
+
+    path = Path(__file__).resolve().parents[1] / "peerd" / "examples" / "charlm.toml"
+    spec = parse_job(path.read_text(), str(path))
+    samples = val_loss_run({"peer-0": 1.55, "peer-1": 1.60, "peer-2": 1.70})
+    line = _line(19.0, [s for s in samples if s.t == 19], spec)
+    assert line.endswith("best val_loss 1.600")
+    run = Run(SoakSettings(target=1.75, out=tmp_path), spec, "127.0.0.1 (test)", "", samples=samples)
+    checks = ck.run_checks(samples, [], ceiling_s=10, stall_s=20, converge_s=10, target=1.75, checkpoints=None,
+                           metric=spec.metric, mode=spec.metric_mode)
+    text = write_report(run, checks, tmp_path).read_text()
+    assert "metric val_loss (lower is better)" in text
+    assert "| peer | state | round | loss | val_loss |" in text
+    assert "![val_loss and loss per peer](progress.png)" in text
+    assert "accuracy" not in text
+    header = (tmp_path / "samples.csv").read_text().splitlines()[0].split(",")
+    assert "metric" in header and "accuracy" not in header
 
 
 def test_loopback_has_no_partitions():
@@ -303,7 +376,7 @@ def test_short_soak_passes_every_check(tmp_path):
     (tmp_path / "schedule.toml").write_text(SHORT_SCHEDULE)
     out = tmp_path / "report"
     settings = SoakSettings(peers=4, duration_s=110, schedule=tmp_path / "schedule.toml", down_s=8,
-                            converge_s=60, stall_s=60, target_accuracy=0.8, out=out)
+                            converge_s=60, stall_s=60, target=0.8, out=out)
     try:
         run = run_soak(settings, default_job())
     finally:
@@ -312,7 +385,7 @@ def test_short_soak_passes_every_check(tmp_path):
         assert made_here() == set(), "namespaces of the soak left behind"
     checks = ck.run_checks(run.samples, run.events, ceiling_s=run.spec.gossip.deadline_ceiling_s,
                            stall_s=settings.stall_s, converge_s=settings.converge_s,
-                           target=settings.target_accuracy, checkpoints=run.checkpoints)
+                           target=settings.target, checkpoints=run.checkpoints)
     report = write_report(run, checks, out)
     text = summary(run, checks, report)
     assert not run.interrupted, text

@@ -10,10 +10,13 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
+from peerd.cli.plot import metric_label
 from peerd.core.codes import WorkerState
 from peerd.soak.schedule import PARTITION, RESTARTS
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
+# The target when none is given, by metric; a metric not here has none (the check only reports).
+DEFAULT_TARGETS = {"accuracy": 0.9}
 
 
 @dataclass(frozen=True)
@@ -32,7 +35,7 @@ class Sample:
     step: int = 0
     round: int = 0
     loss: float = math.nan
-    accuracy: float = math.nan
+    metric: float = math.nan  # the job's metric (job.metric) at its last evaluation
     lr: float = math.nan
     batch: int = 0
     exchange_s: float = math.nan
@@ -245,25 +248,39 @@ def checkpoints_valid(found: list[tuple[str, bool, str]] | None) -> Check:
     return Check(name, FAIL if bad else PASS, f"{len(found) - len(bad)}/{len(found)} checkpoints valid", tuple(bad))
 
 
-def target_accuracy(samples: list[Sample], target: float) -> Check:
-    """The last test accuracy of the peers in the job at the end, averaged, reaches the target."""
-    name = f"the job reached test accuracy {target:.2f}"
+def reached_target(samples: list[Sample], target: float | None, metric: str = "accuracy",
+                   mode: str = "max") -> Check:
+    """The job's metric at the last evaluation of each peer in the job at the end,
+    averaged, reaches the target in the job's direction: ≥ it for metric_mode
+    "max", ≤ it for "min". No target (and none by default for this metric): skipped,
+    with the values as evidence."""
+    label, lower = metric_label(metric), mode == "min"
+    target = DEFAULT_TARGETS.get(metric) if target is None else target
+    name = (f"the job reached {label} {'≤' if lower else '≥'} {target:g}" if target is not None
+            else f"the job's {label} (no target)")
     last: dict[str, Sample] = {}
     for s in samples:
-        if s.in_job and s.up and not math.isnan(s.accuracy):
+        if s.in_job and s.up and not math.isnan(s.metric):
             last[s.peer] = s
     end = max((s.t for s in samples), default=0.0)
     final = [s for s in last.values() if any(x.peer == s.peer and x.t == end and x.in_job for x in samples)]
     if not final:
-        return Check(name, FAIL, "no peer in the job at the end had evaluated the model")
-    mean = statistics.fmean(s.accuracy for s in final)
-    evidence = f"mean last test accuracy {mean:.4f} over {len(final)} peers (best {max(s.accuracy for s in final):.4f})"
-    return Check(name, PASS if mean >= target else FAIL, evidence,
-                 tuple(f"{s.peer}: {s.accuracy:.4f} at {s.t:.0f}s" for s in sorted(final, key=lambda s: s.peer)))
+        verdict = FAIL if target is not None else SKIP
+        return Check(name, verdict, "no peer in the job at the end had evaluated the model")
+    values = [s.metric for s in final]
+    mean, best = statistics.fmean(values), min(values) if lower else max(values)
+    evidence = (f"mean last {label} {mean:.4f} over {len(final)} peers (best {best:.4f}; "
+                f"{'lower' if lower else 'higher'} is better)")
+    details = tuple(f"{s.peer}: {s.metric:.4f} at {s.t:.0f}s" for s in sorted(final, key=lambda s: s.peer))
+    if target is None:
+        return Check(name, SKIP, f"{evidence}; no --target given", details)
+    return Check(name, PASS if (mean <= target if lower else mean >= target) else FAIL, evidence, details)
 
 
 def run_checks(samples: list[Sample], events: list[EventRecord], *, ceiling_s: float, stall_s: float,
-               converge_s: float, target: float, checkpoints: list[tuple[str, bool, str]] | None) -> list[Check]:
+               converge_s: float, target: float | None, checkpoints: list[tuple[str, bool, str]] | None,
+               metric: str = "accuracy", mode: str = "max") -> list[Check]:
+    """`target`, `metric`, `mode`: in the job's terms (its `metric` and `metric_mode`)."""
     return [
         daemons_alive(samples),
         rounds_within_deadline(samples, ceiling_s, stall_s),
@@ -271,5 +288,5 @@ def run_checks(samples: list[Sample], events: list[EventRecord], *, ceiling_s: f
         membership_converged(samples, events, converge_s),
         partitions_healed(samples, events, converge_s),
         checkpoints_valid(checkpoints),
-        target_accuracy(samples, target),
+        reached_target(samples, target, metric, mode),
     ]

@@ -63,8 +63,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="check: membership views agree within this many seconds after each event (default 60)")
     p.add_argument("--stall-bound", type=float, default=60.0,
                    help="check: no connected, training peer stays in one round longer than this (default 60)")
-    p.add_argument("--target-accuracy", type=float, default=0.9,
-                   help="check: mean last test accuracy of the peers in the job at the end (default 0.9)")
+    p.add_argument("--target", "--target-accuracy", dest="target", type=float, default=None, metavar="VALUE",
+                   help="check: the mean of the job's metric (its `metric`: accuracy, val_loss, ...) at the last "
+                        "evaluation of the peers in the job at the end reaches VALUE, in the job's direction: "
+                        '>= VALUE for metric_mode = "max", <= for "min" (default 0.9 for accuracy; none for '
+                        "another metric: the check then only reports the values); --target-accuracy is its old name")
     p.add_argument("--loopback", action="store_true",
                    help="run every peer on 127.0.0.1 even where namespaces work (no caps, no partitions)")
     p.add_argument("--out", type=Path, default=None, help="report directory (default runs/soak-TIMESTAMP)")
@@ -88,7 +91,7 @@ def settings_from(args: argparse.Namespace):
         peers=args.peers, duration_s=args.duration, interval_s=args.interval, settle_s=args.settle,
         down_s=args.down, seed=args.seed, schedule=args.schedule, job=args.job, epochs=args.epochs,
         bandwidth_mbit=args.bandwidth, slowdowns=args.slowdowns, poll_s=args.poll,
-        converge_s=args.converge_bound, stall_s=args.stall_bound, target_accuracy=args.target_accuracy,
+        converge_s=args.converge_bound, stall_s=args.stall_bound, target=args.target,
         loopback=args.loopback, out=args.out or Path("runs") / time.strftime("soak-%Y%m%d-%H%M%S"),
     )
 
@@ -111,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
         result = run_soak(settings, settings.job or default_job())
     checks = run_checks(result.samples, result.events, ceiling_s=result.spec.gossip.deadline_ceiling_s,
                         stall_s=settings.stall_s, converge_s=settings.converge_s,
-                        target=settings.target_accuracy, checkpoints=result.checkpoints)
+                        target=settings.target, checkpoints=result.checkpoints, metric=result.spec.metric,
+                        mode=result.spec.metric_mode)
     report = write_report(result, checks, settings.out)
     print(summary(result, checks, report))
     return 1 if result.interrupted or any(c.verdict == FAIL for c in checks) else 0

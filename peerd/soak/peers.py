@@ -182,6 +182,6 @@ class SoakPeer:
             self.worker_pids.add(local.worker_pid)
         p = local.progress
         return Sample(**truth, state=local.state, phase=p.phase, step=p.step, round=p.round, loss=p.loss,
-                      accuracy=p.metric, lr=p.lr, batch=p.global_batch, exchange_s=p.exchange_s,
+                      metric=p.metric, lr=p.lr, batch=p.global_batch, exchange_s=p.exchange_s,
                       misses=p.segment_misses, reached=p.partners_reached, planned=p.partners_planned,
                       restarts=local.restarts, view=frozenset(view), tx_bytes=tx, rx_bytes=rx)

@@ -8,13 +8,14 @@ import math
 from dataclasses import asdict, fields
 from pathlib import Path
 
+from peerd.cli.plot import metric_label
 from peerd.soak.checks import FAIL, PASS, Check, Sample, convergence_times
 from peerd.soak.runner import Run
 
 COLORS = {"kill_worker": "tab:red", "kill_daemon": "darkred", "partition": "tab:purple", "leave": "tab:gray",
           "join": "tab:green", "slowdown": "tab:orange"}
 PLOTS = {
-    "progress.png": "accuracy and loss per peer",
+    "progress.png": "{metric} and loss per peer",
     "membership.png": "membership view size per peer",
     "batch_lr.png": "global batch and learning rate per peer",
     "exchange.png": "exchange time and deadline misses per peer",
@@ -57,7 +58,8 @@ def _markdown(run: Run, checks: list[Check]) -> str:
         f"- verdict: **{'FAIL' if failed or run.interrupted else 'PASS'}** — {passed} passed, {failed} failed, "
         f"{len(checks) - passed - failed} skipped" + (f"; {run.interrupted}" if run.interrupted else ""),
         f"- job: `{run.spec.name}` (fingerprint {run.spec.fingerprint[:12]}), {len(peers)} peers "
-        f"({s.peers} at the start), {s.duration_s:.0f}s of churn after {run.t_training:.0f}s of setup",
+        f"({s.peers} at the start), {s.duration_s:.0f}s of churn after {run.t_training:.0f}s of setup; "
+        f"metric {_metric(run)}",
         f"- network: {run.network}; bandwidth caps (Mbit/s, by peer index, cycled): "
         f"{', '.join(f'{b:g}' for b in s.bandwidth_mbit) if run.network == 'namespaces' else 'none'}",
         "- compute slowdowns: " + (f"{', '.join(f'{x:g}' for x in s.slowdowns)} (config table [{run.slowdown}])"
@@ -76,17 +78,25 @@ def _markdown(run: Run, checks: list[Check]) -> str:
         lines.append(f"| {e.at_s:.0f} | {e.kind} | {e.peer} | {e.done_s - e.at_s:.1f} | "
                      f"{'never' if math.isnan(t) else f'{t:.1f}'} | {e.detail} |")
     lines += ["", "Times are seconds from the start of churn (every peer training).", "", "## Peers at the end", "",
-              "| peer | state | round | loss | test accuracy | restarts | deadline misses | sent (MB) |",
+              f"| peer | state | round | loss | {metric_label(run.spec.metric)} | restarts | deadline misses | "
+              "sent (MB) |",
               "|---|---|---|---|---|---|---|---|"]
     for p in peers:
         last = [x for x in run.samples if x.peer == p][-1]
         lines.append(f"| {p} | {last.state or 'not in the job'} | {last.round} | {_f(last.loss, 3)} | "
-                     f"{_f(last.accuracy, 4)} | {last.restarts} | {last.misses} | {_f(last.tx_bytes / 1e6, 1)} |")
+                     f"{_f(last.metric, 4)} | {last.restarts} | {last.misses} | {_f(last.tx_bytes / 1e6, 1)} |")
     shown = {n: w for n, w in PLOTS.items() if n != "bytes.png" or run.network == "namespaces"}
-    lines += ["", "## Plots", ""] + [f"![{what}]({name})" for name, what in shown.items()]
+    lines += ["", "## Plots", ""] + [f"![{what.format(metric=metric_label(run.spec.metric))}]({name})"
+                                     for name, what in shown.items()]
     if len(shown) < len(PLOTS):
         lines.append("\nNo bytes per peer: they are read at the bridge ports, and this run had no namespaces.")
     return "\n".join(lines) + "\n"
+
+
+def _metric(run: Run) -> str:
+    """The job's metric in words, with its direction (job.metric_mode)."""
+    better = "lower is better" if run.spec.metric_mode == "min" else "higher is better"
+    return f"{metric_label(run.spec.metric)} ({better})"
 
 
 def _f(value: float, digits: int) -> str:
@@ -133,7 +143,7 @@ def _plots(run: Run, out: Path) -> None:
         v = getattr(r, key)
         return v if r.training or key.endswith("bytes") else nan
 
-    figure("progress.png", [("accuracy", "test accuracy", False), ("loss", "training loss (EMA)", True)], value)
+    figure("progress.png", [("metric", _metric(run), False), ("loss", "training loss (EMA)", True)], value)
     figure("membership.png", [("view", "peers in the job seen by this daemon", False)], value)
     figure("batch_lr.png", [("batch", "global batch", False), ("lr", "learning rate", False)], value)
     figure("exchange.png", [("exchange_s", "exchange time of the last round (s)", True),

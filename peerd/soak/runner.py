@@ -25,6 +25,7 @@ from pathlib import Path
 
 import tomli_w
 
+from peerd.cli.plot import metric_label
 from peerd.errors import PeerdError
 from peerd.jobspec import JobSpec, parse_job
 from peerd.soak import schedule as sch
@@ -52,7 +53,7 @@ class SoakSettings:
     poll_s: float = 1.0
     converge_s: float = 60.0
     stall_s: float = 60.0
-    target_accuracy: float = 0.9
+    target: float | None = None  # in the job's metric; None: peerd.soak.checks.DEFAULT_TARGETS
     loopback: bool = False
     out: Path = Path("runs/soak")
 
@@ -146,7 +147,7 @@ class Soak:
         """A local-data job: the digits in up to 10 disjoint random slices (one per
         starting peer) and a job secret. Random, not by label: a peer that leaves
         for good then takes a tenth of the data away, not whole classes, so the
-        accuracy check still means what it does with shared data. A peer that joins
+        target check still means what it does with shared data. A peer that joins
         later holds the slice of its index mod the slices (another copy of one)."""
         spec = self.run.spec
         if spec.data_mode != "local":
@@ -225,7 +226,7 @@ class Soak:
                 current.start(self.carry_out)
             if self.now() - last_print >= 15:
                 last_print = self.now()
-                self.say(_line(self.now(), rows))
+                self.say(_line(self.now(), rows, self.run.spec))
             time.sleep(s.poll_s)
         if current is not None:
             current.thread.join(timeout=max(0.0, current.limit_s - self.now()))
@@ -285,15 +286,16 @@ def _settled(rows: list[Sample]) -> bool:
     return converged_at(rows) and all(r.training for r in rows if r.in_job and r.expected_up and r.linked)
 
 
-def _line(t: float, rows: list[Sample]) -> str:
+def _line(t: float, rows: list[Sample], spec: JobSpec) -> str:
     training = [r for r in rows if r.training]
     losses = [r.loss for r in training if not math.isnan(r.loss)]
-    accs = [r.accuracy for r in training if not math.isnan(r.accuracy)]
+    values = [r.metric for r in training if not math.isnan(r.metric)]
+    best = (min if spec.metric_mode == "min" else max)(values, default=math.nan)
     rounds = [r.round for r in training]
     return (f"[{t:5.0f}s] {len(training)}/{len(rows)} peers training, rounds "
             f"{min(rounds, default=0)}-{max(rounds, default=0)}, loss "
             f"{min(losses, default=math.nan):.3f}-{max(losses, default=math.nan):.3f}, "
-            f"accuracy {max(accs, default=math.nan):.3f}")
+            f"best {metric_label(spec.metric)} {best:.3f}")
 
 
 def run_soak(settings: SoakSettings, job_path: Path, say=None) -> Run:
