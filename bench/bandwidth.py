@@ -144,7 +144,7 @@ def link_seconds(nbytes: float, mbit: float) -> float:
 
 
 def join_goal_s(state_bytes: float, mbit: float) -> float:
-    """The issue's goal for a join: 1.2 × the state's bytes / the link's rate, + 1 s."""
+    """The goal for a join: 1.2 × the state's bytes / the link's rate, + 1 s."""
     return 1.2 * link_seconds(state_bytes, mbit) + 1.0
 
 
