@@ -43,7 +43,7 @@ from peerd.rendezvous import Rendezvous, advance
 from peerd.worker.hierarchy import hierarchical_round
 from peerd.worker.intrahost import IntraHostGroup
 from peerd.worker.intrahost_round import intrahost_round
-from peerd.worker.overlap import hierarchical_exchange
+from peerd.worker.overlap import round_exchange
 from peerd.worker.roundctx import RoundBuffers, RoundContext, RoundInputs
 from peerd.worker.snapshots import Identity, SegmentServer, SnapshotStore, StageStore
 from peerd.worker.transport import MemoryTransport
@@ -236,7 +236,7 @@ async def test_an_overlapped_round_runs_its_group_stage_on_the_group_too(tmp_pat
             ctx = RoundContext(m.id, m.layout, MemoryTransport(m.identity, servers), m.stages,
                                intrahost=groups[m.id] if with_groups else None)
             out = torch.empty(NUMEL)
-            result = await hierarchical_exchange(ctx, plan, addresses)(RoundBuffers(m.vector, m.recv, 5.0, out))
+            result = await round_exchange(ctx, plan, addresses)(RoundBuffers(m.vector, m.recv, 5.0, out))
             assert result.misses == 0
             return out
 

@@ -14,7 +14,7 @@ from peerd.core.segments import split_even
 from peerd.core.topology import plan_round
 from peerd.errors import PeerUnavailable
 from peerd.worker.gossip import gossip_round
-from peerd.worker.overlap import OverlapRunner, flat_exchange, hierarchical_exchange
+from peerd.worker.overlap import OverlapRunner, round_exchange
 from peerd.worker.roundctx import RoundBuffers, RoundContext, RoundInputs
 from peerd.worker.snapshots import Identity, SegmentServer, SnapshotStore, StageStore
 from peerd.worker.transport import MemoryTransport
@@ -43,11 +43,11 @@ class Peer:
 
     def flat(self, round_: int, addresses: dict[str, str]):
         plan = plan_round("job", round_, list(addresses), self.id, SEGMENTS)
-        return flat_exchange(self.context, plan, addresses)
+        return round_exchange(self.context, plan, addresses)
 
     def hierarchical(self, round_: int, view: dict, addresses: dict[str, str]):
         plan = plan_hierarchical("job", round_, view, self.id, SEGMENTS, 3)
-        return hierarchical_exchange(self.context, plan, addresses)
+        return round_exchange(self.context, plan, addresses)
 
 
 def make_peers(ids) -> tuple[dict[str, Peer], dict[str, str]]:
@@ -180,6 +180,37 @@ async def test_a_partner_up_to_a_round_behind_is_waited_for_not_missed():
     assert ra.misses == 0 and rb.misses == 0
     torch.testing.assert_close(a.model, expected)
     torch.testing.assert_close(b.model, expected)
+
+
+def stages_fetched(peer: Peer) -> list[int]:
+    """The stage of every fetch `peer` makes from now on."""
+    stages, fetch = [], peer.transport.fetch_segment
+
+    async def counted(address, round_, segment, out, timeout, stage=0):
+        stages.append(stage)
+        await fetch(address, round_, segment, out, timeout, stage)
+
+    peer.transport.fetch_segment = counted
+    return stages
+
+
+async def test_two_peers_in_the_background_run_a_pair_round_with_the_bits_of_a_flat_one():
+    """The background picks its round as a round run now does (peerd.worker.dispatch):
+    with two peers each averages the half it owns and takes the other half from
+    its partner (stage 2), and the models end where flat rounds leave them."""
+    paired, addresses = make_peers(["a", "b"])
+    flat, _ = make_peers(["a", "b"])
+    fetched = {p: stages_fetched(peer) for p, peer in paired.items()}
+
+    def gossip(p: Peer, r: int):
+        plan = plan_round("job", r, list(addresses), p.id, SEGMENTS)
+        return lambda b: gossip_round(p.context, RoundInputs(plan, addresses, b))
+
+    await overlapped_rounds(paired, addresses, rounds=2, scale=0.01)
+    await overlapped_rounds(flat, addresses, rounds=2, scale=0.01, exchange=gossip)
+    for p in ("a", "b"):
+        assert fetched[p].count(2) == fetched[p].count(0) == SEGMENTS  # half of each, two rounds
+        assert torch.equal(paired[p].model, flat[p].model)
 
 
 async def fails(_: RoundBuffers):

@@ -3,7 +3,7 @@ while the next local steps compute, and its effect lands one round stale
 (peerd.worker.correction; docs/algorithms.md, "Overlapped rounds").
 
     runner = OverlapRunner(store, numel)
-    await runner.start(r, model_vector, flat_exchange(context, plan, view), deadline)
+    await runner.start(r, model_vector, round_exchange(context, plan, view), deadline)
     ... local steps on model_vector ...
     result = await runner.finish(model_vector)   # None: no correction was applied
 
@@ -35,9 +35,8 @@ from peerd.core.groups import GroupPlan
 from peerd.core.topology import RoundPlan
 from peerd.errors import PeerdError
 from peerd.worker.correction import PendingRound
-from peerd.worker.gossip import RoundResult, gossip_round
-from peerd.worker.hierarchy import hierarchical_round
-from peerd.worker.intrahost_round import intrahost_round
+from peerd.worker.dispatch import run_round
+from peerd.worker.gossip import RoundResult
 from peerd.worker.roundctx import RoundBuffers, RoundContext, RoundInputs
 from peerd.worker.snapshots import SnapshotStore
 
@@ -49,21 +48,10 @@ GRACE_S = 1.0  # past the round's deadline, how long `finish` waits before it gi
 Exchange = Callable[[RoundBuffers], Awaitable[RoundResult | None]]
 
 
-def flat_exchange(ctx: RoundContext, plan: RoundPlan, addresses: dict[str, str]) -> Exchange:
-    """A flat crossover round (peerd.worker.gossip) as an overlapped exchange."""
+def round_exchange(ctx: RoundContext, plan: RoundPlan | GroupPlan, addresses: dict[str, str]) -> Exchange:
+    """The round (peerd.worker.dispatch picks which) as an overlapped exchange."""
     def run(b: RoundBuffers) -> Awaitable[RoundResult]:
-        return gossip_round(ctx, RoundInputs(plan, addresses, b))
-    return run
-
-
-def hierarchical_exchange(ctx: RoundContext, plan: GroupPlan, addresses: dict[str, str]) -> Exchange:
-    """A hierarchical round (peerd.worker.hierarchy) as an overlapped exchange;
-    with an intra-host group in `ctx`, its group stage on that group when the
-    members agree (peerd.worker.intrahost_round), else over the transport."""
-    async def run(b: RoundBuffers) -> RoundResult:
-        inputs = RoundInputs(plan, addresses, b)
-        result = await intrahost_round(ctx, inputs)
-        return result if result is not None else await hierarchical_round(ctx, inputs)
+        return run_round(ctx, RoundInputs(plan, addresses, b))
     return run
 
 

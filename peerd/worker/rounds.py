@@ -22,14 +22,11 @@ from peerd.core.segments import split_even
 from peerd.core.suspicion import Suspicion
 from peerd.core.topology import plan_round
 from peerd.jobspec import JobSpec
-from peerd.worker.gossip import RoundResult, gossip_round
-from peerd.worker.hierarchy import hierarchical_round
+from peerd.worker.dispatch import run_round
+from peerd.worker.gossip import RoundResult
 from peerd.worker.intrahost import IntraHostGroup
-from peerd.worker.intrahost_round import intrahost_round
 from peerd.worker.link import SupervisorLink
-from peerd.worker.overlap import Exchange, OverlapRunner, flat_exchange, hierarchical_exchange
-from peerd.worker.pair import fits as pair_fits
-from peerd.worker.pair import pair_round
+from peerd.worker.overlap import Exchange, OverlapRunner, round_exchange
 from peerd.worker.roundctx import RoundBuffers, RoundContext, RoundInputs
 from peerd.worker.snapshots import WIRE_DTYPES, SnapshotStore, StageStore
 from peerd.worker.traffic import ExchangeTimes
@@ -73,7 +70,6 @@ class Rounds:
         self.overlap = OverlapRunner(self.store, numel) if spec.gossip.overlap else None
         self._in_flight: tuple[int, dict[str, str], float] = (0, {}, 0.0)  # round, view, start of the one in flight
         self.round = 0  # the round being run (for plans and logs)
-        self._pair = False  # this flat round runs as a pair round (peerd.worker.pair)
 
     @property
     def transport(self):
@@ -116,14 +112,15 @@ class Rounds:
         return result
 
     def _round_plan(self, view: dict[str, str], now: float):
-        """This round's plan and deadline, or None with nobody to gossip with."""
+        """This round's plan, the addresses of the peers it was drawn over (those
+        not suspected) and its deadline, or None with nobody to gossip with."""
         peers = self.suspicion.keep(view, now)
         if len(peers) < 2:
             return None
+        addresses = {p: view[p] for p in peers}
         deadline = self.deadline.deadline()
         if self.spec.gossip.mode != "hierarchical":
-            self._pair = pair_fits(len(peers), len(self.layout), WIRE_DTYPES[self.spec.gossip.wire], self.clipper)
-            return plan_round(self.spec.name, self.round, peers, self.me, len(self.layout)), deadline
+            return plan_round(self.spec.name, self.round, peers, self.me, len(self.layout)), addresses, deadline
         # Paths are outermost first (label, host, daemon): a daemon's workers group first.
         localities = {p: (self.link.localities.get(p, ""), host_of(view[p]), self.link.daemons.get(p, p))
                       for p in peers}
@@ -131,31 +128,19 @@ class Rounds:
                                  self.spec.gossip.group_size)
         self._log_group(plan.group, len(plan.groups), frozenset(peers))
         # Three transfers one after another: the floor holds for each of them.
-        return plan, max(deadline, 3 * self.spec.gossip.deadline_floor_s)
+        return plan, addresses, max(deadline, 3 * self.spec.gossip.deadline_floor_s)
 
     async def _gossip(self, view: dict[str, str], into: torch.Tensor | None = None) -> RoundResult | None:
         now = time.monotonic()
         planned = self._round_plan(view, now)
         if planned is None:
             return None
-        plan, deadline = planned
+        plan, addresses, deadline = planned
         vector = self.work if self.work is not None else self.state.flat.vector
         if vector is not self.state.flat.vector:
             vector.copy_(self.state.flat.vector)
-        inputs = RoundInputs(plan, view, RoundBuffers(vector, self.recv, deadline, into))
-        if self.spec.gossip.mode == "hierarchical":
-            # Every worker of the group makes this call in every round, whatever its
-            # view: intrahost_round agrees with the others or falls back (None).
-            result = await intrahost_round(self.context, inputs)
-            if result is None:
-                result = await hierarchical_round(self.context, inputs)
-        elif self._pair:  # two peers: each averages half (peerd.worker.pair)
-            result = await pair_round(self.context, inputs)
-        else:
-            # No stage values in a flat round: a partner that runs a pair round
-            # (its view holds only the two of us) is refused them at once.
-            await self.stages.begin(plan.round, ())
-            result = await gossip_round(self.context, inputs)
+        buffers = RoundBuffers(vector, self.recv, deadline, into)
+        result = await run_round(self.context, RoundInputs(plan, addresses, buffers))
         if vector is not self.state.flat.vector:
             self.state.flat.vector.copy_(vector, non_blocking=True)
         await self._after_round(result, view, now)
@@ -166,10 +151,8 @@ class Rounds:
         planned = self._round_plan(view, now)
         if planned is None:
             return None, 0.0
-        plan, deadline = planned
-        if self.spec.gossip.mode == "hierarchical":
-            return hierarchical_exchange(self.context, plan, view), deadline
-        return flat_exchange(self.context, plan, view), deadline
+        plan, addresses, deadline = planned
+        return round_exchange(self.context, plan, addresses), deadline
 
     async def run_overlapped(self, round_: int, view: dict[str, str], capture) -> RoundResult | None:
         """docs/algorithms.md §1.10: apply the correction of the round in flight (one round
