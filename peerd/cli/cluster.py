@@ -21,7 +21,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from peerd.cli.plot import plot_progress
+from peerd.cli.plot import metric_label, plot_progress
 from peerd.cluster import (BUILTIN_JOBS, POLL_S, LocalCluster, LocalDaemon, Settings, builtin_job, cluster_job_text,
                            data_roots, default_job, local_data_settings)
 from peerd.core.codes import ENDED_STATES, ExitCode
@@ -33,10 +33,6 @@ from peerd.jobspec import load_job
 def _job_file(text: str) -> Path:
     """A job file, or the short name of a built-in job."""
     return builtin_job(text) if text in BUILTIN_JOBS else Path(text)
-
-
-def _label(metric: str) -> str:
-    return "test accuracy" if metric == "accuracy" else metric
 
 
 DESCRIPTION = """\
@@ -314,7 +310,7 @@ def _saved(row: dict, metric: str) -> Saved:
 
 def _headline(saved: list[Saved], spec, elapsed: float) -> tuple[str, bool]:
     """The line the run ends with, and whether every peer saved the same model."""
-    label = _label(spec.metric)
+    label = metric_label(spec.metric)
     better = "higher is better" if spec.metric_mode == "max" else "lower is better"
     own = "each peer's own model: " + ", ".join(f"{s.peer} {_num(s.own)}" for s in saved)
     digests = {s.digest for s in saved}
@@ -345,7 +341,7 @@ def _headline(saved: list[Saved], spec, elapsed: float) -> tuple[str, bool]:
 
 def _summary(rows: list[dict], out: Path, elapsed: float, console: Console, spec) -> int:
     finished = [r for r in rows if r["state"] == "finished" and not math.isnan(r["metric"])]
-    label = _label(spec.metric)
+    label = metric_label(spec.metric)
     for r in rows:
         consensus = f" (own model), {_num(r['consensus'])} (saved model, the consensus)" \
             if not math.isnan(r["consensus"]) else ""
