@@ -5,10 +5,12 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import socket
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from peerd.core.hostpick import AUTO, HostPick, NoHostPick, pick_host
 from peerd.core.names import PEER_ID_RULE, valid_address, valid_peer_id
 from peerd.core.slowdown import CLOCKS
 from peerd.errors import ConfigError
@@ -41,11 +43,15 @@ class DaemonConfig:
     state_dir: Path = Path("/var/lib/peerd")
     control_socket: Path = Path("/run/peerd/control.sock")
     peer_id: str = ""  # empty: made once and kept in state_dir/peer_id
-    host: str = "127.0.0.1"  # address the peer and exchange services bind to and advertise
+    # Address the peer and exchange services bind to and advertise; AUTO: picked
+    # when the daemon starts (resolve_host).
+    host: str = "127.0.0.1"
     peer_port: int = 0  # 0: any free port
     locality: str = ""  # rack/subnet label for hierarchical grouping
     realm: str = "default"  # only daemons of the same realm see each other
-    interfaces: tuple[str, ...] = ("127.0.0.1",)  # where zeroconf speaks; ("all",) for every interface
+    # Where zeroconf speaks; ("all",) for every interface. (AUTO,): the address
+    # host = "auto" picks, which is the default with it.
+    interfaces: tuple[str, ...] = ("127.0.0.1",)
     hello_interval_s: float = 1.0
     peer_timeout_s: float = 6.0
     worker_threads: int = 1  # torch threads per job on this daemon, split among its workers
@@ -84,19 +90,19 @@ def parse_config(data: dict, source: str) -> DaemonConfig:
     metrics, logging_, data = root.sub("metrics"), root.sub("log"), root.sub("data")
     d = DaemonConfig()
     positive = dict(check=lambda v: v > 0, expect="a number > 0")
+    host = daemon.get("host", str, d.host, check=lambda v: v == AUTO or _is_ip(v),
+                      expect='an IP address, or "auto" (picked when the daemon starts)')
     config = DaemonConfig(
         state_dir=Path(daemon.get("state_dir", str, str(d.state_dir))),
         control_socket=Path(daemon.get("control_socket", str, str(d.control_socket))),
         peer_id=daemon.get("peer_id", str, "", check=lambda v: v == "" or valid_peer_id(v),
                              expect=PEER_ID_RULE),
-        host=daemon.get("host", str, d.host, check=_is_ip, expect="an IP address"),
+        host=host,
         peer_port=daemon.get("peer_port", int, 0, check=lambda v: 0 <= v < 65536, expect="a port 0..65535"),
         locality=daemon.get("locality", str, ""),
         realm=discovery.get("realm", str, d.realm, check=lambda v: 0 < len(v) <= 63 and v.isprintable(),
                             expect="1-63 printable characters"),
-        interfaces=tuple(discovery.get("interfaces", list, list(d.interfaces),
-                                       check=lambda v: v and all(isinstance(x, str) and (x == "all" or _is_ip(x)) for x in v),
-                                       expect='a list of IP addresses, or ["all"]')),
+        interfaces=_interfaces(discovery, host),
         hello_interval_s=discovery.get("hello_interval_s", float, d.hello_interval_s, **positive),
         peer_timeout_s=discovery.get("peer_timeout_s", float, d.peer_timeout_s, **positive),
         worker_threads=worker.get("threads", int, 1, check=lambda v: 1 <= v <= 256, expect="an integer 1..256"),
@@ -133,6 +139,54 @@ def parse_config(data: dict, source: str) -> DaemonConfig:
     if config.peer_timeout_s <= 2 * config.hello_interval_s:
         raise ConfigError(f"{source}: discovery.peer_timeout_s must exceed 2 × hello_interval_s")
     return config
+
+
+def _interfaces(table: Table, host: str) -> tuple[str, ...]:
+    given = table.get("interfaces", list, None,
+                      check=lambda v: v and all(isinstance(x, str) and (x == "all" or _is_ip(x)) for x in v),
+                      expect='a list of IP addresses, or ["all"]')
+    if given is not None:
+        return tuple(given)
+    # Left unset, mDNS follows an auto host: the same file then works on every
+    # machine, and zeroconf never speaks on every interface unasked.
+    return (AUTO,) if host == AUTO else DaemonConfig.interfaces
+
+
+def resolve_host(config: DaemonConfig) -> tuple[DaemonConfig, HostPick | None]:
+    """A copy of `config` with host = "auto" (and interfaces that follow it)
+    replaced by this machine's address, and the pick; (config, None) for a
+    configured address."""
+    if config.host != AUTO:
+        return config, None
+    try:
+        pick = pick_host(_route_address(), _interface_addresses())
+    except NoHostPick as exc:
+        raise ConfigError(str(exc)) from None
+    interfaces = (pick.address,) if config.interfaces == (AUTO,) else config.interfaces
+    return replace(config, host=pick.address, interfaces=interfaces), pick
+
+
+# Reserved for documentation (RFC 5737): no route but the default one covers it.
+# Only connect()ed, which sends nothing; the kernel fills in the route's source.
+ROUTE_PROBE = ("203.0.113.1", 9)
+
+
+def _route_address() -> str | None:
+    """The source address of the IPv4 default route; None without one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(ROUTE_PROBE)
+        except OSError:  # ENETUNREACH: no route
+            return None
+        return probe.getsockname()[0]
+
+
+def _interface_addresses() -> list[tuple[str, str]]:
+    """(interface, IPv4 address) of every interface, loopback included."""
+    import ifaddr  # only for host = "auto"
+
+    return [(adapter.nice_name, ip.ip) for adapter in ifaddr.get_adapters() for ip in adapter.ips
+            if isinstance(ip.ip, str)]  # IPv6 comes as a tuple
 
 
 def _devices(table: Table, source: str) -> tuple[str, ...]:

@@ -523,3 +523,69 @@ def test_check_config_reads_peerd_config(tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert out.stderr.startswith(f"peerd: {path}: daemon.peer_port = 99999")
+
+
+# --- host = "auto" -----------------------------------------------------------------------
+
+
+def test_host_auto_is_kept_in_the_config_and_discovery_follows_it():
+    config = parse('[daemon]\nhost = "auto"\n')
+    assert (config.host, config.interfaces) == ("auto", ("auto",))
+
+
+def test_discovery_set_by_hand_does_not_follow_an_auto_host():
+    config = parse('[daemon]\nhost = "auto"\n[discovery]\ninterfaces = ["all"]\n')
+    assert config.interfaces == ("all",)
+
+
+def test_a_fixed_host_leaves_discovery_on_loopback_as_before():
+    assert parse('[daemon]\nhost = "10.1.2.3"\n').interfaces == ("127.0.0.1",)
+
+
+def test_peerd_host_auto_makes_the_files_host_auto_and_discovery_follows(tmp_path):
+    path = write(tmp_path, '[daemon]\nhost = "10.1.2.3"\n')
+    config = load_config(path, {"PEERD_HOST": "auto"})
+    assert (config.host, config.interfaces) == ("auto", ("auto",))
+
+
+def test_a_bad_host_says_auto_is_allowed():
+    with pytest.raises(ConfigError, match='daemon.host = .*"auto"'):
+        parse('[daemon]\nhost = "Auto"\n')
+
+
+def fake_network(monkeypatch, route: str | None, pairs: list[tuple[str, str]]) -> None:
+    monkeypatch.setattr(config_mod, "_route_address", lambda: route)
+    monkeypatch.setattr(config_mod, "_interface_addresses", lambda: pairs)
+
+
+def test_resolving_auto_gives_a_copy_with_the_picked_address_for_host_and_discovery(monkeypatch):
+    fake_network(monkeypatch, "10.1.2.3", [("lo", "127.0.0.1"), ("eth0", "10.1.2.3")])
+    config = parse('[daemon]\nhost = "auto"\n')
+    resolved, pick = config_mod.resolve_host(config)
+    assert (resolved.host, resolved.interfaces) == ("10.1.2.3", ("10.1.2.3",))
+    assert pick.describe() == "10.1.2.3 (eth0, the default route's interface)"
+    assert config.host == "auto"  # the config itself keeps "auto"
+
+
+def test_resolving_keeps_discovery_set_by_hand(monkeypatch):
+    fake_network(monkeypatch, "10.1.2.3", [])
+    config = parse('[daemon]\nhost = "auto"\n[discovery]\ninterfaces = ["all"]\n')
+    assert config_mod.resolve_host(config)[0].interfaces == ("all",)
+
+
+def test_resolving_a_fixed_host_looks_nothing_up(monkeypatch):
+    monkeypatch.setattr(config_mod, "_route_address", lambda: pytest.fail("looked up"))
+    config = parse('[daemon]\nhost = "10.1.2.3"\n')
+    assert config_mod.resolve_host(config) == (config, None)
+
+
+def test_resolving_auto_without_an_answer_is_a_config_error(monkeypatch):
+    fake_network(monkeypatch, None, [("eth0", "10.1.2.3"), ("eth1", "10.4.5.6")])
+    with pytest.raises(ConfigError, match=r"10\.1\.2\.3 \(eth0\), 10\.4\.5\.6 \(eth1\); set daemon.host"):
+        config_mod.resolve_host(parse('[daemon]\nhost = "auto"\n'))
+
+
+def test_the_interface_lister_gives_ipv4_pairs_with_loopback():
+    pairs = config_mod._interface_addresses()
+    assert "127.0.0.1" in [address for _, address in pairs]
+    assert all(":" not in address for _, address in pairs)

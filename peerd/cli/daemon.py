@@ -19,7 +19,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from peerd.config import DEFAULT_PATH, config_path, load_config
+from peerd.config import DEFAULT_PATH, config_path, load_config, resolve_host
 from peerd.core.codes import ExitCode
 from peerd.errors import ConfigError, PeerdError
 from peerd.logs import setup_logging
@@ -79,6 +79,21 @@ def _check_files(config) -> None:
         load_tls(config.tls)
 
 
+def _host_pick(config, path: Path | None) -> list[str]:
+    """Lines saying what host = "auto" picks here now, and why (the daemon
+    picks again when it starts); none for a configured address."""
+    try:
+        resolved, pick = resolve_host(config)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}" if path else str(exc)) from None
+    if pick is None:
+        return []
+    lines = [f"host auto: {pick.describe()}"]
+    if resolved.interfaces != config.interfaces:
+        lines.append(f"zeroconf speaks on {resolved.host} only (discovery.interfaces follows host)")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level, args.log_format or "text")
@@ -95,10 +110,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "check-config":
             _check_files(config)
             path = config_path(args.config)
+            picked = _host_pick(config, path)  # before "valid": a host = "auto" with no answer is not
             if path is None:
                 print(f"no config file ({DEFAULT_PATH} is absent): the built-in defaults apply")
             else:
                 print(f"{path}: valid")
+            for line in picked:
+                print(line)
             return 0
         if args.log_format is None and config.log_format != "text":
             setup_logging(args.log_level, config.log_format)

@@ -20,7 +20,7 @@ from grpc_health.v1.health import aio as health_aio
 
 from peerd import __version__
 from peerd.auth import Authenticator, load_secret
-from peerd.config import DaemonConfig
+from peerd.config import DaemonConfig, resolve_host
 from peerd.core.membership import Membership, liveness
 from peerd.core.names import peer_id_from_hostname, split_host_port, valid_peer_id
 from peerd.core.workers import member_ids, worker_devices
@@ -62,6 +62,10 @@ class Daemon:
     and control servers, metrics. Answers the control API and Hello."""
 
     def __init__(self, config: DaemonConfig) -> None:
+        # host = "auto" is picked once, here: everything below binds and advertises the copy.
+        config, self.host_pick = resolve_host(config)
+        if self.host_pick is not None:
+            log.info("host auto: %s", self.host_pick.describe())
         self.config = config
         self.peer_id = load_peer_id(config)
         self.started = time.monotonic()
