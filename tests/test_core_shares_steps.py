@@ -1,5 +1,5 @@
 """peerd.core.shares: fewer local steps per round for a member that is slower
-than the others even at the minimum batch (plan_round, round_time, the
+than the others even at the minimum batch (plan_batches_and_steps, round_time, the
 Rebalancer's period)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from peerd.core.shares import (
-    BatchPlan, Rebalancer, fill_costs, plan_batches, plan_round, round_time, step_time,
+    BatchPlan, Rebalancer, fill_costs, plan_batches, plan_batches_and_steps, round_time, step_time,
 )
 
 FAST = settings(max_examples=150, deadline=None)
@@ -34,7 +34,7 @@ SPEEDS = {"a": 100.0, "b": 100.0, "c": 100.0}
 def test_golden_a_pinned_slow_member_takes_the_steps_that_fit_in_the_others_round():
     # c pays 1 s per step: pinned at 4 samples (1.04 s) while a and b take 28 (0.28 s).
     # S = 8: the others' round is 2.24 s; c fits floor(8·0.28/1.04) = 2 steps (2.08 s).
-    plan = plan_round(60, SPEEDS, ["a", "b", "c"], 4, {"c": 1.0}, period=8)
+    plan = plan_batches_and_steps(60, SPEEDS, ["a", "b", "c"], 4, {"c": 1.0}, period=8)
     assert plan.batches == (("a", 28), ("b", 28), ("c", 4))
     assert plan.steps == (("a", 8), ("b", 8), ("c", 2))
     assert [plan.round_steps(p, 8) for p in "abc"] == [8, 8, 2]
@@ -48,19 +48,19 @@ def test_golden_a_pinned_slow_member_takes_the_steps_that_fit_in_the_others_roun
 
 
 def test_a_member_slower_than_a_whole_round_still_takes_one_step():
-    plan = plan_round(60, SPEEDS, ["a", "b", "c"], 4, {"c": 5.0}, period=8)
+    plan = plan_batches_and_steps(60, SPEEDS, ["a", "b", "c"], 4, {"c": 5.0}, period=8)
     assert plan.round_steps("c", 8) == 1
 
 
 def test_with_one_step_per_round_or_nobody_pinned_the_plan_is_plan_batches():
-    assert plan_round(60, SPEEDS, ["a", "b", "c"], 4, {"c": 1.0}, period=1) == \
+    assert plan_batches_and_steps(60, SPEEDS, ["a", "b", "c"], 4, {"c": 1.0}, period=1) == \
         plan_batches(60, SPEEDS, ["a", "b", "c"], 4, {"c": 1.0})
-    assert plan_round(60, SPEEDS, ["a", "b", "c"], 4, {"c": 0.1}, period=8) == \
+    assert plan_batches_and_steps(60, SPEEDS, ["a", "b", "c"], 4, {"c": 0.1}, period=8) == \
         plan_batches(60, SPEEDS, ["a", "b", "c"], 4, {"c": 0.1})
 
 
 def test_with_every_member_at_the_minimum_the_fastest_sets_the_round():
-    plan = plan_round(8, SPEEDS, ["a", "b", "c"], 4, {"b": 0.1, "c": 1.0}, period=8)
+    plan = plan_batches_and_steps(8, SPEEDS, ["a", "b", "c"], 4, {"b": 0.1, "c": 1.0}, period=8)
     assert plan.batches == (("a", 4), ("b", 4), ("c", 4))
     # a: 0.04 s; b 0.14 s → floor(8·0.04/0.14) = 2; c 1.04 s → 1 (floor 0.31, at least one).
     assert plan.steps == (("a", 8), ("b", 2), ("c", 1))
@@ -68,7 +68,7 @@ def test_with_every_member_at_the_minimum_the_fastest_sets_the_round():
 
 def test_period_must_be_positive():
     with pytest.raises(ValueError):
-        plan_round(60, SPEEDS, ["a"], period=0)
+        plan_batches_and_steps(60, SPEEDS, ["a"], period=0)
     with pytest.raises(ValueError):
         Rebalancer(global_batch=60, period=0)
 
@@ -77,7 +77,7 @@ def test_period_must_be_positive():
 @given(job_st())
 def test_steps_are_between_one_and_the_period_and_the_batches_are_plan_batches(job):
     total, speeds, fixed, minimum, period = job
-    plan = plan_round(total, speeds, list(speeds), minimum, fixed, period)
+    plan = plan_batches_and_steps(total, speeds, list(speeds), minimum, fixed, period)
     base = plan_batches(total, speeds, list(speeds), minimum, fixed)
     assert plan.batches == base.batches
     assert all(1 <= plan.round_steps(p, period) <= period for p in plan.ids)
@@ -90,7 +90,7 @@ def test_steps_are_between_one_and_the_period_and_the_batches_are_plan_batches(j
 @given(job_st())
 def test_a_member_with_fewer_steps_fits_in_the_common_round_within_one_of_its_steps(job):
     total, speeds, fixed, minimum, period = job
-    plan = plan_round(total, speeds, list(speeds), minimum, fixed, period)
+    plan = plan_batches_and_steps(total, speeds, list(speeds), minimum, fixed, period)
     costs = fill_costs(speeds, plan.ids, fixed)
     times = {p: costs[p].time(b) for p, b in plan.batches}
     free = [times[p] for p, b in plan.batches if b > minimum]
@@ -112,7 +112,7 @@ def test_nobody_pinned_means_every_member_takes_the_period(job):
     total, speeds, fixed, minimum, period = job
     base = plan_batches(total, speeds, list(speeds), minimum, fixed)
     if all(b > minimum for _, b in base.batches):
-        assert plan_round(total, speeds, list(speeds), minimum, fixed, period) == base
+        assert plan_batches_and_steps(total, speeds, list(speeds), minimum, fixed, period) == base
 
 
 @FAST
@@ -122,9 +122,9 @@ def test_the_plan_does_not_depend_on_the_order_of_the_inputs(job, rnd):
     ids = list(speeds)
     shuffled = ids[:]
     rnd.shuffle(shuffled)
-    assert plan_round(total, dict((p, speeds[p]) for p in shuffled), shuffled, minimum,
+    assert plan_batches_and_steps(total, dict((p, speeds[p]) for p in shuffled), shuffled, minimum,
                       dict((p, fixed[p]) for p in reversed(shuffled)), period) == \
-        plan_round(total, speeds, ids, minimum, fixed, period)
+        plan_batches_and_steps(total, speeds, ids, minimum, fixed, period)
 
 
 def test_the_rebalancer_compares_round_times():
@@ -145,7 +145,7 @@ def test_with_nobody_slow_a_rebalancer_over_s_steps_decides_as_with_one(job):
     total, speeds, fixed, minimum, period = job
     slower = {p: v * (0.5 if k % 2 else 1.0) for k, (p, v) in enumerate(speeds.items())}
     views = [speeds, slower, speeds]
-    assume(all(plan_round(total, v, list(speeds), minimum, fixed, period).steps == () for v in views))
+    assume(all(plan_batches_and_steps(total, v, list(speeds), minimum, fixed, period).steps == () for v in views))
     old, new = Rebalancer(total, minimum, 1, 0.1), Rebalancer(total, minimum, 1, 0.1, period=period)
     for round_, view in enumerate(views):
         assert old.update(round_, list(speeds), view, fixed) == new.update(round_, list(speeds), view, fixed)

@@ -131,11 +131,11 @@ RAN_LINE = re.compile(r'msg="round (\d+): (\d+) local steps per round from this 
 def test_a_peer_slower_than_the_others_at_the_minimum_batch_takes_fewer_steps_per_round(local_cluster):
     """peer-2 sleeps a fixed 0.4 s after every step: even at min_local_batch it is
     far slower than the others' step, so the plan pins it at the minimum and gives
-    it fewer than period_steps = 4 local steps per round (plan_round). Every plan
-    in its log is exactly plan_round of the inputs logged with it, and every
+    it fewer than period_steps = 4 local steps per round (plan_batches_and_steps). Every plan
+    in its log is exactly plan_batches_and_steps of the inputs logged with it, and every
     round it ran had the steps of the plan in force (read from its log, in order;
-    no timing thresholds: the steps are whatever plan_round gives)."""
-    from peerd.core.shares import plan_round
+    no timing thresholds: the steps are whatever plan_batches_and_steps gives)."""
+    from peerd.core.shares import plan_batches_and_steps
 
     cluster = local_cluster(3, settings=lambda peer: {"worker": {"step_overhead_s": 0.4}}
                             if peer.index == 2 else {})
@@ -170,7 +170,7 @@ def test_a_peer_slower_than_the_others_at_the_minimum_batch_takes_fewer_steps_pe
             batches = {p: int(b) for p, b in (kv.split("=") for kv in m.group(2).split())}
             model = json.loads(re.sub(r"\\(.)", r"\1", m.group(4)))
             assert model["period_steps"] == 4
-            expected = plan_round(96, model["speeds"], sorted(batches), 4, model["fixed_s"], 4)
+            expected = plan_batches_and_steps(96, model["speeds"], sorted(batches), 4, model["fixed_s"], 4)
             assert expected.batches == tuple(sorted(batches.items())), (batches, model)
             in_force, plans = expected.round_steps("peer-2", 4), plans + 1
             want_steps = expected.steps

@@ -14,7 +14,7 @@ Members that would fall under the minimum batch are held at it and T is solved
 again over the others. A held member whose step is still slower than T takes
 fewer of the round's S local steps (S = [gossip] period_steps):
 s_i = max(1, floor(S·T / t_i(b_i))), so that its round takes no longer than the
-others' S·T (plan_round). Its part of each chunk of an epoch's data is
+others' S·T (plan_batches_and_steps). Its part of each chunk of an epoch's data is
 s_i·b_i / Σ s_j·b_j, so every member also reaches the end of its part after the
 same number of rounds.
 
@@ -183,9 +183,9 @@ def plan_batches(global_batch: int, speeds: Mapping[str, float], members: Iterab
     return BatchPlan(tuple((p, pinned[p]) for p in ids))
 
 
-def plan_round(global_batch: int, speeds: Mapping[str, float], members: Iterable[str],
-               min_local_batch: int = 1, fixed: Mapping[str, float] | None = None,
-               period: int = 1) -> BatchPlan:
+def plan_batches_and_steps(global_batch: int, speeds: Mapping[str, float], members: Iterable[str],
+                           min_local_batch: int = 1, fixed: Mapping[str, float] | None = None,
+                           period: int = 1) -> BatchPlan:
     """plan_batches, then each member's local steps per round out of `period` (S).
 
     T is the step time of the members above the minimum batch (the slowest of
@@ -262,7 +262,7 @@ class Rebalancer:
     `threshold` (relative), so measurement noise does not flap the batches. The
     criterion is the time the plan costs, not how much a batch moves: ±2 samples
     on a batch of 10 is 20 % but costs nothing when that peer is not the slowest.
-    `period`: the job's local steps per round (S), out of which plan_round gives
+    `period`: the job's local steps per round (S), out of which plan_batches_and_steps gives
     slow members fewer; 1 plans the batches alone (plan_batches)."""
 
     global_batch: int
@@ -282,7 +282,7 @@ class Rebalancer:
         ids = tuple(sorted(set(members)))
         if self.plan is not None and ids == self.plan.ids and round_ % self.every_rounds:
             return False
-        candidate = plan_round(self.global_batch, speeds, ids, self.min_local_batch, fixed, self.period)
+        candidate = plan_batches_and_steps(self.global_batch, speeds, ids, self.min_local_batch, fixed, self.period)
         if self.plan is not None and ids == self.plan.ids and \
                 self._pace(self.plan, speeds, fixed) <= (1 + self.threshold) * self._pace(candidate, speeds, fixed):
             return False

@@ -45,10 +45,10 @@ log = logging.getLogger("peerd.worker")
 GRACE_S = 1.0  # past the round's deadline, how long `finish` waits before it gives the round up
 
 
-Exchange = Callable[[RoundBuffers], Awaitable[RoundResult | None]]
+RoundExchange = Callable[[RoundBuffers], Awaitable[RoundResult | None]]
 
 
-def round_exchange(ctx: RoundContext, plan: RoundPlan | GroupPlan, addresses: dict[str, str]) -> Exchange:
+def round_exchange(ctx: RoundContext, plan: RoundPlan | GroupPlan, addresses: dict[str, str]) -> RoundExchange:
     """The round (peerd.worker.dispatch picks which) as an overlapped exchange."""
     def run(b: RoundBuffers) -> Awaitable[RoundResult]:
         return run_round(ctx, RoundInputs(plan, addresses, b))
@@ -79,7 +79,7 @@ class OverlapRunner:
         return None if self._pending is None else self._pending.round
 
     async def start(
-        self, round_: int, vector: torch.Tensor, exchange: Exchange | None, deadline_s: float = 0.0,
+        self, round_: int, vector: torch.Tensor, exchange: RoundExchange | None, deadline_s: float = 0.0,
     ) -> None:
         """Publish `vector` (the model now, on any device) as the snapshot of
         `round_` and start its exchange; returns at once. The exchange may take

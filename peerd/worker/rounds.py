@@ -26,7 +26,7 @@ from peerd.worker.dispatch import run_round
 from peerd.worker.gossip import RoundResult
 from peerd.worker.intrahost import IntraHostGroup
 from peerd.worker.link import SupervisorLink
-from peerd.worker.overlap import Exchange, OverlapRunner, round_exchange
+from peerd.worker.overlap import OverlapRunner, RoundExchange, round_exchange
 from peerd.worker.roundctx import RoundBuffers, RoundContext, RoundInputs
 from peerd.worker.snapshots import WIRE_DTYPES, SnapshotStore, StageStore
 from peerd.worker.traffic import ExchangeTimes
@@ -146,7 +146,7 @@ class Rounds:
         await self._after_round(result, view, now)
         return result
 
-    def _exchange(self, view: dict[str, str], now: float) -> tuple[Exchange | None, float]:
+    def _exchange(self, view: dict[str, str], now: float) -> tuple[RoundExchange | None, float]:
         """Overlapped mode: this round's exchange, to run in the background."""
         planned = self._round_plan(view, now)
         if planned is None:
