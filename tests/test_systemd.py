@@ -18,6 +18,8 @@ def test_the_example_config_is_valid():
     config = load_config(REPO / "systemd" / "peerd.toml")
     assert config.state_dir == Path("/var/lib/peerd")
     assert config.control_socket == Path("/run/peerd/control.sock")
+    # One file for every machine: the address is picked at start, and mDNS follows it.
+    assert (config.host, config.interfaces) == ("auto", ("auto",))
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
