@@ -39,6 +39,7 @@ def test_the_first_copy_wins_and_the_other_is_left_to_be_called_off():
     plan.assign("fast")
     assert plan.arrived("fast", 1)
     assert plan.serving[1] == ["slow"]  # the executor cancels this fetch
+    assert plan.assign("fast") == Wait()  # every range is in, but that copy may yet end corrupt
     plan.cancelled("slow", 1)
     assert plan.complete and plan.used() == ["fast"] and plan.assign("slow") == Stop()
 
@@ -79,6 +80,37 @@ def test_a_donor_that_sent_a_corrupt_range_is_trusted_for_none_it_served():
     assert plan.assign("good") == Fetch(0)
 
 
+def test_a_donor_whose_copy_was_called_off_is_asked_again_when_the_copy_kept_is_voided():
+    plan = PullPlan(3, ("a", "good", "liar"))
+    assert [plan.assign(d) for d in ("good", "a", "liar")] == [Fetch(0), Fetch(1), Fetch(2)]
+    plan.arrived("liar", 2)
+    assert plan.assign("liar") == Fetch(0)  # hedges good's range
+    assert plan.arrived("liar", 0)
+    assert plan.assign("liar") == Fetch(1)
+    plan.cancelled("good", 0)  # liar's copy came first
+    assert plan.assign("good") == Wait()
+    plan.failed("a", 1, "a: gone", corrupt=False)
+    assert plan.failed("liar", 1, "liar: bad checksum", corrupt=True) == [2, 0]
+    for k in (0, 1, 2):
+        assert plan.assign("good") == Fetch(k)
+        plan.arrived("good", k)
+    assert plan.complete and plan.used() == ["good"]
+
+
+def test_a_copy_called_off_that_ended_corrupt_after_all_was_in_reopens_the_ranges_it_voids():
+    plan = PullPlan(3, ("good", "liar"))
+    plan.assign("liar"), plan.assign("good")  # 0, 1
+    plan.arrived("liar", 0)
+    assert plan.assign("liar") == Fetch(2)
+    plan.arrived("good", 1)
+    assert plan.assign("good") == Fetch(2)
+    plan.arrived("good", 2)  # all in; liar's copy of 2 is being called off
+    assert plan.complete and plan.assign("good") == Wait()
+    assert plan.failed("liar", 2, "liar: non-finite", corrupt=True) == [0]  # ended before the call-off
+    assert plan.assign("good") == Fetch(0)
+    assert "liar: non-finite" in plan.why(0)
+
+
 def test_the_pull_fails_when_no_donor_is_left_for_a_range_and_says_why():
     plan = PullPlan(2, ("a", "b"))
     plan.assign("a"), plan.assign("b")
@@ -88,6 +120,15 @@ def test_the_pull_fails_when_no_donor_is_left_for_a_range_and_says_why():
     plan.failed("b", 0, "b: non-finite", corrupt=False)
     assert plan.assign("a") == plan.assign("b") == Stop()
     assert plan.missing() == [0] and plan.why(0) == "a: timed out; b: non-finite"
+
+
+def test_a_range_nobody_was_asked_for_before_every_donor_failed_says_why_they_did():
+    plan = PullPlan(4, ("a", "b"))
+    plan.assign("a"), plan.assign("b")
+    plan.failed("a", 0, "a: timed out", corrupt=False)
+    plan.failed("b", 1, "b: refused", corrupt=False)
+    assert plan.missing() == [0, 1, 2, 3]
+    assert plan.why(3) == "every donor failed: a: timed out; b: refused"
 
 
 def test_donors_answering_in_turn_serve_as_many_ranges_each():
@@ -103,6 +144,8 @@ def test_a_plan_needs_a_range_and_distinct_donors():
         PullPlan(0, ("a",))
     with pytest.raises(ValueError):
         PullPlan(2, ("a", "a"))
+    with pytest.raises(ValueError):
+        PullPlan(2, ())
 
 
 def test_pieces_of_rounds_close_together_are_joined():
@@ -134,8 +177,8 @@ class Run:
     failed: set[str] = field(default_factory=set)
     corrupt_ok: bool = False  # whether a faulty donor's fetch may end corrupt, voiding its ranges
     corrupt: set[str] = field(default_factory=set)
-    voided: set[int] = field(default_factory=set)
     fetches: list[tuple[str, int]] = field(default_factory=list)
+    again: set[tuple[str, int]] = field(default_factory=set)  # may be asked once more: the copy kept was voided
     steps: int = 0
 
     def __post_init__(self) -> None:
@@ -143,12 +186,13 @@ class Run:
 
     def ask(self, donor: str) -> None:
         self.ready.remove(donor)
-        open_before = [k for k in self.plan.missing() if not self.plan.serving[k]
-                       and donor not in self.plan.asked[k]]
+        open_before = [k for k in self.plan.missing() if not self.plan.serving[k]]
         step = self.plan.assign(donor)
         if isinstance(step, Fetch):
             assert donor not in self.failed
-            assert (donor, step.index) not in self.fetches  # never asked twice for a range
+            # Never asked twice for a range, unless the copy kept was voided since.
+            assert (donor, step.index) not in self.fetches or (donor, step.index) in self.again
+            self.again.discard((donor, step.index))
             assert len(self.plan.serving[step.index]) <= 2
             # A range someone serves already only when none is left that nobody serves.
             assert not open_before or not self.plan.serving[step.index][:-1]
@@ -172,7 +216,8 @@ class Run:
             self.failed.add(donor)
             if how == "corrupt":
                 self.corrupt.add(donor)
-            self.voided.update(self.plan.failed(donor, k, f"{donor}: {how}", corrupt=how == "corrupt"))
+            voided = self.plan.failed(donor, k, f"{donor}: {how}", corrupt=how == "corrupt")
+            self.again.update((d, j) for d, j in self.fetches if j in voided)
         self.ready.append(donor)
         self.ready.extend(sorted(self.waiting))  # the event is set: every waiter asks again
         self.waiting.clear()
@@ -192,6 +237,9 @@ class Run:
 
 
 plans = st.tuples(st.integers(1, 12), st.integers(1, 5))
+# Small pulls, searched densely: a corrupt copy that beat an honest donor's
+# and is voided once the others are gone is a case a wide search seldom meets.
+small_plans = st.tuples(st.integers(1, 6), st.integers(2, 4))
 
 
 def start(data, ranges: int, count: int, faulty: bool, corrupt: bool = False) -> Run:
@@ -212,16 +260,24 @@ def test_without_failures_every_range_is_kept_exactly_once_and_fetched_at_most_t
 
 
 def check_ended(run: Run, ranges: int, count: int) -> None:
-    """Every donor stopped within a bound of steps; ask() checked on the way
-    that no failed donor is ever asked and none twice for a range."""
+    """Every donor stopped within a bound of steps, and the pull failed only
+    for want of a donor; ask() checked on the way that no failed donor is ever
+    asked and none twice for a range unless the copy kept was voided since."""
     plan = run.plan
     assert run.stopped == set(plan.donors) and not plan.in_flight and not run.waiting
-    assert len(run.fetches) <= ranges * count
+    # A donor fetches a range once, and once more after each void of it (one per corrupt donor).
+    assert len(run.fetches) <= ranges * count * (1 + len(run.corrupt))
     # Each fetch is asked, then ends; each wait is woken by a fetch's end.
-    assert run.steps <= 2 * ranges * count + count * (ranges * count + 1)
+    assert run.steps <= 2 * len(run.fetches) + count * (len(run.fetches) + 1)
     assert plan.alive == set(plan.donors) - run.failed
     for k, donor in plan.kept.items():  # a plain failure keeps what the donor served before
         assert (donor, k) in run.fetches and donor not in run.corrupt
+    # A range goes missing only when no donor is left that neither failed nor
+    # sent a corrupt range, and the error says why.
+    if plan.missing():
+        assert run.failed == set(plan.donors)
+    for k in plan.missing():
+        assert plan.why(k)
 
 
 @settings(max_examples=300)
@@ -230,24 +286,14 @@ def test_whatever_donors_fail_the_pull_ends_and_fails_only_for_want_of_a_donor(s
     run = start(data, *shape, faulty=True, corrupt=False)
     run.go(data)
     check_ended(run, *shape)
-    for k in run.plan.missing():
-        # No donor is left that may serve it: each failed or was asked for it already.
-        assert all(d in run.failed or d in run.plan.asked[k] for d in run.plan.donors)
-    if not run.failed:
-        assert run.plan.complete
 
 
-@settings(max_examples=300)
-@given(plans, st.data())
+@settings(max_examples=1000)
+@given(st.one_of(small_plans, plans), st.data())
 def test_with_corrupt_donors_too_the_pull_ends_and_keeps_nothing_of_theirs(shape, data):
     run = start(data, *shape, faulty=True, corrupt=True)
     run.go(data)
     check_ended(run, *shape)
-    for k in run.plan.missing():
-        # Here a range may also go missing because the corrupt donor's copy,
-        # voided, had beaten a live donor's own fetch of it, or came in after
-        # the others had stopped (the plan complete until then).
-        assert k in run.voided or all(d in run.failed or d in run.plan.asked[k] for d in run.plan.donors)
 
 
 @given(st.integers(1, 5), st.integers(1, 8), st.data())

@@ -4,12 +4,11 @@ A donor captures its state (peerd.worker.trainstate: the vector, and the
 small extra part) between two of its local steps when someone asks for it (at
 once while its training waits for a round, else after the step under way: not
 at the end of its round, which a joiner waited for), so a range it serves
-never holds half a local step. A joiner cuts
-the state into a few ranges per donor and pulls them in parallel, each donor
-the next free range as soon as it has served one (no single donor carries
-every joiner: hivemind issue #169; no slow donor holds the pull up), checks
-each range against its SHA-256 and for finite values, and asks another donor
-for a range whose donor fails.
+never holds half a local step. A joiner cuts the state into a few ranges per
+donor and pulls them in parallel, each donor the next free range as soon as it
+has served one (no single donor carries every joiner, as hivemind's averager
+found; no slow donor holds the pull up), checks each range against its SHA-256
+and for finite values, and asks another donor for a range whose donor fails.
 """
 
 from __future__ import annotations
@@ -230,7 +229,9 @@ async def pull_state(
 
 class _Pull:
     """One pull_state: a loop per donor asks the plan what to fetch, fetches it
-    and tells the plan how it went."""
+    and tells the plan how it went, until the plan says Stop. A loop never
+    stops on its own once every range is in: a copy being called off may have
+    ended corrupt first, voiding ranges someone must fetch again."""
 
     def __init__(self, transport, donors: dict[str, str], numel: int, timeout_s: float) -> None:
         self.transport = transport
