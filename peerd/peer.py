@@ -48,7 +48,7 @@ import logging
 import math
 import signal
 import threading
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import nn
@@ -63,10 +63,11 @@ from peerd.scriptsource import ScriptSource
 from peerd.scriptsource import total_steps as _total_steps
 from peerd.worker.data import PeerSampler, View, default_loader
 from peerd.worker.device import resolve_device
+from peerd.worker.ending import CLOSE_TIMEOUT_S
 from peerd.worker.engine import Engine
 from peerd.worker.link import SupervisorLink
+from peerd.worker.loopthread import LoopThread
 from peerd.worker.lrcontrol import LrControl
-from peerd.worker.modelfile import save_model
 from peerd.worker.optim import init_state
 from peerd.worker.slowdown import SlowedSteps
 from peerd.worker.trainstate import Stateful, TrainState
@@ -76,7 +77,6 @@ __all__ = ["Launch", "Peer", "ScriptSource", "attach", "last_attached", "set_lau
 log = logging.getLogger("peerd.worker")
 
 NO_STEP_WARNING_S = 120.0  # a script that has not called peer.step() by then is told so in its log
-CLOSE_TIMEOUT_S = 30.0
 
 _attached: list[Peer] = []
 
@@ -175,35 +175,6 @@ def _loss_value(loss) -> float | None:
         raise ConfigError(f"peer.step(loss=...): a number or a one-element tensor, got {loss!r}") from exc
 
 
-class _LoopThread:
-    """An event loop of the engine's own, in a daemon thread."""
-
-    def __init__(self) -> None:
-        try:
-            import uvloop
-
-            self.loop = uvloop.new_event_loop()
-        except ImportError:  # no uvloop on this platform
-            self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="peerd-engine", daemon=True)
-        self._thread.start()
-
-    def call(self, coro: Coroutine, timeout: float | None = None):
-        """Run `coro` in the loop and wait for it; an interrupt cancels it."""
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        try:
-            return future.result(timeout)
-        except BaseException:
-            future.cancel()
-            raise
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(CLOSE_TIMEOUT_S)
-        if not self._thread.is_alive():
-            self.loop.close()
-
-
 class Peer:
     """This worker's handle on its job: made by peerd.attach (a script) or by
     peerd's own loop. Not thread-safe: call it from the training thread."""
@@ -220,7 +191,7 @@ class Peer:
         self._left = self.closed = False
         self.outcome = ""
         self._signals = 0
-        self._loop = _LoopThread()
+        self._loop = LoopThread()
         try:
             self._engine: Engine = self._loop.call(self._make_engine(evaluate))
             self._install_signals()
@@ -240,8 +211,7 @@ class Peer:
         launch = self.launch
         link = SupervisorLink(launch.control, self.spec.name, self.state.fingerprint(self.spec.fingerprint),
                               member=launch.peer_id)
-        engine = Engine(self.spec, self.source, launch.peer_id, link, launch.host, launch.out_dir, launch.security,
-                        intrahost=launch.intrahost)
+        engine = Engine(self.source, link, launch)
         engine.evaluate = evaluate
         return engine
 
@@ -351,9 +321,8 @@ class Peer:
         if self._since_round >= self._plan.round_steps(self.peer_id, self.spec.gossip.period_steps) \
                 and not self._left:
             steps, self._since_round = self._since_round, 0
-            self._plan = self._loop.call(self._engine.end_round(steps))
+            self._plan = self._loop.call(self._engine.end_round(steps))  # left there if the plan says stop
             if self._plan.stop:
-                self._loop.call(self._engine.leave())
                 self._left = True
         if self._engine.board.wanted and not self._left:
             # A newcomer waits for this peer's state: copy it now, between two
@@ -380,30 +349,7 @@ class Peer:
         if finished is None:
             finished = not self._left
         try:
-            if finished and not self._left:
-                engine = self._engine
-                self._loop.call(engine.settle(), CLOSE_TIMEOUT_S)
-                metrics = {**self.metrics, **engine.evaluate()} if engine.evaluate is not None else self.metrics
-                # One model at the end: the members' exact average replaces this peer's own.
-                limit = engine.consensus_limit_s() + CLOSE_TIMEOUT_S
-                metrics = self._loop.call(engine.conclude(metrics), limit)
-                path = None
-                if engine.consensus.plan.alone and self.source.step_count == 0:
-                    # Nobody's steps are in this model: saving it would hand back the
-                    # initial model as the job's result.
-                    log.error("finished without a trained model: no step was taken here and no peer's "
-                              "model reached the consensus; model.pt not written")
-                else:
-                    path = self.launch.out_dir / "model.pt"
-                    save_model(self.state.model, path, job=self.spec.name, step=self.source.step_count,
-                               progress=self.source.progress, round=engine.round, metric=self.spec.metric,
-                               metrics=metrics, fingerprint=engine.identity.fingerprint,
-                               consensus=list(engine.consensus.plan.members),
-                               consensus_digest=engine.consensus.digest)
-                self._loop.call(engine.finish(metrics, path), limit)
-                self.outcome = "finished"
-            else:
-                self.outcome = "left" if self._engine.link.stop else "stopped"
+            self.outcome = self._loop.call(self._engine.end(finished, self.metrics))
         finally:
             self._abort()
         return self.outcome
@@ -473,8 +419,8 @@ class Peer:
         engine = getattr(self, "_engine", None)
         try:
             if engine is not None:
-                self._loop.call(engine.close(), CLOSE_TIMEOUT_S)
+                self._loop.call(engine.end(trained_out=False), CLOSE_TIMEOUT_S)  # closes it, once
         except Exception as exc:  # noqa: BLE001 - closing after a failure: say so, go on
             log.warning("closing the engine: %s: %s", type(exc).__name__, exc)
         finally:
-            self._loop.stop()
+            self._loop.stop(CLOSE_TIMEOUT_S)

@@ -27,6 +27,7 @@ from conftest import example_job, wait_for
 from peerd.core.workers import member_ids, worker_devices
 from peerd.daemon.devices import local_gpus
 from peerd.jobspec import parse_job
+from peerd.launch import Launch
 from peerd.worker.checkpoint import CheckpointDir
 from peerd.worker.engine import Engine
 from peerd.worker.snapshots import SegmentServer
@@ -157,7 +158,7 @@ def test_a_daemon_with_devices_auto_runs_one_worker_per_gpu(local_cluster):
 
 def fake_worker(t: Trainer, tmp_path: Path) -> Engine:
     """A real worker's engine without a daemon: its exchange pieces are served in memory."""
-    engine = Engine(t.spec, t, t.peer_id, types.SimpleNamespace(), "127.0.0.1", tmp_path / t.peer_id)
+    engine = Engine(t, types.SimpleNamespace(), Launch(t.spec, "", "", t.peer_id, out_dir=tmp_path / t.peer_id))
     engine.trainer = t  # the tests reach the training side through it
     return engine
 
@@ -200,7 +201,7 @@ async def test_the_whole_state_goes_from_one_device_to_the_other_and_back(tmp_pa
         for donor, newcomer in ((first, second), (second, first)):
             await donor.store.publish(donor.round, donor.trainer.flat.vector)
             task = asyncio.create_task(donate_when_asked(donor))
-            assert await newcomer._take_state({donor.me: addresses[donor.me]}, "test")
+            assert await newcomer.join.take_state({donor.me: addresses[donor.me]}, "test")
             await task
             assert newcomer.round == donor.round and newcomer.trainer.step_count == donor.trainer.step_count
             assert torch.equal(newcomer.trainer.state.vector(), donor.trainer.state.vector())

@@ -1,0 +1,166 @@
+"""How a worker's part in its job ends (peerd.core.lifecycle): a leave at the
+round a stop came, or, once every epoch is trained, one model at the end
+(docs/algorithms.md, "One model at the end") and the model file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from peerd.core.consensus import consensus_timeout
+from peerd.core.lifecycle import Stage
+from peerd.jobspec import JobSpec
+from peerd.worker.consensus import Consensus, final_consensus
+from peerd.worker.finalmodel import FinalModel
+from peerd.worker.gossip import RoundResult
+from peerd.worker.link import SupervisorLink
+from peerd.worker.modelfile import save_model
+from peerd.worker.rounds import Rounds
+from peerd.worker.snapshots import FinalStore, Identity, SnapshotStore
+from peerd.worker.source import Source
+from peerd.worker.trainstate import TrainState
+
+log = logging.getLogger("peerd.worker")
+
+CLOSE_TIMEOUT_S = 30.0  # the longest a step of the end may take, beyond the consensus's own limit
+
+
+class Ending(Protocol):
+    """The engine, as a worker's end uses it."""
+
+    spec: JobSpec
+    me: str
+    identity: Identity
+    out_dir: Path
+    link: SupervisorLink
+    source: Source
+    transport: object
+    state: TrainState
+    rounds: Rounds
+    store: SnapshotStore
+    final: FinalStore
+    phase: str
+    round: int
+    metrics: dict[str, float]
+    evaluate: Callable[[], dict[str, float]] | None
+
+    def enter(self, stage: Stage) -> bool: ...
+
+    def report(self, result: RoundResult | None = None, finished: bool = False) -> None: ...
+
+    async def round_done(self, result: RoundResult | None) -> None: ...
+
+    async def checkpoint(self, why: str) -> None: ...
+
+
+class JobEnd:
+    def __init__(self, engine: Ending) -> None:
+        self.engine = engine
+        self.consensus: Consensus | None = None
+        self._final_segments = 0  # segments of this peer's final model (conclude): the reads finish waits for
+
+    async def leave(self) -> None:
+        """Drained or signalled, at the end of a round: tell the others, keep a checkpoint."""
+        e = self.engine
+        if not e.enter(Stage.LEFT):
+            return
+        await e.round_done(await e.rounds.finish_pending())  # the round in flight is this peer's last
+        await e.rounds.leave_group()
+        e.phase = "draining"
+        why = "the operator asked" if e.link.stop else "stopped by signal"
+        log.info("leaving at round %d: %s", e.round, why)
+        await self._announce_leave()
+        await e.checkpoint(why)
+
+    async def _announce_leave(self) -> None:
+        """Leave after this round: partners asking for a later one are told at
+        once (not after their deadline), and the daemon's next Hello, sent at once,
+        no longer lists this worker, so the others plan the next round without it."""
+        e = self.engine
+        await e.store.finish()
+        await e.rounds.stages.finish()
+        await e.final.finish()  # no final model from here: the consensus does not wait for it
+        e.link.address = ""
+        await e.link.beat()
+
+    async def finish_job(self, metrics: dict[str, float]) -> None:
+        """Every epoch is trained here: apply the round still in flight
+        (overlapped mode), evaluate, average with the members still in the
+        job, write the model file, report, serve the final model to the others."""
+        e = self.engine
+        await asyncio.wait_for(self._settle(), CLOSE_TIMEOUT_S)
+        if e.evaluate is not None:
+            metrics = {**metrics, **await asyncio.to_thread(e.evaluate)}
+        limit = self.consensus_limit_s() + CLOSE_TIMEOUT_S
+        metrics = await asyncio.wait_for(self._conclude(metrics), limit)
+        path = await asyncio.to_thread(self._write_model, metrics)
+        await asyncio.wait_for(self._finish(metrics, path), limit)
+
+    async def _settle(self) -> None:
+        await self.engine.round_done(await self.engine.rounds.finish_pending())
+
+    def consensus_limit_s(self) -> float:
+        """The longest the final exchange may take, with the view of now."""
+        e = self.engine
+        others = len(e.link.view.keys() - {e.me})
+        return consensus_timeout(e.spec.gossip.deadline_ceiling_s, e.rounds.deadline.deadline(), others)
+
+    async def _conclude(self, metrics: dict[str, float]) -> dict[str, float]:
+        """The job is done here: average the final models of the members still in
+        it, take the average as this peer's model, and return `metrics` (of its
+        own model) with the average's beside them, as consensus_<name>."""
+        e = self.engine
+        e.enter(Stage.CONCLUDING)
+        e.phase = "consensus"
+        e.report()
+        await e.rounds.leave_group()
+        await e.store.finish()  # partners asking for a later round are answered at once
+        await e.rounds.stages.finish()
+        peers = {p: a for p, a in e.link.view.items() if p != e.me}
+        model = FinalModel(e.state)
+        self._final_segments = len(model.layout(e.rounds.layout))
+        self.consensus = c = await final_consensus(e.me, model, e.final, peers, e.rounds.layout,
+                                                   e.transport, self.consensus_limit_s())
+        log.info("consensus at the end over %s: digest %s, own model %.3g%% from it, %.2fs", c.describe(),
+                 c.digest, 100 * c.own_gap, c.seconds)
+        theirs = metrics
+        if not c.plan.alone:
+            model.adopt(c.vector)
+            theirs = await asyncio.to_thread(e.evaluate) if e.evaluate is not None else {}
+        return {**metrics, **{f"consensus_{k}": v for k, v in theirs.items()}, "consensus_peers": float(c.plan.size)}
+
+    def _write_model(self, metrics: dict[str, float]) -> Path | None:
+        """model.pt, unless nobody's steps are in this model: it would hand back
+        the initial model as the job's result."""
+        e, c = self.engine, self.consensus
+        if c.plan.alone and e.source.step_count == 0:
+            log.error("finished without a trained model: no step was taken here and no peer's "
+                      "model reached the consensus; model.pt not written")
+            return None
+        path = e.out_dir / "model.pt"
+        save_model(e.state.model, path, job=e.spec.name, step=e.source.step_count,
+                   progress=e.source.progress, round=e.round, metric=e.spec.metric, metrics=metrics,
+                   fingerprint=e.identity.fingerprint, consensus=list(c.plan.members), consensus_digest=c.digest)
+        return path
+
+    async def _finish(self, metrics: dict[str, float], model_path: Path | None) -> None:
+        """The job is done: the last metrics and where the model went; then serve
+        the final model until the others in the consensus have read it."""
+        e = self.engine
+        e.enter(Stage.FINISHED)
+        e.metrics = metrics
+        e.report(finished=True)
+        name = e.spec.metric
+        log.info("finished: %d steps, %d rounds, %s %.4f (own model), %.4f (consensus of %d); model saved to %s",
+                 e.source.step_count, e.round, name, metrics.get(name, math.nan),
+                 metrics.get(f"consensus_{name}", math.nan), int(metrics.get("consensus_peers", 1)),
+                 model_path or "nowhere (no trained model)")
+        if self.consensus is not None and not self.consensus.plan.alone:
+            reads = (self.consensus.plan.size - 1) * self._final_segments
+            if not await e.final.wait_served(reads, self.consensus_limit_s()):
+                log.info("not every peer of the consensus read this peer's final model in time")
