@@ -147,9 +147,15 @@ def _interfaces(table: Table, host: str) -> tuple[str, ...]:
                       expect='a list of IP addresses, or ["all"]')
     if given is not None:
         return tuple(given)
-    # Left unset, mDNS follows an auto host: the same file then works on every
-    # machine, and zeroconf never speaks on every interface unasked.
-    return (AUTO,) if host == AUTO else DaemonConfig.interfaces
+    # Left unset, mDNS follows the host: "auto" (the same file then works on every
+    # machine) or a fixed IPv4 address (mDNS on loopback would hide a daemon that
+    # serves on the LAN), and zeroconf never speaks on every interface unasked.
+    if host == AUTO:
+        return (AUTO,)
+    address = ipaddress.ip_address(host) if _is_ip(host) else None
+    if address is not None and address.version == 4 and not address.is_unspecified:
+        return (host,)
+    return DaemonConfig.interfaces
 
 
 def resolve_host(config: DaemonConfig) -> tuple[DaemonConfig, HostPick | None]:

@@ -538,8 +538,13 @@ def test_discovery_set_by_hand_does_not_follow_an_auto_host():
     assert config.interfaces == ("all",)
 
 
-def test_a_fixed_host_leaves_discovery_on_loopback_as_before():
-    assert parse('[daemon]\nhost = "10.1.2.3"\n').interfaces == ("127.0.0.1",)
+def test_discovery_left_unset_speaks_on_a_fixed_lan_host_and_stays_on_loopback_otherwise():
+    # A daemon serving on the LAN while mDNS spoke on loopback would never be found.
+    assert parse('[daemon]\nhost = "10.1.2.3"\n').interfaces == ("10.1.2.3",)
+    assert parse('[daemon]\nhost = "10.1.2.3"\n[discovery]\ninterfaces = ["127.0.0.1"]\n').interfaces == (
+        "127.0.0.1",)
+    for host in ("127.0.0.1", "0.0.0.0", "::1"):
+        assert parse(f'[daemon]\nhost = "{host}"\n').interfaces == ("127.0.0.1",), host
 
 
 def test_peerd_host_auto_makes_the_files_host_auto_and_discovery_follows(tmp_path):
