@@ -22,6 +22,7 @@ import torch
 
 from peerd.auth import Authenticator, load_secret
 from peerd.core.codes import ExitCode
+from peerd.core.lifecycle import Outcome
 from peerd.core.slowdown import CLOCKS
 from peerd.errors import ConfigError, PeerdError
 from peerd.jobspec import parse_job
@@ -36,7 +37,7 @@ from peerd.worker.training import Trainer
 log = logging.getLogger("peerd.worker")
 
 # How the worker ended -> its exit code, which the daemon acts on (peerd.core.restarts).
-EXITS = {"finished": ExitCode.FINISHED, "left": ExitCode.LEFT, "stopped": ExitCode.STOPPED}
+EXITS = {Outcome.FINISHED: ExitCode.FINISHED, Outcome.LEFT: ExitCode.LEFT, Outcome.STOPPED: ExitCode.STOPPED}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -93,7 +94,7 @@ def run_declarative(launch: Launch) -> int:
         outcome = peer.close(finished=trainer.done)
     except KeyboardInterrupt:
         log.info("stopped by signal%s", f" at round {peer.round}" if peer is not None else "")
-        outcome = "stopped"
+        outcome = Outcome.STOPPED
     finally:
         if peer is not None and not peer.closed:
             peer.close(finished=False)
@@ -127,7 +128,7 @@ def run_script(launch: Launch) -> int:
         runpy.run_path(str(path), run_name="__main__")
     except KeyboardInterrupt:
         outcome = _close_attached(finished=False)
-        return EXITS[outcome or "stopped"]
+        return EXITS[outcome or Outcome.STOPPED]
     except (ConfigError, PeerdError):
         _close_attached(finished=False)
         raise
