@@ -25,6 +25,7 @@ from peerd.core.segments import Span
 from peerd.errors import InvalidMessage, PeerdError
 from peerd.worker.codec import finite_by_sum
 from peerd.worker.finalmodel import FinalModel, largest_ints
+from peerd.worker.modelfile import model_state
 from peerd.worker.snapshots import FINAL_STAGE, FinalStore, SnapshotStore
 from peerd.worker.transport import Transport
 
@@ -103,9 +104,20 @@ def exact_average(plan: ConsensusPlan, models: dict[str, torch.Tensor]) -> torch
     return out
 
 
+@dataclass(frozen=True)
+class Models:
+    """Which models a consensus averages: the final ones, or one round's snapshots (stage 0)."""
+
+    round: int = 0
+    stage: int = FINAL_STAGE
+
+
+FINAL_MODELS = Models()
+
+
 async def average_models(
     me: str, own: torch.Tensor, addresses: dict[str, str], layout: list[Span], transport: Transport,
-    timeout: float, round_: int = 0, stage: int = FINAL_STAGE, int_tail: int = 0,
+    timeout: float, which: Models = FINAL_MODELS, int_tail: int = 0,
 ) -> Consensus:
     """Pull the others' models (final ones, or one round's snapshots) and
     average them with `own` (a CPU fp32 copy of this peer's). The last
@@ -113,7 +125,7 @@ async def average_models(
     among the members, not a mean."""
     started = time.monotonic()
     others = {p: a for p, a in addresses.items() if p != me and a}
-    models, left_out = await gather_models(transport, others, layout, timeout, round_, stage)
+    models, left_out = await gather_models(transport, others, layout, timeout, which.round, which.stage)
     plan = plan_consensus(me, models)
     models[me] = own
     vector = own.clone() if plan.alone else exact_average(plan, models)
@@ -151,15 +163,13 @@ async def round_consensus(me: str, store: SnapshotStore, round_: int, vector: to
             own = snapshot.clone()
     except PeerdError:  # nothing published for this round (alone, overlapped): the model of now
         own = vector.detach().to("cpu", copy=True)
-    return await average_models(me, own, addresses, layout, transport, timeout, round_=round_, stage=0)
+    return await average_models(me, own, addresses, layout, transport, timeout, Models(round_, 0))
 
 
 def state_with(model: nn.Module, vector: torch.Tensor, values: torch.Tensor) -> dict[str, torch.Tensor]:
     """The model's state_dict (CPU copies) as it would be with `values` in the
     gossiped `vector`; the model is left as it was. Synchronous: nothing else
     runs on the vector meanwhile."""
-    from peerd.worker.training import model_state
-
     live = vector.detach().clone()
     vector.copy_(values)
     try:
