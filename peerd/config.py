@@ -81,6 +81,9 @@ class DaemonConfig:
     # Where this machine's own data sets are: jobs with data_mode = "local" read
     # theirs under it (a job's [data] root overrides it). None: no local data here.
     data_root: Path | None = None
+    # TensorBoard event files of every job's workers, DIR/JOB/MEMBER (a job's own
+    # [log] tensorboard wins); None: none written.
+    tensorboard: Path | None = None
 
 
 def parse_config(data: dict, source: str) -> DaemonConfig:
@@ -131,6 +134,7 @@ def parse_config(data: dict, source: str) -> DaemonConfig:
         log_format=logging_.get("format", str, "text", check=lambda v: v in LOG_FORMATS,
                                 expect="'text' or 'json'"),
         data_root=_path(data, "root", source, "a directory holding this machine's data sets"),
+        tensorboard=_path(logging_, "tensorboard", source, "a directory for TensorBoard's event files"),
     )
     for table in (daemon, discovery, worker, auth, tls, metrics, logging_, data, root):
         table.finish()

@@ -80,6 +80,15 @@ class DataSpec:
 
 
 @dataclass(frozen=True)
+class LogSpec:
+    """What this peer logs of the job: its own business, not in the fingerprint."""
+
+    # TensorBoard event files in DIR/JOB/MEMBER, instead of the daemon's [log]
+    # tensorboard; relative: to the job file. Empty: the daemon's.
+    tensorboard: str = ""
+
+
+@dataclass(frozen=True)
 class CheckpointSpec:
     every_rounds: int = 0  # write one every this many rounds (0: not by rounds)
     every_s: float = 60.0  # ... and/or when this many seconds passed since the last (0: not by time)
@@ -140,16 +149,18 @@ class JobSpec:
     # may keep the file in its own place.
     secret_file: str = ""
     checkpoint: CheckpointSpec = CheckpointSpec()
+    log: LogSpec = LogSpec()
 
     @property
     def fingerprint(self) -> str:
         """sha256 of the canonical spec: two peers train together only if equal.
-        The secret's path, the checkpoint settings and data loading are each
-        peer's own business and are left out."""
+        The secret's path, the checkpoint settings, data loading and logging are
+        each peer's own business and are left out."""
         fields = asdict(self)
         del fields["secret_file"]
         del fields["checkpoint"]
         del fields["data_loading"]
+        del fields["log"]
         del fields["min_peers"]
         del fields["start_timeout_s"]
         if self.data_mode == "shared":  # fingerprints of shared-data jobs as before local mode
@@ -177,6 +188,20 @@ class JobSpec:
                 "without a job file to resolve it from; join with the job file, or use an absolute path")
         return Path(spec_dir) / path
 
+    def tensorboard_dir(self, spec_dir: str) -> Path | None:
+        """The job's own [log] tensorboard, a relative path taken from the job
+        file's directory; None when the job names none."""
+        if not self.log.tensorboard:
+            return None
+        path = Path(self.log.tensorboard).expanduser()
+        if path.is_absolute():
+            return path
+        if not spec_dir:
+            raise ConfigError(
+                f"job {self.name!r}: log.tensorboard {self.log.tensorboard!r} is relative, and this job came "
+                "without a job file to resolve it from; join with the job file, or use an absolute path")
+        return Path(spec_dir) / path
+
     def data_root(self, spec_dir: str, daemon_root: str) -> str:
         """local mode: this peer's data root, the job's own (relative to the job
         file) or else the daemon's; "" when neither names one."""
@@ -190,7 +215,7 @@ class JobSpec:
 
 def parse_job(text: str, source: str) -> JobSpec:
     root = Table(load_toml(text, source), source, "")
-    tables = {name: root.sub(name) for name in ("job", "optimizer", "gossip", "train", "data", "checkpoint")}
+    tables = {name: root.sub(name) for name in ("job", "optimizer", "gossip", "train", "data", "checkpoint", "log")}
     spec = JobSpec(
         **jobtables.job_table(tables["job"]),
         optimizer=OptimizerSpec(**jobtables.optimizer_table(tables["optimizer"])),
@@ -198,6 +223,7 @@ def parse_job(text: str, source: str) -> JobSpec:
         train=TrainSpec(**jobtables.train_table(tables["train"])),
         data_loading=DataSpec(**jobtables.data_table(tables["data"])),
         checkpoint=CheckpointSpec(**jobtables.checkpoint_table(tables["checkpoint"])),
+        log=LogSpec(**jobtables.log_table(tables["log"])),
     )
     for table in (*tables.values(), root):
         table.finish()

@@ -193,6 +193,13 @@ def job_table(job: Table) -> dict[str, object]:
     )
 
 
+def log_table(log: Table) -> dict[str, object]:
+    return dict(
+        tensorboard=log.get("tensorboard", str, "", check=lambda v: 0 < len(v) <= 4096 and "\0" not in v,
+                            expect="a directory for TensorBoard's event files"),
+    )
+
+
 def checkpoint_table(ckpt: Table) -> dict[str, object]:
     return dict(
         every_rounds=ckpt.get("every_rounds", int, 0, check=lambda v: v >= 0, expect="an integer ≥ 0 (0: off)"),

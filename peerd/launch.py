@@ -28,6 +28,7 @@ class Launch:
     data_root: str = ""  # data_mode = "local": where this peer's data is (ctx.data_root)
     slowdown_clock: str = "wall"  # the step time `slowdown` multiplies (peerd.core.slowdown)
     step_overhead_s: float = 0.0  # testing knob: a fixed sleep after every step (peerd.core.slowdown)
+    tensorboard: str = ""  # this worker's TensorBoard run directory (peerd.worker.tblog); "": none
 
 
 _launch: Launch | None = None  # set by peerd.worker.main before it runs a script job

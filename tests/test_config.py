@@ -84,6 +84,7 @@ port = 9464
 
 [log]
 format = "json"
+tensorboard = "/srv/tb"
 
 [data]
 root = "/srv/data"
@@ -114,6 +115,7 @@ def test_every_key_is_read():
         metrics_port=9464,
         log_format="json",
         data_root=Path("/srv/data"),
+        tensorboard=Path("/srv/tb"),
     )
     assert isinstance(config.state_dir, Path) and isinstance(config.control_socket, Path)
     assert isinstance(config.interfaces, tuple)
@@ -496,6 +498,31 @@ def test_environment_overrides_the_file(tmp_path):
 
 def test_a_relative_data_root_is_taken_from_the_config_files_directory(tmp_path):
     assert load_config(write(tmp_path, '[data]\nroot = "data"\n'), {}).data_root == tmp_path / "data"
+
+
+def test_tensorboard_is_off_by_default_and_relative_to_the_config_files_directory(tmp_path):
+    assert DaemonConfig().tensorboard is None
+    assert load_config(write(tmp_path, '[log]\ntensorboard = "tb"\n'), {}).tensorboard == tmp_path / "tb"
+    for bad in ('""', "1", "true"):
+        with pytest.raises(ConfigError, match="log.tensorboard"):
+            parse(f"[log]\ntensorboard = {bad}\n")
+
+
+def test_check_config_says_where_the_curves_go_or_that_tensorboard_is_missing(monkeypatch):
+    import importlib.util
+
+    from peerd.cli.daemon import _tensorboard_lines
+
+    assert _tensorboard_lines(DaemonConfig()) == []
+    config = DaemonConfig(tensorboard=Path("/srv/tb"))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
+    assert _tensorboard_lines(config) == [
+        "log.tensorboard = /srv/tb: each job's curves in /srv/tb/JOB/MEMBER (a job's own [log] tensorboard wins); "
+        "watch them with `tensorboard --logdir /srv/tb`"]
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert _tensorboard_lines(config) == [
+        "log.tensorboard = /srv/tb: the tensorboard package is not installed: the workers train without "
+        "TensorBoard logs (pip install peerd[tensorboard])"]
 
 
 def test_peerd_config_names_the_file(tmp_path, monkeypatch):

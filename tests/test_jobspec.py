@@ -186,7 +186,7 @@ def test_inconsistent_batch_bounds_are_refused(extra, message):
 
 
 def test_every_field_is_covered_by_changes():
-    tables = ("optimizer", "gossip", "train", "checkpoint", "data_loading")
+    tables = ("optimizer", "gossip", "train", "checkpoint", "data_loading", "log")
     fields = {f"job.{k}" for k in JobSpec.__dataclass_fields__ if k not in tables}
     fields |= {f"optimizer.{k}" for k in OptimizerSpec.__dataclass_fields__}
     fields |= {f"gossip.{k}" for k in GossipSpec.__dataclass_fields__}
@@ -226,7 +226,7 @@ def test_local_mode_weighting_is_in_the_fingerprint_and_shared_fingerprints_are_
     # peers of before local mode, and of before the step model was a choice, still match.
     fields = dataclasses.asdict(shared)
     for key in ("secret_file", "checkpoint", "data_loading", "weighting", "step_model", "min_peers",
-                "start_timeout_s"):
+                "start_timeout_s", "log"):
         del fields[key]
     canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     assert shared.fingerprint == hashlib.sha256(canonical.encode()).hexdigest()[:32]
@@ -251,6 +251,27 @@ def test_data_root_is_the_jobs_own_or_the_daemons(tmp_path):
     assert spec.data_root(str(tmp_path), "/srv/data") == str(tmp_path / "mine")
     assert spec.data_loading.root == "mine" and spec.fingerprint == parse_job(
         tomli_w.dumps({**data, "data": {"root": "/elsewhere"}}), SRC).fingerprint
+
+
+def test_tensorboard_is_each_peers_own_relative_to_the_job_file_and_not_in_the_fingerprint(tmp_path):
+    base = parse_job(MNIST_TEXT, SRC)
+    assert base.log.tensorboard == "" and base.tensorboard_dir(str(tmp_path)) is None
+    data = copy.deepcopy(MNIST_DATA)
+    data["log"] = {"tensorboard": "runs/tb"}
+    spec = parse_job(tomli_w.dumps(data), SRC)
+    assert spec.fingerprint == base.fingerprint
+    assert spec.tensorboard_dir(str(tmp_path)) == tmp_path / "runs" / "tb"
+    data["log"] = {"tensorboard": "/srv/tb"}
+    assert parse_job(tomli_w.dumps(data), SRC).tensorboard_dir("") == Path("/srv/tb")
+    with pytest.raises(ConfigError, match="log.tensorboard 'runs/tb' is relative"):
+        spec.tensorboard_dir("")  # joined by name without --dir: nothing to take it from
+    for bad, message in (("", "log.tensorboard = ''"), (3, "log.tensorboard"), ("a\0b", "log.tensorboard")):
+        data["log"] = {"tensorboard": bad}
+        with pytest.raises(ConfigError, match=message):
+            parse_job(tomli_w.dumps(data), SRC)
+    data["log"] = {"tensorbord": "tb"}
+    with pytest.raises(ConfigError, match="tensorbord"):
+        parse_job(tomli_w.dumps(data), SRC)
 
 
 def test_a_script_job_and_its_arguments_are_in_the_fingerprint():

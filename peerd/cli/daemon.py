@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import signal
 import sys
 from dataclasses import replace
@@ -94,6 +95,19 @@ def _host_pick(config, path: Path | None) -> list[str]:
     return lines
 
 
+def _tensorboard_lines(config) -> list[str]:
+    """Where [log] tensorboard sends the jobs' curves, or that the package to
+    write them is missing here (the workers then train without them)."""
+    if config.tensorboard is None:
+        return []
+    where = f"log.tensorboard = {config.tensorboard}"
+    if importlib.util.find_spec("tensorboard") is None:  # found without importing it (or torch)
+        return [f"{where}: the tensorboard package is not installed: the workers train without TensorBoard logs "
+                "(pip install peerd[tensorboard])"]
+    return [f"{where}: each job's curves in {config.tensorboard}/JOB/MEMBER (a job's own [log] tensorboard "
+            f"wins); watch them with `tensorboard --logdir {config.tensorboard}`"]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level, args.log_format or "text")
@@ -115,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"no config file ({DEFAULT_PATH} is absent): the built-in defaults apply")
             else:
                 print(f"{path}: valid")
-            for line in picked:
+            for line in (*picked, *_tensorboard_lines(config)):
                 print(line)
             return 0
         if args.log_format is None and config.log_format != "text":

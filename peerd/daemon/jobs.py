@@ -61,6 +61,7 @@ class WorkerLaunch:
     log_format: str = "text"
     intrahost: IntraHostSlot | None = None  # its place in the daemon's intra-host group (peerd.worker.intrahost)
     data_root: str = ""  # data_mode = "local": where this peer's data is (peerd.daemon.localdata)
+    tensorboard: str = ""  # its TensorBoard run directory, DIR/JOB/MEMBER ([log] tensorboard); "": none
 
     def argv(self) -> list[str]:
         args = [
@@ -78,6 +79,8 @@ class WorkerLaunch:
             args += self.intrahost.argv()
         if self.data_root:
             args += ["--data-root", self.data_root]
+        if self.tensorboard:
+            args += ["--tensorboard", self.tensorboard]
         return args + (self.tls.argv() if self.tls else [])
 
 

@@ -63,6 +63,7 @@ class JobRegistry:
         spec = parse_job(spec_toml, "job spec")
         secret_file = self._check_joinable(spec, spec_dir)
         data_root = check_local_job(spec, spec_dir, secret_file, self.config.data_root)
+        tensorboard = spec.tensorboard_dir(spec_dir) or self.config.tensorboard  # the job's own wins
         job_dir = self.config.state_dir / "jobs" / spec.name
         job_dir.mkdir(parents=True, exist_ok=True)
         spec_path = job_dir / "job.toml"
@@ -74,7 +75,8 @@ class JobRegistry:
         rendezvous = Rendezvous(job_dir, len(self.devices)) if wanted(self.devices, spec.gossip.mode) else None
         if rendezvous is not None:
             rendezvous.bump()
-        launches = self._launches(job_dir, spec_path, spec_dir, secret_file, rendezvous, data_root)
+        launches = self._launches(job_dir, spec_path, spec_dir, secret_file, rendezvous, data_root,
+                                  tensorboard.absolute() / spec.name if tensorboard else None)
         restarts = RestartPolicy(self.config.restart_backoff_s, self.config.restart_backoff_max_s,
                                  CrashLimit(self.config.max_crashes, self.config.crash_window_s))
         job = LocalJob.create(spec, job_dir, launches, restarts,
@@ -107,7 +109,10 @@ class JobRegistry:
         return secret_file
 
     def _launches(self, job_dir: Path, spec_path: Path, spec_dir: str, secret_file: Path | None,
-                  rendezvous: Rendezvous | None = None, data_root: str = "") -> list[WorkerLaunch]:
+                  rendezvous: Rendezvous | None = None, data_root: str = "",
+                  tensorboard: Path | None = None) -> list[WorkerLaunch]:
+        """`tensorboard`: the job's TensorBoard directory, each worker a run in it
+        (absolute: a script job's worker runs in a directory of its own)."""
         count = len(self.devices)
         return [
             WorkerLaunch(
@@ -117,7 +122,7 @@ class JobRegistry:
                 secret_file=secret_file, tls=self.config.tls, slowdown=self.config.slowdown,
                 slowdown_clock=self.config.slowdown_clock, step_overhead_s=self.config.step_overhead_s,
                 log_format=self.config.log_format, intrahost=rendezvous.slot(k) if rendezvous else None,
-                data_root=data_root,
+                data_root=data_root, tensorboard=str(tensorboard / member) if tensorboard else "",
             )
             for k, (member, device) in enumerate(zip(self.members, self.devices))
         ]

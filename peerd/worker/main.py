@@ -54,6 +54,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="the job secret: every exchange request and reply carries proof of it")
     parser.add_argument("--data-root", default="",
                         help='data_mode = "local": the directory holding this peer\'s data (the job reads ctx.data_root)')
+    parser.add_argument("--tensorboard", default="",
+                        help="this worker's TensorBoard run directory ([log] tensorboard): each round's scalars "
+                             "go there (needs the tensorboard package)")
     parser.add_argument("--tls-cert", type=Path, help="this peer's certificate (PEM), for mutual TLS")
     parser.add_argument("--tls-key", type=Path, help="its private key (PEM)")
     parser.add_argument("--tls-ca", type=Path, help="the CA that signed every peer's certificate (PEM)")
@@ -171,7 +174,8 @@ def run(args: argparse.Namespace) -> int:
     group = intrahost.from_args(args, resolve_device(args.device), args.peer_id)
     launch = Launch(spec, args.spec_dir, args.control, args.peer_id, args.host, args.out_dir, args.device,
                     load_security(args), args.slowdown, group, data_root=args.data_root,
-                    slowdown_clock=args.slowdown_clock, step_overhead_s=args.step_overhead_s)
+                    slowdown_clock=args.slowdown_clock, step_overhead_s=args.step_overhead_s,
+                    tensorboard=args.tensorboard)
     return run_script(launch) if spec.script else run_declarative(launch)
 
 
