@@ -23,6 +23,7 @@ from peerd.worker.modelfile import save_model
 from peerd.worker.rounds import Rounds
 from peerd.worker.snapshots import FinalStore, Identity, SnapshotStore
 from peerd.worker.source import Source
+from peerd.worker.tblog import TensorBoardLog
 from peerd.worker.trainstate import TrainState
 
 log = logging.getLogger("peerd.worker")
@@ -48,6 +49,7 @@ class Ending(Protocol):
     round: int
     metrics: dict[str, float]
     evaluate: Callable[[], dict[str, float]] | None
+    tblog: TensorBoardLog
 
     def enter(self, stage: Stage) -> bool: ...
 
@@ -76,6 +78,7 @@ class JobEnd:
         log.info("leaving at round %d: %s", e.round, why)
         await self._announce_leave()
         await e.checkpoint(why)
+        e.tblog.close()
 
     async def _announce_leave(self) -> None:
         """Leave after this round: partners asking for a later one are told at
@@ -155,6 +158,7 @@ class JobEnd:
         e.enter(Stage.FINISHED)
         e.metrics = metrics
         e.report(finished=True)
+        e.tblog.finished(e.link.progress)
         name = e.spec.metric
         log.info("finished: %d steps, %d rounds, %s %.4f (own model), %.4f (consensus of %d); model saved to %s",
                  e.source.step_count, e.round, name, metrics.get(name, math.nan),

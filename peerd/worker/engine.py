@@ -46,6 +46,7 @@ from peerd.worker.rounds import Rounds
 from peerd.worker.snapshots import FinalStore, Identity, SegmentServer
 from peerd.worker.source import Source
 from peerd.worker.state import StateBoard, StateMeta, StateServer
+from peerd.worker.tblog import TensorBoardLog
 from peerd.worker.traffic import (
     CountingSegmentServer,
     CountingStateServer,
@@ -113,6 +114,7 @@ class Engine:
         self._beats: asyncio.Task | None = None
         self.exported, self.exported_round = "", 0  # peerctl export: the last file written
         self.time = TimeSpent()
+        self.tblog = TensorBoardLog(launch.tensorboard)  # each round's Progress, when asked for
         self.join = Join(self)
         self.ending = JobEnd(self)
 
@@ -175,6 +177,7 @@ class Engine:
         """Stop serving and say so to the daemon (once)."""
         if not self.enter(Stage.CLOSED):
             return
+        self.tblog.close()
         await self.rounds.aclose()
         await self.final.finish()
         await self.board.finish()
@@ -234,6 +237,7 @@ class Engine:
                 self.metrics = await asyncio.to_thread(self.evaluate)
             self.time.add("evaluate", started)
             self.report(result)
+            self.tblog.round(self.link.progress, self.metrics)
             return self._next_plan()
         finally:
             self._parked = False
