@@ -128,6 +128,32 @@ def test_peerd_cluster_trains_to_the_end_and_reports_the_saved_models_accuracy(t
     assert all(handed_job(tmp_path / "run", k, "readme")["job"]["min_peers"] == 2 for k in range(2))
     assert (tmp_path / "run" / "progress.png").stat().st_size > 0
     assert (tmp_path / "run" / "history.csv").read_text().count("\n") > 2
+    # Each worker's curves, one run per peer in OUT/tensorboard/JOB/MEMBER, read by TensorBoard's own reader.
+    tensorboard = (tmp_path / "run" / "tensorboard").resolve()
+    assert f"TensorBoard: tensorboard --logdir {tensorboard}" in out.stdout
+    assert sorted(p.name for p in (tensorboard / "readme").iterdir()) == ["peer-0", "peer-1"]
+    for k in range(2):
+        curves = tensorboard_scalars(tensorboard / "readme" / f"peer-{k}")
+        assert {"train/loss", "train/lr", "train/samples_per_s", "train/local_batch", "train/global_batch",
+                "time/round_s", "time/exchange_s", "gossip/disagreement", "eval/accuracy",
+                "consensus/accuracy"} <= set(curves)
+        rounds = [step for step, _ in curves["train/loss"]]
+        assert len(rounds) > 3 and rounds == sorted(set(rounds))
+        assert curves["train/global_batch"][-1][1] == 64  # 2 peers × local_batch 32
+        # every 20 rounds and once at the end, never repeated in the rounds between
+        evaluated = [step for step, _ in curves["eval/accuracy"]]
+        assert len(evaluated) < len(rounds) and all(s % 20 == 0 for s in evaluated[:-1])
+        (end, value), = curves["consensus/accuracy"]  # the saved model's, once, at the last round
+        assert end == evaluated[-1] >= rounds[-1]
+        assert value == pytest.approx(saved[k]["metrics"]["consensus_accuracy"])
+
+
+def tensorboard_scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run))
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
 
 @pytest.mark.e2e
@@ -291,3 +317,20 @@ def test_data_roots_given_once_per_peer_go_to_the_peers_in_order(tmp_path, monke
     secret = settings(LocalDaemon(0, tmp_path, tmp_path))["auth"]["job_secret_file"]
     assert secret == str(tmp_path / "run" / "job.secret")
     assert data_roots(None) is None
+
+
+def test_the_tensorboard_line_names_the_runs_folder_or_the_jobs_own_or_says_the_package_is_missing(
+        tmp_path, monkeypatch):
+    import importlib.util
+
+    from peerd.cli.cluster import _tensorboard_note
+    from peerd.jobspec import parse_job
+
+    job, ours = tmp_path / "job.toml", tmp_path / "run" / "tensorboard"
+    plain = parse_job('[job]\nname = "a"\nmodule = "m"\n', str(job))
+    own = parse_job('[job]\nname = "a"\nmodule = "m"\n[log]\ntensorboard = "tb"\n', str(job))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
+    assert _tensorboard_note(plain, job, ours) == f"TensorBoard: tensorboard --logdir {ours}"
+    assert _tensorboard_note(own, job, ours) == f"TensorBoard: tensorboard --logdir {tmp_path.resolve() / 'tb'}"
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert "pip install peerd[tensorboard]" in _tensorboard_note(plain, job, ours)

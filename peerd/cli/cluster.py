@@ -1,13 +1,15 @@
 """`peerd cluster`: the command line around peerd.cluster.LocalCluster. Starts
 N daemons on 127.0.0.1, joins each to one job, shows their progress (a live
 table on a terminal, a line every 5 s elsewhere), writes history.csv and
-progress.png, and stops them all on exit, Ctrl+C or SIGTERM.
+progress.png (and TensorBoard's event files in OUT/tensorboard), and stops them
+all on exit, Ctrl+C or SIGTERM.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import importlib.util
 import json
 import math
 import signal
@@ -39,7 +41,8 @@ DESCRIPTION = """\
 Start N peerd daemons on 127.0.0.1, join each to one job, show their progress,
 and stop them all at the end (or on Ctrl+C). The workers start together: the job
 handed to the daemons (OUT/job.toml) gets [job] min_peers = peers × workers per
-daemon unless it sets min_peers itself.
+daemon unless it sets min_peers itself. Each worker's curves go to
+OUT/tensorboard/JOB/MEMBER for TensorBoard (with the tensorboard package).
 
 Local data (data_mode = "local"): each peer trains on its own data root only.
 Give one per peer, with --data-dir DIR (DIR/peer-0/ ... DIR/peer-N-1/) or
@@ -171,16 +174,27 @@ def _local_data_note(spec, out: Path, roots: list[Path] | None) -> str:
     return f"local data: {where}; {secret}"
 
 
-def _daemon_settings(local: Settings | None, workers: int) -> Settings:
-    """Each daemon's own config tables: a local-data job's root and secret, and
-    `workers` CPU workers."""
+def _daemon_settings(local: Settings | None, workers: int, tensorboard: Path) -> Settings:
+    """Each daemon's own config tables: a local-data job's root and secret,
+    `workers` CPU workers, and the run's TensorBoard directory."""
     def settings(peer: LocalDaemon) -> dict[str, dict[str, object]]:
         tables = local(peer) if local else {}
         if workers > 1:
             tables["worker"] = {"devices": ["cpu"] * workers}
+        tables["log"] = {"tensorboard": str(tensorboard)}
         return tables
 
     return settings
+
+
+def _tensorboard_note(spec, job_path: Path, ours: Path) -> str:
+    """How to watch the run's curves: where they go (the job's own [log]
+    tensorboard wins), or that the package to write them is missing."""
+    if importlib.util.find_spec("tensorboard") is None:
+        return (f"TensorBoard: the package is not installed here, so no curves in {ours} "
+                "(pip install peerd[tensorboard]); history.csv and progress.png are written all the same")
+    where = spec.tensorboard_dir(str(job_path.resolve().parent)) or ours
+    return f"TensorBoard: tensorboard --logdir {where}"
 
 
 def run_cluster(args: argparse.Namespace) -> int:
@@ -207,12 +221,14 @@ def run_cluster(args: argparse.Namespace) -> int:
         console.print(f"job file handed to the daemons, {escape(str(out / 'job.toml'))}: {escape(note)}")
     if local:
         console.print(escape(_local_data_note(spec, out, roots)))
+    tensorboard = out.resolve() / "tensorboard"
+    console.print(escape(_tensorboard_note(spec, job_path, tensorboard)))
     history: list[dict] = []
     rows: list[dict] = []
     started = time.monotonic()
     previous = signal.signal(signal.SIGTERM, raise_interrupt)
     try:
-        settings = _daemon_settings(local, args.workers)
+        settings = _daemon_settings(local, args.workers, tensorboard)
         with LocalCluster(peers, out, slowdowns=args.slowdowns, settings=settings) as cluster:
             cluster.wait_ready()
             cluster.wait_discovery(console)
