@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from peerd.examples.mnist import make_datasets, make_model
-from peerd.worker.jobmodule import default_loss
+from peerd.worker.train.jobmodule import default_loss
 
 __all__ = ["make_model", "make_datasets", "loss", "evaluate"]  # the job module's callables
 

@@ -327,7 +327,7 @@ def ddp_rank(args: argparse.Namespace) -> None:
 
     import bw_mlp
 
-    from peerd.worker.slowdown import SlowedSteps
+    from peerd.worker.train.slowdown import SlowedSteps
 
     rank, world = args.ddp_rank, len(args.slowdown_list)
     torch.set_num_threads(1)  # before SlowedSteps: its cpu clock is then the thread's

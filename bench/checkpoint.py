@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from peerd.worker.checkpoint import CheckpointDir  # noqa: E402
-from peerd.worker.state import StateMeta  # noqa: E402
+from peerd.worker.state.checkpoint import CheckpointDir  # noqa: E402
+from peerd.worker.state.pull import StateMeta  # noqa: E402
 
 
 def timed(fn) -> float:

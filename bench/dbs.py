@@ -34,7 +34,7 @@ after each step a worker sleeps (f − 1) × that step's time, on the wall clock
 wall time, which on a busy shared CPU includes waiting for other processes, so a
 slow worker is slowed by more than f) or on the cpu clock (the CPU time of the
 step's thread; every worker here runs torch on one thread). The DDP ranks use the
-same code (peerd/worker/slowdown.py) around their forward and backward.
+same code (peerd/worker/train/slowdown.py) around their forward and backward.
 
 Evaluation is out of band on both sides: DDP rank 0 snapshots its model after
 every step (a copy of ~60k floats; --snapshot-every S: every S seconds), each
@@ -175,7 +175,7 @@ def sync_rank(args: argparse.Namespace) -> None:
     from peerd.core.schedule import schedule_factor
     from peerd.core.slowdown import Slowdown
     from peerd.examples.mnist import make_datasets, make_model
-    from peerd.worker.slowdown import SlowedSteps
+    from peerd.worker.train.slowdown import SlowedSteps
 
     rank, world = args.sync_rank, len(args.slowdown_list)
     v = parse_variant(args.variant, args.lr, args.period_steps)

@@ -93,14 +93,14 @@ def _peerd(rank: int, cfg: dict, barrier, conn) -> dict:
     import peerd
     from peerd.core.segments import split_even
     from peerd.core.topology import plan_round
-    from peerd.worker.gossip import gossip_round
-    from peerd.worker.pair import pair_round
-    from peerd.worker.roundctx import RoundBuffers, RoundContext, RoundInputs
-    from peerd.worker.snapshots import Identity, SegmentServer, SnapshotStore
-    from peerd.worker.state import StateBoard, StateServer
+    from peerd.worker.round.crossover import gossip_round
+    from peerd.worker.round.pair import pair_round
+    from peerd.worker.round.context import RoundBuffers, RoundContext, RoundInputs
+    from peerd.worker.wire.stores import Identity, SegmentServer, SnapshotStore
+    from peerd.worker.state.pull import StateBoard, StateServer
     from peerd.auth import Authenticator
-    from peerd.worker.exchange_server import start_exchange_server
-    from peerd.worker.transport import GrpcTransport
+    from peerd.worker.wire.server import start_exchange_server
+    from peerd.worker.wire.transport import GrpcTransport
 
     numel, segments = cfg["numel"], cfg["segments"]
     chunk_elems = cfg["chunk_kib"] * 1024 // 4
@@ -151,7 +151,7 @@ def _peerd(rank: int, cfg: dict, barrier, conn) -> dict:
                 t1 = time.perf_counter()
                 plan = plan_round(JOB, round_, list(addresses), me, segments)
                 inputs = RoundInputs(plan, addresses, RoundBuffers(vector, recv, cfg["deadline_s"], into))
-                if cfg["pair"]:  # as the worker runs a flat round with two peers (peerd.worker.pair)
+                if cfg["pair"]:  # as the worker runs a flat round with two peers (peerd.worker.round.pair)
                     result = await pair_round(ctx, inputs)
                 else:
                     result = await gossip_round(ctx, inputs)

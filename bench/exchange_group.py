@@ -67,13 +67,13 @@ def _peerd(mode: str, rank: int, cfg: dict, barrier, conn) -> dict:
     from peerd.core.groups import plan_hierarchical
     from peerd.core.segments import split_even
     from peerd.core.topology import plan_round
-    from peerd.worker.gossip import gossip_round
-    from peerd.worker.hierarchy import hierarchical_round
-    from peerd.worker.roundctx import RoundBuffers, RoundContext, RoundInputs
-    from peerd.worker.snapshots import Identity, SegmentServer, SnapshotStore, StageStore
-    from peerd.worker.state import StateBoard, StateServer
-    from peerd.worker.exchange_server import start_exchange_server
-    from peerd.worker.transport import GrpcTransport
+    from peerd.worker.round.crossover import gossip_round
+    from peerd.worker.round.hierarchy import hierarchical_round
+    from peerd.worker.round.context import RoundBuffers, RoundContext, RoundInputs
+    from peerd.worker.wire.stores import Identity, SegmentServer, SnapshotStore, StageStore
+    from peerd.worker.state.pull import StateBoard, StateServer
+    from peerd.worker.wire.server import start_exchange_server
+    from peerd.worker.wire.transport import GrpcTransport
 
     numel, segments, procs = cfg["numel"], cfg["segments"], cfg["procs"]
     chunk_elems = cfg["chunk_kib"] * 1024 // 4

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """One prepared check of a GPU machine (≤ 5 minutes on one GPU), with one summary.
 
-  tests     the CUDA tests: `pytest -m cuda tests/test_cuda.py` (training on cuda,
+  tests     the CUDA tests: `pytest -m cuda tests/e2e/test_cuda.py` (training on cuda,
             devices = "auto", state CPU<->GPU, a GPU checkpoint read on a CPU, bf16,
             fp16 GradScaler, the pinned-copy round, a daemon with one worker per GPU)
   cluster   a 2-peer local cluster of real daemons (peerd.cluster.LocalCluster):
@@ -75,8 +75,8 @@ def run_tests(device: str, budget_s: float) -> Part:
     """The CUDA tests on a GPU; the CPU variants of the same tests without one."""
     part = Part("tests")
     select = "cuda" if device == "cuda" else "not cuda"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", select, "tests/test_cuda.py"]
-    part.lines.append("$ " + " ".join(["pytest", "-m", repr(select), "tests/test_cuda.py"]))
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", select, "tests/e2e/test_cuda.py"]
+    part.lines.append("$ " + " ".join(["pytest", "-m", repr(select), "tests/e2e/test_cuda.py"]))
     try:
         run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=budget_s,
                              env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -157,7 +157,7 @@ def run_train(device: str, seconds: float) -> Part:
 
     from peerd.cluster import default_job
     from peerd.jobspec import parse_job
-    from peerd.worker.training import Trainer
+    from peerd.worker.train.trainer import Trainer
 
     part = Part("train")
     base = default_job().read_text()
@@ -248,7 +248,7 @@ def run_exchange(device: str, budget_s: float, tmp: Path) -> Part:
 
 
 def _device_copies(numel: int, repeats: int = 10) -> float:
-    """Median ms of the round's two copies (peerd.worker.rounds.Rounds.work): the device vector into the pinned work buffer,
+    """Median ms of the round's two copies (peerd.worker.round.rounds.Rounds.work): the device vector into the pinned work buffer,
     and back (non-blocking, then synchronised, as the next step would wait for it)."""
     import torch
 

@@ -2,7 +2,7 @@
 """The intra-host tier against the bulk lane: N CPU worker processes of one daemon
 averaging a model (their group stage), for N = 2 and 4, in one invocation.
 
-  intrahost  the tier (peerd.worker.intrahost, intrahost_round): every process holds an
+  intrahost  the tier (peerd.worker.intrahost.group, intrahost_round): every process holds an
              IntraHostGroup formed from a Rendezvous under a temp "job directory"
              (FileStore, gloo on 127.0.0.1), and per repeat runs hand_over(round),
              plan_hierarchical (all N on one daemon, group_size N: one group) and
@@ -59,11 +59,11 @@ def _intrahost(rank: int, cfg: dict, barrier) -> dict:
     from peerd.core.groups import plan_hierarchical
     from peerd.core.intrahost import IntraHostSlot
     from peerd.core.segments import split_even
-    from peerd.worker.intrahost import IntraHostGroup
-    from peerd.worker.intrahost_round import intrahost_round
-    from peerd.worker.roundctx import RoundBuffers, RoundContext, RoundInputs
-    from peerd.worker.snapshots import Identity, SnapshotStore, StageStore
-    from peerd.worker.transport import MemoryTransport
+    from peerd.worker.intrahost.group import IntraHostGroup
+    from peerd.worker.intrahost.round import intrahost_round
+    from peerd.worker.round.context import RoundBuffers, RoundContext, RoundInputs
+    from peerd.worker.wire.stores import Identity, SnapshotStore, StageStore
+    from peerd.worker.wire.transport import MemoryTransport
 
     procs, numel, segments = cfg["procs"], cfg["numel"], cfg["segments"]
     own0, mean = exchange_group._vectors(rank, procs, numel)

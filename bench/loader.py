@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from peerd.jobspec import parse_job
-from peerd.worker.training import Trainer
+from peerd.worker.train.trainer import Trainer
 
 HERE = Path(__file__).resolve().parent
 

@@ -31,7 +31,7 @@ import torch
 from peerd.core.rng import derive_seed
 from peerd.core.topology import derangement
 from peerd.jobspec import parse_job
-from peerd.worker.training import Trainer
+from peerd.worker.train.trainer import Trainer
 
 HERE = Path(__file__).resolve().parent
 PEERS = [f"p{i}" for i in range(4)]

@@ -9,7 +9,7 @@ average segment by segment over the real crossover plans (peerd.core.topology):
 
   plain     the round mixes the models after the steps: x ← mix(x)
   overlap   the round mixes the snapshot taken at its start and lands one round
-            later: x ← x + mix(x_r) − x_r (peerd.worker.correction)
+            later: x ← x + mix(x_r) − x_r (peerd.worker.round.correction)
 
 Every 2 rounds it prints the peers' mean and lowest own test accuracy, the
 accuracy of their average, and their spread ‖x_i − x̄‖ / ‖x̄‖.

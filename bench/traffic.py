@@ -15,7 +15,7 @@ chunk) and HTTP/2 framing are not counted.
     .venv/bin/python bench/traffic.py --grpc          # the same over gRPC on 127.0.0.1
     .venv/bin/python bench/traffic.py --numel 1000000 --segments 8 --rounds 5
 
-tests/test_gossip_traffic.py asserts the figures (exactly one model per peer per round
+tests/tools/test_gossip_traffic.py asserts the figures (exactly one model per peer per round
 for crossover whatever the number of peers; 2 − 1/|G| for hierarchical groups).
 """
 
@@ -38,13 +38,13 @@ if str(ROOT) not in sys.path:
 from peerd.core.groups import plan_hierarchical  # noqa: E402
 from peerd.core.segments import split_even  # noqa: E402
 from peerd.core.topology import plan_round  # noqa: E402
-from peerd.worker.gossip import RoundResult, gossip_round  # noqa: E402
-from peerd.worker.hierarchy import hierarchical_round  # noqa: E402
-from peerd.worker.roundctx import RoundBuffers, RoundContext, RoundInputs  # noqa: E402
-from peerd.worker.snapshots import Identity, SegmentServer, SnapshotStore, StageStore  # noqa: E402
-from peerd.worker.state import StateBoard, StateServer  # noqa: E402
-from peerd.worker.exchange_server import start_exchange_server  # noqa: E402
-from peerd.worker.transport import GrpcTransport, MemoryTransport  # noqa: E402
+from peerd.worker.round.crossover import RoundResult, gossip_round  # noqa: E402
+from peerd.worker.round.hierarchy import hierarchical_round  # noqa: E402
+from peerd.worker.round.context import RoundBuffers, RoundContext, RoundInputs  # noqa: E402
+from peerd.worker.wire.stores import Identity, SegmentServer, SnapshotStore, StageStore  # noqa: E402
+from peerd.worker.state.pull import StateBoard, StateServer  # noqa: E402
+from peerd.worker.wire.server import start_exchange_server  # noqa: E402
+from peerd.worker.wire.transport import GrpcTransport, MemoryTransport  # noqa: E402
 
 WIRE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 JOB = "traffic"

@@ -8,7 +8,7 @@ in that window. Streaming replies carry their own proof in the trailing
 metadata key `peerd-auth-reply`: a MAC over the request's MAC and every reply
 message, so a peer without the secret can neither ask nor answer.
 
-Pure of gRPC: the edges (peerd.worker.transport, peerd.daemon.services) read
+Pure of gRPC: the edges (peerd.worker.wire.transport, peerd.daemon.services) read
 and write the metadata and turn `AuthError` into UNAUTHENTICATED.
 """
 

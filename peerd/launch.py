@@ -24,7 +24,7 @@ class Launch:
     device: str = "cpu"
     security: Security = field(default_factory=Security)
     slowdown: float = 1.0
-    intrahost: object | None = None  # the daemon's intra-host group for this worker (peerd.worker.intrahost)
+    intrahost: object | None = None  # the daemon's intra-host group for this worker (peerd.worker.intrahost.group)
     data_root: str = ""  # data_mode = "local": where this peer's data is (ctx.data_root)
     slowdown_clock: str = "wall"  # the step time `slowdown` multiplies (peerd.core.slowdown)
     step_overhead_s: float = 0.0  # testing knob: a fixed sleep after every step (peerd.core.slowdown)

@@ -61,16 +61,16 @@ from peerd.errors import ConfigError
 from peerd.launch import Launch, current_launch, set_launch
 from peerd.scriptsource import ScriptSource
 from peerd.scriptsource import total_steps as _total_steps
-from peerd.worker.data import PeerSampler, View, default_loader
-from peerd.worker.device import resolve_device
+from peerd.worker.train.data import PeerSampler, View, default_loader
+from peerd.worker.train.device import resolve_device
 from peerd.worker.ending import CLOSE_TIMEOUT_S
 from peerd.worker.engine import Engine
 from peerd.worker.link import SupervisorLink
 from peerd.worker.loopthread import LoopThread
-from peerd.worker.lrcontrol import LrControl
-from peerd.worker.optim import init_state
-from peerd.worker.slowdown import SlowedSteps
-from peerd.worker.trainstate import Stateful, TrainState
+from peerd.worker.train.lrcontrol import LrControl
+from peerd.worker.train.optim import init_state
+from peerd.worker.train.slowdown import SlowedSteps
+from peerd.worker.state.trainstate import Stateful, TrainState
 
 __all__ = ["Launch", "Peer", "ScriptSource", "attach", "last_attached", "set_launch", "total_steps"]
 

@@ -1,4 +1,4 @@
-"""The intra-host tier's rendezvous directory (peerd.worker.intrahost), one per job
+"""The intra-host tier's rendezvous directory (peerd.worker.intrahost.group), one per job
 under the job's directory: the daemon writes a new *generation* before any of the
 job's workers (re)starts, and a worker whose group broke while every member lived
 (a stall past the collective timeout) moves it on too, so the group re-forms

@@ -11,9 +11,9 @@ import torch
 
 from peerd.core.meter import StepMeter
 from peerd.jobspec import JobSpec
-from peerd.worker.data import DataCursor, PeerSampler
-from peerd.worker.lrcontrol import LrControl
-from peerd.worker.trainstate import TrainState
+from peerd.worker.train.data import DataCursor, PeerSampler
+from peerd.worker.train.lrcontrol import LrControl
+from peerd.worker.state.trainstate import TrainState
 
 
 def total_steps(epochs: float, samples: int, batch: int) -> int:

@@ -75,7 +75,7 @@ async def until(predicate: Callable[[], object], what: str, timeout_s: float = 2
 # --- leak check: a test must not leave tasks, threads, child processes or namespaces behind ----
 
 # How long a task, thread or process that is already stopping may take to end
-# (tests/test_leak_checks.py shortens it for the tests that leak on purpose).
+# (tests/tools/test_leak_checks.py shortens it for the tests that leak on purpose).
 LEAK_GRACE_S = float(os.environ.get("PEERD_TEST_LEAK_GRACE_S", "10"))
 # Process-wide threads libraries start once, on first use, and keep: not a test's leak.
 LIBRARY_THREADS = ("(_poll_wrapper)",)  # grpc.aio's completion-queue poller

@@ -4,7 +4,7 @@ When a peer's job is done, it publishes its final model and pulls the final
 models of the peers still in its view; the consensus is the exact mean over
 the peers whose whole model arrived, itself included. This module decides who
 is in that set, in which order the sum runs and with which weights, and how
-long the exchange may take. The averaging itself is in peerd.worker.consensus.
+long the exchange may take. The averaging itself is in peerd.worker.state.consensus.
 
 Why uniform weights whatever the job's `weighting`: peerd carries a peer's
 weight (its data set size in local mode, its DBS batch in shared mode) in its

@@ -7,7 +7,7 @@ still serving (the first copy wins), a donor that fails serves no more, and one
 that sent a corrupt range is trusted for none of the ranges it served: those are
 asked of the others again, a donor whose own copy of one was called off (the
 corrupt copy came first) included. Those decisions live here, apart from the
-fetches and timeouts that carry them out (peerd.worker.state.pull_state), so
+fetches and timeouts that carry them out (peerd.worker.state.pull.pull_state), so
 that they can be checked step by step.
 
 The executor asks `assign` whenever a donor is free and reports how each fetch

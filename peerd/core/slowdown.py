@@ -6,7 +6,7 @@ sleeps (factor − 1) × that step's time, read on one of two clocks.
   more so the busier the machine (a synchronous job, whose fast ranks then wait
   for it, pays that twice).
 - "cpu": the CPU time the step's thread used: what the step cost this device,
-  whatever the other processes do. The shell (peerd.worker.slowdown) reads it.
+  whatever the other processes do. The shell (peerd.worker.train.slowdown) reads it.
 
 A second knob, `overhead_s`, adds a fixed sleep to every step whatever its batch:
 it emulates a step with a large fixed cost (the optimizer update of a big model,

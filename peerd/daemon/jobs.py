@@ -59,7 +59,7 @@ class WorkerLaunch:
     slowdown_clock: str = "wall"
     step_overhead_s: float = 0.0  # testing knob (DaemonConfig.step_overhead_s)
     log_format: str = "text"
-    intrahost: IntraHostSlot | None = None  # its place in the daemon's intra-host group (peerd.worker.intrahost)
+    intrahost: IntraHostSlot | None = None  # its place in the daemon's intra-host group (peerd.worker.intrahost.group)
     data_root: str = ""  # data_mode = "local": where this peer's data is (peerd.daemon.localdata)
     tensorboard: str = ""  # its TensorBoard run directory, DIR/JOB/MEMBER ([log] tensorboard); "": none
 

@@ -239,7 +239,7 @@ class Soak:
     def find_checkpoints(self) -> list[tuple[str, bool, str]] | None:
         """Check every checkpoint with this build's verifier; None when it has none."""
         verify = None
-        for name in ("peerd.worker.checkpoint", "peerd.worker.checkpoints", "peerd.checkpoint"):
+        for name in ("peerd.worker.state.checkpoint", "peerd.worker.checkpoints", "peerd.checkpoint"):
             try:
                 module = importlib.import_module(name)
             except ImportError:

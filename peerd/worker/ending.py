@@ -15,16 +15,16 @@ from typing import Protocol
 from peerd.core.consensus import consensus_timeout
 from peerd.core.lifecycle import Stage
 from peerd.jobspec import JobSpec
-from peerd.worker.consensus import Consensus, final_consensus
-from peerd.worker.finalmodel import FinalModel
-from peerd.worker.gossip import RoundResult
+from peerd.worker.state.consensus import Consensus, final_consensus
+from peerd.worker.state.finalmodel import FinalModel
+from peerd.worker.round.crossover import RoundResult
 from peerd.worker.link import SupervisorLink
-from peerd.worker.modelfile import save_model
-from peerd.worker.rounds import Rounds
-from peerd.worker.snapshots import FinalStore, Identity, SnapshotStore
-from peerd.worker.source import Source
+from peerd.worker.state.modelfile import save_model
+from peerd.worker.round.rounds import Rounds
+from peerd.worker.wire.stores import FinalStore, Identity, SnapshotStore
+from peerd.worker.train.source import Source
 from peerd.worker.tblog import TensorBoardLog
-from peerd.worker.trainstate import TrainState
+from peerd.worker.state.trainstate import TrainState
 
 log = logging.getLogger("peerd.worker")
 

@@ -34,28 +34,28 @@ from peerd.errors import PeerdError
 from peerd.jobspec import JobSpec
 from peerd.launch import Launch
 from peerd.rejections import Rejections
-from peerd.worker.checkpoint import CheckpointDir
-from peerd.worker.checkpointer import Checkpointer
-from peerd.worker.consensus import round_consensus, state_with
+from peerd.worker.state.checkpoint import CheckpointDir
+from peerd.worker.state.checkpointer import Checkpointer
+from peerd.worker.state.consensus import round_consensus, state_with
 from peerd.worker.ending import CLOSE_TIMEOUT_S, JobEnd
-from peerd.worker.gossip import RoundResult
+from peerd.worker.round.crossover import RoundResult
 from peerd.worker.join import HEARTBEAT_S, Join
 from peerd.worker.link import SupervisorLink
 from peerd.worker.progress_report import EngineFigures, TimeSpent, progress_of
-from peerd.worker.rounds import Rounds
-from peerd.worker.snapshots import FinalStore, Identity, SegmentServer
-from peerd.worker.source import Source
-from peerd.worker.state import StateBoard, StateMeta, StateServer
+from peerd.worker.round.rounds import Rounds
+from peerd.worker.wire.stores import FinalStore, Identity, SegmentServer
+from peerd.worker.train.source import Source
+from peerd.worker.state.pull import StateBoard, StateMeta, StateServer
 from peerd.worker.tblog import TensorBoardLog
-from peerd.worker.traffic import (
+from peerd.worker.wire.traffic import (
     CountingSegmentServer,
     CountingStateServer,
     CountingTransport,
     Traffic,
 )
-from peerd.worker.exchange_server import start_exchange_server
-from peerd.worker.modelfile import write_model
-from peerd.worker.transport import GrpcTransport
+from peerd.worker.wire.server import start_exchange_server
+from peerd.worker.state.modelfile import write_model
+from peerd.worker.wire.transport import GrpcTransport
 
 log = logging.getLogger("peerd.worker")
 

@@ -16,12 +16,12 @@ from peerd.core.resume import Attempt, Resume, Tried, donors, resume_action, tra
 from peerd.core.startgate import Start, StartGate
 from peerd.errors import ConfigError, PeerdError
 from peerd.jobspec import JobSpec
-from peerd.worker.checkpoint import Checkpoint
-from peerd.worker.checkpointer import Checkpointer
+from peerd.worker.state.checkpoint import Checkpoint
+from peerd.worker.state.checkpointer import Checkpointer
 from peerd.worker.link import SupervisorLink
-from peerd.worker.rounds import Rounds
-from peerd.worker.source import Source
-from peerd.worker.state import StateBoard, pull_state
+from peerd.worker.round.rounds import Rounds
+from peerd.worker.train.source import Source
+from peerd.worker.state.pull import StateBoard, pull_state
 
 log = logging.getLogger("peerd.worker")
 

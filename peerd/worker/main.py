@@ -30,9 +30,9 @@ from peerd.logs import setup_logging
 from peerd.peer import Launch, Peer, last_attached, set_launch
 from peerd.security import Security
 from peerd.tls import TlsSettings, load_tls
-from peerd.worker import intrahost
-from peerd.worker.device import resolve_device
-from peerd.worker.training import Trainer
+from peerd.worker.intrahost import group as intrahost
+from peerd.worker.train.device import resolve_device
+from peerd.worker.train.trainer import Trainer
 
 log = logging.getLogger("peerd.worker")
 

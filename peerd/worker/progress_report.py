@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from peerd.core.checkpoints import LastCheckpoint
 from peerd.jobspec import JobSpec
 from peerd.proto.v1 import control_pb2
-from peerd.worker.gossip import RoundResult
-from peerd.worker.source import Source
-from peerd.worker.traffic import ExchangeTimes, Traffic
+from peerd.worker.round.crossover import RoundResult
+from peerd.worker.train.source import Source
+from peerd.worker.wire.traffic import ExchangeTimes, Traffic
 
 
 class TimeSpent:

@@ -1,0 +1,231 @@
+"""The exchange of each round: its plan, its run (now, or in the background
+with `[gossip] overlap`), and what its outcome teaches (deadlines, suspicion).
+
+The engine decides when a round happens and what surrounds it (the round
+number, captures for newcomers, checkpoints, catch-up); this class carries the
+exchange out on the registered state's gossiped vector.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+
+import torch
+
+from peerd.core.deadline import DeadlineEstimator
+from peerd.core.names import host_of
+from peerd.core.groups import plan_hierarchical
+from peerd.core.robust import PullClipper
+from peerd.core.segments import split_even
+from peerd.core.suspicion import Suspicion
+from peerd.core.topology import plan_round
+from peerd.jobspec import JobSpec
+from peerd.worker.round.dispatch import run_round
+from peerd.worker.round.crossover import RoundResult
+from peerd.worker.intrahost.group import IntraHostGroup
+from peerd.worker.link import SupervisorLink
+from peerd.worker.round.overlap import OverlapRunner, RoundExchange, round_exchange
+from peerd.worker.round.context import RoundBuffers, RoundContext, RoundInputs
+from peerd.worker.wire.stores import WIRE_DTYPES, SnapshotStore, StageStore
+from peerd.worker.wire.traffic import ExchangeTimes
+from peerd.worker.state.trainstate import TrainState
+
+log = logging.getLogger("peerd.worker")
+
+GROUP_LOG_ROUNDS = 100
+
+
+class Rounds:
+    def __init__(self, spec: JobSpec, me: str, state: TrainState, link: SupervisorLink, transport,
+                 intrahost: IntraHostGroup | None = None) -> None:
+        self.spec = spec
+        self.intrahost = intrahost  # the group stage on torch.distributed, with the daemon's other workers
+        self.me = me
+        self.state = state
+        self.link = link
+        numel = state.gossiped
+        segments = 1 if spec.gossip.mode == "whole" else min(spec.gossip.segments, numel)
+        self.layout = split_even(numel, segments)
+        self.store = SnapshotStore(numel)
+        self.stages = StageStore()
+        self.recv = torch.empty(numel, dtype=torch.float32)
+        # Averaging runs on the CPU, where the network buffers are: a model on a GPU
+        # is copied here for the round and back after it (two copies per round).
+        # None: the model is on the CPU and the round works on its vector directly.
+        device = state.flat.vector.device.type
+        self.work = None if device == "cpu" else torch.empty(numel, dtype=torch.float32, pin_memory=device == "cuda")
+        self.deadline = DeadlineEstimator(spec.gossip.deadline_floor_s, spec.gossip.deadline_ceiling_s)
+        self.suspicion = Suspicion()
+        self.clipper = PullClipper(spec.gossip.clip_factor)
+        # What every round of the job shares (peerd.worker.round.context).
+        self.context = RoundContext(me, self.layout, transport, self.stages, self.clipper,
+                                    WIRE_DTYPES[spec.gossip.wire], intrahost)
+        self.clipped = 0
+        self.misses = 0
+        self.exchange_times = ExchangeTimes()  # one per gossip round this process completed
+        self._group_logged: tuple[tuple[str, ...], frozenset[str], int] = ((), frozenset(), 0)
+        # [gossip] overlap: rounds run in the background (peerd.worker.round.overlap)
+        self.overlap = OverlapRunner(self.store, numel) if spec.gossip.overlap else None
+        self._in_flight: tuple[int, dict[str, str], float] = (0, {}, 0.0)  # round, view, start of the one in flight
+        self.round = 0  # the round being run (for plans and logs)
+
+    @property
+    def transport(self):
+        """The rounds' transport: the context's (setting it makes a new context)."""
+        return self.context.transport
+
+    @transport.setter
+    def transport(self, transport) -> None:
+        self.context = replace(self.context, transport=transport)
+
+    async def run(self, round_: int, view: dict[str, str], capture) -> RoundResult | None:
+        """One round, now: publish, let `capture()` copy the state for newcomers
+        (between steps), exchange."""
+        self.round = round_
+        into = await self._publish()
+        await capture()
+        return await self._round(view, into)
+
+    async def _publish(self) -> torch.Tensor | None:
+        """Publish the model as this round's snapshot. On the CPU its vector itself
+        becomes the snapshot, without a copy, and the round writes the new model
+        into the buffer returned; on a GPU it is copied (None)."""
+        if self.work is not None:
+            await self.store.publish(self.round, self.state.flat.vector)
+            return None
+        return await self.store.hand_over(self.round, self.state.flat.vector)
+
+    async def _round(self, view: dict[str, str], into: torch.Tensor | None) -> RoundResult | None:
+        """This round's exchange; with `into`, the model moves there after it."""
+        if into is None:
+            return await self._gossip(view)
+        snapshot = self.state.flat.vector
+        result = None
+        try:
+            result = await self._gossip(view, into)
+        finally:
+            if result is None:  # nobody to gossip with (or a failure): the model as it was
+                into.copy_(snapshot)
+            self.state.flat.rebind(into)
+        return result
+
+    def _round_plan(self, view: dict[str, str], now: float):
+        """This round's plan, the addresses of the peers it was drawn over (those
+        not suspected) and its deadline, or None with nobody to gossip with."""
+        peers = self.suspicion.keep(view, now)
+        if len(peers) < 2:
+            return None
+        addresses = {p: view[p] for p in peers}
+        deadline = self.deadline.deadline()
+        if self.spec.gossip.mode != "hierarchical":
+            return plan_round(self.spec.name, self.round, peers, self.me, len(self.layout)), addresses, deadline
+        # Paths are outermost first (label, host, daemon): a daemon's workers group first.
+        localities = {p: (self.link.localities.get(p, ""), host_of(view[p]), self.link.daemons.get(p, p))
+                      for p in peers}
+        plan = plan_hierarchical(self.spec.name, self.round, localities, self.me, len(self.layout),
+                                 self.spec.gossip.group_size)
+        self._log_group(plan.group, len(plan.groups), frozenset(peers))
+        # Three transfers one after another: the floor holds for each of them.
+        return plan, addresses, max(deadline, 3 * self.spec.gossip.deadline_floor_s)
+
+    async def _gossip(self, view: dict[str, str], into: torch.Tensor | None = None) -> RoundResult | None:
+        now = time.monotonic()
+        planned = self._round_plan(view, now)
+        if planned is None:
+            return None
+        plan, addresses, deadline = planned
+        vector = self.work if self.work is not None else self.state.flat.vector
+        if vector is not self.state.flat.vector:
+            vector.copy_(self.state.flat.vector)
+        buffers = RoundBuffers(vector, self.recv, deadline, into)
+        result = await run_round(self.context, RoundInputs(plan, addresses, buffers))
+        if vector is not self.state.flat.vector:
+            self.state.flat.vector.copy_(vector, non_blocking=True)
+        await self._after_round(result, view, now)
+        return result
+
+    def _exchange(self, view: dict[str, str], now: float) -> tuple[RoundExchange | None, float]:
+        """Overlapped mode: this round's exchange, to run in the background."""
+        planned = self._round_plan(view, now)
+        if planned is None:
+            return None, 0.0
+        plan, addresses, deadline = planned
+        return round_exchange(self.context, plan, addresses), deadline
+
+    async def run_overlapped(self, round_: int, view: dict[str, str], capture) -> RoundResult | None:
+        """docs/algorithms.md §1.10: apply the correction of the round in flight (one round
+        stale: x ← x + mix(x_r) − x_r), let `capture()` copy the state (nothing in
+        flight: no correction is missing from the copy), then start the exchange
+        of round `round_` on a snapshot of the model of now; it runs while the
+        next steps compute. Returns the finished round's result."""
+        result = await self.finish_pending()
+        self.round = round_
+        await capture()
+        now = time.monotonic()
+        exchange, deadline = self._exchange(view, now)
+        await self.overlap.start(round_, self.state.flat.vector, exchange, deadline)
+        self._in_flight = (round_, view, now)
+        return result
+
+    async def finish_pending(self) -> RoundResult | None:
+        """Apply the overlapped round in flight, if any (before a leave, the final
+        model, or the next round)."""
+        if self.overlap is None or self.overlap.pending is None:
+            return None
+        result = await self.overlap.finish(self.state.flat.vector)
+        if result is not None:
+            self.round, view, started = self._in_flight
+            await self._after_round(result, view, started)
+        return result
+
+    @property
+    def intrahost_status(self) -> str:
+        group = self.intrahost
+        if group is None or group.generation is None:
+            return ""
+        return f"{group.backend} generation {group.generation}, {group.rounds} rounds"
+
+    async def leave_group(self) -> None:
+        """No more rounds here (the job is done, or this worker leaves): out of the
+        intra-host group at once, so that siblings still training are not held in
+        a collective this worker will not join until it exits (up to the
+        collective's timeout) but fall back to the bulk lane straight away."""
+        if self.intrahost is not None:
+            await self.intrahost.aclose()
+
+    async def aclose(self) -> None:
+        if self.overlap is not None:
+            await self.overlap.aclose()
+        if self.intrahost is not None:
+            await self.intrahost.aclose()
+        await self.store.finish()
+        await self.stages.finish()
+
+    async def _after_round(self, result: RoundResult, view: dict[str, str], now: float) -> None:
+        """A round's outcome: misses, deadlines, suspicion (the engine catches up)."""
+        self.misses += result.misses
+        self.exchange_times.observe(result.seconds)
+        if result.clipped:
+            self.clipped += result.clipped
+            log.warning("round %d: clipped %d oversized pull(s) (%d so far; gossip.clip_factor = %g)",
+                        self.round, result.clipped, self.clipped, self.spec.gossip.clip_factor)
+        if result.misses == 0:
+            self.deadline.observe(result.seconds)
+        elif result.errors:
+            log.debug("round %d: %d segment(s) missed: %s", self.round, result.misses,
+                      "; ".join(f"{p}: {e}" for p, e in sorted(result.errors.items())))
+        for partner in result.planned:
+            if self.suspicion.record(partner, partner not in result.unreachable, now):
+                log.info("round %d: suspecting %s (no answer in %d rounds): %s", self.round, partner,
+                         self.suspicion.threshold, result.errors.get(partner, ""))
+
+    def _log_group(self, group: tuple[str, ...], groups: int, view: frozenset[str]) -> None:
+        """Hierarchical mode: say which group this worker is in when the view
+        changes (a group re-cut every round is logged every 100 rounds)."""
+        last, last_view, last_round = self._group_logged
+        if view != last_view or (group != last and self.round - last_round >= GROUP_LOG_ROUNDS):
+            self._group_logged = (group, view, self.round)
+            log.info("round %d: in group %s of %d (%d in view)", self.round, ", ".join(group), groups, len(view))
+

@@ -1,0 +1,178 @@
+"""The exact average of the peers' models: at the job's end, and for an export.
+
+At the end every peer publishes its final model (stage 3, fp32: the
+parameters and every buffer, peerd.worker.state.finalmodel) and pulls the
+whole final model of every peer in its view, waiting a bounded time for the
+last of them to get there; the consensus is the mean over the peers whose
+whole model arrived, summed in sorted-id order (peerd.core.consensus). Peers
+that got the same set therefore hold the same model, bit for bit. An export
+averages the same way over the round snapshots (stage 0) of one round, which
+the others serve anyway, so they need not take part.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from peerd.core.consensus import ConsensusPlan, describe, plan_consensus
+from peerd.core.segments import Span
+from peerd.errors import InvalidMessage, PeerdError
+from peerd.worker.wire.codec import finite_by_sum
+from peerd.worker.state.finalmodel import FinalModel, largest_ints
+from peerd.worker.state.modelfile import model_state
+from peerd.worker.wire.stores import FINAL_STAGE, FinalStore, SnapshotStore
+from peerd.worker.wire.transport import Transport
+
+
+@dataclass
+class Consensus:
+    """An exact average and how it came about."""
+
+    plan: ConsensusPlan
+    vector: torch.Tensor  # the average (CPU, fp32)
+    left_out: dict[str, str] = field(default_factory=dict)  # peer -> why its model is not in it
+    seconds: float = 0.0
+    own_gap: float = 0.0  # this peer's own model's relative L2 distance from the average
+
+    @property
+    def digest(self) -> str:
+        """A short fingerprint of the values: equal on peers that hold the same model."""
+        return hashlib.sha256(self.vector.numpy().tobytes()).hexdigest()[:16]
+
+    def describe(self) -> str:
+        return describe(self.plan, self.left_out)
+
+
+async def gather_models(
+    transport: Transport, addresses: dict[str, str], layout: list[Span], timeout: float,
+    round_: int = 0, stage: int = FINAL_STAGE,
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Every peer's whole vector (all its segments, all peers concurrently),
+    under one deadline; a peer counts only if every segment arrived finite.
+    Returns the vectors and, for the others, why not."""
+    numel = layout[-1].stop if layout else 0
+    buffers = {p: torch.empty(numel, dtype=torch.float32) for p in addresses}
+
+    async def one(peer: str) -> None:
+        buf, address = buffers[peer], addresses[peer]
+        fetches = [asyncio.ensure_future(transport.fetch_segment(address, round_, s, buf[span.start : span.stop],
+                                                                 timeout, stage)) for s, span in enumerate(layout)]
+        try:
+            await asyncio.gather(*fetches)
+        finally:  # one segment failed (or the deadline): the others of this peer are not wanted
+            for fetch in fetches:
+                fetch.cancel()
+            await asyncio.gather(*fetches, return_exceptions=True)
+        if not finite_by_sum(buf):
+            raise InvalidMessage(f"{peer} sent non-finite values", "non_finite")
+
+    tasks = {p: asyncio.ensure_future(one(p)) for p in addresses}
+    done, pending = await asyncio.wait(tasks.values(), timeout=timeout) if tasks else (set(), set())
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    got, why = {}, {}
+    for peer, task in tasks.items():
+        exc = task.exception() if task in done else TimeoutError("deadline")
+        if exc is None:
+            got[peer] = buffers[peer]
+        elif isinstance(exc, (PeerdError, TimeoutError)):
+            why[peer] = str(exc) or type(exc).__name__
+        else:
+            raise exc  # a bug, not a partner's fault
+    return got, why
+
+
+def exact_average(plan: ConsensusPlan, models: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The plan's weighted mean, summed in the plan's order. No fused
+    multiply-add (equal weights: sum, then one division; else each term
+    rounded, then added), so machines with different vector units agree."""
+    out = models[plan.members[0]].clone()
+    if plan.uniform:
+        for peer in plan.members[1:]:
+            out.add_(models[peer])
+        return out.div_(plan.size)
+    out.mul_(plan.weights[0])
+    for peer, w in zip(plan.members[1:], plan.weights[1:]):
+        out.add_(models[peer].mul(w))
+    return out
+
+
+@dataclass(frozen=True)
+class Models:
+    """Which models a consensus averages: the final ones, or one round's snapshots (stage 0)."""
+
+    round: int = 0
+    stage: int = FINAL_STAGE
+
+
+FINAL_MODELS = Models()
+
+
+async def average_models(
+    me: str, own: torch.Tensor, addresses: dict[str, str], layout: list[Span], transport: Transport,
+    timeout: float, which: Models = FINAL_MODELS, int_tail: int = 0,
+) -> Consensus:
+    """Pull the others' models (final ones, or one round's snapshots) and
+    average them with `own` (a CPU fp32 copy of this peer's). The last
+    `int_tail` elements hold integer buffers (finalmodel): the largest value
+    among the members, not a mean."""
+    started = time.monotonic()
+    others = {p: a for p, a in addresses.items() if p != me and a}
+    models, left_out = await gather_models(transport, others, layout, timeout, which.round, which.stage)
+    plan = plan_consensus(me, models)
+    models[me] = own
+    vector = own.clone() if plan.alone else exact_average(plan, models)
+    if int_tail and not plan.alone:
+        vector[-int_tail:] = largest_ints([models[p][-int_tail:] for p in plan.members])
+    return Consensus(plan, vector, left_out, time.monotonic() - started, relative_gap(own, vector, int_tail))
+
+
+def relative_gap(own: torch.Tensor, mean: torch.Tensor, int_tail: int = 0) -> float:
+    """How far a peer's own model was from the average, relative to the
+    average's norm (integer buffers left out): what gossip left to the final
+    exchange. Near 0 when the peers trained together."""
+    end = own.numel() - int_tail
+    norm = float(mean[:end].norm())
+    return float((own[:end] - mean[:end]).norm()) / norm if norm > 0 else 0.0
+
+
+async def final_consensus(me: str, model: FinalModel, final: FinalStore, addresses: dict[str, str],
+                          gossip_layout: list[Span], transport: Transport, timeout: float) -> Consensus:
+    """The job is done here: publish this peer's final model (a CPU copy of
+    its parameters and buffers) and average it with the others'."""
+    own = model.vector()
+    layout = model.layout(gossip_layout)
+    await final.publish(own, layout)
+    return await average_models(me, own, addresses, layout, transport, timeout, int_tail=model.int_elems)
+
+
+async def round_consensus(me: str, store: SnapshotStore, round_: int, vector: torch.Tensor,
+                          addresses: dict[str, str], layout: list[Span], transport: Transport,
+                          timeout: float) -> Consensus:
+    """peerctl export: the average of round `round_`'s snapshots, this peer's
+    own (or, with none held, its model of now) and the others'."""
+    try:
+        async with store.hold(round_, 0.0) as snapshot:
+            own = snapshot.clone()
+    except PeerdError:  # nothing published for this round (alone, overlapped): the model of now
+        own = vector.detach().to("cpu", copy=True)
+    return await average_models(me, own, addresses, layout, transport, timeout, Models(round_, 0))
+
+
+def state_with(model: nn.Module, vector: torch.Tensor, values: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The model's state_dict (CPU copies) as it would be with `values` in the
+    gossiped `vector`; the model is left as it was. Synchronous: nothing else
+    runs on the vector meanwhile."""
+    live = vector.detach().clone()
+    vector.copy_(values)
+    try:
+        return model_state(model)
+    finally:
+        vector.copy_(live)

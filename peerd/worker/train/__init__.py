@@ -1,0 +1,1 @@
+"""The local training: the trainer, data, optimizer, precision, the LR control and the job module."""

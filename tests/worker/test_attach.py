@@ -1,0 +1,256 @@
+"""peerd.attach's pieces that need no daemon: the script's evaluate() wrapper;
+a script's loaders, epochs, schedule length, loss and LR law; its working
+directory."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+import peerd
+from peerd.core.stepplan import StepPlan
+from peerd.errors import ConfigError
+from peerd.jobspec import parse_job
+from peerd.launch import Launch, set_launch
+from peerd.peer import Peer, _loss_value, _script_evaluation
+from peerd.scriptsource import ScriptSource
+from peerd.worker.train.lrcontrol import LrControl
+from peerd.worker.main import run_script
+from peerd.worker.state.trainstate import TrainState
+
+
+def test_the_scripts_evaluate_runs_without_gradients_and_keeps_the_models_mode():
+    model = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2))
+    seen = {}
+
+    def evaluate():
+        model.eval()  # as scripts do, without switching back
+        seen["grad"] = torch.is_grad_enabled()
+        return {"val_loss": torch.tensor(1.5), "accuracy": 1}
+
+    model.train()
+    assert _script_evaluation(model, evaluate)() == {"val_loss": 1.5, "accuracy": 1.0}
+    assert model.training and seen["grad"] is False
+    model.eval()
+    _script_evaluation(model, evaluate)()
+    assert not model.training
+
+
+@pytest.mark.parametrize("result", [None, 0.5, {"accuracy": "high"}, [("a", 1, 2)]])
+def test_an_evaluate_that_returns_no_dict_of_numbers_is_named(result):
+    with pytest.raises(ConfigError, match=r"evaluate\(\) must return a dict of numbers"):
+        _script_evaluation(nn.Linear(1, 1), lambda: result)()
+
+
+def test_the_mode_comes_back_when_evaluate_raises():
+    model = nn.Linear(1, 1)
+
+    def evaluate():
+        model.eval()
+        raise RuntimeError("out of memory")
+
+    with pytest.raises(RuntimeError, match="out of memory"):
+        _script_evaluation(model, evaluate)()
+    assert model.training
+
+
+# --- a script's epochs, schedule, loss and LR law, on a Peer without its engine -----------------
+
+def script_peer(epochs: float = 2, local_batch: int = 8, members: tuple[str, ...] = ("a",), me: str = "a",
+                reference_batch: int = 0, scheduler=None) -> Peer:
+    """A script's Peer as attach() makes it, without the engine: loader(), the
+    counters, _advance_scheduler and _update_lr work; step() does not."""
+    spec = parse_job(textwrap.dedent(f"""
+        [job]
+        name = "unit"
+        script = "train.py"
+        epochs = {epochs}
+        local_batch = {local_batch}
+        epoch_chunks = 4
+        [optimizer]
+        reference_batch = {reference_batch}
+        ramp_steps = 8
+    """), "unit.toml")
+    model = nn.Sequential(nn.Linear(1, 2), nn.BatchNorm1d(2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    if callable(scheduler):
+        scheduler = scheduler(optimizer)
+    state = TrainState(model, optimizer, objects={"scheduler": scheduler} if scheduler is not None else {})
+    lr = LrControl(spec.optimizer)
+    lr.install(optimizer)
+    peer = Peer.__new__(Peer)
+    peer.launch = Launch(spec, "", "unix:/nonexistent", me)
+    peer.spec, peer.source, peer.state = spec, ScriptSource(state, spec, me, lr), state
+    peer._script, peer._left, peer._steps = True, False, 0
+    peer._plan = StepPlan(list(members), len(members), None)
+    return peer
+
+
+def counted_step(peer: Peer, loss=None, own_scheduler_step: bool = False) -> None:
+    """A script's step (optimizer.step(), maybe its own scheduler.step()), then
+    what peer.step() does for it but the gossip round."""
+    peer.state.optimizer.step()
+    if own_scheduler_step:
+        peer.state.objects["scheduler"].step()  # raises past a OneCycleLR's end
+    peer.source.record(None, _loss_value(loss), 0.0)
+    peer._steps += 1
+    peer._advance_scheduler()
+    peer._update_lr()
+
+
+def samples(n: int) -> TensorDataset:
+    return TensorDataset(torch.arange(n, dtype=torch.float32).unsqueeze(1))
+
+
+@pytest.mark.parametrize("n, batch, epochs, members", [
+    (1000, 48, 3, 1),    # alone: the job's short last batch is a step of its own
+    (1000, 50, 3, 1),    # the batch divides the data set
+    (1000, 48, 2.5, 1),  # fractional epochs
+    (1000, 32, 3, 3),    # three peers in step
+    (999, 7, 2, 2),
+])
+def test_a_onecycle_as_long_as_total_steps_is_never_stepped_past_its_end(n, batch, epochs, members):
+    ids = [f"p{i}" for i in range(members)]
+    total = peerd.total_steps(n, batch, epochs=epochs)
+    peers = [script_peer(epochs, batch, tuple(ids), me, scheduler=lambda opt: torch.optim.lr_scheduler.OneCycleLR(
+        opt, max_lr=0.1, total_steps=total)) for me in ids]
+    assert peers[0].total_steps(n, batch) == total
+    batches = [iter(p.loader(samples(n), batch_size=batch)) for p in peers]
+    steps = dict.fromkeys(ids, 0)
+    while batches:  # the peers step in turn, as they do in rounds, each its own script
+        for peer, it in list(zip(peers, batches)):
+            if next(it, None) is None:
+                peers.remove(peer), batches.remove(it)
+                continue
+            counted_step(peer, own_scheduler_step=True)
+            steps[peer.peer_id] += 1
+    if members == 1:
+        assert steps["p0"] == total  # alone, one process's steps, the short last one included
+    assert peerd.total_steps(n, batch, epochs=epochs) >= int(epochs * n / batch)
+
+
+def test_a_schedule_of_epochs_times_the_full_batches_overflows_alone():
+    """Why total_steps counts the short last batch: the usual EPOCHS * len // BATCH
+    is a step short for a process alone (OneCycleLR raises)."""
+    peer = script_peer(3, 48, scheduler=lambda opt: torch.optim.lr_scheduler.OneCycleLR(
+        opt, max_lr=0.1, total_steps=3 * 1000 // 48))
+    with pytest.raises(ValueError, match="Tried to step"):
+        for _ in peer.loader(samples(1000), batch_size=48):
+            counted_step(peer, own_scheduler_step=True)
+
+
+def test_peerd_advances_a_registered_onecycle_to_its_end_but_not_past_it():
+    """peer.step()'s catching-up alone (a script that never steps its scheduler)
+    stops at the schedule's end, also at a OneCycleLR shorter than total_steps."""
+    peer = script_peer(2, 10, scheduler=lambda opt: torch.optim.lr_scheduler.OneCycleLR(
+        opt, max_lr=0.1, total_steps=15))
+    for _ in peer.loader(samples(100), batch_size=10):
+        counted_step(peer)
+    assert peer.state.objects["scheduler"].last_epoch == 15
+
+
+def test_after_the_jobs_end_a_loader_yields_nothing_and_a_second_loader_goes_on_where_the_first_stopped():
+    peer = script_peer(epochs=2, local_batch=8)
+    data = samples(100)
+    read, epochs = [], []
+    for i, (x,) in enumerate(peer.loader(data)):  # a script that breaks out of its loader mid-job
+        epochs.append(peer.epoch)
+        read += x.flatten().int().tolist()
+        counted_step(peer)
+        if i == 9:
+            break
+    for passes in range(5):  # ... and keeps its epoch loop around a new loader
+        for (x,) in peer.loader(data):
+            epochs.append(peer.epoch)
+            read += x.flatten().int().tolist()
+            counted_step(peer)
+    # Every sample twice (the job's 2 epochs), none more: the later passes got no batch.
+    assert sorted(read) == sorted(list(range(100)) * 2)
+    assert peer.done and peer.should_stop and peer.progress == 2.0
+    # A batch runs on across the epoch's end: it is of the epoch it ends in.
+    assert epochs == [0] * 12 + [1] * 13 and peer.epoch == 1  # never the end (2) itself
+    assert len(peer.loader(data)) == 0 and list(peer.loader(data)) == []
+
+
+def test_a_loader_made_after_taking_the_jobs_state_starts_at_its_position():
+    peer = script_peer(epochs=3, local_batch=10)
+    state = peer.state
+    peer.source.adopt_state(state.vector(), state.extra(), 40, 1.5)  # what attach() does for a joiner
+    assert peer.epoch == 1
+    seen = []
+    for (x,) in peer.loader(samples(100)):
+        seen.append(peer.epoch)
+        counted_step(peer)
+    # The rest of epoch 1 (from its next chunk: half of it) and epoch 2; nothing of epoch 0 again.
+    assert seen == [1] * 5 + [2] * 10 and peer.progress == 3.0
+
+
+def test_a_job_done_before_the_first_loader_gives_an_empty_one():
+    """A worker restarted after the others finished takes the end as its position."""
+    peer = script_peer(epochs=2)
+    peer.source.adopt_state(peer.state.vector(), peer.state.extra(), 30, 2.0)
+    assert list(peer.loader(samples(50))) == [] and peer.epoch == 1
+
+
+def test_peer_step_takes_the_loss_tensor_without_a_warning():
+    weight = torch.ones(3, requires_grad=True)
+    loss = (weight * 2).sum()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _loss_value(loss) == 6.0
+        assert _loss_value(torch.tensor([0.5])) == 0.5
+        assert _loss_value(1) == 1.0 and _loss_value(None) is None
+    with pytest.raises(ConfigError, match="one-element tensor"):
+        _loss_value(torch.ones(2))
+    with pytest.raises(ConfigError, match="a number or a one-element tensor"):
+        _loss_value("low")
+
+
+def test_the_lr_law_sees_the_planned_global_batch_not_a_short_step(caplog):
+    """3 trainers × the loader's 8: 24, also for the job's short last batch."""
+    peer = script_peer(epochs=2, local_batch=4, members=("a", "b", "c"), reference_batch=12)
+    caplog.set_level(logging.INFO, logger="peerd.worker")
+    sizes = []
+    for (x,) in peer.loader(samples(64), batch_size=8):  # made before any step: no ramp from 4 × 3
+        sizes.append(len(x))
+        counted_step(peer)
+        assert peer.source.lr_control.ramp.batch == 24
+    assert sizes[-1] < 8 == sizes[0]  # the short one was there
+    assert "global batch now" not in caplog.text
+    ramp = peer.source.lr_control.ramp
+    assert ramp.scale(0) == ramp.target(24)
+
+
+def test_a_script_runs_in_its_workers_directory_with_its_own_paths(tmp_path, monkeypatch):
+    """Relative writes land in the worker's directory (--out-dir); the script's
+    own directory stays importable; relative paths given to the worker still hold."""
+    jobdir, started = tmp_path / "job", tmp_path / "daemon"
+    jobdir.mkdir(), started.mkdir()
+    (jobdir / "helper.py").write_text("VALUE = 7\n")
+    (jobdir / "train.py").write_text(textwrap.dedent("""
+        import os, helper
+        with open("written.txt", "w") as f:
+            f.write(f"{os.getcwd()}|{__file__}|{helper.VALUE}")
+    """))
+    spec = parse_job('[job]\nname = "cwd"\nscript = "train.py"\n', "cwd.toml")
+    monkeypatch.chdir(started)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    launch = Launch(spec, "../job", "unix:/nonexistent", "a", out_dir=Path("state/jobs/cwd"))
+    try:
+        with pytest.raises(ConfigError, match="ended without calling peerd.attach"):
+            run_script(launch)
+    finally:
+        set_launch(None)
+    out = started / "state" / "jobs" / "cwd"
+    cwd, file, value = (out / "written.txt").read_text().split("|")
+    assert Path(cwd) == out.resolve() and Path(file) == (jobdir / "train.py").resolve() and value == "7"
+    assert not (started / "written.txt").exists()
