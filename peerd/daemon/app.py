@@ -307,7 +307,10 @@ class Daemon:
                 job_states=[control_pb2.PeerJob(name=j.name, state=j.state, phase=j.phase, round=j.round,
                                                 lr=j.lr, global_batch=j.global_batch, samples_per_s=j.speed,
                                                 local_batch=j.local_batch, share=j.share,
-                                                member=j.member or r.peer_id, device=j.device) for j in r.jobs],
+                                                member=j.member or r.peer_id, device=j.device,
+                                                epochs=j.progress, loss=j.loss, metric=j.metric,
+                                                disagreement=j.disagreement, segment_misses=j.segment_misses,
+                                                rejected=j.rejected) for j in r.jobs],
             )
             for r in self.membership.peers()
         ])
