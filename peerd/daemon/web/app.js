@@ -7,13 +7,14 @@ const POLL_MS = 1000;
 const POINTS = 200; // asked of the daemon per member and curve
 const LINE_POINTS = 300; // drawn per line: about one per two pixels
 const SVG = "http://www.w3.org/2000/svg";
-const W = 600, H = 190, PAD = { l: 54, r: 10, t: 8, b: 22 };
+const W = 440, H = 210, PAD = { l: 54, r: 10, t: 10, b: 22 };
 const CURVES = [
   ["loss", () => "training loss (EMA)"],
   ["metric", (job) => job.metric_name + (job.consensus !== null ? " (dashed: the consensus)" : "")],
   ["lr", () => "learning rate"],
   ["samples_per_s", () => "samples/s"],
 ];
+const TEXT_COLUMNS = 4; // the first ones are words, the rest numbers
 const MEMBER_COLUMNS = [
   ["member", (m) => m.member], ["daemon", (m) => m.daemon || "-"], ["state", (m) => m.state],
   ["not training because", (m) => m.why], ["round", (m) => m.round], ["epoch", (m) => fmt(m.epochs, 3)],
@@ -21,7 +22,7 @@ const MEMBER_COLUMNS = [
   ["global batch", (m) => m.global_batch || "-"], ["batch", (m) => m.local_batch || "-"],
   ["share", (m) => (m.share === null || !m.share ? "-" : (100 * m.share).toFixed(1) + "%")],
   ["samples/s", (m) => fmt(m.samples_per_s)], ["disagreement", (m) => fmt(m.disagreement)],
-  ["deadline misses", (m) => m.segment_misses], ["refused", (m) => m.rejected],
+  ["misses", (m) => m.segment_misses], ["refused", (m) => m.rejected],
   ["restarts", (m) => (m.restarts === null ? "-" : m.restarts)],
   ["last Hello", (m) => (m.local ? "here" : fmt(m.seen_s, 2) + " s")],
 ];
@@ -86,12 +87,18 @@ function range(values) {
   return [lo - pad, hi + pad];
 }
 
+// A tick's label with as many decimals as its step needs (0.0498, 0.0499, not 0.05 twice).
+function tick(v, step) {
+  if (v !== 0 && (Math.abs(v) < 1e-3 || Math.abs(v) >= 1e6)) return v.toExponential(2);
+  return v.toFixed(Math.min(8, Math.max(0, 1 - Math.floor(Math.log10(step)))));
+}
+
 function axes(svg, xr, yr, overTime = true) {
   const [y0, y1] = yr;
   for (let k = 0; k <= 4; k++) {
     const y = PAD.t + (H - PAD.t - PAD.b) * (k / 4), v = y1 - (y1 - y0) * (k / 4);
     svg.append(svgEl("line", { class: "grid", x1: PAD.l, x2: W - PAD.r, y1: y, y2: y }));
-    svg.append(svgEl("text", { x: PAD.l - 4, y: y + 3, "text-anchor": "end" }, fmt(v, 3)));
+    svg.append(svgEl("text", { x: PAD.l - 4, y: y + 4, "text-anchor": "end" }, tick(v, (y1 - y0) / 4)));
   }
   for (let k = 0; k <= 3 && overTime; k++) {
     const x = PAD.l + (W - PAD.l - PAD.r) * (k / 3);
@@ -154,9 +161,14 @@ function drawBatches(svg, members) {
     bar.append(svgEl("title", {}, `${m.member}: batch ${m.local_batch}, ${fmt(m.samples_per_s)} samples/s`));
     svg.append(bar);
   });
-  if (rows.length <= 12) {
-    rows.forEach((m, k) => svg.append(svgEl("text", { x: PAD.l + (k + 0.5) * width, y: H - 6,
-      "text-anchor": "middle" }, m.member)));
+  if (rows.length <= 12) { // room for words: each bar's member below it, its speed above it
+    rows.forEach((m, k) => {
+      const x = PAD.l + (k + 0.5) * width, h = (H - PAD.t - PAD.b) * m.local_batch / (hi * 1.05);
+      svg.append(svgEl("text", { x, y: H - 6, "text-anchor": "middle" }, m.member));
+      const inside = h >= 20; // else above the bar, in the axes' colour
+      svg.append(svgEl("text", { class: inside ? "bar-label" : "", x, y: H - PAD.b - h + (inside ? 14 : -4),
+        "text-anchor": "middle" }, `${m.local_batch} · ${fmt(m.samples_per_s, 3)}/s`));
+    });
   }
 }
 
@@ -172,23 +184,23 @@ function jobSection(name) {
   section.append(el("h2", {}, "job ", el("span", { class: "job-name" }, name), summary));
   const charts = el("div", { class: "charts" });
   const curves = CURVES.map(([key]) => { const c = chart(key); c.svg.classList.add("curve-" + key); return c; });
-  const batches = chart("local batch per member (DBS), latest");
+  const batches = chart("local batch per member (DBS) · samples/s");
   for (const c of [...curves, batches]) charts.append(c.box);
   const tbody = el("tbody");
-  const head = el("tr", {}, ...MEMBER_COLUMNS.map(([h]) => el("th", {}, h)));
+  const head = el("tr", {}, ...MEMBER_COLUMNS.map(([h], k) => el("th", { class: k < TEXT_COLUMNS ? "text" : "" }, h)));
   const table = el("table", { class: "members" }, el("thead", {}, head), tbody);
   const messages = el("div", { class: "messages" });
   section.append(charts, el("div", { class: "table-wrap" }, table), messages);
-  return { section, summary, curves, batches, tbody, messages };
+  return { section, summary, curves, batches, tbody, messages, metricHead: head.cells[7] };
 }
 
 function memberRow(m) {
   const row = el("tr", { "data-member": m.member });
   MEMBER_COLUMNS.forEach(([h, get], k) => {
-    const cell = el("td", {}, String(get(m)));
+    const cell = el("td", { class: k < TEXT_COLUMNS ? "text" : "" }, String(get(m)));
     if (k === 0) cell.prepend(el("span", { class: "swatch" }));
-    if (h === "state") cell.className = "state state-" + m.state;
-    if (h === "not training because") { cell.className = "why"; if (m.message) cell.title = m.message; }
+    if (h === "state") cell.classList.add("state", "state-" + m.state);
+    if (h === "not training because") { cell.classList.add("why"); if (m.message) cell.title = m.message; }
     row.append(cell);
   });
   row.querySelector(".swatch").style.background = colour(m.member); // CSSOM: allowed by the page's CSP
@@ -202,6 +214,7 @@ function updateJob(part, job, history) {
   if (job.consensus !== null) bits.push(`consensus ${job.metric_name} ${fmt(job.consensus)} of ${job.consensus_peers}`);
   part.summary.textContent = bits.join(" · ");
   part.summary.dataset.round = job.round;
+  part.metricHead.textContent = job.metric_name;
   CURVES.forEach(([key, title], k) => {
     part.curves[k].title.textContent = title(job);
     drawCurves(part.curves[k].svg, history, key, key === "metric" ? job.consensus : null);
