@@ -158,7 +158,7 @@ def test_the_page_in_a_browser_draws_the_curves_and_shows_a_killed_worker_restar
         os.kill(pid, signal.SIGKILL)
         row = wait_for(lambda: (r := _row(driver, "browsed", "peer-0")).get("state") == "restarting" and r, 60,
                        "peer-0's killed worker to show as restarting")
-        assert row["not training because"].startswith("restarting after a crash")
+        assert row["why not training"].startswith("restarting after a crash")
         _screenshot(driver, tmp_path / "restarting.png")
     finally:
         driver.quit()

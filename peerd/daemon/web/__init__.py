@@ -15,7 +15,8 @@ from peerd.daemon.web.status import DEFAULT_POINTS, PageSource, page_status
 
 STATIC = {"/": ("index.html", "text/html; charset=utf-8"),
           "/app.js": ("app.js", "text/javascript; charset=utf-8"),
-          "/style.css": ("style.css", "text/css; charset=utf-8")}
+          "/style.css": ("style.css", "text/css; charset=utf-8"),
+          "/icon.svg": ("icon.svg", "image/svg+xml; charset=utf-8")}
 # Several open pages poll at once: one build serves them all for this long.
 CACHE_S = 1.0
 

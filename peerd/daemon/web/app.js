@@ -17,7 +17,7 @@ const CURVES = [
 const TEXT_COLUMNS = 4; // the first ones are words, the rest numbers
 const MEMBER_COLUMNS = [
   ["member", (m) => m.member], ["daemon", (m) => m.daemon || "-"], ["state", (m) => m.state],
-  ["not training because", (m) => m.why], ["round", (m) => m.round], ["epoch", (m) => fmt(m.epochs, 3)],
+  ["why not training", (m) => m.why], ["round", (m) => m.round], ["epoch", (m) => fmt(m.epochs, 3)],
   ["loss", (m) => fmt(m.loss)], ["metric", (m) => fmt(m.metric)], ["lr", (m) => fmt(m.lr)],
   ["global batch", (m) => m.global_batch || "-"], ["batch", (m) => m.local_batch || "-"],
   ["share", (m) => (m.share === null || !m.share ? "-" : (100 * m.share).toFixed(1) + "%")],
@@ -72,6 +72,11 @@ function thin(count, limit) {
   return [...out].sort((a, b) => a - b);
 }
 
+// peer-2 before peer-10.
+function natural(a, b) {
+  return a.localeCompare(b, undefined, { numeric: true });
+}
+
 function ago(seconds) {
   const s = Math.abs(Math.round(seconds));
   if (s === 0) return "now";
@@ -84,7 +89,7 @@ function range(values) {
   if (lo === Infinity) return null;
   if (lo === hi) { const d = Math.abs(lo) * 0.1 || 1; lo -= d; hi += d; }
   const pad = (hi - lo) * 0.05;
-  return [lo - pad, hi + pad];
+  return [lo >= 0 ? Math.max(0, lo - pad) : lo - pad, hi + pad]; // a loss or a speed never below 0
 }
 
 // A tick's label with as many decimals as its step needs (0.0498, 0.0499, not 0.05 twice).
@@ -93,12 +98,13 @@ function tick(v, step) {
   return v.toFixed(Math.min(8, Math.max(0, 1 - Math.floor(Math.log10(step)))));
 }
 
-function axes(svg, xr, yr, overTime = true) {
+function axes(svg, xr, yr, overTime = true, log = false) {
   const [y0, y1] = yr;
   for (let k = 0; k <= 4; k++) {
     const y = PAD.t + (H - PAD.t - PAD.b) * (k / 4), v = y1 - (y1 - y0) * (k / 4);
     svg.append(svgEl("line", { class: "grid", x1: PAD.l, x2: W - PAD.r, y1: y, y2: y }));
-    svg.append(svgEl("text", { x: PAD.l - 4, y: y + 4, "text-anchor": "end" }, tick(v, (y1 - y0) / 4)));
+    svg.append(svgEl("text", { x: PAD.l - 4, y: y + 4, "text-anchor": "end" },
+      log ? fmt(10 ** v, 2) : tick(v, (y1 - y0) / 4)));
   }
   for (let k = 0; k <= 3 && overTime; k++) {
     const x = PAD.l + (W - PAD.l - PAD.r) * (k / 3);
@@ -108,20 +114,26 @@ function axes(svg, xr, yr, overTime = true) {
 }
 
 // One line per member over time: its path breaks where a value is missing.
+// A loss that falls by decades is drawn on a log scale, so its tail stays visible.
 function drawCurves(svg, history, key, consensus) {
   svg.replaceChildren();
   const members = Object.entries(history);
-  const ys = members.flatMap(([, s]) => s[key].map(num)).concat(consensus === null ? [] : [consensus]);
+  let ys = members.flatMap(([, s]) => s[key].map(num)).concat(consensus === null ? [] : [consensus]);
   const ts = members.flatMap(([, s]) => s.t.map(num));
+  const seen = ys.filter(Number.isFinite);
+  const log = key === "loss" && seen.length > 0 && Math.min(...seen) > 0 && Math.max(...seen) / Math.min(...seen) > 30;
+  const f = log ? Math.log10 : (v) => v;
+  ys = ys.map(f);
   const yr = range(ys);
   if (yr === null || ts.length === 0) {
     svg.append(svgEl("text", { class: "empty", x: W / 2, y: H / 2, "text-anchor": "middle" }, "no values yet"));
     return;
   }
   const xr = [Math.min(...ts, -1), 0];
-  axes(svg, xr, yr);
+  axes(svg, xr, yr, true, log);
+  if (log) svg.append(svgEl("text", { x: W - PAD.r, y: PAD.t + 10, "text-anchor": "end" }, "log scale"));
   const sx = (t) => PAD.l + (W - PAD.l - PAD.r) * (t - xr[0]) / (xr[1] - xr[0]);
-  const sy = (v) => H - PAD.b - (H - PAD.t - PAD.b) * (v - yr[0]) / (yr[1] - yr[0]);
+  const sy = (v) => H - PAD.b - (H - PAD.t - PAD.b) * (f(v) - yr[0]) / (yr[1] - yr[0]);
   for (const [name, s] of members) {
     let d = "", pen = "M";
     for (const i of thin(s.t.length, LINE_POINTS)) {
@@ -200,7 +212,7 @@ function memberRow(m) {
     const cell = el("td", { class: k < TEXT_COLUMNS ? "text" : "" }, String(get(m)));
     if (k === 0) cell.prepend(el("span", { class: "swatch" }));
     if (h === "state") cell.classList.add("state", "state-" + m.state);
-    if (h === "not training because") { cell.classList.add("why"); if (m.message) cell.title = m.message; }
+    if (h === "why not training") { cell.classList.add("why"); if (m.message) cell.title = m.message; }
     row.append(cell);
   });
   row.querySelector(".swatch").style.background = colour(m.member); // CSSOM: allowed by the page's CSP
@@ -243,7 +255,7 @@ function updatePeers(data) {
   const mine = el("tr", { class: "me", "data-peer": s.peer_id }, el("td", {}, s.peer_id + " (this one)"),
     el("td", { class: "state state-alive" }, "alive"), el("td", {}, s.peer_address), el("td", {}, s.locality || "-"),
     el("td", {}, s.version), el("td", {}, s.jobs.map((j) => j.name).join(", ") || "-"), el("td", {}, "-"));
-  const rows = data.peers.peers.map((p) => el("tr", { "data-peer": p.peer_id }, el("td", {}, p.peer_id),
+  const rows = [...data.peers.peers].sort((a, b) => natural(a.peer_id, b.peer_id)).map((p) => el("tr", { "data-peer": p.peer_id }, el("td", {}, p.peer_id),
     el("td", { class: "state state-" + p.state }, p.state), el("td", {}, p.address), el("td", {}, p.locality || "-"),
     el("td", {}, p.version), el("td", {}, p.jobs.join(", ") || "-"), el("td", {}, fmt(p.last_seen_s, 2) + " s ago")));
   document.querySelector("#peers tbody").replaceChildren(mine, ...rows);
