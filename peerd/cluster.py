@@ -15,6 +15,7 @@ import re
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -60,10 +61,16 @@ class LocalDaemon:
     process: subprocess.Popen | None = None
     locality: str = ""  # rack label, for hierarchical grouping
     slowdown: float = 1.0
+    metrics_port: int = 0  # its /metrics and live page; 0: none
 
     @property
     def peer_id(self) -> str:
         return f"peer-{self.index}"
+
+    @property
+    def page_url(self) -> str:
+        """Its live page (docs/operations.md, "The live page"); "" without a metrics port."""
+        return f"http://127.0.0.1:{self.metrics_port}/" if self.metrics_port else ""
 
 
 Settings = Callable[["LocalDaemon"], dict[str, dict[str, object]]]
@@ -82,6 +89,8 @@ def _write_config(peer: LocalDaemon, realm: str, settings: Settings | None = Non
     tables["worker"] = {"standby": False}
     if peer.slowdown != 1.0:  # testing knob: emulates a slower device
         tables["worker"]["slowdown"] = peer.slowdown
+    if peer.metrics_port:
+        tables["metrics"] = {"port": peer.metrics_port}
     for table, values in (settings(peer) if settings else {}).items():
         tables.setdefault(table, {}).update(values)
     (peer.dir / "peerd.toml").write_text(tomli_w.dumps(tables))
@@ -92,11 +101,12 @@ class LocalCluster:
 
     def __init__(
         self, n: int, out: Path, localities: Sequence[str] = (), slowdowns: tuple[float, ...] | None = None,
-        settings: Settings | None = None, wrap: Sequence[str] = (),
+        settings: Settings | None = None, wrap: Sequence[str] = (), metrics: bool = False,
     ) -> None:
         """`settings(peer)` adds or replaces config values per peer, e.g.
-        {"metrics": {"port": 9464}}; `wrap` runs each daemon under a command,
-        e.g. ("ip", "netns", "exec", NAME)."""
+        {"worker": {"restart_backoff_s": 5.0}}; `wrap` runs each daemon under a
+        command, e.g. ("ip", "netns", "exec", NAME); `metrics`: each daemon serves
+        /metrics and its live page on a free port of 127.0.0.1 (LocalDaemon.page_url)."""
         if n < 1:
             raise PeerdError("--peers must be at least 1")
         if localities and len(localities) != n:
@@ -114,6 +124,8 @@ class LocalCluster:
                       for i, f in enumerate(slowdowns)]
         for peer, locality in zip(self.peers, localities):
             peer.locality = locality
+        for peer, port in zip(self.peers, free_ports(n) if metrics else ()):
+            peer.metrics_port = port
 
     def __enter__(self) -> LocalCluster:
         try:
@@ -183,6 +195,19 @@ class LocalCluster:
                 peer.process.kill()
                 peer.process.wait()
         shutil.rmtree(self._sockets, ignore_errors=True)
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` distinct ports of 127.0.0.1 that were free a moment ago: all bound at
+    once, so the kernel cannot hand out one twice."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 DIGITS_MODULE = "peerd.examples.digits_local"  # the built-in job whose data peerd cluster splits itself

@@ -229,7 +229,9 @@ def run_cluster(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGTERM, raise_interrupt)
     try:
         settings = _daemon_settings(local, args.workers, tensorboard)
-        with LocalCluster(peers, out, slowdowns=args.slowdowns, settings=settings) as cluster:
+        with LocalCluster(peers, out, slowdowns=args.slowdowns, settings=settings, metrics=True) as cluster:
+            console.print(f"live page: {cluster.peers[0].page_url} (peer-0's daemon; each daemon serves "
+                          "its own, and /metrics beside it)")
             cluster.wait_ready()
             cluster.wait_discovery(console)
             for peer in cluster.peers:

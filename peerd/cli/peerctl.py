@@ -8,13 +8,12 @@ import os
 import sys
 from pathlib import Path
 
-from google.protobuf.json_format import MessageToDict
-
 from peerd.auth import create_secret_file
 from peerd.cli.table import render
 from peerd.client import ControlClient
 from peerd.errors import PeerdError
 from peerd.jobspec import load_job
+from peerd.jsonform import message_json
 
 DEFAULT_SOCKET = "/run/peerd/control.sock"
 
@@ -188,8 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"peerctl: {exc}", file=sys.stderr)
         return 1
     if args.json:
-        data = reply if isinstance(reply, dict) else MessageToDict(
-            reply, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+        data = reply if isinstance(reply, dict) else message_json(reply)
         print(json.dumps(data, indent=2))
     else:
         print(text)

@@ -35,6 +35,12 @@ class JobEntry:
     fixed_s: float = 0.0
     per_sample_s: float = 0.0
     epochs_read: float = 0.0  # data_mode = "local": its term of the job's clock (peerd.core.unionclock)
+    # For display only (peerctl peers, the daemon's page): 0 from a peer older than them
+    loss: float = float("nan")
+    metric: float = float("nan")
+    disagreement: float = float("nan")
+    segment_misses: int = 0
+    rejected: int = 0
 
     @property
     def serving(self) -> bool:

@@ -27,12 +27,14 @@ from peerd.core.workers import member_ids, worker_devices
 from peerd.daemon.devices import local_gpus
 from peerd.daemon.discovery import Discovery
 from peerd.daemon.hello import HELLO_TIMEOUT_S, HelloClient
+from peerd.daemon.history import History, point_of_entry, point_of_progress
 from peerd.daemon.jobs import JOINED, LocalJob
-from peerd.daemon.metrics import MetricsServer, make_registry
+from peerd.daemon.metrics import MetricsServer, make_registry, metrics_route
 from peerd.daemon.notify import sd_notify, watchdog_interval_s
 from peerd.daemon.registry import SHUTDOWN_RESERVE_S, JobRegistry, write_atomic
 from peerd.daemon.services import ControlServicer, PeerServicer, SupervisorServicer, start_peer_server
 from peerd.daemon.standby import Standby
+from peerd.daemon.web import page_routes
 from peerd.errors import ConfigError, JobMismatch, PeerUnavailable, PeerdError, UnknownJob
 from peerd.jobspec import JobSpec, parse_job
 from peerd.proto.v1 import control_pb2, control_pb2_grpc, peer_pb2
@@ -70,6 +72,7 @@ class Daemon:
         self.peer_id = load_peer_id(config)
         self.started = time.monotonic()
         self.membership = Membership(self.peer_id, config.peer_timeout_s)
+        self.history = History()  # the page's curves, from heartbeats and Hellos
         # One worker per device for every job; `[worker] devices = "auto"` counts the GPUs once, here.
         self.devices = worker_devices(config.worker_devices, 0 if config.worker_devices else local_gpus())
         self.members = member_ids(self.peer_id, len(self.devices))
@@ -109,9 +112,11 @@ class Daemon:
             self.peer_servicer, self._health, self.config.host, self.config.peer_port, self._tls)
         self._control_server = await self._start_control_server()
         if self.config.metrics_port:
-            self._metrics = MetricsServer(make_registry(self), self.config.metrics_host, self.config.metrics_port)
+            routes = {"/metrics": metrics_route(make_registry(self)), **page_routes(self)}
+            self._metrics = MetricsServer(routes, self.config.metrics_host, self.config.metrics_port)
             await self._metrics.start()
-            log.info("metrics on http://%s/metrics", self._metrics.address)
+            log.info("metrics on http://%s/metrics, the live page on http://%s/", self._metrics.address,
+                     self._metrics.address)
         self._announced = self._txt()
         if self.config.zeroconf:
             self._discovery = Discovery(
@@ -194,6 +199,13 @@ class Daemon:
     async def _after_hello_round(self) -> None:
         await self._announce_if_changed()
         self._notify_status()
+        self._record_peers()
+
+    def _record_peers(self) -> None:
+        """The peers' workers as their last Hello told: points of the page's curves."""
+        self.history.record_all((e.name, e.member or r.peer_id, point_of_entry(r.last_seen, e))
+                                for r in self.membership.peers() for e in r.jobs)
+        self.history.forget(time.monotonic())
 
     def _notify_status(self) -> None:
         jobs = ", ".join(f"{n} {j.state}" for n, j in sorted(self.jobs.items())) or "none"
@@ -277,6 +289,8 @@ class Daemon:
     def worker_heartbeat(self, report: control_pb2.WorkerReport) -> control_pb2.WorkerView:
         settled = time.monotonic() - self.started >= self.config.peer_timeout_s
         view, serving_changed = self.registry.worker_view(report, settled)
+        self.history.record(report.job, report.member or self.peer_id,
+                            point_of_progress(time.monotonic(), report.progress))
         if serving_changed:  # joined or leaving: the others should know now, not in a second
             self.hello.worker_changed.set()
         return view
@@ -307,7 +321,10 @@ class Daemon:
                 job_states=[control_pb2.PeerJob(name=j.name, state=j.state, phase=j.phase, round=j.round,
                                                 lr=j.lr, global_batch=j.global_batch, samples_per_s=j.speed,
                                                 local_batch=j.local_batch, share=j.share,
-                                                member=j.member or r.peer_id, device=j.device) for j in r.jobs],
+                                                member=j.member or r.peer_id, device=j.device,
+                                                epochs=j.progress, loss=j.loss, metric=j.metric,
+                                                disagreement=j.disagreement, segment_misses=j.segment_misses,
+                                                rejected=j.rejected) for j in r.jobs],
             )
             for r in self.membership.peers()
         ])

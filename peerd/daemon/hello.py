@@ -145,7 +145,9 @@ class HelloClient:
         jobs = tuple(
             JobEntry(j.name, j.spec_fingerprint, j.worker_address, j.round, j.state, j.phase, j.lr, j.global_batch,
                      j.samples_per_s, j.local_batch, j.share, j.member, j.device, j.data_samples,
-                     j.progress, fixed_s=j.fixed_s, per_sample_s=j.per_sample_s, epochs_read=j.epochs_read)
+                     j.progress, fixed_s=j.fixed_s, per_sample_s=j.per_sample_s, epochs_read=j.epochs_read,
+                     loss=j.loss, metric=j.metric, disagreement=j.disagreement, segment_misses=j.segment_misses,
+                     rejected=j.rejected)
             for j in reply.jobs
         )
         record = PeerRecord(reply.peer_id, address, reply.locality, reply.version, jobs, self.clock())

@@ -5,8 +5,9 @@ membership and the last Progress each worker sent in its heartbeat. Worker
 counters count since that worker process started; a restarted worker starts
 them at 0 again, which Prometheus treats as a counter reset.
 
-The endpoint is a small HTTP/1.0 server on the daemon's event loop
-(`GET /metrics`), bound to `[metrics] host:port` (loopback by default).
+The endpoint is a small HTTP/1.0 server on the daemon's event loop, bound to
+`[metrics] host:port` (loopback by default): `GET /metrics`, and the routes the
+daemon adds beside it (its page, peerd.daemon.web).
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
+from urllib.parse import parse_qsl
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import (
@@ -40,6 +42,12 @@ log = logging.getLogger("peerd.metrics")
 _HAS_REJECTED = "rejected" in control_pb2.Progress.DESCRIPTOR.fields_by_name
 READ_TIMEOUT_S = 5.0
 MAX_REQUEST_BYTES = 8192
+# A route: the query's parameters in, the body and its content type out.
+Route = Callable[[Mapping[str, str]], tuple[bytes, str]]
+# Nothing served here is worth caching, no browser should guess a type, and the
+# page runs only its own files, in no other site's frame.
+HEADERS = ("Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n"
+           "Content-Security-Policy: default-src 'self'; frame-ancestors 'none'\r\n")
 
 # name (without _total), help, Progress field
 _COUNTERS = (
@@ -156,11 +164,15 @@ def make_registry(daemon: Daemon) -> CollectorRegistry:
     return registry
 
 
-class MetricsServer:
-    """`GET /metrics` on host:port, served from the event loop."""
+def metrics_route(registry: CollectorRegistry) -> Route:
+    return lambda query: (generate_latest(registry), CONTENT_TYPE_LATEST)
 
-    def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
-        self._registry = registry
+
+class MetricsServer:
+    """GET on host:port, served from the event loop: `routes` by path."""
+
+    def __init__(self, routes: Mapping[str, Route], host: str, port: int) -> None:
+        self._routes = dict(routes)
         self._host = host
         self._port = port
         self._server: asyncio.Server | None = None
@@ -179,25 +191,34 @@ class MetricsServer:
             self._server.close()
             await self._server.wait_closed()
 
+    def _answer(self, method: str, target: str) -> tuple[str, bytes, str]:
+        path, _, query = target.partition("?")
+        route = self._routes.get(path)
+        if method != "GET":
+            return "405 Method Not Allowed", b"only GET\n", "text/plain"
+        if route is None:
+            return "404 Not Found", b"see /metrics or /\n", "text/plain"
+        try:
+            body, kind = route(dict(parse_qsl(query)))
+        except Exception:  # a bug in one route: say so, and keep serving the others
+            log.exception("GET %s failed", path)
+            return "500 Internal Server Error", b"see the daemon's log\n", "text/plain"
+        return "200 OK", body, kind
+
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_TIMEOUT_S)
             if len(head) > MAX_REQUEST_BYTES:
                 raise ValueError("request too large")
-            method, path, *_ = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ")
-            if method != "GET":
-                status, body, kind = "405 Method Not Allowed", b"only GET\n", "text/plain"
-            elif path.split("?", 1)[0] in ("/metrics", "/"):
-                status, body, kind = "200 OK", generate_latest(self._registry), CONTENT_TYPE_LATEST
-            else:
-                status, body, kind = "404 Not Found", b"see /metrics\n", "text/plain"
+            method, target, *_ = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ")
+            status, body, kind = self._answer(method, target)
             writer.write(f"HTTP/1.0 {status}\r\nContent-Type: {kind}\r\nContent-Length: {len(body)}\r\n"
-                         "Connection: close\r\n\r\n".encode() + body)
+                         f"{HEADERS}Connection: close\r\n\r\n".encode() + body)
             await writer.drain()
         except (TimeoutError, ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
                 ConnectionError):
             pass  # a scraper that went away or spoke something else
-        except Exception:  # never let a scrape take the loop down
+        except Exception:  # never let a request take the loop down
             log.exception("metrics request failed")
         finally:
             writer.close()

@@ -223,7 +223,8 @@ class JobRegistry:
             state=w.state, phase=p.phase, lr=p.lr, global_batch=p.global_batch, samples_per_s=p.samples_per_s,
             fixed_s=p.fixed_s, per_sample_s=p.per_sample_s,
             local_batch=p.local_batch, share=p.share, device=w.device, data_samples=p.data_samples,
-            progress=p.job_progress, epochs_read=p.epochs_read,
+            progress=p.job_progress, epochs_read=p.epochs_read, loss=p.loss, metric=p.metric,
+            disagreement=p.disagreement, segment_misses=p.segment_misses, rejected=sum(p.rejected.values()),
             member=w.member if w.member != self.peer_id else "",  # a single worker's ad is as before
         )
 

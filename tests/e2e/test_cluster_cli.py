@@ -126,6 +126,8 @@ def test_peerd_cluster_trains_to_the_end_and_reports_the_saved_models_accuracy(t
     assert (f"test accuracy of the saved model: {value} (higher is better; model.pt, the consensus of 2 peers, "
             "the same on every peer); each peer's own model: peer-0 ") in out.stdout
     assert all(handed_job(tmp_path / "run", k, "readme")["job"]["min_peers"] == 2 for k in range(2))
+    port = tomllib.loads((tmp_path / "run" / "peer-0" / "peerd.toml").read_text())["metrics"]["port"]
+    assert f"live page: http://127.0.0.1:{port}/ (peer-0's daemon" in out.stdout
     assert (tmp_path / "run" / "progress.png").stat().st_size > 0
     assert (tmp_path / "run" / "history.csv").read_text().count("\n") > 2
     # Each worker's curves, one run per peer in OUT/tensorboard/JOB/MEMBER, read by TensorBoard's own reader.

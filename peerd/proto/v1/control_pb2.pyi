@@ -274,7 +274,7 @@ class PeerInfo(_message.Message):
     def __init__(self, peer_id: _Optional[str] = ..., address: _Optional[str] = ..., locality: _Optional[str] = ..., version: _Optional[str] = ..., jobs: _Optional[_Iterable[str]] = ..., last_seen_s: _Optional[float] = ..., state: _Optional[str] = ..., job_states: _Optional[_Iterable[_Union[PeerJob, _Mapping]]] = ...) -> None: ...
 
 class PeerJob(_message.Message):
-    __slots__ = ("name", "state", "phase", "round", "lr", "global_batch", "samples_per_s", "local_batch", "share", "member", "device")
+    __slots__ = ("name", "state", "phase", "round", "lr", "global_batch", "samples_per_s", "local_batch", "share", "member", "device", "epochs", "loss", "metric", "disagreement", "segment_misses", "rejected")
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
@@ -286,6 +286,12 @@ class PeerJob(_message.Message):
     SHARE_FIELD_NUMBER: _ClassVar[int]
     MEMBER_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
+    EPOCHS_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    METRIC_FIELD_NUMBER: _ClassVar[int]
+    DISAGREEMENT_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_MISSES_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_FIELD_NUMBER: _ClassVar[int]
     name: str
     state: str
     phase: str
@@ -297,7 +303,13 @@ class PeerJob(_message.Message):
     share: float
     member: str
     device: str
-    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., phase: _Optional[str] = ..., round: _Optional[int] = ..., lr: _Optional[float] = ..., global_batch: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., local_batch: _Optional[int] = ..., share: _Optional[float] = ..., member: _Optional[str] = ..., device: _Optional[str] = ...) -> None: ...
+    epochs: float
+    loss: float
+    metric: float
+    disagreement: float
+    segment_misses: int
+    rejected: int
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., phase: _Optional[str] = ..., round: _Optional[int] = ..., lr: _Optional[float] = ..., global_batch: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., local_batch: _Optional[int] = ..., share: _Optional[float] = ..., member: _Optional[str] = ..., device: _Optional[str] = ..., epochs: _Optional[float] = ..., loss: _Optional[float] = ..., metric: _Optional[float] = ..., disagreement: _Optional[float] = ..., segment_misses: _Optional[int] = ..., rejected: _Optional[int] = ...) -> None: ...
 
 class ListPeersReply(_message.Message):
     __slots__ = ("peers",)
