@@ -277,10 +277,18 @@ def reached_target(samples: list[Sample], target: float | None, metric: str = "a
     return Check(name, PASS if (mean <= target if lower else mean >= target) else FAIL, evidence, details)
 
 
+@dataclass(frozen=True)
+class Goal:
+    """What the soaked job must reach, in its own terms: `target` (None: the
+    metric's default, if it has one) of its `metric`, by its `metric_mode`."""
+
+    target: float | None
+    metric: str = "accuracy"
+    mode: str = "max"
+
+
 def run_checks(samples: list[Sample], events: list[EventRecord], *, ceiling_s: float, stall_s: float,
-               converge_s: float, target: float | None, checkpoints: list[tuple[str, bool, str]] | None,
-               metric: str = "accuracy", mode: str = "max") -> list[Check]:
-    """`target`, `metric`, `mode`: in the job's terms (its `metric` and `metric_mode`)."""
+               converge_s: float, goal: Goal, checkpoints: list[tuple[str, bool, str]] | None) -> list[Check]:
     return [
         daemons_alive(samples),
         rounds_within_deadline(samples, ceiling_s, stall_s),
@@ -288,5 +296,5 @@ def run_checks(samples: list[Sample], events: list[EventRecord], *, ceiling_s: f
         membership_converged(samples, events, converge_s),
         partitions_healed(samples, events, converge_s),
         checkpoints_valid(checkpoints),
-        reached_target(samples, target, metric, mode),
+        reached_target(samples, goal.target, goal.metric, goal.mode),
     ]

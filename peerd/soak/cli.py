@@ -98,7 +98,7 @@ def settings_from(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from peerd.cluster import default_job
-    from peerd.soak.checks import FAIL, run_checks
+    from peerd.soak.checks import FAIL, Goal, run_checks
     from peerd.soak.report import summary, write_report
     from peerd.soak.runner import run_soak
     from peerd.soak.schedule import load_schedule
@@ -114,8 +114,8 @@ def run(args: argparse.Namespace) -> int:
         result = run_soak(settings, settings.job or default_job())
     checks = run_checks(result.samples, result.events, ceiling_s=result.spec.gossip.deadline_ceiling_s,
                         stall_s=settings.stall_s, converge_s=settings.converge_s,
-                        target=settings.target, checkpoints=result.checkpoints, metric=result.spec.metric,
-                        mode=result.spec.metric_mode)
+                        goal=Goal(settings.target, result.spec.metric, result.spec.metric_mode),
+                        checkpoints=result.checkpoints)
     report = write_report(result, checks, settings.out)
     print(summary(result, checks, report))
     return 1 if result.interrupted or any(c.verdict == FAIL for c in checks) else 0

@@ -120,7 +120,7 @@ def run_of(seconds: int, change=lambda t, peer: {}) -> list[Sample]:
 
 
 def test_a_healthy_run_passes_every_check():
-    results = ck.run_checks(run_of(60), [], ceiling_s=10, stall_s=20, converge_s=10, target=0.9, checkpoints=None)
+    results = ck.run_checks(run_of(60), [], ceiling_s=10, stall_s=20, converge_s=10, goal=ck.Goal(0.9), checkpoints=None)
     verdicts = {c.name: c.verdict for c in results}
     assert list(verdicts.values()) == ["pass", "pass", "skip", "skip", "skip", "skip", "pass"], verdicts
 
@@ -260,8 +260,8 @@ def test_a_min_mode_metric_passes_at_or_below_its_target():
     # best is the lowest; nothing says accuracy
     assert check.evidence == "mean last val_loss 1.6667 over 3 peers (best 1.6000; lower is better)"
     assert check.details == ("peer-0: 1.6000 at 19s", "peer-1: 1.6500 at 19s", "peer-2: 1.7500 at 19s")
-    checks = ck.run_checks(samples, [], ceiling_s=10, stall_s=20, converge_s=10, target=1.75, checkpoints=None,
-                           metric="val_loss", mode="min")
+    checks = ck.run_checks(samples, [], ceiling_s=10, stall_s=20, converge_s=10, goal=ck.Goal(1.75, "val_loss", "min"),
+                           checkpoints=None)
     assert [(c.name, c.verdict) for c in checks][-1] == ("the job reached val_loss ≤ 1.75", "pass")
 
 
@@ -302,8 +302,8 @@ def test_report_and_live_line_name_the_jobs_metric(tmp_path):
     line = _line(19.0, [s for s in samples if s.t == 19], spec)
     assert line.endswith("best val_loss 1.600")
     run = Run(SoakSettings(target=1.75, out=tmp_path), spec, "127.0.0.1 (test)", "", samples=samples)
-    checks = ck.run_checks(samples, [], ceiling_s=10, stall_s=20, converge_s=10, target=1.75, checkpoints=None,
-                           metric=spec.metric, mode=spec.metric_mode)
+    checks = ck.run_checks(samples, [], ceiling_s=10, stall_s=20, converge_s=10,
+                           goal=ck.Goal(1.75, spec.metric, spec.metric_mode), checkpoints=None)
     text = write_report(run, checks, tmp_path).read_text()
     assert "metric val_loss (lower is better)" in text
     assert "| peer | state | round | loss | val_loss |" in text
@@ -385,7 +385,8 @@ def test_short_soak_passes_every_check(tmp_path):
         assert made_here() == set(), "namespaces of the soak left behind"
     checks = ck.run_checks(run.samples, run.events, ceiling_s=run.spec.gossip.deadline_ceiling_s,
                            stall_s=settings.stall_s, converge_s=settings.converge_s,
-                           target=settings.target, checkpoints=run.checkpoints)
+                           goal=ck.Goal(settings.target, run.spec.metric, run.spec.metric_mode),
+                           checkpoints=run.checkpoints)
     report = write_report(run, checks, out)
     text = summary(run, checks, report)
     assert not run.interrupted, text
