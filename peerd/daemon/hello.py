@@ -148,7 +148,8 @@ class HelloClient:
                      j.progress, fixed_s=j.fixed_s, per_sample_s=j.per_sample_s, epochs_read=j.epochs_read)
             for j in reply.jobs
         )
-        record = PeerRecord(reply.peer_id, address, reply.locality, reply.version, jobs, self.clock())
+        record = PeerRecord(reply.peer_id, address, reply.locality, reply.version, jobs, self.clock(),
+                            reply.not_training)
         if self.membership.observe(record):
             log.info("peer %s joined the view (%d known)", reply.peer_id, len(self.membership.peers()))
 
