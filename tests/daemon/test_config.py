@@ -548,6 +548,24 @@ def test_check_config_says_where_the_curves_go_or_that_tensorboard_is_missing(mo
         "TensorBoard logs (pip install peerd[tensorboard])"]
 
 
+def test_check_config_says_what_a_shared_machine_watches(monkeypatch):
+    import importlib.util
+
+    from peerd.cli.daemon import _availability_lines
+
+    assert _availability_lines(DaemonConfig(), 0) == []
+    nightly = parse('[availability]\nwindows = ["22:00-07:00"]')
+    assert _availability_lines(nightly, 0) == ["availability: trains only within 22:00-07:00 (local time)"]
+    free = parse('[availability]\nmode = "when-free"\ncommands = ["matlab"]')
+    assert _availability_lines(free, 0) == [
+        "availability: trains while no other process of matlab above 0.5 cores, after 120s free"]
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert "nvidia-ml-py is not installed: its 2 GPU(s) are not watched" in _availability_lines(free, 2)[0]
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
+    assert _availability_lines(free, 2) == [
+        "availability: trains while no other process of matlab on its 2 GPU(s), after 120s free"]
+
+
 def test_peerd_config_names_the_file(tmp_path, monkeypatch):
     monkeypatch.setattr(config_mod, "DEFAULT_PATH", tmp_path / "absent.toml")
     path = write(tmp_path, "[daemon]\npeer_port = 7071\n", "other.toml")
