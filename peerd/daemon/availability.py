@@ -58,6 +58,7 @@ class Availability:
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self.verdict = self._decide()  # before any job is resumed or joined
+        self._left_for = self.verdict.reason  # what the jobs were last left for, for the log
 
     @property
     def training(self) -> bool:
@@ -87,7 +88,10 @@ class Availability:
                      self._sampler.what, s.hold_off_s)
         try:
             while True:
-                await self.check(sample=not self._wake.is_set())
+                try:
+                    await self.check(sample=not self._wake.is_set())
+                except Exception:  # one bad check (a /proc or NVML hiccup) must not stop the watch
+                    log.exception("availability check failed")
                 self._wake.clear()
                 try:
                     await asyncio.wait_for(self._wake.wait(), s.check_interval_s)
@@ -117,8 +121,9 @@ class Availability:
         started = time.monotonic()
         if verdict.train:
             count = await self._jobs.release_jobs()
-            log.info("training again (%s): joining %d job(s) again", was.reason, count)
+            log.info("training again after %s: joining %d job(s) again", self._left_for, count)
         else:
+            self._left_for = verdict.reason
             count = await self._jobs.hold_jobs(verdict.reason)
             log.info("not training: %s: %d job(s) left in %.1fs", verdict.reason, count, time.monotonic() - started)
 
