@@ -107,7 +107,9 @@ def test_a_paused_machine_leaves_its_job_gracefully_and_comes_back_by_itself(loc
 def test_the_owner_arriving_makes_the_worker_leave_and_it_returns_after_the_hold_off(local_cluster, tmp_path):
     hold_off_s = 3.0
     owned_settings = {"availability": {"mode": "when-free", "hold_off_s": hold_off_s, "check_interval_s": 1.0,
-                                       "cpu_share": 0.1, "commands": [OWNER]}}
+                                       "cpu_share": 0.05, "commands": [OWNER]}}
+    # A low cpu_share: on a busy machine the load gets what the scheduler gives it
+    # (0.2 of a core seen), and `commands` keeps everything else out.
     cluster = local_cluster(2, settings=lambda peer: owned_settings if peer.index == 1 else {})
     first, owned = cluster.peers
     start_training(cluster, example_job(job={"name": "shared", "epochs": 200}))
