@@ -98,5 +98,12 @@ class ControlClient:
         """Have the job's worker write its current model to `path` (a plain state_dict)."""
         return self._call("Export", control_pb2.ExportRequest(name=name, path=path), timeout=150.0)
 
+    def pause(self, for_s: float = 0.0) -> control_pb2.PauseReply:
+        """The owner's pause: returns once this machine's workers have left; 0: until resume."""
+        return self._call("Pause", control_pb2.PauseRequest(for_s=for_s), timeout=150.0)
+
+    def resume(self) -> control_pb2.ResumeReply:
+        return self._call("Resume", control_pb2.ResumeRequest(), timeout=30.0)
+
     def leave(self, name: str, drain: bool = False) -> None:
         self._call("Leave", control_pb2.LeaveRequest(name=name, drain=drain), timeout=150.0)

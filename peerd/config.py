@@ -10,9 +10,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from peerd.core.availability import MODES, Settings as Availability
 from peerd.core.hostpick import AUTO, HostPick, NoHostPick, pick_host
 from peerd.core.names import PEER_ID_RULE, valid_address, valid_peer_id
 from peerd.core.slowdown import CLOCKS
+from peerd.core.windows import WINDOW_RULE, parse_window
 from peerd.errors import ConfigError
 from peerd.tls import TlsSettings
 from peerd.tomlconf import Table, read_toml_file
@@ -84,6 +86,9 @@ class DaemonConfig:
     # TensorBoard event files of every job's workers, DIR/JOB/MEMBER (a job's own
     # [log] tensorboard wins); None: none written.
     tensorboard: Path | None = None
+    # [availability]: whether this machine trains only while its owner leaves it free
+    # (peerd.core.availability; docs/operations.md, "Shared machines").
+    availability: Availability = Availability()
 
 
 def parse_config(data: dict, source: str) -> DaemonConfig:
@@ -91,6 +96,7 @@ def parse_config(data: dict, source: str) -> DaemonConfig:
     daemon, discovery, worker = root.sub("daemon"), root.sub("discovery"), root.sub("worker")
     auth, tls = root.sub("auth"), root.sub("tls")
     metrics, logging_, data = root.sub("metrics"), root.sub("log"), root.sub("data")
+    availability = root.sub("availability")
     d = DaemonConfig()
     positive = dict(check=lambda v: v > 0, expect="a number > 0")
     host = daemon.get("host", str, d.host, check=lambda v: v == AUTO or _is_ip(v),
@@ -135,14 +141,39 @@ def parse_config(data: dict, source: str) -> DaemonConfig:
                                 expect="'text' or 'json'"),
         data_root=_path(data, "root", source, "a directory holding this machine's data sets"),
         tensorboard=_path(logging_, "tensorboard", source, "a directory for TensorBoard's event files"),
+        availability=_availability(availability),
     )
-    for table in (daemon, discovery, worker, auth, tls, metrics, logging_, data, root):
+    for table in (daemon, discovery, worker, auth, tls, metrics, logging_, data, availability, root):
         table.finish()
     if config.restart_backoff_s > config.restart_backoff_max_s:
         raise ConfigError(f"{source}: worker.restart_backoff_s must not exceed worker.restart_backoff_max_s")
     if config.peer_timeout_s <= 2 * config.hello_interval_s:
         raise ConfigError(f"{source}: discovery.peer_timeout_s must exceed 2 × hello_interval_s")
     return config
+
+
+def _availability(table: Table) -> Availability:
+    d = Availability()
+    texts = table.get("windows", list, [], check=lambda v: all(isinstance(x, str) for x in v),
+                      expect=f"a list of windows, each {WINDOW_RULE}")
+    try:
+        windows = tuple(parse_window(text) for text in texts)
+    except ValueError as exc:
+        raise ConfigError(f"{table.where('windows')} = {texts!r}: {exc}") from None
+    names = table.get("commands", list, [], check=lambda v: all(isinstance(x, str) and x for x in v),
+                      expect="a list of process names")
+    return Availability(
+        mode=table.get("mode", str, d.mode, check=lambda v: v in MODES,
+                       expect=" or ".join(repr(m) for m in MODES)),
+        windows=windows,
+        cpu_share=table.get("cpu_share", float, d.cpu_share, check=lambda v: 0 < v <= 1024,
+                            expect="cores in (0, 1024]"),
+        hold_off_s=table.get("hold_off_s", float, d.hold_off_s, check=lambda v: 0 <= v <= 86400,
+                             expect="seconds in 0..86400"),
+        check_interval_s=table.get("check_interval_s", float, d.check_interval_s, check=lambda v: 0.1 <= v <= 60,
+                                   expect="seconds in 0.1..60"),
+        commands=tuple(names),
+    )
 
 
 def _interfaces(table: Table, host: str) -> tuple[str, ...]:

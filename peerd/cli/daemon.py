@@ -108,6 +108,23 @@ def _tensorboard_lines(config) -> list[str]:
             f"wins); watch them with `tensorboard --logdir {config.tensorboard}`"]
 
 
+def _availability_lines(config, gpus: int) -> list[str]:
+    """What [availability] makes of this machine; a GPU machine without
+    nvidia-ml-py is watched by its CPU, which check-config says."""
+    a = config.availability
+    windows = f" within {', '.join(w.text for w in a.windows)} (local time)" if a.windows else ""
+    if a.mode == "always":
+        return [f"availability: trains only{windows}"] if windows else []
+    only = f" of {', '.join(a.commands)}" if a.commands else ""
+    if gpus and importlib.util.find_spec("pynvml") is not None:
+        watch = f"no other process{only} on its {gpus} GPU(s)"
+    else:
+        watch = f"no other process{only} above {a.cpu_share:g} cores"
+        if gpus:
+            watch += f" (nvidia-ml-py is not installed: its {gpus} GPU(s) are not watched; pip install nvidia-ml-py)"
+    return [f"availability: trains{windows} while {watch}, after {a.hold_off_s:g}s free"]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level, args.log_format or "text")
@@ -129,7 +146,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"no config file ({DEFAULT_PATH} is absent): the built-in defaults apply")
             else:
                 print(f"{path}: valid")
-            for line in (*picked, *_tensorboard_lines(config)):
+            from peerd.daemon.devices import local_gpus
+
+            for line in (*picked, *_tensorboard_lines(config), *_availability_lines(config, local_gpus())):
                 print(line)
             return 0
         if args.log_format is None and config.log_format != "text":

@@ -11,7 +11,8 @@ from pathlib import Path
 from peerd.auth import create_secret_file
 from peerd.cli.table import render
 from peerd.client import ControlClient
-from peerd.errors import PeerdError
+from peerd.core.availability import parse_duration
+from peerd.errors import ConfigError, PeerdError
 from peerd.jobspec import load_job
 from peerd.jsonform import message_json
 
@@ -48,6 +49,8 @@ def cmd_status(client: ControlClient, args) -> tuple[object, str]:
     s = client.status()
     head = (f"peer {s.peer_id}  version {s.version}  up {s.uptime_s:.0f}s  "
             f"address {s.peer_address}  locality {s.locality or '-'}  peers known {s.peers_known}")
+    if s.not_training:
+        head += f"\nnot training: {s.not_training}"
     table = render(["job", "worker", "device", "state", "phase", "step", "round", "epoch", "loss", "lr",
                     "global batch", "batch", "share", "samples/s", "busy", "partners", "metric", "restarts", "pid"],
                    [row for j in s.jobs for row in _progress_rows(j)])
@@ -72,8 +75,10 @@ def cmd_peers(client: ControlClient, args) -> tuple[object, str]:
             job = [j.name, j.member or p.peer_id, j.device or "-", j.state, j.phase or "-", j.round, j.lr,
                    j.global_batch or "-", j.samples_per_s, j.local_batch or "-", _percent(j.share)] if j else ["-"] * 11
             rows.append(head + job)
-    return reply, render(["peer", "state", "address", "locality", "seen (s)", "job", "worker", "device",
-                          "job state", "phase", "round", "lr", "global batch", "samples/s", "batch", "share"], rows)
+    table = render(["peer", "state", "address", "locality", "seen (s)", "job", "worker", "device",
+                    "job state", "phase", "round", "lr", "global batch", "samples/s", "batch", "share"], rows)
+    notes = "".join(f"\n{p.peer_id}: not training: {p.not_training}" for p in reply.peers if p.not_training)
+    return reply, table + ("\n" + notes if notes else "")
 
 
 def _busy(p) -> str:
@@ -119,6 +124,23 @@ def cmd_leave(client: ControlClient, args) -> tuple[object, str]:
     return {"left": args.job, "drain": args.drain}, f"left {args.job} {how}"
 
 
+def cmd_pause(client: ControlClient, args) -> tuple[object, str]:
+    try:
+        for_s = parse_duration(args.for_) if args.for_ else 0.0
+    except ValueError as exc:
+        raise ConfigError(f"--for: {exc}") from None
+    reply = client.pause(for_s)
+    return reply, (f"not training: {reply.not_training}; the jobs here left and come back "
+                   + ("when the pause ends" if for_s else "on `peerctl resume`"))
+
+
+def cmd_resume(client: ControlClient, args) -> tuple[object, str]:
+    reply = client.resume()
+    if reply.not_training:
+        return reply, f"the pause is over, but not training: {reply.not_training}"
+    return reply, "training again: the jobs here are joined again"
+
+
 def cmd_secret(args) -> tuple[object, str]:
     """A new job secret file; no daemon needed."""
     create_secret_file(args.file, overwrite=args.force)
@@ -161,6 +183,14 @@ def build_parser() -> argparse.ArgumentParser:
     leave.add_argument("job", metavar="JOB", help="job name")
     leave.add_argument("--drain", action="store_true", help="finish the current round first")
     leave.set_defaults(run=cmd_leave)
+    pause = sub.add_parser("pause", parents=[common],
+                           help="the owner needs this machine: its workers leave their jobs (as a drain) and the "
+                                "daemon joins them again when the pause ends")
+    pause.add_argument("--for", dest="for_", metavar="DURATION",
+                       help="end the pause by itself after DURATION (20s, 90m, 1h30m, 2d); default: at resume")
+    pause.set_defaults(run=cmd_pause)
+    sub.add_parser("resume", parents=[common],
+                   help="end a pause: the jobs here are joined again").set_defaults(run=cmd_resume)
     secret = sub.add_parser("secret", parents=[common],
                             help="write a new random job secret to FILE, readable by its owner only (no daemon needed)")
     secret.add_argument("file", metavar="FILE", type=Path, help="where to write it")

@@ -31,6 +31,9 @@ class WorkerState(enum.StrEnum):
     FINISHED = "finished"
     FAILED = "failed"
     STOPPED = "stopped"
+    # A job's state (never a worker's) while its machine is not free for it: the
+    # workers left, the daemon keeps the job and joins it again (peerd.core.availability).
+    PAUSED = "paused"
 
 
 # Most active first: a job with a worker in one of these states holds its name.

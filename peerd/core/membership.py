@@ -65,6 +65,7 @@ class PeerRecord:
     version: str = ""
     jobs: tuple[JobEntry, ...] = ()
     last_seen: float = 0.0
+    not_training: str = ""  # why that machine trains no job now (its owner's pause, use, windows)
 
 
 @dataclass

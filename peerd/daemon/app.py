@@ -21,9 +21,11 @@ from grpc_health.v1.health import aio as health_aio
 from peerd import __version__
 from peerd.auth import Authenticator, load_secret
 from peerd.config import DaemonConfig, resolve_host
+from peerd.core.codes import ACTIVE_STATES
 from peerd.core.membership import Membership, liveness
 from peerd.core.names import peer_id_from_hostname, split_host_port, valid_peer_id
 from peerd.core.workers import member_ids, worker_devices
+from peerd.daemon.availability import Availability
 from peerd.daemon.devices import local_gpus
 from peerd.daemon.discovery import Discovery
 from peerd.daemon.hello import HELLO_TIMEOUT_S, HelloClient
@@ -95,6 +97,7 @@ class Daemon:
         self.peer_servicer = PeerServicer(config.realm, self.hello, self.hello_reply, self.registry, realm_auth)
         if config.job_secret_file:
             load_secret(config.job_secret_file)
+        self.availability = Availability(config.availability, config.state_dir, self, gpus_seen=local_gpus())
 
     @property
     def jobs(self) -> dict[str, LocalJob]:
@@ -129,6 +132,7 @@ class Daemon:
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         if self.standby is not None:
             await self.standby.start()
+        self._tasks.append(asyncio.create_task(self.availability.run(), name="availability"))
         self._tasks.append(asyncio.create_task(self.hello.run(self._after_hello_round), name="hello"))
         self._tasks.append(asyncio.create_task(self._resume_jobs(), name="resume"))
         interval = watchdog_interval_s()
@@ -168,6 +172,9 @@ class Daemon:
         sd_notify("STOPPING=1\nSTATUS=stopping: finishing rounds and checkpointing")
         log.info("stopping: health NOT_SERVING, then %d job(s), zeroconf, servers", len(self.jobs))
         await self._health.enter_graceful_shutdown()
+        for task in self._tasks:  # no job is joined again from here on
+            if task.get_name() == "availability":
+                task.cancel()
         await asyncio.gather(*(job.stop(drain=False) for job in self.jobs.values()))
         if self.standby is not None:
             await self.standby.aclose()
@@ -210,6 +217,8 @@ class Daemon:
     def _notify_status(self) -> None:
         jobs = ", ".join(f"{n} {j.state}" for n, j in sorted(self.jobs.items())) or "none"
         status = f"serving as {self.peer_id} on {self.peer_address}: {len(self.membership.peers())} peers; jobs: {jobs}"
+        if not self.availability.training:
+            status += f"; not training: {self.availability.not_training}"
         if status != self._status:
             self._status = status
             sd_notify(f"STATUS={status}")
@@ -218,7 +227,7 @@ class Daemon:
         return peer_pb2.HelloReply(
             peer_id=self.peer_id, version=__version__, locality=self.config.locality, realm=self.config.realm,
             known=[peer_pb2.KnownPeer(peer_id=r.peer_id, address=r.address) for r in self.membership.peers()],
-            jobs=self.registry.job_ads(),
+            jobs=self.registry.job_ads(), not_training=self.availability.not_training,
         )
 
     def _txt(self) -> dict[str, str]:
@@ -246,12 +255,38 @@ class Daemon:
             return
         await asyncio.sleep(3 * self.config.hello_interval_s + HELLO_TIMEOUT_S)
         for job_dir in pending:
-            try:
-                spec_dir = json.loads((job_dir / JOINED).read_text()).get("spec_dir", "")
-                spec = await self.join((job_dir / "job.toml").read_text(), spec_dir)
-                log.info("resumed job %s", spec.name)
-            except (OSError, ValueError, PeerdError) as exc:
-                log.error("could not resume the job in %s: %s", job_dir, exc)
+            await self._rejoin(job_dir, "resumed")
+
+    async def _rejoin(self, job_dir: Path, how: str) -> None:
+        """Join again the job kept in `job_dir` (its job.toml and joined.json)."""
+        try:
+            spec_dir = json.loads((job_dir / JOINED).read_text()).get("spec_dir", "")
+            spec = await self.join((job_dir / "job.toml").read_text(), spec_dir)
+            log.info("%s job %s", how, spec.name)
+        except (OSError, ValueError, PeerdError) as exc:
+            log.error("could not join the job in %s again: %s", job_dir, exc)
+
+    async def hold_jobs(self, reason: str) -> int:
+        """The machine is not free: every active job's workers give way; the jobs stay."""
+        jobs = [j for j in self.jobs.values() if j.state in ACTIVE_STATES]
+        if jobs:
+            log.info("leaving %s: %s", ", ".join(j.spec.name for j in jobs), reason)
+        await asyncio.gather(*(j.give_way() for j in jobs))
+        await self._announce_if_changed()
+        return len(jobs)
+
+    async def release_jobs(self) -> int:
+        """The machine is free again: the held jobs are joined again, as on a restart."""
+        held = [j for j in self.jobs.values() if j.held]
+        for job in held:
+            await self._rejoin(job.job_dir, "joined again")
+        return len(held)
+
+    async def pause(self, for_s: float) -> str:
+        return await self.availability.pause(for_s)
+
+    async def resume(self) -> str:
+        return await self.availability.resume()
 
     async def join_by_name(self, name: str, spec_dir: str = "") -> JobSpec:
         """Join a job running on the LAN, with the spec taken from a peer that runs it;
@@ -277,7 +312,7 @@ class Daemon:
         raise PeerUnavailable(f"none of {', '.join(peers)} sent the spec of job {name!r}")
 
     async def join(self, spec_toml: str, spec_dir: str) -> JobSpec:
-        return self.registry.join(spec_toml, spec_dir)
+        return self.registry.join(spec_toml, spec_dir, start=self.availability.training)
 
     async def export(self, name: str, path: str) -> control_pb2.ExportReply:
         return await self.registry.export(name, path, EXPORT_TIMEOUT_S)
@@ -303,6 +338,7 @@ class Daemon:
             peer_address=self.peer_address, locality=self.config.locality,
             peers_known=len(self.membership.peers()),
             jobs=[self.registry.local_job(j) for j in self.jobs.values()],
+            not_training=self.availability.not_training,
         )
 
     def peer_states(self) -> dict[str, str]:
@@ -317,7 +353,7 @@ class Daemon:
             control_pb2.PeerInfo(
                 peer_id=r.peer_id, address=r.address, locality=r.locality, version=r.version,
                 jobs=sorted({j.name for j in r.jobs}), last_seen_s=now - r.last_seen,
-                state=states.get(r.peer_id, "alive"),
+                state=states.get(r.peer_id, "alive"), not_training=r.not_training,
                 job_states=[control_pb2.PeerJob(name=j.name, state=j.state, phase=j.phase, round=j.round,
                                                 lr=j.lr, global_batch=j.global_batch, samples_per_s=j.speed,
                                                 local_batch=j.local_batch, share=j.share,

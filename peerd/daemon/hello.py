@@ -150,7 +150,8 @@ class HelloClient:
                      rejected=j.rejected)
             for j in reply.jobs
         )
-        record = PeerRecord(reply.peer_id, address, reply.locality, reply.version, jobs, self.clock())
+        record = PeerRecord(reply.peer_id, address, reply.locality, reply.version, jobs, self.clock(),
+                            reply.not_training)
         if self.membership.observe(record):
             log.info("peer %s joined the view (%d known)", reply.peer_id, len(self.membership.peers()))
 

@@ -37,6 +37,7 @@ JOINED = "joined.json"  # in the job's directory while this peer is in the job: 
 ENDED = "ended"  # the job finished or failed here: not resumed
 STOP_GRACE_S = 10.0
 DRAIN_TIMEOUT_S = 120.0
+GIVE_WAY_TIMEOUT_S = 30.0  # the owner waits for a drain this long at most, then the worker gets SIGTERM
 TRACEBACK_LINES = 10  # of a worker's last traceback, kept for peerctl status
 TRACEBACK_LINE_CHARS = 300
 
@@ -225,16 +226,16 @@ class WorkerProcess:
             self.state = WorkerState.RUNNING
             self.message, self.traceback, self._run_message = "", (), ""
 
-    async def stop(self, drain: bool) -> None:
+    async def stop(self, drain: bool, drain_timeout_s: float = DRAIN_TIMEOUT_S) -> None:
         """Drain: let the worker finish its round and leave. Otherwise stop it now."""
         if drain and self.pid:
             self.stop_requested = True
             try:
-                await asyncio.wait_for(asyncio.shield(self._task), DRAIN_TIMEOUT_S)
+                await asyncio.wait_for(asyncio.shield(self._task), drain_timeout_s)
                 return
             except TimeoutError:
                 log.warning("job %s: worker %s did not drain in %.0fs; stopping it", self.job, self.member,
-                            DRAIN_TIMEOUT_S)
+                            drain_timeout_s)
         self._stopping = True
         await self._terminate()
         if self._task is not None:
@@ -263,6 +264,7 @@ class LocalJob:
     spec: JobSpec
     job_dir: Path
     workers: list[WorkerProcess]
+    held: bool = False  # left while the machine is not free: joined again when it is (peerd.daemon.availability)
 
     @classmethod
     def create(cls, spec: JobSpec, job_dir: Path, launches: list[WorkerLaunch], restart_policy: RestartPolicy,
@@ -308,6 +310,14 @@ class LocalJob:
     async def stop(self, drain: bool) -> None:
         """Stop (or drain) every worker of the job, together."""
         await asyncio.gather(*(w.stop(drain) for w in self.workers))
+
+    async def give_way(self) -> None:
+        """The machine's owner needs it: a training worker drains (its round
+        finished, its share handed on, as `peerctl leave --drain`); one that has
+        not trained yet stops at once on SIGTERM, with nothing to hand on."""
+        self.held = True
+        await asyncio.gather(*(w.stop(drain=w.progress.phase == "training", drain_timeout_s=GIVE_WAY_TIMEOUT_S)
+                               for w in self.workers))
 
 
 _ERROR_MSG = re.compile(rb'level=error .*?msg="(.*)"\s*$')

@@ -97,6 +97,8 @@ class DaemonCollector:
         yield GaugeMetricFamily("peerd_peers_known", "Peers in this daemon's view.", value=len(states))
         yield GaugeMetricFamily("peerd_peers_suspected", "Known peers that missed recent Hellos.",
                                 value=sum(1 for s in states.values() if s == "suspected"))
+        yield GaugeMetricFamily("peerd_training", "1 while this machine may train; 0 while its owner paused it, "
+                                "uses it, or it is outside its windows.", value=int(d.availability.training))
         jobs = list(d.jobs.items())
         yield from self._jobs(jobs)
 

@@ -59,7 +59,9 @@ class JobRegistry:
         return peer_pb2.JobSpecReply(name=name, spec_toml=(job.job_dir / "job.toml").read_text(),
                                      spec_fingerprint=job.spec.fingerprint)
 
-    def join(self, spec_toml: str, spec_dir: str) -> JobSpec:
+    def join(self, spec_toml: str, spec_dir: str, start: bool = True) -> JobSpec:
+        """`start` False: the job is kept, held, its workers not started: the
+        machine is not free for it now (peerd.daemon.availability)."""
         spec = parse_job(spec_toml, "job spec")
         secret_file = self._check_joinable(spec, spec_dir)
         data_root = check_local_job(spec, spec_dir, secret_file, self.config.data_root)
@@ -83,8 +85,14 @@ class JobRegistry:
                               stop_grace_s=max(1.0, self.config.stop_timeout_s - SHUTDOWN_RESERVE_S),
                               standby=self.standby, on_restart=rendezvous.bump if rendezvous else lambda: None)
         self.jobs[spec.name] = job
-        job.start()
-        log.info("joined job %s (fingerprint %s)", spec.name, spec.fingerprint)
+        if start:
+            job.start()
+        else:
+            job.held = True
+            for w in job.workers:
+                w.state = WorkerState.STOPPED
+        log.info("joined job %s (fingerprint %s)%s", spec.name, spec.fingerprint,
+                 "" if start else "; held until the machine is free for it")
         return spec
 
     def _check_joinable(self, spec: JobSpec, spec_dir: str) -> Path | None:
@@ -200,13 +208,15 @@ class JobRegistry:
     def local_job(self, job: LocalJob) -> control_pb2.LocalJob:
         first = job.first
         workers = [
-            control_pb2.LocalWorker(member=w.member, device=w.device, state=w.state, pid=w.pid, restarts=w.restarts,
+            control_pb2.LocalWorker(member=w.member, device=w.device, state=_shown(job, w.state), pid=w.pid,
+                                    restarts=w.restarts,
                                     progress=w.progress, log_path=str(w.launch.log_path), address=w.address,
                                     message=w.why)
             for w in job.workers
         ]
         return control_pb2.LocalJob(
-            name=job.spec.name, state=job.state, spec_fingerprint=job.spec.fingerprint, worker_pid=first.pid,
+            name=job.spec.name, state=_shown(job, job.state), spec_fingerprint=job.spec.fingerprint,
+            worker_pid=first.pid,
             restarts=sum(w.restarts for w in job.workers), progress=first.progress,
             log_path=str(first.launch.log_path), workers=workers, message=first.why,
             view_size=len(self.membership.job_view(job.spec.name, job.spec.fingerprint)) + len(job.workers),
@@ -220,13 +230,19 @@ class JobRegistry:
         p = w.progress
         return peer_pb2.JobAd(
             name=job.spec.name, spec_fingerprint=job.spec.fingerprint, worker_address=w.address, round=p.round,
-            state=w.state, phase=p.phase, lr=p.lr, global_batch=p.global_batch, samples_per_s=p.samples_per_s,
+            state=_shown(job, w.state), phase=p.phase, lr=p.lr, global_batch=p.global_batch, samples_per_s=p.samples_per_s,
             fixed_s=p.fixed_s, per_sample_s=p.per_sample_s,
             local_batch=p.local_batch, share=p.share, device=w.device, data_samples=p.data_samples,
             progress=p.job_progress, epochs_read=p.epochs_read, loss=p.loss, metric=p.metric,
             disagreement=p.disagreement, segment_misses=p.segment_misses, rejected=sum(p.rejected.values()),
             member=w.member if w.member != self.peer_id else "",  # a single worker's ad is as before
         )
+
+
+def _shown(job: LocalJob, state: WorkerState) -> str:
+    """A held job's stopped workers are "paused": they left for the machine's
+    owner and come back (not in ACTIVE_STATES: the others plan without them)."""
+    return WorkerState.PAUSED if job.held and state == WorkerState.STOPPED else state
 
 
 def _worker_dir(job_dir: Path, k: int, count: int) -> Path:

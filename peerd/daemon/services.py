@@ -192,6 +192,10 @@ class ControlApi(Protocol):
 
     async def export(self, name: str, path: str) -> control_pb2.ExportReply: ...
 
+    async def pause(self, for_s: float) -> str: ...
+
+    async def resume(self) -> str: ...
+
 
 class ControlServicer(control_pb2_grpc.ControlServicer):
     def __init__(self, api: ControlApi) -> None:
@@ -228,6 +232,14 @@ class ControlServicer(control_pb2_grpc.ControlServicer):
             return await self._api.export(request.name, request.path)
         except PeerdError as exc:
             await _abort(context, exc)
+
+    async def Pause(self, request, context):
+        if not 0 <= request.for_s < 1e9:  # NaN too
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"for_s = {request.for_s}: expected seconds >= 0")
+        return control_pb2.PauseReply(not_training=await self._api.pause(request.for_s))
+
+    async def Resume(self, request, context):
+        return control_pb2.ResumeReply(not_training=await self._api.resume())
 
 
 # A worker's report in, the job's view for it out (peerd.daemon.app.Daemon.worker_heartbeat).

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
@@ -22,6 +23,7 @@ from peerd.worker.link import SupervisorLink
 from peerd.worker.state.modelfile import save_model
 from peerd.worker.round.rounds import Rounds
 from peerd.worker.wire.stores import FinalStore, Identity, SnapshotStore
+from peerd.worker.wire.traffic import Traffic
 from peerd.worker.train.source import Source
 from peerd.worker.tblog import TensorBoardLog
 from peerd.worker.state.trainstate import TrainState
@@ -29,6 +31,12 @@ from peerd.worker.state.trainstate import TrainState
 log = logging.getLogger("peerd.worker")
 
 CLOSE_TIMEOUT_S = 30.0  # the longest a step of the end may take, beyond the consensus's own limit
+# A leaving worker answers partners ("finished") until none has asked for this
+# long (a heartbeat: their views drop it within one after its daemon's Hello),
+# at most LEAVE_LINGER_S: gone at once, it would be a refused connection, a miss,
+# and after two rounds a suspicion instead of a leave.
+LEAVE_QUIET_S = 0.5
+LEAVE_LINGER_S = 5.0
 
 
 class Ending(Protocol):
@@ -45,6 +53,7 @@ class Ending(Protocol):
     rounds: Rounds
     store: SnapshotStore
     final: FinalStore
+    traffic: Traffic
     phase: str
     round: int
     metrics: dict[str, float]
@@ -77,8 +86,10 @@ class JobEnd:
         why = "the operator asked" if e.link.stop else "stopped by signal"
         log.info("leaving at round %d: %s", e.round, why)
         await self._announce_leave()
+        announced = time.monotonic()
         await e.checkpoint(why)
         e.tblog.close()
+        await self._linger(announced)
 
     async def _announce_leave(self) -> None:
         """Leave after this round: partners asking for a later one are told at
@@ -90,6 +101,13 @@ class JobEnd:
         await e.final.finish()  # no final model from here: the consensus does not wait for it
         e.link.address = ""
         await e.link.beat()
+
+    async def _linger(self, announced: float) -> None:
+        """Serve on until the partners have stopped asking since the leave was
+        announced: they have seen it."""
+        traffic, until = self.engine.traffic, announced + LEAVE_LINGER_S
+        while time.monotonic() < until and time.monotonic() - max(traffic.last_asked, announced) < LEAVE_QUIET_S:
+            await asyncio.sleep(0.05)
 
     async def finish_job(self, metrics: dict[str, float]) -> None:
         """Every epoch is trained here: apply the round still in flight

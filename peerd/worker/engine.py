@@ -106,6 +106,7 @@ class Engine:
         self.stage = Stage.JOINING  # peerd.core.lifecycle
         self.phase = "joining"  # what a status shows: the stage, or what it waits for within it
         self.round = 0
+        self._view: dict[str, str] = {}  # the serving members this round was planned with
         self._round_steps = spec.gossip.period_steps  # local steps in the last round (end_round)
         self.metrics: dict[str, float] = {}  # the last evaluation
         self.evaluate = None  # a callable returning metrics every eval_every_rounds (peerd's own loop)
@@ -199,7 +200,15 @@ class Engine:
         link = self.link
         if link.orphaned:
             raise PeerdError("lost the daemon: no heartbeat answer; stopping")
-        self._view = view = own_view(link.view, self.me, link.address)
+        before, self._view = self._view, own_view(link.view, self.me, link.address)
+        view = self._view
+        if before and view.keys() != before.keys():
+            # A member that left (a drain, a pause for its owner) is gone from the view
+            # here, not suspected: the data split and the LR's global batch follow it.
+            log.info("round %d: the view changed: %s; %d serving", self.round,
+                     "; ".join(f"{what} {', '.join(sorted(ids))}" for what, ids in (
+                         ("left:", before.keys() - view.keys()), ("joined:", view.keys() - before.keys())) if ids),
+                     len(view))
         return step_plan(view, self._plan(members_of(view)), link.stop or self.stop_signal, link.data_sizes,
                          link.terms)
 

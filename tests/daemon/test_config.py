@@ -287,6 +287,12 @@ def test_wrong_types_raise_naming_file_and_key(text, key):
         ("[metrics]\nport = 65536", "metrics.port"),
         ('[metrics]\nhost = "localhost"', "metrics.host"),
         ('[log]\nformat = "xml"', "log.format"),
+        ('[availability]\nmode = "sometimes"', "availability.mode"),
+        ("[availability]\ncpu_share = 0", "availability.cpu_share"),
+        ("[availability]\nhold_off_s = -1", "availability.hold_off_s"),
+        ("[availability]\ncheck_interval_s = 0.01", "availability.check_interval_s"),
+        ('[availability]\nwindows = "22:00-07:00"', "availability.windows"),
+        ('[availability]\ncommands = [""]', "availability.commands"),
     ],
 )
 def test_bad_values_raise_naming_file_and_key(text, key):
@@ -295,6 +301,23 @@ def test_bad_values_raise_naming_file_and_key(text, key):
     message = str(info.value)
     assert message.startswith(f"/x/peerd.toml: {key} = "), message
     assert "expected" in message
+
+
+def test_a_shared_machine_is_configured_in_its_availability_table():
+    config = parse('[availability]\nmode = "when-free"\nwindows = ["22:00-07:00", "Sat 00:00-Mon 07:00"]\n'
+                   'cpu_share = 0.8\nhold_off_s = 300\ncheck_interval_s = 2\ncommands = ["matlab"]\n')
+    a = config.availability
+    assert (a.mode, a.cpu_share, a.hold_off_s, a.check_interval_s, a.commands) == (
+        "when-free", 0.8, 300.0, 2.0, ("matlab",))
+    assert [w.text for w in a.windows] == ["22:00-07:00", "Sat 00:00-Mon 07:00"]
+    d = parse("").availability
+    assert (d.mode, d.windows, d.cpu_share, d.hold_off_s, d.check_interval_s, d.commands) == (
+        "always", (), 0.5, 120.0, 1.0, ())
+
+
+def test_a_window_that_means_nothing_is_refused_naming_the_key_and_the_window():
+    with pytest.raises(ConfigError, match=r"^/x/peerd.toml: availability.windows = .*'25:00-07:00'.*not a time"):
+        parse('[availability]\nwindows = ["25:00-07:00"]', "/x/peerd.toml")
 
 
 @pytest.mark.parametrize("devices", ['["cuda:0", "cuda:1"]', '"auto"', '["cpu"]'])
@@ -523,6 +546,24 @@ def test_check_config_says_where_the_curves_go_or_that_tensorboard_is_missing(mo
     assert _tensorboard_lines(config) == [
         "log.tensorboard = /srv/tb: the tensorboard package is not installed: the workers train without "
         "TensorBoard logs (pip install peerd[tensorboard])"]
+
+
+def test_check_config_says_what_a_shared_machine_watches(monkeypatch):
+    import importlib.util
+
+    from peerd.cli.daemon import _availability_lines
+
+    assert _availability_lines(DaemonConfig(), 0) == []
+    nightly = parse('[availability]\nwindows = ["22:00-07:00"]')
+    assert _availability_lines(nightly, 0) == ["availability: trains only within 22:00-07:00 (local time)"]
+    free = parse('[availability]\nmode = "when-free"\ncommands = ["matlab"]')
+    assert _availability_lines(free, 0) == [
+        "availability: trains while no other process of matlab above 0.5 cores, after 120s free"]
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert "nvidia-ml-py is not installed: its 2 GPU(s) are not watched" in _availability_lines(free, 2)[0]
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
+    assert _availability_lines(free, 2) == [
+        "availability: trains while no other process of matlab on its 2 GPU(s), after 120s free"]
 
 
 def test_peerd_config_names_the_file(tmp_path, monkeypatch):

@@ -65,6 +65,7 @@ def test_every_job_metric_comes_from_the_workers_progress(tmp_path):
     assert got[("peerd_job_state", (("job", "m"), ("state", "running")))] == 1
     assert got[("peerd_build_info", (("peer_id", "me"), ("realm", "default"), ("version", "0.1.0")))] == 1
     assert got[("peerd_peers_known", ())] == 0
+    assert got[("peerd_training", ())] == 1
     if "rejected" in control_pb2.Progress.DESCRIPTOR.fields_by_name:
         assert got[("peerd_rejected_messages_total", (("job", "m"), ("reason", "bad_signature")))] == 7
     else:

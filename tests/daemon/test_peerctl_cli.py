@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 MNIST = Path(resources.files("peerd") / "examples" / "mnist.toml")
 
 COMMANDS = [["status"], ["peers"], ["jobs"], ["leave", "mnist-example"], ["leave", "--drain", "x"],
-            ["--json", "status"], ["join", str(MNIST)]]
+            ["--json", "status"], ["join", str(MNIST)], ["pause"], ["pause", "--for", "20s"], ["resume"]]
 
 JOB_ERRORS = [
     ("momentum = 0.9", "momentum = 1.0", "optimizer.momentum"),
@@ -150,6 +150,11 @@ def test_no_daemon_every_command(capsys, monkeypatch, paths, where, why, command
     code, out, err = run_inprocess(capsys, "--socket", str(paths[where]), *command)
     assert_not_running(code, out, err, paths[where])
     assert why in err
+
+
+def test_a_pause_for_no_duration_is_refused_before_the_daemon_is_asked(capsys, paths):
+    code, out, err = run_inprocess(capsys, "--socket", str(paths["missing"]), "pause", "--for", "soon")
+    assert (code, out) == (1, "") and err.strip() == "peerctl: --for: 'soon' is not a duration: e.g. 20s, 90m, 1h30m, 2d"
 
 
 def test_socket_from_environment_inprocess(capsys, monkeypatch, tmp_path):

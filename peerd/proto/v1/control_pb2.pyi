@@ -232,7 +232,7 @@ class LocalWorker(_message.Message):
     def __init__(self, member: _Optional[str] = ..., device: _Optional[str] = ..., state: _Optional[str] = ..., pid: _Optional[int] = ..., restarts: _Optional[int] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., log_path: _Optional[str] = ..., address: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("peer_id", "version", "uptime_s", "peer_address", "locality", "peers_known", "jobs")
+    __slots__ = ("peer_id", "version", "uptime_s", "peer_address", "locality", "peers_known", "jobs", "not_training")
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     UPTIME_S_FIELD_NUMBER: _ClassVar[int]
@@ -240,6 +240,7 @@ class StatusReply(_message.Message):
     LOCALITY_FIELD_NUMBER: _ClassVar[int]
     PEERS_KNOWN_FIELD_NUMBER: _ClassVar[int]
     JOBS_FIELD_NUMBER: _ClassVar[int]
+    NOT_TRAINING_FIELD_NUMBER: _ClassVar[int]
     peer_id: str
     version: str
     uptime_s: float
@@ -247,14 +248,15 @@ class StatusReply(_message.Message):
     locality: str
     peers_known: int
     jobs: _containers.RepeatedCompositeFieldContainer[LocalJob]
-    def __init__(self, peer_id: _Optional[str] = ..., version: _Optional[str] = ..., uptime_s: _Optional[float] = ..., peer_address: _Optional[str] = ..., locality: _Optional[str] = ..., peers_known: _Optional[int] = ..., jobs: _Optional[_Iterable[_Union[LocalJob, _Mapping]]] = ...) -> None: ...
+    not_training: str
+    def __init__(self, peer_id: _Optional[str] = ..., version: _Optional[str] = ..., uptime_s: _Optional[float] = ..., peer_address: _Optional[str] = ..., locality: _Optional[str] = ..., peers_known: _Optional[int] = ..., jobs: _Optional[_Iterable[_Union[LocalJob, _Mapping]]] = ..., not_training: _Optional[str] = ...) -> None: ...
 
 class ListPeersRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class PeerInfo(_message.Message):
-    __slots__ = ("peer_id", "address", "locality", "version", "jobs", "last_seen_s", "state", "job_states")
+    __slots__ = ("peer_id", "address", "locality", "version", "jobs", "last_seen_s", "state", "job_states", "not_training")
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     LOCALITY_FIELD_NUMBER: _ClassVar[int]
@@ -263,6 +265,7 @@ class PeerInfo(_message.Message):
     LAST_SEEN_S_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     JOB_STATES_FIELD_NUMBER: _ClassVar[int]
+    NOT_TRAINING_FIELD_NUMBER: _ClassVar[int]
     peer_id: str
     address: str
     locality: str
@@ -271,7 +274,8 @@ class PeerInfo(_message.Message):
     last_seen_s: float
     state: str
     job_states: _containers.RepeatedCompositeFieldContainer[PeerJob]
-    def __init__(self, peer_id: _Optional[str] = ..., address: _Optional[str] = ..., locality: _Optional[str] = ..., version: _Optional[str] = ..., jobs: _Optional[_Iterable[str]] = ..., last_seen_s: _Optional[float] = ..., state: _Optional[str] = ..., job_states: _Optional[_Iterable[_Union[PeerJob, _Mapping]]] = ...) -> None: ...
+    not_training: str
+    def __init__(self, peer_id: _Optional[str] = ..., address: _Optional[str] = ..., locality: _Optional[str] = ..., version: _Optional[str] = ..., jobs: _Optional[_Iterable[str]] = ..., last_seen_s: _Optional[float] = ..., state: _Optional[str] = ..., job_states: _Optional[_Iterable[_Union[PeerJob, _Mapping]]] = ..., not_training: _Optional[str] = ...) -> None: ...
 
 class PeerJob(_message.Message):
     __slots__ = ("name", "state", "phase", "round", "lr", "global_batch", "samples_per_s", "local_batch", "share", "member", "device", "epochs", "loss", "metric", "disagreement", "segment_misses", "rejected")
@@ -368,6 +372,28 @@ class LeaveRequest(_message.Message):
 class LeaveReply(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class PauseRequest(_message.Message):
+    __slots__ = ("for_s",)
+    FOR_S_FIELD_NUMBER: _ClassVar[int]
+    for_s: float
+    def __init__(self, for_s: _Optional[float] = ...) -> None: ...
+
+class PauseReply(_message.Message):
+    __slots__ = ("not_training",)
+    NOT_TRAINING_FIELD_NUMBER: _ClassVar[int]
+    not_training: str
+    def __init__(self, not_training: _Optional[str] = ...) -> None: ...
+
+class ResumeRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ResumeReply(_message.Message):
+    __slots__ = ("not_training",)
+    NOT_TRAINING_FIELD_NUMBER: _ClassVar[int]
+    not_training: str
+    def __init__(self, not_training: _Optional[str] = ...) -> None: ...
 
 class ExportRequest(_message.Message):
     __slots__ = ("name", "path")

@@ -64,6 +64,16 @@ class ControlStub:
                 request_serializer=peerd_dot_proto_dot_v1_dot_control__pb2.ExportRequest.SerializeToString,
                 response_deserializer=peerd_dot_proto_dot_v1_dot_control__pb2.ExportReply.FromString,
                 _registered_method=True)
+        self.Pause = channel.unary_unary(
+                '/peerd.v1.Control/Pause',
+                request_serializer=peerd_dot_proto_dot_v1_dot_control__pb2.PauseRequest.SerializeToString,
+                response_deserializer=peerd_dot_proto_dot_v1_dot_control__pb2.PauseReply.FromString,
+                _registered_method=True)
+        self.Resume = channel.unary_unary(
+                '/peerd.v1.Control/Resume',
+                request_serializer=peerd_dot_proto_dot_v1_dot_control__pb2.ResumeRequest.SerializeToString,
+                response_deserializer=peerd_dot_proto_dot_v1_dot_control__pb2.ResumeReply.FromString,
+                _registered_method=True)
 
 
 class ControlServicer:
@@ -106,6 +116,21 @@ class ControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Pause(self, request, context):
+        """The owner's switch: every worker here leaves its jobs the graceful way (a
+        drain) and the daemon keeps them, to join them again on Resume or when the
+        pause ends (docs/operations.md, "Shared machines").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Resume(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -138,6 +163,16 @@ def add_ControlServicer_to_server(servicer, server):
                     servicer.Export,
                     request_deserializer=peerd_dot_proto_dot_v1_dot_control__pb2.ExportRequest.FromString,
                     response_serializer=peerd_dot_proto_dot_v1_dot_control__pb2.ExportReply.SerializeToString,
+            ),
+            'Pause': grpc.unary_unary_rpc_method_handler(
+                    servicer.Pause,
+                    request_deserializer=peerd_dot_proto_dot_v1_dot_control__pb2.PauseRequest.FromString,
+                    response_serializer=peerd_dot_proto_dot_v1_dot_control__pb2.PauseReply.SerializeToString,
+            ),
+            'Resume': grpc.unary_unary_rpc_method_handler(
+                    servicer.Resume,
+                    request_deserializer=peerd_dot_proto_dot_v1_dot_control__pb2.ResumeRequest.FromString,
+                    response_serializer=peerd_dot_proto_dot_v1_dot_control__pb2.ResumeReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -302,6 +337,60 @@ class Control:
             '/peerd.v1.Control/Export',
             peerd_dot_proto_dot_v1_dot_control__pb2.ExportRequest.SerializeToString,
             peerd_dot_proto_dot_v1_dot_control__pb2.ExportReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Pause(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/peerd.v1.Control/Pause',
+            peerd_dot_proto_dot_v1_dot_control__pb2.PauseRequest.SerializeToString,
+            peerd_dot_proto_dot_v1_dot_control__pb2.PauseReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Resume(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/peerd.v1.Control/Resume',
+            peerd_dot_proto_dot_v1_dot_control__pb2.ResumeRequest.SerializeToString,
+            peerd_dot_proto_dot_v1_dot_control__pb2.ResumeReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -87,20 +87,22 @@ class JobAd(_message.Message):
     def __init__(self, name: _Optional[str] = ..., spec_fingerprint: _Optional[str] = ..., worker_address: _Optional[str] = ..., round: _Optional[int] = ..., state: _Optional[str] = ..., phase: _Optional[str] = ..., lr: _Optional[float] = ..., global_batch: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., local_batch: _Optional[int] = ..., share: _Optional[float] = ..., member: _Optional[str] = ..., device: _Optional[str] = ..., data_samples: _Optional[int] = ..., progress: _Optional[float] = ..., fixed_s: _Optional[float] = ..., per_sample_s: _Optional[float] = ..., epochs_read: _Optional[float] = ..., loss: _Optional[float] = ..., metric: _Optional[float] = ..., disagreement: _Optional[float] = ..., segment_misses: _Optional[int] = ..., rejected: _Optional[int] = ...) -> None: ...
 
 class HelloReply(_message.Message):
-    __slots__ = ("peer_id", "version", "locality", "jobs", "realm", "known")
+    __slots__ = ("peer_id", "version", "locality", "jobs", "realm", "not_training", "known")
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     LOCALITY_FIELD_NUMBER: _ClassVar[int]
     JOBS_FIELD_NUMBER: _ClassVar[int]
     REALM_FIELD_NUMBER: _ClassVar[int]
+    NOT_TRAINING_FIELD_NUMBER: _ClassVar[int]
     KNOWN_FIELD_NUMBER: _ClassVar[int]
     peer_id: str
     version: str
     locality: str
     jobs: _containers.RepeatedCompositeFieldContainer[JobAd]
     realm: str
+    not_training: str
     known: _containers.RepeatedCompositeFieldContainer[KnownPeer]
-    def __init__(self, peer_id: _Optional[str] = ..., version: _Optional[str] = ..., locality: _Optional[str] = ..., jobs: _Optional[_Iterable[_Union[JobAd, _Mapping]]] = ..., realm: _Optional[str] = ..., known: _Optional[_Iterable[_Union[KnownPeer, _Mapping]]] = ...) -> None: ...
+    def __init__(self, peer_id: _Optional[str] = ..., version: _Optional[str] = ..., locality: _Optional[str] = ..., jobs: _Optional[_Iterable[_Union[JobAd, _Mapping]]] = ..., realm: _Optional[str] = ..., not_training: _Optional[str] = ..., known: _Optional[_Iterable[_Union[KnownPeer, _Mapping]]] = ...) -> None: ...
 
 class KnownPeer(_message.Message):
     __slots__ = ("peer_id", "address")

@@ -8,6 +8,7 @@ transport and servers, and a histogram of exchange times.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 
@@ -22,6 +23,7 @@ class Traffic:
     def __init__(self) -> None:
         self.sent = 0
         self.received = 0
+        self.last_asked = 0.0  # monotonic time of the last segment a partner asked for (a leave waits for quiet)
 
 
 class ExchangeTimes:
@@ -73,6 +75,7 @@ class CountingSegmentServer:
         return getattr(self._inner, name)
 
     async def segment(self, *args, **kwargs) -> AsyncIterator:
+        self._traffic.last_asked = time.monotonic()
         # aclosing: a partner that goes away must release the snapshot at once.
         async with aclosing(self._inner.segment(*args, **kwargs)) as chunks:
             async for offset, total, data in chunks:
