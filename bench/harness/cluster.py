@@ -1,19 +1,19 @@
 """Local daemons for a bench run (peerd.cluster.LocalCluster, or soak peers):
-bounded waits, joins, the status of a job on each daemon, the built-in job with
-a bench's values, and what a worker's log says about its start."""
+bounded waits, joins, the status of a job on each daemon, following a run, and
+what a worker's log says about its start."""
 
 from __future__ import annotations
 
+import math
 import re
 import time
 import tomllib
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-import tomli_w
-
-from peerd.cluster import default_job
+from peerd.cluster import LocalCluster
 from peerd.errors import DaemonNotRunning, PeerdError
 
 TOOK_STATE = "joining: took the state of round"  # a worker's log line when it started from its peers' state
@@ -71,9 +71,13 @@ def join_all(cluster, text: str, spec_dir: str = "", peers=None) -> None:
 
 def job_status(cluster, peer, job: str):
     """`job`'s status at the daemon of a LocalCluster peer; None while it has no such job."""
-    with cluster.client(peer) as c:
-        jobs = [j for j in c.status().jobs if j.name == job]
-    return jobs[0] if jobs else None
+    return job_of(cluster.client(peer), job)
+
+
+def job_of(client, job: str):
+    """`job`'s status at the daemon behind a control client (closed after); None while it has no such job."""
+    with client as c:
+        return next((j for j in c.status().jobs if j.name == job), None)
 
 
 def job_statuses(cluster, job: str) -> list:
@@ -88,11 +92,15 @@ def job_statuses(cluster, job: str) -> list:
     return out
 
 
-def wait_finished(cluster, job: str, failed: str, interval_s: float = 1.0) -> list:
-    """Every peer's status of `job` once all have finished it; SystemExit(`failed`)
-    as soon as one has failed."""
+def wait_finished(cluster, job: str, failed: str, interval_s: float = 1.0,
+                  on_poll: Callable[[list], object] = lambda statuses: None) -> list:
+    """Every peer's status of `job` once all have finished it, handing each poll's
+    statuses (job_status's, in peer order) to `on_poll`; SystemExit(`failed`) as
+    soon as one has failed."""
     while True:
-        jobs = [j for j in (job_status(cluster, p, job) for p in cluster.peers) if j is not None]
+        statuses = [job_status(cluster, p, job) for p in cluster.peers]
+        on_poll(statuses)
+        jobs = [j for j in statuses if j is not None]
         if any(j.state == "failed" for j in jobs):
             raise SystemExit(failed)
         if len(jobs) == len(cluster.peers) and all(j.state == "finished" for j in jobs):
@@ -100,13 +108,53 @@ def wait_finished(cluster, job: str, failed: str, interval_s: float = 1.0) -> li
         time.sleep(interval_s)
 
 
-def example_job(**tables: dict) -> str:
-    """The built-in MNIST job (peerd/examples/mnist.toml) with a bench's values:
-    each keyword a table whose keys replace or add to the file's."""
-    data = tomllib.loads(default_job().read_text())
-    for table, values in tables.items():
-        data.setdefault(table, {}).update(values)
-    return tomli_w.dumps(data)
+@dataclass
+class Watch:
+    """How a bench follows one run on a cluster: its label and log folder for
+    messages, a bound on its time, how often it polls and says where it is."""
+
+    label: str
+    logs: Path
+    limit_s: float
+    interval_s: float
+    say_every_s: float = 10.0
+
+    def run(self, cluster, poll: Callable[[], list[dict]], over: Callable[[list[dict]], bool],
+            say: Callable[[list[dict]], str]) -> bool:
+        """poll() rows (a "state" each) until over(rows), which may act on the run
+        meanwhile (joins, leaves); True then, False past the time limit (the
+        caller records the run as incomplete). A failed worker or an exited
+        daemon is an error."""
+        started, said = time.monotonic(), -math.inf
+        while True:
+            rows = poll()
+            t = time.monotonic() - started
+            if t - said >= self.say_every_s:
+                said = t
+                print(f"  [{self.label} {t:5.0f}s] {say(rows)}", flush=True)
+            if any(r["state"] == "failed" for r in rows):
+                raise PeerdError(f"{self.label}: a worker failed; see the logs in {self.logs}")
+            daemons_alive(cluster)
+            if over(rows):
+                return True
+            if t > self.limit_s:
+                print(f"  [{self.label}] not finished after {self.limit_s:.0f}s (--time-limit); stopping it; "
+                      f"logs in {self.logs}", flush=True)
+                return False
+            time.sleep(self.interval_s)
+
+
+def train_job(peers: int, out: Path, text: str, spec_dir: str = "", interval_s: float = 1.0) -> tuple[list, float]:
+    """A fresh LocalCluster of `peers` daemons (logs under `out`) trains the job in
+    `text` to its end: every peer's final status, and the seconds from the last
+    join to the last finish. Every daemon is stopped by PID at the end."""
+    job = tomllib.loads(text)["job"]["name"]
+    with LocalCluster(peers, out) as cluster:
+        cluster.wait_ready()
+        join_all(cluster, text, spec_dir)
+        started = time.perf_counter()
+        jobs = wait_finished(cluster, job, f"a peer failed; logs under {out}", interval_s)
+        return jobs, time.perf_counter() - started
 
 
 def job_dir(peer_dir: Path, job: str) -> Path:
@@ -123,6 +171,25 @@ def took_state(peer_dir: Path, job: str) -> str:
         if TOOK_STATE in line:
             return line.split(" INFO ", 1)[-1]
     return ""
+
+
+def wait_job_seen(client_of: Callable, job: str, timeout_s: float = 30.0) -> None:
+    """Until the daemon behind client_of() has heard of the running `job` (from
+    its Hello replies: joining it by name fails before)."""
+    def seen() -> bool:
+        with client_of() as c:
+            return any(j.name == job for j in c.jobs().jobs)
+
+    poll_until(seen, timeout_s, f"the newcomer's daemon to see job {job!r}")
+
+
+def join_by_name(client_of: Callable, peer_dir: Path, job: str, timeout_s: float) -> tuple[float, str]:
+    """The daemon behind client_of() joins the running `job` by name, as `peerctl
+    join NAME` does: the wall clock at the join, and its worker's log once it trains."""
+    started = time.time()
+    with client_of() as c:
+        c.join_by_name(job)
+    return started, first_step(job_dir(peer_dir, job) / "worker.log", timeout_s)
 
 
 def first_step(log_path: Path, timeout_s: float) -> str:
