@@ -198,8 +198,9 @@ def consensus(paths: list[Path]) -> dict:
     stack = torch.stack(vectors)
     mean = stack.mean(0)
     distances = torch.linalg.vector_norm(stack - mean, dim=1) / torch.linalg.vector_norm(mean)
+    # model.pt is a plain state_dict; its round is in model.json beside it
     return {"consensus_distance": float(distances.mean()), "numel": int(mean.numel()),
-            "saved_rounds": [int(torch.load(p, map_location="cpu", weights_only=True)["round"]) for p in paths]}
+            "saved_rounds": [int(json.loads(p.with_suffix(".json").read_text())["round"]) for p in paths]}
 
 
 # ---------------------------------------------------------------- traffic
@@ -296,10 +297,15 @@ def table(history: list[dict], summaries: list[dict], traffic: dict[str, dict]) 
             f"| {name} | {min(s['steps'])}–{max(s['steps'])} | {min(s['rounds'])}–{max(s['rounds'])} "
             f"| {s['finish_t']:.0f} "
             f"| {_mean_range(acc)} | {accuracy_at(rows, t_common):.4f} "
-            f"| {s['consensus_distance']:.2e} | {s['consensus_distance'] / base['consensus_distance']:.2f} "
+            f"| {s['consensus_distance']:.2e} | {_times(s['consensus_distance'], base['consensus_distance'])} "
             f"| {statistics.fmean(late) if late else math.nan:.2e} | {tr_text} | {sum(s['misses'])} "
             f"| {len(s['rounds']) - len(s['took_state'])} of {len(s['rounds'])} |")
     return "\n".join(lines)
+
+
+def _times(x: float, base: float) -> str:
+    """x / base; "-" when base is 0 (every peer's model.pt is the one consensus model)."""
+    return f"{x / base:.2f}" if base else "-"
 
 
 def _mean_range(xs: list[float]) -> str:
