@@ -37,7 +37,6 @@ pinned to the loopback interface with GLOO_SOCKET_IFNAME.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import os
 import platform
@@ -47,7 +46,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from harness.exchange import ExchangePeer, timed_rounds
+from harness.exchange import ExchangePeer, grpc_rounds
 from harness.output import quantile, write_json
 from harness.ranks import (
     Rank, RepeatClock, checks, gloo_average, rank_vectors, run_loop, run_ranks, slowest, stop_resource_tracker,
@@ -77,48 +76,35 @@ def _peerd(method: str, cfg: dict, me: Rank) -> dict:
     from peerd.core.topology import plan_round
     from peerd.worker.round.crossover import gossip_round
     from peerd.worker.round.pair import pair_round
-    from peerd.worker.wire.transport import GrpcTransport
 
-    bulk, hand_over = method != "peerd-grpc", method != "peerd-copy"
+    hand_over = method != "peerd-copy"
     round_fn = gossip_round if method == "peerd-flat" else pair_round  # pair: as the worker runs two peers
     own0, expected = rank_vectors(me.rank, 2, cfg["numel"])
     peer = ExchangePeer(JOB, f"p{me.rank}", cfg["numel"], cfg["segments"], cfg["chunk_kib"] * 1024 // 4)
     auth = Authenticator(b"bench-job-secret-0123456789") if method == "peerd-auth" else None
     clock, profiler = RepeatClock(cfg["warmup"], gc=True), _profiler(cfg)
 
-    async def main():
-        address = await peer.serve(bulk=bulk, auth=auth)
-        transport = GrpcTransport(peer.identity, auth, bulk=bulk)
-        ctx = peer.context(transport)
-        try:
-            sent = await asyncio.to_thread(me.share, address, BARRIER_TIMEOUT_S)
-            addresses = {f"p{r}": a for r, a in sent.items()}
+    def rounds(ctx, addresses: dict[str, str]):
+        async def one_round(round_: int, vector):
+            if profiler is not None and round_ > cfg["warmup"]:
+                profiler.enable()
+            if hand_over:  # as the worker does with a model on the CPU
+                into = await peer.store.hand_over(round_, vector)
+            else:
+                into = None
+                await peer.store.publish(round_, vector)
+            clock.lap("publish")
+            plan = plan_round(JOB, round_, list(addresses), peer.me, cfg["segments"])
+            result = await round_fn(ctx, peer.inputs(plan, addresses, vector, cfg["deadline_s"], into))
+            clock.lap("gossip_round")
+            if profiler is not None:
+                profiler.disable()
+            return result, into if into is not None else vector  # the model moves into the buffer the round wrote
 
-            async def one_round(round_: int, vector):
-                if profiler is not None and round_ > cfg["warmup"]:
-                    profiler.enable()
-                if hand_over:  # as the worker does with a model on the CPU
-                    into = await peer.store.hand_over(round_, vector)
-                else:
-                    into = None
-                    await peer.store.publish(round_, vector)
-                clock.lap("publish")
-                plan = plan_round(JOB, round_, list(addresses), peer.me, cfg["segments"])
-                result = await round_fn(ctx, peer.inputs(plan, addresses, vector, cfg["deadline_s"], into))
-                clock.lap("gossip_round")
-                if profiler is not None:
-                    profiler.disable()
-                return result, into if into is not None else vector  # the model moves into the buffer the round wrote
+        return one_round
 
-            vector = await timed_rounds(me, cfg, own0.clone(), one_round, clock)
-            await transport.aclose()
-            await me.wait(BARRIER_TIMEOUT_S)  # both channels closed before either server stops
-            return vector
-        finally:
-            await transport.aclose()
-            await peer.stop()
-
-    vector = run_loop(main, cfg["uvloop"])
+    vector = run_loop(lambda: grpc_rounds(peer, me, cfg, rounds, clock, own0.clone(), auth, method != "peerd-grpc"),
+                      cfg["uvloop"])
     if profiler is not None:
         profiler.dump_stats(os.path.join(cfg["profile"], f"peerd-rank{me.rank}.pstats"))
     # Within one rounding of (a + b)·½: gossip_round averages with lerp, in an order

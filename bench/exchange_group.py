@@ -33,13 +33,12 @@ uses file:// and GLOO_SOCKET_IFNAME=lo.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import os
 import statistics
 import tempfile
 
-from harness.exchange import ExchangePeer, timed_rounds
+from harness.exchange import ExchangePeer, grpc_rounds
 from harness.output import md_table, ratio, timing_cells
 from harness.ranks import (
     Rank, RepeatClock, checks, gloo_average, rank_vectors, run_loop, run_ranks, same_result, slowest,
@@ -66,40 +65,26 @@ def _peerd(mode: str, cfg: dict, me: Rank) -> dict:
     from peerd.core.topology import plan_round
     from peerd.worker.round.crossover import gossip_round
     from peerd.worker.round.hierarchy import hierarchical_round
-    from peerd.worker.wire.transport import GrpcTransport
 
     segments, procs = cfg["segments"], cfg["procs"]
     own0, mean = rank_vectors(me.rank, procs, cfg["numel"])
     peer = ExchangePeer(JOB, f"p{me.rank}", cfg["numel"], segments, cfg["chunk_kib"] * 1024 // 4)
     clock = RepeatClock(cfg["warmup"], gc=True)
 
-    async def main():
-        address = await peer.serve()
-        transport = GrpcTransport(peer.identity)
-        ctx = peer.context(transport)
-        try:
-            sent = await asyncio.to_thread(me.share, address, BARRIER_TIMEOUT_S)
-            addresses = {f"p{r}": a for r, a in sent.items()}
-            localities = {p: ("", "127.0.0.1") for p in addresses}
+    def rounds(ctx, addresses: dict[str, str]):
+        localities = {p: ("", "127.0.0.1") for p in addresses}
 
-            async def one_round(round_: int, vector):
-                into = await peer.store.hand_over(round_, vector)  # as the worker does with a model on the CPU
-                if mode == "hier":
-                    plan = plan_hierarchical(JOB, round_, localities, peer.me, segments, procs)
-                    inputs = peer.inputs(plan, addresses, vector, cfg["deadline_s"], into)
-                    return await hierarchical_round(ctx, inputs), into
-                plan = plan_round(JOB, round_, list(addresses), peer.me, segments)
-                return await gossip_round(ctx, peer.inputs(plan, addresses, vector, cfg["deadline_s"], into)), into
+        async def one_round(round_: int, vector):
+            into = await peer.store.hand_over(round_, vector)  # as the worker does with a model on the CPU
+            if mode == "hier":
+                plan = plan_hierarchical(JOB, round_, localities, peer.me, segments, procs)
+                return await hierarchical_round(ctx, peer.inputs(plan, addresses, vector, cfg["deadline_s"], into)), into
+            plan = plan_round(JOB, round_, list(addresses), peer.me, segments)
+            return await gossip_round(ctx, peer.inputs(plan, addresses, vector, cfg["deadline_s"], into)), into
 
-            vector = await timed_rounds(me, cfg, own0.clone(), one_round, clock)
-            await transport.aclose()
-            await me.wait(BARRIER_TIMEOUT_S)  # every channel closed before any server stops
-            return vector
-        finally:
-            await transport.aclose()
-            await peer.stop()
+        return one_round
 
-    vector = run_loop(main)
+    vector = run_loop(lambda: grpc_rounds(peer, me, cfg, rounds, clock, own0.clone()))
     checked = _mean_checked(vector, mean) if mode == "hier" else checks(vector)
     return {**clock.report(), **checked}
 

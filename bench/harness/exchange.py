@@ -3,6 +3,7 @@ as the engine wires them (peerd.worker.engine), and a rank's timed rounds."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 
 import torch
@@ -15,6 +16,7 @@ from peerd.worker.state.pull import StateBoard, StateServer
 from peerd.worker.wire.server import start_exchange_server
 from peerd.worker.wire.stores import Identity, SegmentServer, SnapshotStore, StageStore
 from peerd.worker.wire.traffic import CountingSegmentServer, Traffic
+from peerd.worker.wire.transport import GrpcTransport
 
 CHUNK_ELEMS = 262_144  # the job default, chunk_kib = 1024
 
@@ -75,3 +77,22 @@ async def timed_rounds(me: Rank, cfg: dict, vector: torch.Tensor, one_round: Rou
             raise RuntimeError(f"round {i + 1}: {result.misses} segment(s) missed: {result.errors}")
         await me.wait(cfg["barrier_s"])
     return vector
+
+
+async def grpc_rounds(peer: ExchangePeer, me: Rank, cfg: dict, make_round: Callable[[RoundContext, dict], Round],
+                      clock: RepeatClock, vector: torch.Tensor, auth=None, bulk: bool = True) -> torch.Tensor:
+    """A rank's rounds over GrpcTransport: serve, learn every rank's address (rank
+    r is "p{r}"), time the rounds make_round(context, addresses) runs
+    (timed_rounds), then close every channel before any server stops."""
+    address = await peer.serve(auth=auth, bulk=bulk)
+    transport = GrpcTransport(peer.identity, auth, bulk=bulk)
+    try:
+        sent = await asyncio.to_thread(me.share, address, cfg["barrier_s"])
+        addresses = {f"p{r}": a for r, a in sent.items()}
+        vector = await timed_rounds(me, cfg, vector, make_round(peer.context(transport), addresses), clock)
+        await transport.aclose()
+        await me.wait(cfg["barrier_s"])
+        return vector
+    finally:
+        await transport.aclose()
+        await peer.stop()
