@@ -1,7 +1,7 @@
 """Rank processes of a measurement: spawned with a barrier between them, their
 result dicts collected, always reaped; the timing of their repeats, the gloo
-baseline every exchange bench sets peerd against, and subprocess ranks (their
-own sessions) for the training baselines."""
+baseline every exchange bench sets peerd against, and subprocess ranks (each
+the leader of its own process group) for the training baselines."""
 
 from __future__ import annotations
 
@@ -281,7 +281,7 @@ def gloo_average(me: Rank, cfg: dict, verify: Callable) -> dict:
 
 
 def wait_ranks(procs: list, timeout_s: float, failed: str) -> None:
-    """Wait for subprocess ranks (each started in its own session) for `timeout_s`
+    """Wait for subprocess ranks (each leading its own process group) for `timeout_s`
     in all; raise PeerdError(`failed`) if one exited non-zero. Pair with kill_ranks
     in a `finally`."""
     deadline = time.monotonic() + timeout_s
@@ -292,8 +292,8 @@ def wait_ranks(procs: list, timeout_s: float, failed: str) -> None:
 
 
 def kill_ranks(procs: list) -> None:
-    """SIGKILL the session of every rank still running (its own session: the rank
-    and what it started, nothing else) and reap it."""
+    """SIGKILL the process group of every rank still running (its own group: the
+    rank and what it started, nothing else) and reap it."""
     for proc in procs:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
