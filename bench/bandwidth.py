@@ -62,24 +62,29 @@ namespace removed at the end, also on errors, Ctrl+C and SIGTERM.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
-import re
 import secrets
 import subprocess
 import sys
 import tempfile
 import time
+from argparse import SUPPRESS
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import tomli_w
-from _harness import ROOT, TOOK_STATE, kill_ranks, poll_until, run_main, wait_ranks
-from join import stamp_of
 
+from harness import ROOT
+from harness.cluster import (
+    TOOK_STATE, job_of, join_by_name, peers_known, poll_until, pulled, stamp_of, wait_job_seen,
+)
+from harness.output import md_table, pyplot, save_figure, write_json
+from harness.ranks import gloo_group, kill_ranks, wait_ranks
+from harness.script import arg_parser, run_dir, run_main
+from harness.training import accuracy, allreduce_grads
 from peerd.core.codes import ENDED_STATES, WorkerState
 from peerd.core.slowdown import CLOCKS, Slowdown
 from peerd.errors import PeerdError
@@ -175,34 +180,35 @@ def fmt_time(seconds: float, budget: float) -> str:
 
 def table(results: list[Result], target: float, budget: float) -> str:
     """The markdown table: variant × cap, ratios to the same cap's DDP."""
-    lines = [f"| cap (Mbit/s) | variant | time to {target} (s) | × DDP | utilisation min / mean | "
-             "MB per peer per round (in + out) | steps per round | host CPU busy |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in results:
-        base = next((b for b in results if b.cap == r.cap and b.variant == "ddp"), None)
-        t, tb = r.time_to(target), base.time_to(target) if base else math.nan
-        if r.variant == "ddp" or base is None:
-            ratio = "—"
-        elif t == t and tb == tb:
-            ratio = f"{t / tb:.2f}"
-        elif t == t:  # DDP did not reach it within the budget
-            ratio = f"< {t / budget:.2f}"
-        else:
-            ratio = "n/a"
-        us = [u for u in r.utilisation if u == u]
-        util = f"{min(us):.2f} / {sum(us) / len(us):.2f}" if us else "n/a"
-        mb = [b / 1e6 for b in r.bytes_per_round if b == b]
-        traffic = f"{sum(mb) / len(mb):.1f}" if mb else "n/a"
-        lines.append(f"| {r.cap:g} | {r.variant} | {fmt_time(t, budget)} | {ratio} | {util} | {traffic} | "
-                     f"{r.steps_per_round} | {r.host_busy:.2f} |")
-    return "\n".join(lines)
+    return md_table(["cap (Mbit/s)", "variant", f"time to {target} (s)", "× DDP", "utilisation min / mean",
+                     "MB per peer per round (in + out)", "steps per round", "host CPU busy"],
+                    (_table_row(r, results, target, budget) for r in results))
+
+
+def _table_row(r: Result, results: list[Result], target: float, budget: float) -> list[str]:
+    base = next((b for b in results if b.cap == r.cap and b.variant == "ddp"), None)
+    t, tb = r.time_to(target), base.time_to(target) if base else math.nan
+    if r.variant == "ddp" or base is None:
+        ratio = "—"
+    elif t == t and tb == tb:
+        ratio = f"{t / tb:.2f}"
+    elif t == t:  # DDP did not reach it within the budget
+        ratio = f"< {t / budget:.2f}"
+    else:
+        ratio = "n/a"
+    us = [u for u in r.utilisation if u == u]
+    util = f"{min(us):.2f} / {sum(us) / len(us):.2f}" if us else "n/a"
+    mb = [b / 1e6 for b in r.bytes_per_round if b == b]
+    traffic = f"{sum(mb) / len(mb):.1f}" if mb else "n/a"
+    return [f"{r.cap:g}", r.variant, fmt_time(t, budget), ratio, util, traffic, str(r.steps_per_round),
+            f"{r.host_busy:.2f}"]
 
 
 # ---------------------------------------------------------------- arguments
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(argv: list[str] | None = None):
+    p = arg_parser(__doc__)
     p.add_argument("--caps", default="1000,100", help="link caps in Mbit/s, in turn (default 1000,100)")
     p.add_argument("--variants", default=DEFAULT_VARIANTS,
                    help=f"which to run at each cap, in order, of {', '.join(VARIANTS)} (default {DEFAULT_VARIANTS})")
@@ -225,8 +231,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--replot", type=Path, default=None, metavar="SUMMARY",
                    help="only redraw the plot and the table from a run's summary.json")
     # Internal: one DDP rank.
-    p.add_argument("--ddp-rank", type=int, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--ddp-store", default="", help=argparse.SUPPRESS)
+    p.add_argument("--ddp-rank", type=int, default=None, help=SUPPRESS)
+    p.add_argument("--ddp-store", default="", help=SUPPRESS)
     args = p.parse_args(argv)
     args.cap_list = [float(c) for c in args.caps.split(",")]
     args.variant_list = args.variants.split(",")
@@ -250,7 +256,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 class Testbed:
     """The namespaces and the daemons (trainers, then the newcomer); close() removes all."""
 
-    def __init__(self, args: argparse.Namespace, out: Path) -> None:
+    def __init__(self, args, out: Path) -> None:
         self.args = args
         self.out = out
         self.net = Namespaces(secrets.token_hex(2))
@@ -287,7 +293,7 @@ class Testbed:
         for peer in self.peers:
             peer.wait_ready()
         n = len(self.peers) - 1
-        poll_until(lambda: all(_status(p).peers_known >= n for p in self.peers), 60, "every daemon to see the others")
+        poll_until(lambda: all(peers_known(p.client()) >= n for p in self.peers), 60, "every daemon to see the others")
 
     def shape(self, mbit: float) -> None:
         for i in self.net.peers:
@@ -307,22 +313,16 @@ class Testbed:
             print("teardown: " + "; ".join(errors), file=sys.stderr)
 
 
-def _status(peer: SoakPeer):
-    with peer.client() as c:
-        return c.status()
-
-
 def _job(peer: SoakPeer, name: str):
-    return next((j for j in _status(peer).jobs if j.name == name), None)
+    return job_of(peer.client(), name)
 
 
 # ---------------------------------------------------------------- DDP
 
 
-def ddp_rank(args: argparse.Namespace) -> None:
+def ddp_rank(args) -> None:
     """One rank, inside its namespace: train until rank 0 says stop (target or budget)."""
     import torch
-    import torch.distributed as dist
     from torch import nn
 
     import bw_mlp
@@ -332,24 +332,18 @@ def ddp_rank(args: argparse.Namespace) -> None:
     rank, world = args.ddp_rank, len(args.slowdown_list)
     torch.set_num_threads(1)  # before SlowedSteps: its cpu clock is then the thread's
     slowed = SlowedSteps(Slowdown(args.slowdown_list[rank], args.clock))
-    dist.init_process_group("gloo", init_method=f"file://{args.ddp_store}", rank=rank, world_size=world)
-    torch.manual_seed(0)
-    model = bw_mlp.make_model()
-    train, test = bw_mlp.make_datasets()
-    x, y = train.tensors
-    params = list(model.parameters())
-    opt = torch.optim.SGD(params, lr=LR, momentum=0.9, weight_decay=0.0001)
-    local = GLOBAL_BATCH // world
-    per_rank = len(y) // world
     log = open(args.out / f"ddp-{rank}.jsonl", "w", buffering=1)
-    dist.barrier()
-    t0 = time.perf_counter()
-    compute, step, stop, epoch = 0.0, 0, False, 0
-    while not stop:
-        shard = torch.randperm(len(y), generator=torch.Generator().manual_seed(1000 + epoch))[rank::world]
-        for start in range(0, per_rank - local + 1, local):
+    with gloo_group(args.ddp_store, rank, world, iface=None) as dist, log:  # GLOO_SOCKET_IFNAME: its veth
+        torch.manual_seed(0)
+        model = bw_mlp.make_model()
+        train, test = bw_mlp.make_datasets()
+        x, y = train.tensors
+        params = list(model.parameters())
+        opt = torch.optim.SGD(params, lr=LR, momentum=0.9, weight_decay=0.0001)
+        dist.barrier()
+        t0, compute = time.perf_counter(), 0.0
+        for step, idx in enumerate(_ddp_batches(len(y), rank, world)):
             slowed.start()
-            idx = shard[start : start + local]
             model.train()
             opt.zero_grad(set_to_none=True)
             nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
@@ -357,30 +351,25 @@ def ddp_rank(args: argparse.Namespace) -> None:
             row = {"t": time.perf_counter() - t0, "step": step, "compute_s": compute}
             flag = 0.0
             if rank == 0 and step % DDP_EVAL_EVERY == 0 and step:
-                row["accuracy"] = _accuracy(model, test)
+                row["accuracy"] = accuracy(model, *test.tensors)
                 flag = float(row["accuracy"] >= args.target or row["t"] > args.budget)
-            flat = torch.cat([p.grad.reshape(-1) for p in params] + [torch.tensor([flag])])
-            dist.all_reduce(flat)  # waits for the slowest rank
-            flat /= world
-            torch.nn.utils.vector_to_parameters(flat[:-1], [p.grad for p in params])
+            stop = allreduce_grads(params, flag, world) > 0  # waits for the slowest rank
             opt.step()
-            step += 1
             log.write(json.dumps(row) + "\n")
-            if flat[-1] > 0:
-                stop = True
+            if stop:
                 break
-        epoch += 1
-    log.close()
-    dist.destroy_process_group()
 
 
-def _accuracy(model, test) -> float:
+def _ddp_batches(n: int, rank: int, world: int):
+    """This rank's sample indices, step after step: a seeded permutation per epoch, in equal shards."""
     import torch
 
-    model.eval()
-    x, y = test.tensors
-    with torch.no_grad():
-        return float((model(x).argmax(1) == y).float().mean())
+    local, per_rank, epoch = GLOBAL_BATCH // world, n // world, 0
+    while True:
+        shard = torch.randperm(n, generator=torch.Generator().manual_seed(1000 + epoch))[rank::world]
+        for start in range(0, per_rank - local + 1, local):
+            yield shard[start : start + local]
+        epoch += 1
 
 
 def run_ddp(bed: Testbed, cap: float, out: Path) -> Result:
@@ -440,34 +429,10 @@ def run_peerd(bed: Testbed, variant: str, cap: float, out: Path, join: bool) -> 
     for peer in bed.trainers:
         with peer.client(timeout_s=30.0) as c:
             c.join(text, str(JOBS))
-    points: list[list[tuple[float, float]]] = [[] for _ in bed.trainers]
-    curve, best, t0, before, joined, cpu = [], [], None, {}, [], (0, 0)
-    deadline = time.monotonic() + args.budget + START_S
+    joined = []
     try:
-        while time.monotonic() < deadline:
-            now = time.monotonic()
-            jobs = [_job(p, name) for p in bed.trainers]
-            if any(j is not None and j.state == WorkerState.FAILED for j in jobs):
-                raise PeerdError(f"{variant} at {cap:g} Mbit/s: a worker failed; see {bed.out / 'peers'}")
-            if t0 is None and any(j is not None and j.progress.step > 0 for j in jobs):
-                t0, before, cpu = now, bed.net.counters(), host_cpu()
-            if t0 is not None:
-                t = now - t0
-                for k, j in enumerate(jobs):
-                    if j is not None and j.progress.step > 0 and j.state == WorkerState.RUNNING:
-                        points[k].append((t, j.progress.compute_s))
-                metrics = [j.progress.metric if j is not None else math.nan for j in jobs]
-                if all(m == m for m in metrics):
-                    curve.append((t, sum(metrics) / len(metrics)))
-                if any(m == m for m in metrics):
-                    best.append((t, max(m for m in metrics if m == m)))
-                if ((curve and curve[-1][1] >= args.target) or t > args.budget
-                        or all(j is not None and j.state in ENDED_STATES for j in jobs)):
-                    break
-            time.sleep(POLL_S)
-        after, busy = bed.net.counters(), busy_share(cpu, host_cpu())
-        rounds = [j.progress.round if j is not None else 0 for j in jobs]
-        breakdown = [time_shares(j.progress) if j is not None else {} for j in jobs]
+        trace = _follow(bed, name, f"{variant} at {cap:g} Mbit/s")
+        after, busy = bed.net.counters(), busy_share(trace.cpu, host_cpu())
         for k in range(args.joins if join else 0):
             if k:
                 rejoin_reset(bed, name)
@@ -475,13 +440,63 @@ def run_peerd(bed: Testbed, variant: str, cap: float, out: Path, join: bool) -> 
             print(f"  join {k}: {joined[-1]['total_s']:.2f}s (pull {joined[-1]['pull_s']:.2f}s)", flush=True)
     finally:
         _leave(bed, name)
-    if t0 is None:
-        raise PeerdError(f"{variant} at {cap:g} Mbit/s: no worker trained within {START_S:.0f}s")
-    result = Result(variant, cap, curve=curve, utilisation=[utilisation(p) for p in points],
-                    bytes_per_round=[bytes_per_round(before[i], after[i], r) for i, r in enumerate(rounds)],
-                    steps_per_round=period, wall_s=t, rounds=rounds, best=best, host_busy=busy,
-                    breakdown=breakdown)
+    rounds = [j.progress.round if j is not None else 0 for j in trace.jobs]
+    result = Result(variant, cap, curve=trace.curve, utilisation=[utilisation(p) for p in trace.points],
+                    bytes_per_round=[bytes_per_round(trace.before[i], after[i], r) for i, r in enumerate(rounds)],
+                    steps_per_round=period, wall_s=trace.t, rounds=rounds, best=trace.best, host_busy=busy,
+                    breakdown=[time_shares(j.progress) if j is not None else {} for j in trace.jobs])
     return result, joined
+
+
+@dataclass
+class Trace:
+    """What the trainers report while they train: each one's (t, compute_s), the
+    mean and the best peer's metric over time, from the first step (t0, when the
+    link and CPU counters were read), and their last statuses."""
+
+    points: list[list[tuple[float, float]]]
+    curve: list[tuple[float, float]] = field(default_factory=list)
+    best: list[tuple[float, float]] = field(default_factory=list)
+    t0: float | None = None
+    t: float = 0.0
+    before: dict = field(default_factory=dict)
+    cpu: tuple[int, int] = (0, 0)
+    jobs: list = field(default_factory=list)
+
+    def sample(self, t: float, jobs: list) -> None:
+        self.t = t
+        for k, j in enumerate(jobs):
+            if j is not None and j.progress.step > 0 and j.state == WorkerState.RUNNING:
+                self.points[k].append((t, j.progress.compute_s))
+        metrics = [j.progress.metric if j is not None else math.nan for j in jobs]
+        if all(m == m for m in metrics):
+            self.curve.append((t, sum(metrics) / len(metrics)))
+        if any(m == m for m in metrics):
+            self.best.append((t, max(m for m in metrics if m == m)))
+
+
+def _follow(bed: Testbed, name: str, label: str) -> Trace:
+    """Poll the trainers until the mean metric reaches --target, --budget is spent
+    or every worker has ended."""
+    args = bed.args
+    trace = Trace([[] for _ in bed.trainers])
+    deadline = time.monotonic() + args.budget + START_S
+    while time.monotonic() < deadline:
+        now = time.monotonic()
+        trace.jobs = jobs = [_job(p, name) for p in bed.trainers]
+        if any(j is not None and j.state == WorkerState.FAILED for j in jobs):
+            raise PeerdError(f"{label}: a worker failed; see {bed.out / 'peers'}")
+        if trace.t0 is None and any(j is not None and j.progress.step > 0 for j in jobs):
+            trace.t0, trace.before, trace.cpu = now, bed.net.counters(), host_cpu()
+        if trace.t0 is not None:
+            trace.sample(now - trace.t0, jobs)
+            if ((trace.curve and trace.curve[-1][1] >= args.target) or trace.t > args.budget
+                    or all(j is not None and j.state in ENDED_STATES for j in jobs)):
+                return trace
+        time.sleep(POLL_S)
+    if trace.t0 is None:
+        raise PeerdError(f"{label}: no worker trained within {START_S:.0f}s")
+    return trace
 
 
 def time_shares(progress) -> dict[str, float]:
@@ -498,24 +513,15 @@ def time_shares(progress) -> dict[str, float]:
 def measure_join(bed: Testbed, name: str, cap: float) -> dict:
     """The newcomer joins `name` by name; from then to its first step on the pulled state."""
     newcomer = bed.newcomer
-    def sees() -> bool:
-        with newcomer.client() as c:
-            return any(j.name == name for j in c.jobs().jobs)
-
-    poll_until(sees, 30, "the newcomer to see the job")
+    wait_job_seen(newcomer.client, name)
     before = bed.net.counters()[newcomer.index]
-    started = time.time()
-    with newcomer.client(timeout_s=30.0) as c:
-        c.join_by_name(name)
-    log_path = newcomer.dir / "state" / "jobs" / name / "worker.log"
-    log = poll_until(lambda: log_path.exists() and "training from round" in (t := log_path.read_text()) and t,
-                     JOIN_S, "the newcomer's first step")
+    started, log = join_by_name(lambda: newcomer.client(timeout_s=30.0), newcomer.dir, name, JOIN_S)
     received = bed.net.counters()[newcomer.index][1] - before[1]
-    pulled = re.search(r"took the state of round \d+ .* from (.*) in ([\d.]+)s", log)
-    if pulled is None or TOOK_STATE not in log:
+    took = pulled(log)
+    if took is None or TOOK_STATE not in log:
         raise PeerdError(f"the newcomer did not take the state from its peers:\n{log}")
     total = stamp_of(log, "training from round") - started
-    return {"cap_mbit": cap, "total_s": total, "pull_s": float(pulled.group(2)), "donors": pulled.group(1),
+    return {"cap_mbit": cap, "total_s": total, "pull_s": took[1], "donors": took[0],
             "received_bytes": received, "link_s": link_seconds(received, cap),
             "goal_s": join_goal_s(received, cap)}
 
@@ -563,12 +569,8 @@ def _leave(bed: Testbed, name: str) -> None:
 # ---------------------------------------------------------------- report
 
 
-def plot(results: list[Result], args: argparse.Namespace) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(results: list[Result], args) -> None:
+    plt = pyplot()
     caps = sorted({r.cap for r in results}, reverse=True)
     fig, axes = plt.subplots(1, len(caps) + 2, figsize=(4.5 * (len(caps) + 2), 4))
     colour = {v: f"C{k}" for k, v in enumerate(VARIANTS)}
@@ -594,12 +596,10 @@ def plot(results: list[Result], args: argparse.Namespace) -> None:
         ax.set_xticks(range(len(results)), labels, fontsize=7)
     fig.suptitle(f"12M-parameter MLP, MNIST-5k, 4 peers slowed {args.slowdowns} ({args.clock} clock)")
     fig.tight_layout()
-    args.png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(args.png, dpi=100)
-    plt.close(fig)
+    save_figure(fig, [args.png])
 
 
-def load_results(summary: Path, args: argparse.Namespace) -> tuple[list[Result], list[dict]]:
+def load_results(summary: Path, args) -> tuple[list[Result], list[dict]]:
     """The results and joins a run wrote to its summary.json; its target, budget
     and slowdowns onto args."""
     data = json.loads(summary.read_text())
@@ -608,7 +608,7 @@ def load_results(summary: Path, args: argparse.Namespace) -> tuple[list[Result],
     return [Result(**r) for r in data["results"]], data["joins"]
 
 
-def report(results: list[Result], joins: list[dict], args: argparse.Namespace) -> str:
+def report(results: list[Result], joins: list[dict], args) -> str:
     lines = [table(results, args.target, args.budget), ""]
     for j in joins:
         ok = "meets" if j["total_s"] <= j["goal_s"] else "misses"
@@ -618,10 +618,9 @@ def report(results: list[Result], joins: list[dict], args: argparse.Namespace) -
     return "\n".join(lines)
 
 
-def save(results: list[Result], joins: list[dict], args: argparse.Namespace) -> None:
-    (args.out / "summary.json").write_text(json.dumps(
-        {"args": {k: str(v) for k, v in vars(args).items()}, "results": [vars(r) for r in results], "joins": joins},
-        indent=2, default=str))
+def save(results: list[Result], joins: list[dict], args) -> None:
+    write_json(args.out / "summary.json", {"args": {k: str(v) for k, v in vars(args).items()},
+                                           "results": [vars(r) for r in results], "joins": joins}, indent=2)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -640,9 +639,8 @@ def main(argv: list[str] | None = None) -> int:
     if why := namespaces_unavailable():
         print(f"bench/bandwidth.py needs network namespaces: {why}", file=sys.stderr)
         return 2
-    args.out = (args.out or ROOT / "runs" / time.strftime("bandwidth-%Y%m%d-%H%M%S")).resolve()
+    args.out = run_dir(args.out, "bandwidth").resolve()
     args.png = args.png or args.out / "bandwidth.png"  # the docs' figure only when asked
-    args.out.mkdir(parents=True, exist_ok=True)
     # The job's module must be importable by every worker (and the DDP ranks).
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(JOBS), str(ROOT), os.environ.get("PYTHONPATH")]))
     results, joins = [], []

@@ -39,26 +39,25 @@ under --out (default runs/charlm-TIMESTAMP).
 
 from __future__ import annotations
 
-import argparse
 import copy
-import csv
-import json
 import math
-import sys
 import time
 import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import torch
+from torch.utils.data import DataLoader, Dataset
 
-import torch  # noqa: E402
-from torch.utils.data import DataLoader, Dataset  # noqa: E402
+from harness import ROOT
+from harness.cluster import train_job
+from harness.output import write_csv, write_json
+from harness.script import arg_parser, run_dir, run_main
+from peerd.core.schedule import schedule_factor
+from peerd.examples import charlm
 
-from peerd.core.schedule import schedule_factor  # noqa: E402
-from peerd.examples import charlm  # noqa: E402
+Curve = Callable[[int, float, dict], None]
 
 
 @dataclass(frozen=True)
@@ -112,9 +111,9 @@ class Result:
     samples: int
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--job", type=Path, default=REPO / "peerd/examples/charlm.toml", help="job file")
+def parse_args(argv: list[str] | None = None):
+    p = arg_parser(__doc__)
+    p.add_argument("--job", type=Path, default=ROOT / "peerd/examples/charlm.toml", help="job file")
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {list(VARIANTS)}")
     p.add_argument("--threads", type=int, default=2, help="torch threads of the single process (default 2)")
     p.add_argument("--peers", type=int, default=3, help="daemons of the peerd variant, models of local-adam (default 3)")
@@ -161,82 +160,78 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch, 
     optimizer.step()
 
 
-def run_single(plan: Plan, args: argparse.Namespace, curve: Callable[[int, float, dict], None]) -> Result:
-    """One process, global batches of reference_batch samples."""
+def _models(plan: Plan, args, n: int) -> tuple[list, list]:
+    """n copies of the job's model from its seed, each with its own AdamW."""
     torch.set_num_threads(args.threads)
-    train, test = charlm.make_datasets()
     torch.manual_seed(plan.seed)
-    model = charlm.make_model()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=plan.lr, betas=plan.betas, weight_decay=plan.weight_decay)
+    first = charlm.make_model()
+    models = [first] + [copy.deepcopy(first) for _ in range(n - 1)]
+    return models, [torch.optim.AdamW(m.parameters(), lr=plan.lr, betas=plan.betas, weight_decay=plan.weight_decay)
+                    for m in models]
+
+
+def _loop(name: str, plan: Plan, args, curve: Curve, step: Callable, model, data) -> Result:
+    """The in-process variants: global batches of reference_batch samples of the
+    job's epochs, each trained by step(indices, lr); `model` evaluated every
+    --eval-every steps and at the end."""
+    train, test = data
     total = round(plan.epochs * len(train))
-    step = samples = 0
+    steps = samples = 0
     start = time.perf_counter()
     for indices in epoch_batches(len(train), plan.reference_batch, plan.seed, plan.epochs):
-        batch = torch.utils.data.default_collate([train[i] for i in indices])
-        train_step(model, optimizer, batch, plan.lr_at(step, samples / total), plan)
-        step, samples = step + 1, samples + len(indices)
-        if step % args.eval_every == 0:
-            curve(step, time.perf_counter() - start, evaluate(model, test, plan))
+        step(indices, plan.lr_at(steps, samples / total))
+        steps, samples = steps + 1, samples + len(indices)
+        if steps % args.eval_every == 0:
+            curve(steps, time.perf_counter() - start, evaluate(model, test, plan))
     wall = time.perf_counter() - start
     final = evaluate(model, test, plan)
-    curve(step, wall, final)
-    return Result("single", final["val_loss"], final["perplexity"], wall, step, samples)
+    curve(steps, wall, final)
+    return Result(name, final["val_loss"], final["perplexity"], wall, steps, samples)
 
 
-def run_local_adam(plan: Plan, args: argparse.Namespace, curve: Callable[[int, float, dict], None]) -> Result:
+def _batch(train: Dataset, indices: list[int]):
+    return torch.utils.data.default_collate([train[i] for i in indices])
+
+
+def run_single(plan: Plan, args, curve: Curve) -> Result:
+    """One process, global batches of reference_batch samples."""
+    (model,), (optimizer,) = _models(plan, args, 1)
+    data = charlm.make_datasets()
+    return _loop("single", plan, args, curve,
+                 lambda indices, lr: train_step(model, optimizer, _batch(data[0], indices), lr, plan), model, data)
+
+
+def run_local_adam(plan: Plan, args, curve: Curve) -> Result:
     """A diagnostic: --peers models in one process, each with its own AdamW, each
     stepping on its 1/peers of every global batch, parameters averaged exactly
     after every step. What peerd's gossip every step would reach with a perfect
     all-reduce of the parameters; the gap to `single` is that of per-peer optimizer
     state (Adam's second moment from a local batch), not of gossip."""
-    torch.set_num_threads(args.threads)
-    train, test = charlm.make_datasets()
-    torch.manual_seed(plan.seed)
-    first = charlm.make_model()
-    models = [first] + [copy.deepcopy(first) for _ in range(args.peers - 1)]
-    optimizers = [torch.optim.AdamW(m.parameters(), lr=plan.lr, betas=plan.betas, weight_decay=plan.weight_decay)
-                  for m in models]
-    total = round(plan.epochs * len(train))
-    step = samples = 0
-    start = time.perf_counter()
-    for indices in epoch_batches(len(train), plan.reference_batch, plan.seed, plan.epochs):
-        lr = plan.lr_at(step, samples / total)
+    models, optimizers = _models(plan, args, args.peers)
+    data = charlm.make_datasets()
+
+    def step(indices: list[int], lr: float) -> None:
         for k, (model, optimizer) in enumerate(zip(models, optimizers)):
             part = indices[k :: args.peers]
             if part:
-                train_step(model, optimizer, torch.utils.data.default_collate([train[i] for i in part]), lr, plan)
+                train_step(model, optimizer, _batch(data[0], part), lr, plan)
         with torch.no_grad():
             for tensors in zip(*(m.parameters() for m in models)):
                 mean = torch.stack(tensors).mean(0)
                 for t in tensors:
                     t.copy_(mean)
-        step, samples = step + 1, samples + len(indices)
-        if step % args.eval_every == 0:
-            curve(step, time.perf_counter() - start, evaluate(models[0], test, plan))
-    wall = time.perf_counter() - start
-    final = evaluate(models[0], test, plan)
-    curve(step, wall, final)
-    return Result("local-adam", final["val_loss"], final["perplexity"], wall, step, samples)
+
+    return _loop("local-adam", plan, args, curve, step, models[0], data)
 
 
-def run_peerd(plan: Plan, args: argparse.Namespace, curve: Callable[[int, float, dict], None]) -> Result:
+def run_peerd(plan: Plan, args, curve: Curve) -> Result:
     """--peers real daemons on 127.0.0.1 (peerd.cluster.LocalCluster), each joined to
     the job file: what `peerd cluster --job charlm` runs. The clock starts when the
     last peer has joined; the result is the mean of the peers' final val_loss."""
-    from _harness import wait_finished
-    from peerd.cluster import LocalCluster
     from peerd.jobspec import load_job
 
-    spec, text = load_job(args.job)
-    out = args.out_dir / "peerd"
-    with LocalCluster(args.peers, out) as cluster:
-        cluster.wait_ready()
-        for peer in cluster.peers:
-            with cluster.client(peer) as c:
-                c.join(text, str(args.job.resolve().parent))
-        start = time.perf_counter()
-        jobs = wait_finished(cluster, spec.name, f"a peer failed; logs under {out}", interval_s=2.0)
-        wall = time.perf_counter() - start
+    _, text = load_job(args.job)
+    jobs, wall = train_job(args.peers, args.out_dir / "peerd", text, str(args.job.resolve().parent), interval_s=2.0)
     losses = [j.progress.metrics["val_loss"] for j in jobs]
     val = sum(losses) / len(losses)
     steps = max(j.progress.step for j in jobs)
@@ -245,21 +240,19 @@ def run_peerd(plan: Plan, args: argparse.Namespace, curve: Callable[[int, float,
     return Result("peerd", val, math.exp(val), wall, steps, sum(j.progress.samples for j in jobs))
 
 
-VARIANTS: dict[str, Callable[[Plan, argparse.Namespace, Callable[[int, float, dict], None]], Result]] = {
+VARIANTS: dict[str, Callable[[Plan, object, Curve], Result]] = {
     "single": run_single,
     "peerd": run_peerd,
     "local-adam": run_local_adam,
 }
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     plan = Plan.from_job(args.job)
     if args.epochs is not None:
         plan = Plan(**{**asdict(plan), "epochs": args.epochs})
-    out = args.out or REPO / "runs" / time.strftime("charlm-%Y%m%d-%H%M%S")
-    out.mkdir(parents=True, exist_ok=True)
-    args.out_dir = out
+    out = args.out_dir = run_dir(args.out, "charlm")
     results, rows = [], []
     for name in args.variants.split(","):
         if name not in VARIANTS:
@@ -270,16 +263,14 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{name:>8} step {step:5d}  {wall:7.1f} s  val_loss {metrics['val_loss']:.4f}", flush=True)
 
         results.append(VARIANTS[name](plan, args, curve))
-    with open(out / "curves.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["variant", "step", "wall_s", "val_loss", "perplexity"])
-        writer.writeheader()
-        writer.writerows(rows)
-    (out / "summary.json").write_text(json.dumps({"plan": asdict(plan), "results": [asdict(r) for r in results]}, indent=2))
+    write_csv(out / "curves.csv", rows, ["variant", "step", "wall_s", "val_loss", "perplexity"])
+    write_json(out / "summary.json", {"plan": asdict(plan), "results": [asdict(r) for r in results]}, indent=2)
     print(f"\n{'variant':>8}  {'val_loss':>8}  {'ppl':>6}  {'wall s':>7}  {'steps':>5}  {'samples':>7}")
     for r in results:
         print(f"{r.variant:>8}  {r.val_loss:8.4f}  {r.perplexity:6.2f}  {r.wall_s:7.1f}  {r.steps:5d}  {r.samples:7d}")
     print(f"uniform guess: ln({len(charlm.VOCAB)}) = {math.log(len(charlm.VOCAB)):.4f}; outputs in {out}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -12,25 +12,16 @@ directory; its read verifies the checksum and that every value is finite.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from peerd.worker.state.checkpoint import CheckpointDir  # noqa: E402
-from peerd.worker.state.pull import StateMeta  # noqa: E402
-
-
-def timed(fn) -> float:
-    started = time.perf_counter()
-    fn()
-    return time.perf_counter() - started
+from harness.script import arg_parser, run_main, timed
+from peerd.worker.state.checkpoint import CheckpointDir
+from peerd.worker.state.pull import StateMeta
 
 
 def torch_save(vector: torch.Tensor, path: Path) -> None:
@@ -40,21 +31,31 @@ def torch_save(vector: torch.Tensor, path: Path) -> None:
         os.fsync(f.fileno())
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(argv: list[str] | None = None):
+    parser = arg_parser(__doc__)
     parser.add_argument("--params", type=int, default=10_000_000, help="model parameters (state = 2x)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir)")
-    args = parser.parse_args()
-    vector = torch.randn(2 * args.params)
-    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+    return parser.parse_args(argv)
+
+
+def measure(vector: torch.Tensor, repeats: int, where: Path | None) -> dict[str, list[float]]:
+    """Seconds of each way, per repeat, the two of a kind interleaved."""
+    with tempfile.TemporaryDirectory(dir=where) as tmp:
         ckpts = CheckpointDir(Path(tmp) / "ckpt", "bench", "fp", vector.numel())
         rows = {"peerd save": [], "torch.save": [], "peerd load": [], "torch.load": []}
-        for r in range(args.repeats):
+        for r in range(repeats):
             rows["torch.save"].append(timed(lambda: torch_save(vector, Path(tmp) / "plain.pt")))
             rows["peerd save"].append(timed(lambda: ckpts.save(StateMeta(r, r, 0.0), vector)))
             rows["torch.load"].append(timed(lambda: torch.load(Path(tmp) / "plain.pt", weights_only=True)))
             rows["peerd load"].append(timed(lambda: ckpts.load_newest()))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    vector = torch.randn(2 * args.params)
+    rows = measure(vector, args.repeats, args.dir)
     size_mb = vector.numel() * 4 / 1e6
     print(f"state of {args.params:,} parameters + momentum = {size_mb:.0f} MB, median of {args.repeats}")
     for name, times in rows.items():
@@ -66,4 +67,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -62,30 +62,28 @@ on errors and Ctrl+C.
 
 from __future__ import annotations
 
-import argparse
-import csv
 import json
 import math
 import os
-import signal
 import statistics
 import subprocess
 import sys
 import time
-import tomllib
+from argparse import SUPPRESS
 from dataclasses import dataclass
 from pathlib import Path
 
-import tomli_w
-from _harness import kill_ranks, poll_until, wait_ranks
-
+from harness.cluster import job_status, join_all, wait_discovery
+from harness.output import md_table, pyplot, save_figure, write_csv, write_json
+from harness.ranks import gloo_group, kill_ranks, wait_ranks
+from harness.script import arg_parser, run_dir, run_main
+from harness.training import accuracy, allreduce_grads
 from peerd.core.codes import ENDED_STATES, WorkerState
 from peerd.core.schedule import SCHEDULES
 from peerd.core.slowdown import CLOCKS
-from peerd.interrupts import raise_interrupt
 
-REPO = Path(__file__).resolve().parents[1]
 BENCH = Path(__file__).resolve().parent
+JOB = "dbs-bench"
 
 POLL_S = 0.5
 SNAPSHOTS_ENV = "PEERD_BENCH_SNAPSHOTS"  # bench/_dbs_job.py saves the peers' snapshots there
@@ -117,8 +115,8 @@ def parse_variant(text: str, lr: float, period: int) -> Variant:
     return Variant(kind, int(n or period), schedule, float(lr_text or lr), int(warmup or 0))
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(argv: list[str] | None = None):
+    p = arg_parser(__doc__)
     p.add_argument("--slowdowns", default="1,1,2,4", help="per-worker slowdown factors (default 1,1,2,4)")
     p.add_argument("--overheads", default="",
                    help="per-worker fixed seconds slept after every step ([worker] step_overhead_s; default none)")
@@ -144,9 +142,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=None, help="results folder (default runs/dbs-TIMESTAMP)")
     p.add_argument("--png", type=Path, default=None, help="where the plot goes (default OUT/dbs.png)")
     # Internal: one rank of the synchronous baseline.
-    p.add_argument("--sync-rank", type=int, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--variant", default="sync", help=argparse.SUPPRESS)
-    p.add_argument("--clock", default="wall", help=argparse.SUPPRESS)
+    p.add_argument("--sync-rank", type=int, default=None, help=SUPPRESS)
+    p.add_argument("--variant", default="sync", help=SUPPRESS)
+    p.add_argument("--clock", default="wall", help=SUPPRESS)
     args = p.parse_args(argv)
     args.slowdown_list = tuple(float(v) for v in args.slowdowns.split(","))
     if any(f < 1 for f in args.slowdown_list) or args.global_batch % len(args.slowdown_list):
@@ -167,82 +165,86 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 # ---- synchronous baseline: torch.distributed, one process per rank ------------
 
-def sync_rank(args: argparse.Namespace) -> None:
+def sync_rank(args) -> None:
+    """One rank of the synchronous baseline: train until its epochs are done or
+    rank 0's --budget is spent; rank 0 snapshots its model as it goes."""
     import torch
-    import torch.distributed as dist
-    from torch import nn
 
-    from peerd.core.schedule import schedule_factor
     from peerd.core.slowdown import Slowdown
     from peerd.examples.mnist import make_datasets, make_model
     from peerd.worker.train.slowdown import SlowedSteps
 
     rank, world = args.sync_rank, len(args.slowdown_list)
-    v = parse_variant(args.variant, args.lr, args.period_steps)
     torch.set_num_threads(1)  # as peerd's workers ([worker] threads = 1): the cpu clock is the thread's
     slowed = SlowedSteps(Slowdown(args.slowdown_list[rank], args.clock, args.overhead_list[rank]))
-    # Only loopback: a FileStore for the rendezvous (torch's TCPStore would listen on
-    # every interface) and gloo's pair sockets pinned to lo.
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    dist.init_process_group("gloo", init_method=f"file://{args.out.resolve() / 'sync-rendezvous'}",
-                            rank=rank, world_size=world)
-    torch.manual_seed(0)  # the job's seed: same initial model as peerd's init = "shared"
-    model = make_model().float()
-    train, _ = make_datasets()
+    with gloo_group(str(args.out.resolve() / "sync-rendezvous"), rank, world) as dist:
+        torch.manual_seed(0)  # the job's seed: same initial model as peerd's init = "shared"
+        model = make_model().float()
+        train, _ = make_datasets()
+        dist.barrier()
+        t0 = time.monotonic()
+        compute, steps, snapshots = _sync_train(args, model, train, slowed, t0)
+        t1 = time.monotonic()
+    (args.out / f"sync-{rank}.json").write_text(json.dumps({"t0": t0, "t": t1 - t0, "compute_s": compute,
+                                                            "steps": steps}))
+    if rank == 0:
+        torch.save(snapshots, args.out / "sync-snapshots.pt")
+
+
+def _sync_train(args, model, train, slowed, t0: float) -> tuple[float, int, list[dict]]:
+    """The DDP-style steps: equal local batches, gradients averaged by all-reduce
+    after every step (every step waits for the slowest rank); compute seconds
+    (the slowdown's sleep included), steps, and rank 0's snapshots (time, state)
+    every --snapshot-every s, scored by the bench afterwards."""
+    import torch
+    from torch import nn
+
+    from peerd.core.schedule import schedule_factor
+
+    rank, world = args.sync_rank, len(args.slowdown_list)
+    v = parse_variant(args.variant, args.lr, args.period_steps)
     x, y = train.tensors
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.SGD(params, lr=v.lr, momentum=0.9, weight_decay=0.0001)
-    local = args.global_batch // world
-    per_rank = math.ceil(len(y) / world)
+    compute, snapshots = 0.0, []
+    for step, total, batch in _sync_batches(len(y), rank, world, args.global_batch // world, args.epochs):
+        slowed.start()
+        for group in opt.param_groups:
+            group["lr"] = v.lr * schedule_factor(v.schedule, step / total, step, v.warmup)
+        idx = torch.as_tensor(batch)
+        model.train()
+        opt.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
+        compute += slowed.finish()  # the same knob as peerd's workers, on the same clock
+        stop = 1.0 if rank == 0 and time.monotonic() - t0 > args.budget else 0.0
+        stopped = allreduce_grads(params, stop, world) > 0
+        opt.step()
+        done = step + 1 >= total or stopped
+        if rank == 0 and (done or not snapshots or time.monotonic() - snapshots[-1]["t"] >= args.snapshot_every):
+            snapshots.append({"t": time.monotonic(),
+                              "state": {k: t.detach().clone() for k, t in model.state_dict().items()}})
+        if done:
+            break
+    return compute, step + 1, snapshots
+
+
+def _sync_batches(n: int, rank: int, world: int, local: int, epochs: float):
+    """(step, total steps, this rank's sample indices) of each step, shards as
+    DistributedSampler's: a seeded permutation per epoch, padded to equal shards."""
+    import torch
+
+    per_rank = math.ceil(n / world)
     steps_per_epoch = math.ceil(per_rank / local)
-    total_steps = math.ceil(args.epochs * steps_per_epoch)
-    snapshots = []  # rank 0: (time, state) every --snapshot-every s, scored by the bench afterwards
-
-    def snapshot() -> None:
-        snapshots.append({"t": time.monotonic(), "state": {k: t.detach().clone() for k, t in model.state_dict().items()}})
-
-    dist.barrier()
-    t0 = time.monotonic()
-    compute, step = 0.0, 0
-    while step < total_steps:
-        epoch = step // steps_per_epoch
-        gen = torch.Generator().manual_seed(1000 + epoch)
-        perm = torch.randperm(len(y), generator=gen).tolist()
-        perm += perm[: per_rank * world - len(perm)]  # DistributedSampler pads to equal shards
+    total, step = math.ceil(epochs * steps_per_epoch), 0
+    while step < total:
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(1000 + step // steps_per_epoch)).tolist()
+        perm += perm[: per_rank * world - len(perm)]
         shard = perm[rank::world]
         for start in range(0, per_rank, local):
-            if step >= total_steps:
-                break
-            slowed.start()
-            for group in opt.param_groups:
-                group["lr"] = v.lr * schedule_factor(v.schedule, step / total_steps, step, v.warmup)
-            idx = torch.as_tensor(shard[start : start + local])
-            model.train()
-            opt.zero_grad(set_to_none=True)
-            nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
-            compute += slowed.finish()  # the same knob as peerd's workers, on the same clock
-            stop = 1.0 if rank == 0 and time.monotonic() - t0 > args.budget else 0.0
-            flat = torch.cat([p.grad.reshape(-1) for p in params] + [torch.tensor([stop])])
-            dist.all_reduce(flat)  # waits for the slowest rank
-            flat /= world
-            offset = 0
-            for p in params:
-                p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
-                offset += p.numel()
-            opt.step()
+            if step >= total:
+                return
+            yield step, total, shard[start : start + local]
             step += 1
-            done = step >= total_steps or flat[-1] > 0
-            if rank == 0 and (done or not snapshots or time.monotonic() - snapshots[-1]["t"] >= args.snapshot_every):
-                snapshot()
-            if done:
-                step = total_steps
-                break
-    t1 = time.monotonic()
-    (args.out / f"sync-{rank}.json").write_text(json.dumps({"t0": t0, "t": t1 - t0, "compute_s": compute,
-                                                            "steps": step}))
-    if rank == 0:
-        torch.save(snapshots, args.out / "sync-snapshots.pt")
-    dist.destroy_process_group()
 
 
 def _score(snapshots: list[dict], t0: float) -> list[tuple[float, float]]:
@@ -257,21 +259,11 @@ def _score(snapshots: list[dict], t0: float) -> list[tuple[float, float]]:
     curve = []
     for snap in snapshots:
         model.load_state_dict(snap["state"])
-        curve.append((snap["t"] - t0, _evaluate(model, test)))
+        curve.append((snap["t"] - t0, accuracy(model, *test.tensors)))
     return curve
 
 
-def _evaluate(model, test) -> float:
-    import torch
-
-    model.eval()
-    x, y = test.tensors
-    with torch.no_grad():
-        correct = sum(int((model(x[i : i + 500]).argmax(1) == y[i : i + 500]).sum()) for i in range(0, len(y), 500))
-    return correct / len(y)
-
-
-def run_sync(args: argparse.Namespace, v: Variant, clock: str, out: Path) -> dict:
+def run_sync(args, v: Variant, clock: str, out: Path) -> dict:
     import torch
 
     (out / "sync-rendezvous").unlink(missing_ok=True)
@@ -297,27 +289,27 @@ def run_sync(args: argparse.Namespace, v: Variant, clock: str, out: Path) -> dic
 
 # ---- peerd variants: real daemons ------------------------------------------------
 
-def job_text(args: argparse.Namespace, v: Variant) -> str:
-    from peerd.cluster import default_job
+def job_text(args, v: Variant) -> str:
+    from peerd.cluster import default_job, job_with
 
-    data = tomllib.loads(default_job().read_text())
     n = len(args.slowdown_list)
-    data["job"].update(name="dbs-bench", module="_dbs_job", local_batch=args.global_batch // n, epochs=args.epochs,
-                       eval_every_rounds=args.eval_rounds,
-                       global_batch=args.global_batch if v.kind in ("dbs", "prop") else 0,
-                       min_local_batch=4, rebalance_rounds=args.rebalance_rounds, rebalance_threshold=0.1,
-                       step_model="proportional" if v.kind == "prop" else "affine")
-    data["optimizer"].update(lr=v.lr, reference_batch=args.global_batch, schedule=v.schedule, warmup_steps=v.warmup)
-    data["gossip"].update(period_steps=v.period)
-    return tomli_w.dumps(data)
+    return job_with(
+        default_job(),
+        job={"name": JOB, "module": "_dbs_job", "local_batch": args.global_batch // n, "epochs": args.epochs,
+             "eval_every_rounds": args.eval_rounds,
+             "global_batch": args.global_batch if v.kind in ("dbs", "prop") else 0,
+             "min_local_batch": 4, "rebalance_rounds": args.rebalance_rounds, "rebalance_threshold": 0.1,
+             "step_model": "proportional" if v.kind == "prop" else "affine"},
+        optimizer={"lr": v.lr, "reference_batch": args.global_batch, "schedule": v.schedule,
+                   "warmup_steps": v.warmup},
+        gossip={"period_steps": v.period})
 
 
-def run_peerd(args: argparse.Namespace, v: Variant, clock: str, out: Path) -> dict:
+def run_peerd(args, v: Variant, clock: str, out: Path) -> dict:
     """`fixed` or `dbs` on real daemons; the peers' models are snapshotted by
     bench/_dbs_job.py and scored afterwards."""
     from peerd.cluster import LocalCluster
 
-    text = job_text(args, v)
     snaps = out / "snapshots"
     os.environ[SNAPSHOTS_ENV] = str(snaps)  # the daemons, and so their workers, inherit it
     # No standby workers (LocalCluster's default): a daemon refills its spare 20 s
@@ -328,25 +320,9 @@ def run_peerd(args: argparse.Namespace, v: Variant, clock: str, out: Path) -> di
                                         "step_overhead_s": args.overhead_list[peer.index]}}
     with LocalCluster(len(args.slowdown_list), out, slowdowns=args.slowdown_list, settings=settings) as cluster:
         cluster.wait_ready()
-        poll_until(lambda: all(cluster.client(p).status().peers_known == len(cluster.peers) - 1 for p in cluster.peers),
-                   30, "discovery")
-        for peer in cluster.peers:
-            with cluster.client(peer) as c:
-                c.join(text, str(BENCH))
-        rows, t0 = [], None
-        deadline = time.monotonic() + args.budget + 90
-        while time.monotonic() < deadline:
-            now = time.monotonic()
-            progress = [cluster.client(p).status().jobs[0] for p in cluster.peers]
-            if t0 is None and any(j.progress.step > 0 for j in progress):
-                t0 = now
-            if t0 is not None:
-                rows.append([(now, j.state, j.progress) for j in progress])  # absolute: see below
-                if now - t0 > args.budget or all(j.state in ENDED_STATES for j in progress):
-                    break
-            time.sleep(POLL_S)
-        if not rows or any(j.state == WorkerState.FAILED for j in progress):
-            raise RuntimeError(f"{v.name}: a worker failed or never stepped; see {out}")
+        wait_discovery(cluster, 30)
+        join_all(cluster, job_text(args, v), str(BENCH))
+        rows = _follow(cluster, args, f"{v.name}: a worker failed or never stepped; see {out}")
     curve, started, ended, spread = _peer_curve(snaps, [p.peer_id for p in cluster.peers])
     rows = [[(t - started, s, p) for t, s, p in row] for row in rows]  # from the first peer's first step
     last = _last_training(rows)
@@ -359,6 +335,26 @@ def run_peerd(args: argparse.Namespace, v: Variant, clock: str, out: Path) -> di
                for k in range(len(last))]
     return _result(v, clock, curve, utilisation, ended - started, args, batches=batches, start_spread_s=spread,
                    step_s=step_s, steps=[p.step for _, _, p in last])
+
+
+def _follow(cluster, args, failed: str) -> list[list[tuple]]:
+    """Every poll's (time, state, progress) per peer, from the first step on, until
+    every worker has ended or --budget is spent; RuntimeError(`failed`) when one failed."""
+    rows, t0 = [], None
+    deadline = time.monotonic() + args.budget + 90
+    while time.monotonic() < deadline:
+        now = time.monotonic()
+        progress = [job_status(cluster, p, JOB) for p in cluster.peers]
+        if t0 is None and any(j.progress.step > 0 for j in progress):
+            t0 = now
+        if t0 is not None:
+            rows.append([(now, j.state, j.progress) for j in progress])  # absolute: see run_peerd
+            if now - t0 > args.budget or all(j.state in ENDED_STATES for j in progress):
+                break
+        time.sleep(POLL_S)
+    if not rows or any(j.state == WorkerState.FAILED for j in progress):
+        raise RuntimeError(failed)
+    return rows
 
 
 def _peer_curve(snaps: Path, peers: list[str]) -> tuple[list[tuple[float, float]], float, float, float]:
@@ -385,12 +381,9 @@ def _peer_curve(snaps: Path, peers: list[str]) -> tuple[list[tuple[float, float]
 
 
 def _write_history(rows: list[list[tuple]], path: Path) -> None:
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["t", "peer", "state", "phase", "round", "epoch", "local_batch", "share", "samples_per_s",
-                    "compute_s"])
-        w.writerows([round(t, 2), k, s, p.phase, p.round, p.epoch, p.local_batch, p.share, p.samples_per_s,
-                     p.compute_s] for row in rows for k, (t, s, p) in enumerate(row))
+    write_csv(path, [{"t": round(t, 2), "peer": k, "state": s, "phase": p.phase, "round": p.round, "epoch": p.epoch,
+                      "local_batch": p.local_batch, "share": p.share, "samples_per_s": p.samples_per_s,
+                      "compute_s": p.compute_s} for row in rows for k, (t, s, p) in enumerate(row)])
 
 
 def _last_training(rows: list[list[tuple]]) -> list[tuple]:
@@ -406,7 +399,7 @@ def _last_training(rows: list[list[tuple]]) -> list[tuple]:
 # ---- report ------------------------------------------------------------------
 
 def _result(v: Variant, clock: str, curve: list[tuple[float, float]], utilisation: list[float], wall: float,
-            args: argparse.Namespace, **extra) -> dict:
+            args, **extra) -> dict:
     reached = next((t for t, a in curve if a >= args.target), math.nan)
     return {"variant": v.name, "kind": v.kind, "clock": clock, "time_to_target_s": reached,
             "final_accuracy": curve[-1][1] if curve else math.nan, "wall_s": wall, "utilisation": utilisation,
@@ -419,12 +412,8 @@ def best_sync(results: list[dict]) -> dict | None:
     return min(sync, key=lambda r: (r["time_to_target_s"], -r["final_accuracy"]), default=None)
 
 
-def plot(results: list[dict], args: argparse.Namespace) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(results: list[dict], args) -> None:
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(args.clock_list), figsize=(6.5 * len(args.clock_list), 4.2), squeeze=False)
     for ax, clock in zip(axes[0], args.clock_list):
         for r in results:
@@ -437,15 +426,25 @@ def plot(results: list[dict], args: argparse.Namespace) -> None:
         ax.legend(fontsize=7)
     fig.suptitle(f"MNIST-5k, 4 workers slowed {args.slowdowns}, global batch {args.global_batch}")
     fig.tight_layout()
-    args.png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(args.png, dpi=100)
-    plt.close(fig)
+    save_figure(fig, [args.png])
 
 
-def report(results: list[dict], args: argparse.Namespace) -> None:
-    print(f"\n| run | clock | variant | time to {args.target} (s) | × best DDP | final accuracy | Δ final vs best DDP (pt) "
-          "| wall (s) | utilisation per worker | batches | mean step (ms) per worker | load 1 min (start → end) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+def report(results: list[dict], args) -> None:
+    """The table (each run's variants against its clock's best DDP setup), curves.csv and summary.json."""
+    print()
+    print(md_table(["run", "clock", "variant", f"time to {args.target} (s)", "× best DDP", "final accuracy",
+                    "Δ final vs best DDP (pt)", "wall (s)", "utilisation per worker", "batches",
+                    "mean step (ms) per worker", "load 1 min (start → end)"], _rows(results, args)))
+    write_csv(args.out / "curves.csv", [{"repeat": r["repeat"], "clock": r["clock"], "variant": r["variant"],
+                                         "t": round(t, 3), "accuracy": a} for r in results for t, a in r["curve"]],
+              ["repeat", "clock", "variant", "t", "accuracy"])
+    summary = [{k: v for k, v in r.items() if k != "curve"} for r in results]
+    settings = {k: v for k, v in vars(args).items() if k != "variant_list"} | {"out": str(args.out), "png": str(args.png)}
+    write_json(args.out / "summary.json", {"args": settings, "results": summary}, indent=2)
+    print(f"\nresults in {args.out}; plot {args.png}")
+
+
+def _rows(results: list[dict], args):
     for repeat in range(args.repeats):
         for clock in args.clock_list:
             group = [r for r in results if r["repeat"] == repeat and r["clock"] == clock]
@@ -455,24 +454,15 @@ def report(results: list[dict], args: argparse.Namespace) -> None:
                 r["x_best_ddp"] = r["time_to_target_s"] / base["time_to_target_s"] if base else math.nan
                 r["final_vs_best_ddp_pt"] = 100 * (r["final_accuracy"] - base["final_accuracy"]) if base else math.nan
                 mark = "**" if r is base else ""
-                print(f"| {repeat + 1} | {clock} | {mark}{r['variant']}{mark} | {r['time_to_target_s']:.1f} | "
-                      f"{r['x_best_ddp']:.2f} | {r['final_accuracy']:.4f} | {r['final_vs_best_ddp_pt']:+.1f} | "
-                      f"{r['wall_s']:.1f} | {' / '.join(f'{u:.2f}' for u in r['utilisation'])} | "
-                      f"{' / '.join(str(b) for b in r.get('batches', []))} | "
-                      f"{' / '.join(f'{1000 * s:.0f}' for s in r.get('step_s', []))} | "
-                      f"{r['load'][0]:.1f} → {r['load'][1]:.1f} |")
-    with open(args.out / "curves.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["repeat", "clock", "variant", "t", "accuracy"])
-        for r in results:
-            w.writerows([r["repeat"], r["clock"], r["variant"], round(t, 3), a] for t, a in r["curve"])
-    summary = [{k: v for k, v in r.items() if k != "curve"} for r in results]
-    settings = {k: v for k, v in vars(args).items() if k != "variant_list"} | {"out": str(args.out), "png": str(args.png)}
-    (args.out / "summary.json").write_text(json.dumps({"args": settings, "results": summary}, indent=2, default=str))
-    print(f"\nresults in {args.out}; plot {args.png}")
+                yield [repeat + 1, clock, f"{mark}{r['variant']}{mark}", f"{r['time_to_target_s']:.1f}",
+                       f"{r['x_best_ddp']:.2f}", f"{r['final_accuracy']:.4f}", f"{r['final_vs_best_ddp_pt']:+.1f}",
+                       f"{r['wall_s']:.1f}", " / ".join(f"{u:.2f}" for u in r["utilisation"]),
+                       " / ".join(str(b) for b in r.get("batches", [])),
+                       " / ".join(f"{1000 * s:.0f}" for s in r.get("step_s", [])),
+                       f"{r['load'][0]:.1f} → {r['load'][1]:.1f}"]
 
 
-def run_one(args: argparse.Namespace, v: Variant, clock: str, repeat: int) -> dict:
+def run_one(args, v: Variant, clock: str, repeat: int) -> dict:
     out = args.out / f"{repeat + 1}-{clock}-{v.name.replace('/', '-').replace(':', '_')}"
     out.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()[0]
@@ -486,10 +476,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.sync_rank is not None:
         sync_rank(args)
         return 0
-    args.out = args.out or REPO / "runs" / time.strftime("dbs-%Y%m%d-%H%M%S")
+    args.out = run_dir(args.out, "dbs")
     args.png = args.png or args.out / "dbs.png"  # a run never overwrites the docs' figures unless asked
-    args.out.mkdir(parents=True, exist_ok=True)
-    signal.signal(signal.SIGTERM, raise_interrupt)
     results = []
     for repeat in range(args.repeats):
         for clock in args.clock_list:
@@ -509,4 +497,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

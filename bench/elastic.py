@@ -56,27 +56,21 @@ also on errors and on Ctrl+C / SIGTERM; every wait is bounded.
 
 from __future__ import annotations
 
-import argparse
-import csv
 import json
 import math
 import shutil
-import signal
 import statistics
-import sys
 import threading
 import time
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import tomli_w
-from _harness import ROOT, daemons_alive, poll_until, took_state
-
+from harness.cluster import DOWN, Watch, job_statuses, join_all, took_state, wait_discovery, wait_job_seen
+from harness.output import pyplot, read_csv, write_csv, write_json
+from harness.script import arg_parser, names, run_dir, run_main
 from peerd.client import ControlClient
-from peerd.cluster import LocalCluster, default_job
+from peerd.cluster import LocalCluster, default_job, job_with
 from peerd.errors import PeerdError
-from peerd.interrupts import raise_interrupt
 
 # One job name for every variant: the data order (my_shard) and the gossip
 # partners (plan_round) are seeded by the job's name, so equal names mean equal
@@ -102,11 +96,9 @@ class StartupFailed(PeerdError):
     machine fails with NonUniqueNameException, whatever its realm."""
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        epilog="The module docstring (bench/elastic.py) explains the method; docs/benchmarks.md has a run.",
-    )
+def parse_args(argv: list[str] | None = None):
+    p = arg_parser(__doc__, defaults=True,
+                   epilog="The module docstring (bench/elastic.py) explains the method; docs/benchmarks.md has a run.")
     p.add_argument("--out", type=Path, default=None, help="output folder (default runs/elastic-TIMESTAMP)")
     p.add_argument("--seed", type=int, default=0, help="job.seed: the shared initial model")
     p.add_argument("--epochs", type=float, default=14, help="job.epochs")
@@ -125,9 +117,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="start nothing: read history.csv and events.csv of an earlier --out DIR and write its "
                         "figure and summary again (e.g. with another --window)")
     args = p.parse_args(argv)
-    args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    if not args.variants or any(v not in VARIANTS for v in args.variants):
-        p.error(f"--variants: choose from {', '.join(VARIANTS)}")
+    args.variants = names(p, args.variants, VARIANTS, "--variants")
     if not 0 < args.join_at_round < args.leave_at_round:
         p.error("need 0 < --join-at-round < --leave-at-round")
     if args.repeats < 1 or args.poll <= 0 or args.window < 1:
@@ -138,14 +128,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # ---------------------------------------------------------------- the job
 
 
-def job_text(args: argparse.Namespace, ramp_steps: int) -> str:
-    """The built-in example job with this benchmark's values (same idea as tests/conftest.example_job)."""
-    data = tomllib.loads(default_job().read_text())
-    data["job"].update(name=JOB, seed=args.seed, epochs=float(args.epochs), eval_every_rounds=args.eval_every)
+def job_text(args, ramp_steps: int) -> str:
+    """The built-in example job with this benchmark's values."""
     # reference_batch 64 = 2 peers × local batch 32: the LR is args.lr with the
     # first two peers, and the linear scaling rule doubles it with four.
-    data["optimizer"].update(lr=args.lr, schedule=args.schedule, reference_batch=64, ramp_steps=ramp_steps)
-    return tomli_w.dumps(data)
+    return job_with(default_job(), job={"name": JOB, "seed": args.seed, "epochs": float(args.epochs),
+                                        "eval_every_rounds": args.eval_every},
+                    optimizer={"lr": args.lr, "schedule": args.schedule, "reference_batch": 64,
+                               "ramp_steps": ramp_steps})
 
 
 # ---------------------------------------------------------------- one run
@@ -169,23 +159,17 @@ class Run:
         return round(time.monotonic() - self.started, 3)
 
 
-def poll(clients: list[ControlClient], run: Run, left: set[int]) -> list[dict]:
+def poll(cluster: LocalCluster, run: Run, left: set[int]) -> list[dict]:
     """One status row per daemon; a daemon without the job is 'idle' (not joined yet) or 'left'."""
     t = run.t()
     rows = []
-    for i, c in enumerate(clients):
+    for i, j in enumerate(job_statuses(cluster, JOB)):
         row = {"variant": run.variant, "repeat": run.repeat, "t": t, "peer": f"peer-{i}", "state": "down",
                "phase": "", "epoch": 0, "step": 0, "round": 0, "loss": math.nan, "lr": math.nan,
                "global_batch": 0, "accuracy": math.nan, "samples_per_s": math.nan, "view_size": 0}
-        try:
-            jobs = {j.name: j for j in c.status().jobs}
-        except PeerdError:
-            rows.append(row)
-            continue
-        j = jobs.get(JOB)
         if j is None:
             row["state"] = "left" if i in left else "idle"
-        else:
+        elif j is not DOWN:
             p = j.progress
             row.update(state=j.state, phase=p.phase, epoch=p.epoch, step=p.step, round=p.round, loss=p.loss,
                        lr=p.lr, global_batch=p.global_batch, accuracy=p.metric,
@@ -199,79 +183,91 @@ def training(row: dict) -> bool:
     return row["state"] == "running" and row["phase"] == "training" and row["step"] > 0
 
 
-def run_variant(args: argparse.Namespace, run: Run, out: Path) -> None:
+def run_variant(args, run: Run, out: Path) -> None:
     """Train the job once on a fresh cluster, changing membership on the way; fills `run`."""
     text = job_text(args, VARIANTS[run.variant])
     out.mkdir(parents=True, exist_ok=True)
     (out / "job.toml").write_text(text)
-    leave_thread: threading.Thread | None = None
-    leave_result: dict = {}
     with LocalCluster(N_DAEMONS, out) as cluster:
         try:
             cluster.wait_ready()
+            wait_discovery(cluster, DISCOVERY_S)
         except PeerdError as exc:
             raise StartupFailed(str(exc)) from None
-        clients = [ControlClient(p.socket, timeout_s=3.0) for p in cluster.peers]
-        try:
-            try:
-                poll_until(lambda: daemons_alive(cluster) and all(c.status().peers_known == N_DAEMONS - 1 for c in clients),
-                      DISCOVERY_S, "every daemon to discover the other three")
-            except PeerdError as exc:
-                raise StartupFailed(str(exc)) from None
-            run.started = time.monotonic()  # t = 0: the first join
-            for i in FIRST:
-                clients[i].join(text)
-            left: set[int] = set()
-            stage = "before-join"  # -> "before-leave" -> "after-leave"
-            last_print = -10.0
-            while True:
-                rows = poll(clients, run, left)
-                run.rows += rows
-                run.finished_rows = rows
-                if stage == "before-join" and _all_reached(rows, FIRST, args.join_at_round):
-                    _join_newcomers(clients, run, rows)
-                    stage = "before-leave"
-                elif stage == "before-leave" and _all_reached(rows, FIRST + NEWCOMERS, args.leave_at_round):
-                    run.events.append(_event(run, "leave", rows, [LEAVER], FIRST + tuple(set(NEWCOMERS) - {LEAVER})))
-                    # leave(drain) returns only once the worker has left, so it runs
-                    # beside the polling; the drained worker stops after its round.
-                    leave_thread = threading.Thread(target=_leave, args=(cluster.peers[LEAVER].socket, leave_result),
-                                                    daemon=True)
-                    leave_thread.start()
-                    left.add(LEAVER)
-                    stage = "after-leave"
-                _track(run, rows)
-                if run.t() - last_print >= 5.0:
-                    last_print = run.t()
-                    print(f"  [{run.label} {run.t():5.0f}s] " + " | ".join(
-                        f"{r['peer']} {r['phase'] or r['state']} r{r['round']} loss {r['loss']:.3f} lr {r['lr']:.3f}"
-                        for r in rows if r["state"] not in ABSENT), flush=True)
-                if any(r["state"] == "failed" for r in rows):
-                    raise PeerdError(f"{run.label}: a worker failed; see the logs in {out}")
-                daemons_alive(cluster)
-                active = [r for r in rows if r["state"] not in ABSENT]
-                if active and all(r["state"] in DONE_STATES for r in active) and not (
-                        leave_thread and leave_thread.is_alive()):
-                    run.complete = stage == "after-leave" and all(r["state"] == "finished" for r in active)
-                    break
-                if run.t() > args.time_limit:
-                    print(f"  [{run.label}] time limit of {args.time_limit:.0f}s reached; stopping", flush=True)
-                    break
-                time.sleep(args.poll)
-        finally:
-            for c in clients:
-                c.close()
+        run.started = time.monotonic()  # t = 0: the first join
+        join_all(cluster, text, peers=[cluster.peers[i] for i in FIRST])
+        changes = Changes(args, run, cluster)
+        Watch(run.label, out, args.time_limit, args.poll, say_every_s=5.0).run(
+            cluster, changes.poll, changes.over, lambda rows: " | ".join(
+                f"{r['peer']} {r['phase'] or r['state']} r{r['round']} loss {r['loss']:.3f} lr {r['lr']:.3f}"
+                for r in rows if r["state"] not in ABSENT))
     # LocalCluster.close() has stopped the daemons (and with them a still draining
     # worker), so the leave call has returned or failed by now.
-    if leave_thread is not None:
-        leave_thread.join(timeout=10.0)
-        for e in run.events:
-            if e["kind"] == "leave":
-                e["returned_t"] = leave_result["t"] - run.started if "t" in leave_result else math.nan
-                e["error"] = leave_result.get("error", "")
+    changes.settle()
     for e in run.events:  # the newcomers' own logs confirm they continued from the job's state
         if e["kind"] == "join":
             e["took_state"] = [took_state(out / f"peer-{i}", JOB) for i in e["peers"]]
+
+
+class Changes:
+    """The membership schedule of one run, fired on the rounds the daemons report:
+    before-join → (peer-2 and peer-3 join) → before-leave → (peer-3 drains) → after-leave."""
+
+    def __init__(self, args, run: Run, cluster: LocalCluster) -> None:
+        self.args, self.run, self.cluster = args, run, cluster
+        self.stage = "before-join"
+        self.left: set[int] = set()
+        self.leave_thread: threading.Thread | None = None
+        self.leave_result: dict = {}
+
+    def poll(self) -> list[dict]:
+        rows = poll(self.cluster, self.run, self.left)
+        self.run.rows += rows
+        self.run.finished_rows = rows
+        return rows
+
+    def over(self, rows: list[dict]) -> bool:
+        """Fire the change due, note what took effect; True once every worker is done."""
+        if self.stage == "before-join" and _all_reached(rows, FIRST, self.args.join_at_round):
+            self._join_newcomers(rows)
+            self.stage = "before-leave"
+        elif self.stage == "before-leave" and _all_reached(rows, FIRST + NEWCOMERS, self.args.leave_at_round):
+            self._leave(rows)
+            self.stage = "after-leave"
+        _track(self.run, rows)
+        active = [r for r in rows if r["state"] not in ABSENT]
+        if not active or any(r["state"] not in DONE_STATES for r in active) or (
+                self.leave_thread and self.leave_thread.is_alive()):
+            return False
+        self.run.complete = self.stage == "after-leave" and all(r["state"] == "finished" for r in active)
+        return True
+
+    def _join_newcomers(self, rows: list[dict]) -> None:
+        self.run.events.append(_event(self.run, "join", rows, list(NEWCOMERS), FIRST))
+        for i in NEWCOMERS:
+            peer = self.cluster.peers[i]
+            wait_job_seen(lambda: self.cluster.client(peer), JOB, JOIN_VISIBLE_S)
+            with self.cluster.client(peer) as c:
+                c.join_by_name(JOB)
+
+    def _leave(self, rows: list[dict]) -> None:
+        self.run.events.append(_event(self.run, "leave", rows, [LEAVER], FIRST + tuple(set(NEWCOMERS) - {LEAVER})))
+        # leave(drain) returns only once the worker has left, so it runs beside
+        # the polling; the drained worker stops after its round.
+        self.leave_thread = threading.Thread(target=_leave, args=(self.cluster.peers[LEAVER].socket,
+                                                                  self.leave_result), daemon=True)
+        self.leave_thread.start()
+        self.left.add(LEAVER)
+
+    def settle(self) -> None:
+        """When the leave call returned (or its error), once the daemons are stopped."""
+        if self.leave_thread is None:
+            return
+        self.leave_thread.join(timeout=10.0)
+        for e in self.run.events:
+            if e["kind"] == "leave":
+                e["returned_t"] = self.leave_result["t"] - self.run.started if "t" in self.leave_result else math.nan
+                e["error"] = self.leave_result.get("error", "")
 
 
 def _all_reached(rows: list[dict], peers: tuple[int, ...], round_: int) -> bool:
@@ -288,15 +284,6 @@ def _event(run: Run, kind: str, rows: list[dict], peers: list[int], incumbents: 
             # filled in by _track as the change takes effect
             "lr_change_t": math.nan, "lr_change_round": math.nan, "batch_after": 0,
             "arrived_t": math.nan, "arrived_round": math.nan}
-
-
-def _join_newcomers(clients: list[ControlClient], run: Run, rows: list[dict]) -> None:
-    run.events.append(_event(run, "join", rows, list(NEWCOMERS), FIRST))
-    for i in NEWCOMERS:
-        # The daemon learns of the job from its Hello replies; join_by_name fails until then.
-        poll_until(lambda: any(j.name == JOB for j in clients[i].jobs().jobs), JOIN_VISIBLE_S,
-              f"peer-{i}'s daemon to see job {JOB!r}")
-        clients[i].join_by_name(JOB)
 
 
 def _leave(socket: Path, result: dict) -> None:
@@ -379,12 +366,8 @@ COLORS = {"smooth": "tab:blue", "immediate": "tab:red"}
 STYLES = ["-", "--", ":", "-."]
 
 
-def plot(runs: list[Run], path: Path, args: argparse.Namespace) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(runs: list[Run], path: Path, args) -> None:
+    plt = pyplot()
     fig, axes = plt.subplots(3, 2, figsize=(12, 10))
     (ax_loss, ax_lr), (ax_zj, ax_zl), (ax_acc, ax_lrz) = axes
     for run in runs:
@@ -473,17 +456,7 @@ def _fit_y(ax, runs: list[Run], lo: float, hi: float) -> None:
 # ---------------------------------------------------------------- output
 
 
-def write_csv(path: Path, rows: list[dict]) -> None:
-    if not rows:
-        return
-    fields = list(dict.fromkeys(k for row in rows for k in row))  # union, in first-seen order
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)
-
-
-def summarise(runs: list[Run], args: argparse.Namespace) -> dict:
+def summarise(runs: list[Run], args) -> dict:
     changes = []
     for run in runs:
         acc, accs = final_accuracy(run)
@@ -541,7 +514,7 @@ def _span(values: list[float], digits: int = 2) -> str:
             f"({min(values):.{digits}f}–{max(values):.{digits}f}, n={len(values)})")
 
 
-def run_with_retries(args: argparse.Namespace, variant: str, repeat: int, where: Path, runs: list[Run]) -> Run:
+def run_with_retries(args, variant: str, repeat: int, where: Path, runs: list[Run]) -> Run:
     """One run on a fresh cluster; a cluster that fails to start is set aside and started again."""
     for attempt in range(1, START_ATTEMPTS + 1):
         run = Run(variant, repeat)
@@ -563,31 +536,16 @@ def run_with_retries(args: argparse.Namespace, variant: str, repeat: int, where:
 
 def load_runs(folder: Path) -> list[Run]:
     """The runs recorded in folder/history.csv and folder/events.csv (for --from)."""
-    ints = {"repeat", "epoch", "step", "round", "global_batch", "view_size", "asked_round", "batch_before",
-            "batch_after"}
-    floats = {"t", "loss", "lr", "accuracy", "samples_per_s", "asked_t", "lr_change_t", "lr_change_round",
-              "arrived_t", "arrived_round", "returned_t"}
-
-    def typed(row: dict) -> dict:
-        out = {}
-        for k, v in row.items():
-            if k in ints:
-                out[k] = int(v)
-            elif k in floats:
-                out[k] = float(v) if v != "" else math.nan
-            elif k in ("peers", "incumbents", "took_state"):
-                out[k] = json.loads(v) if v else []
-            else:
-                out[k] = v
-        return out
-
+    ints = ("repeat", "epoch", "step", "round", "global_batch", "view_size", "asked_round", "batch_before",
+            "batch_after")
+    floats = ("t", "loss", "lr", "accuracy", "samples_per_s", "asked_t", "lr_change_t", "lr_change_round",
+              "arrived_t", "arrived_round", "returned_t")
+    lists = ("peers", "incumbents", "took_state")
     runs: dict[tuple[str, int], Run] = {}
-    with open(folder / "history.csv", newline="") as f:
-        for row in map(typed, csv.DictReader(f)):
-            runs.setdefault((row["variant"], row["repeat"]), Run(row["variant"], row["repeat"])).rows.append(row)
-    with open(folder / "events.csv", newline="") as f:
-        for e in map(typed, csv.DictReader(f)):
-            runs[(e["variant"], e["repeat"])].events.append(e)
+    for row in read_csv(folder / "history.csv", ints, floats, lists):
+        runs.setdefault((row["variant"], row["repeat"]), Run(row["variant"], row["repeat"])).rows.append(row)
+    for e in read_csv(folder / "events.csv", ints, floats, lists):
+        runs[(e["variant"], e["repeat"])].events.append(e)
     for run in runs.values():
         last = max(r["t"] for r in run.rows)
         run.finished_rows = [r for r in run.rows if r["t"] == last]
@@ -597,7 +555,7 @@ def load_runs(folder: Path) -> list[Run]:
     return list(runs.values())
 
 
-def report(runs: list[Run], args: argparse.Namespace, out: Path) -> None:
+def report(runs: list[Run], args, out: Path) -> None:
     """Figure, summary.json and the printed table."""
     if not runs:
         return
@@ -606,7 +564,7 @@ def report(runs: list[Run], args: argparse.Namespace, out: Path) -> None:
         args.png.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(out / "elastic.png", args.png)
     summary = summarise(runs, args)
-    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    write_json(out / "summary.json", summary)
     print_summary(summary)
     print(f"\nhistory: {out / 'history.csv'}; events: {out / 'events.csv'}; figure: {out / 'elastic.png'}")
 
@@ -614,30 +572,19 @@ def report(runs: list[Run], args: argparse.Namespace, out: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.source is not None:
-        out = args.out or args.source
-        out.mkdir(parents=True, exist_ok=True)
+        out = run_dir(args.out or args.source, "elastic")
         runs = load_runs(args.source)
         report(runs, args, out)
         return 0 if runs and all(r.complete for r in runs) else 1
-    out = args.out or ROOT / "runs" / time.strftime("elastic-%Y%m%d-%H%M%S")
-    out.mkdir(parents=True, exist_ok=True)
+    out = run_dir(args.out, "elastic")
     print(f"elastic benchmark: {', '.join(args.variants)} × {args.repeats}; out {out}", flush=True)
-
-    previous = signal.signal(signal.SIGTERM, raise_interrupt)  # SIGTERM stops the clusters as Ctrl+C does
     runs: list[Run] = []
     try:
         for repeat in range(1, args.repeats + 1):
             for variant in args.variants:  # interleaved, so slow phases of the machine hit both
                 print(f"{variant} #{repeat}: ramp_steps {VARIANTS[variant]}", flush=True)
                 runs.append(run_with_retries(args, variant, repeat, out / f"{variant}-{repeat}", runs))
-    except KeyboardInterrupt:
-        print("interrupted: every daemon was stopped", flush=True)
-        return 130
-    except PeerdError as exc:
-        print(f"elastic benchmark: {exc}", file=sys.stderr, flush=True)
-        return 1
     finally:  # whatever ran is written, also after an error
-        signal.signal(signal.SIGTERM, previous)
         write_csv(out / "history.csv", [r for run in runs for r in run.rows])
         write_csv(out / "events.csv", [{k: (json.dumps(v) if isinstance(v, list) else v) for k, v in e.items()}
                                        for run in runs for e in run.events])
@@ -646,4 +593,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

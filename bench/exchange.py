@@ -37,158 +37,98 @@ pinned to the loopback interface with GLOO_SOCKET_IFNAME.
 
 from __future__ import annotations
 
-import argparse
-import json
-import multiprocessing
+import functools
 import os
 import platform
 import socket
 import statistics
 import tempfile
 import threading
-import time
 from pathlib import Path
 
-from _harness import GcMeter, collect, quantile, rank_entry, reap, run_main, stop_resource_tracker
+from harness.exchange import ExchangePeer, grpc_rounds
+from harness.output import quantile, write_json
+from harness.ranks import (
+    Rank, RepeatClock, checks, gloo_average, rank_vectors, run_loop, run_ranks, slowest, stop_resource_tracker,
+)
+from harness.script import arg_parser, each_timed, names, run_main
 
 # peerd-grpc: no bulk lane; peerd-auth: with a job secret; peerd-copy: the snapshot copied
 # (publish) and averaged in place, as before hand_over (and as a model on a GPU still is)
 METHODS = ("peerd", "peerd-flat", "peerd-grpc", "peerd-auth", "peerd-copy", "tcp", "gloo")
 BARRIER_TIMEOUT_S = 120.0  # a partner that died must not leave the other one waiting forever
-PEER_IDS = ("a", "b")
 JOB = "bench"
 
 
 # ---------------------------------------------------------------- worker side
 
 
-def _vectors(rank: int, numel: int):
-    """This rank's initial vector and the exact average both ranks must end with."""
-    import torch
-
-    own = None
-    others = []
-    for r in (0, 1):
-        v = torch.randn(numel, generator=torch.Generator().manual_seed(1234 + r))
-        if r == rank:
-            own = v
-        others.append(v)
-    expected = others[0].add(others[1]).mul_(0.5)  # the same op order as gossip_round / the tcp path
-    return own, expected
-
-
 def _verify(vector, expected, atol: float = 0.0) -> dict:
-    import torch
     import torch.testing
 
     torch.testing.assert_close(vector, expected, rtol=0.0, atol=atol)
-    return {"checksum": float(vector.double().sum()), "head": vector[:3].tolist()}
+    return checks(vector)
 
 
-def _peerd(rank: int, cfg: dict, barrier, conn) -> dict:
-    import asyncio
-
-    import torch
-
-    import peerd
-    from peerd.core.segments import split_even
+def _peerd(method: str, cfg: dict, me: Rank) -> dict:
+    """One rank of a peerd method: `cfg`'s path through the worker's round."""
+    from peerd.auth import Authenticator
     from peerd.core.topology import plan_round
     from peerd.worker.round.crossover import gossip_round
     from peerd.worker.round.pair import pair_round
-    from peerd.worker.round.context import RoundBuffers, RoundContext, RoundInputs
-    from peerd.worker.wire.stores import Identity, SegmentServer, SnapshotStore
-    from peerd.worker.state.pull import StateBoard, StateServer
-    from peerd.auth import Authenticator
-    from peerd.worker.wire.server import start_exchange_server
-    from peerd.worker.wire.transport import GrpcTransport
 
-    numel, segments = cfg["numel"], cfg["segments"]
-    chunk_elems = cfg["chunk_kib"] * 1024 // 4
-    own0, expected = _vectors(rank, numel)
-    vector, recv = own0.clone(), torch.empty(numel)
-    me = PEER_IDS[rank]
-    identity = Identity(JOB, "fp", me)
-    layout = split_even(numel, segments)
-    profiler = None
-    if cfg.get("profile"):
-        import cProfile
+    hand_over = method != "peerd-copy"
+    round_fn = gossip_round if method == "peerd-flat" else pair_round  # pair: as the worker runs two peers
+    own0, expected = rank_vectors(me.rank, 2, cfg["numel"])
+    peer = ExchangePeer(JOB, f"p{me.rank}", cfg["numel"], cfg["segments"], cfg["chunk_kib"] * 1024 // 4)
+    auth = Authenticator(b"bench-job-secret-0123456789") if method == "peerd-auth" else None
+    clock, profiler = RepeatClock(cfg["warmup"], gc=True), _profiler(cfg)
 
-        profiler = cProfile.Profile()
-
-    async def wait_barrier() -> None:
-        # In a thread: the event loop keeps serving the partner while this side waits.
-        await asyncio.to_thread(barrier.wait, BARRIER_TIMEOUT_S)
-
-    async def main() -> dict:
-        nonlocal vector
-        store = SnapshotStore(numel)
-        server = SegmentServer(identity, store, segments, chunk_elems)
-        state = StateServer(identity, StateBoard(2 * numel, numel), store, chunk_elems)  # newcomers' service, idle here
-        bulk = cfg["bulk"]
-        auth = Authenticator(b"bench-job-secret-0123456789") if cfg.get("auth") else None
-        grpc_server, address = await start_exchange_server(server, state, "127.0.0.1", bulk=bulk, auth=auth)
-        transport = GrpcTransport(identity, auth, bulk=bulk)
-        ctx = RoundContext(me, layout, transport, server.stages)
-        try:
-            conn.send(address)
-            if not await asyncio.to_thread(conn.poll, BARRIER_TIMEOUT_S):
-                raise TimeoutError("partner never sent its address")
-            addresses = {me: address, PEER_IDS[1 - rank]: conn.recv()}
-            times, publish, gossip, cpu, gcs, gc_meter = [], [], [], [], [], GcMeter()
-            for i in range(cfg["warmup"] + cfg["repeats"]):
-                # Untimed: reset to this rank's own values, then start together.
-                vector.copy_(own0)
-                await wait_barrier()
-                if profiler is not None and i >= cfg["warmup"]:
-                    profiler.enable()
-                t0, c0, _ = time.perf_counter(), time.process_time(), gc_meter.take()
-                round_ = i + 1
-                if cfg["hand_over"]:  # as the worker does with a model on the CPU
-                    into = await store.hand_over(round_, vector)
-                else:
-                    into = None
-                    await store.publish(round_, vector)
-                t1 = time.perf_counter()
-                plan = plan_round(JOB, round_, list(addresses), me, segments)
-                inputs = RoundInputs(plan, addresses, RoundBuffers(vector, recv, cfg["deadline_s"], into))
-                if cfg["pair"]:  # as the worker runs a flat round with two peers (peerd.worker.round.pair)
-                    result = await pair_round(ctx, inputs)
-                else:
-                    result = await gossip_round(ctx, inputs)
-                if into is not None:
-                    vector = into  # the model moves into the buffer the round wrote
-                t2, c2, gc_s = time.perf_counter(), time.process_time(), gc_meter.take()
-                if profiler is not None:
-                    profiler.disable()
-                if result.misses:
-                    raise RuntimeError(f"round {round_}: {result.misses} segment(s) missed: {result.errors}")
-                if i >= cfg["warmup"]:
-                    times.append(t2 - t0)
-                    publish.append(t1 - t0)
-                    gossip.append(t2 - t1)
-                    cpu.append(c2 - c0)
-                    gcs.append(gc_s)
-                # Untimed: the partner may still be fetching from this process's server, whose
-                # event loop this is; nothing may block the loop until it is done too.
-                await wait_barrier()
+    def rounds(ctx, addresses: dict[str, str]):
+        async def one_round(round_: int, vector):
+            if profiler is not None and round_ > cfg["warmup"]:
+                profiler.enable()
+            if hand_over:  # as the worker does with a model on the CPU
+                into = await peer.store.hand_over(round_, vector)
+            else:
+                into = None
+                await peer.store.publish(round_, vector)
+            clock.lap("publish")
+            plan = plan_round(JOB, round_, list(addresses), peer.me, cfg["segments"])
+            result = await round_fn(ctx, peer.inputs(plan, addresses, vector, cfg["deadline_s"], into))
+            clock.lap("gossip_round")
             if profiler is not None:
-                profiler.dump_stats(os.path.join(cfg["profile"], f"peerd-rank{rank}.pstats"))
-            # Within one rounding of (a + b)·½: gossip_round averages with lerp, in an order
-            # both ranks agree on (run_method still checks that they hold the same bits).
-            checks = _verify(vector, expected, atol=1e-6)
-            await transport.aclose()
-            await wait_barrier()  # both channels closed before either server stops
-            return {"times": times, "split": {"publish": publish, "gossip_round": gossip, "cpu": cpu, "gc": gcs},
-                    "source": os.path.dirname(peerd.__file__), **checks}
-        finally:
-            await transport.aclose()
-            await grpc_server.stop(grace=None)
+                profiler.disable()
+            return result, into if into is not None else vector  # the model moves into the buffer the round wrote
 
-    if cfg["uvloop"]:
-        import uvloop
+        return one_round
 
-        return uvloop.run(main())
-    return asyncio.run(main())
+    vector = run_loop(lambda: grpc_rounds(peer, me, cfg, rounds, clock, own0.clone(), auth, method != "peerd-grpc"),
+                      cfg["uvloop"])
+    if profiler is not None:
+        profiler.dump_stats(os.path.join(cfg["profile"], f"peerd-rank{me.rank}.pstats"))
+    # Within one rounding of (a + b)·½: gossip_round averages with lerp, in an order
+    # both ranks agree on (run_method still checks that they hold the same bits).
+    return _report(clock, _verify(vector, expected, atol=1e-6), peerd=True)
+
+
+def _profiler(cfg: dict):
+    if not cfg.get("profile"):
+        return None
+    import cProfile
+
+    return cProfile.Profile()
+
+
+def _report(clock: RepeatClock, checked: dict, peerd: bool = False) -> dict:
+    """A rank's timings: the total, and the sub-steps with process CPU per repeat;
+    for peerd also the garbage collector's share, and which peerd it ran."""
+    if not peerd:
+        return {"times": clock.times, "split": {**clock.split, "cpu": clock.cpu}, **checked}
+    import peerd as package
+
+    return {"times": clock.times, "split": {**clock.split, "cpu": clock.cpu, "gc": clock.gc}, **checked,
+            "source": os.path.dirname(package.__file__)}
 
 
 def _recv_exact(sock: socket.socket, view: memoryview) -> None:
@@ -200,150 +140,87 @@ def _recv_exact(sock: socket.socket, view: memoryview) -> None:
         filled += n
 
 
-def _tcp(rank: int, cfg: dict, barrier, conn) -> dict:
-    import torch
-
-    numel = cfg["numel"]
-    own0, expected = _vectors(rank, numel)
-    vector = own0.clone()
-    buf = bytearray(numel * 4)
-    recv = torch.frombuffer(buf, dtype=torch.float32)  # a view of buf, no copy
-    send_view = memoryview(vector.numpy()).cast("B")
-    recv_view = memoryview(buf)
-
-    listener = None
-    try:
-        if rank == 0:
-            listener = socket.create_server(("127.0.0.1", 0))
+def _tcp_socket(me: Rank) -> socket.socket:
+    """Rank 0 listens on 127.0.0.1 and accepts; rank 1 connects to it."""
+    if me.rank == 0:
+        with socket.create_server(("127.0.0.1", 0)) as listener:
             listener.settimeout(BARRIER_TIMEOUT_S)
-            conn.send(listener.getsockname()[1])
+            me.share(listener.getsockname()[1], BARRIER_TIMEOUT_S)
             sock, _ = listener.accept()
-        else:
-            if not conn.poll(BARRIER_TIMEOUT_S):
-                raise TimeoutError("partner never sent its port")
-            sock = socket.create_connection(("127.0.0.1", conn.recv()), timeout=BARRIER_TIMEOUT_S)
-        with sock:
-            sock.settimeout(BARRIER_TIMEOUT_S)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            errors: list[BaseException] = []
-
-            def send() -> None:
-                try:
-                    sock.sendall(send_view)
-                except BaseException as exc:  # reported by the main thread
-                    errors.append(exc)
-
-            times, transfer, cpu = [], [], []
-            for i in range(cfg["warmup"] + cfg["repeats"]):
-                vector.copy_(own0)
-                barrier.wait(BARRIER_TIMEOUT_S)
-                t0, c0 = time.perf_counter(), time.process_time()
-                sender = threading.Thread(target=send, daemon=True)
-                sender.start()
-                _recv_exact(sock, recv_view)
-                sender.join(BARRIER_TIMEOUT_S)
-                if sender.is_alive() or errors:
-                    raise RuntimeError(f"send failed: {errors or 'timed out'}")
-                t1 = time.perf_counter()
-                vector.add_(recv).mul_(0.5)
-                t2, c2 = time.perf_counter(), time.process_time()
-                if i >= cfg["warmup"]:
-                    times.append(t2 - t0)
-                    transfer.append(t1 - t0)
-                    cpu.append(c2 - c0)
-            checks = _verify(vector, expected)
-            barrier.wait(BARRIER_TIMEOUT_S)
-            return {"times": times, "split": {"send+recv": transfer, "cpu": cpu}, **checks}
-    finally:
-        if listener is not None:
-            listener.close()
+    else:
+        port = me.share(None, BARRIER_TIMEOUT_S)[0]
+        sock = socket.create_connection(("127.0.0.1", port), timeout=BARRIER_TIMEOUT_S)
+    sock.settimeout(BARRIER_TIMEOUT_S)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
 
 
-def _gloo(rank: int, cfg: dict, barrier, conn) -> dict:
-    from datetime import timedelta
-
+def _tcp(cfg: dict, me: Rank) -> dict:
     import torch
-    import torch.distributed as dist
 
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # gloo's pair sockets on loopback only
-    numel = cfg["numel"]
-    own0, expected = _vectors(rank, numel)
+    own0, expected = rank_vectors(me.rank, 2, cfg["numel"])
     vector = own0.clone()
-    dist.init_process_group(
-        "gloo", init_method=f"file://{cfg['gloo_store']}", rank=rank, world_size=2,
-        timeout=timedelta(seconds=BARRIER_TIMEOUT_S),
-    )
-    try:
-        times, reduce, cpu = [], [], []
-        for i in range(cfg["warmup"] + cfg["repeats"]):
+    buf = bytearray(cfg["numel"] * 4)
+    recv = torch.frombuffer(buf, dtype=torch.float32)  # a view of buf, no copy
+    send_view, recv_view = memoryview(vector.numpy()).cast("B"), memoryview(buf)
+    clock, errors = RepeatClock(cfg["warmup"]), []
+
+    def send(sock) -> None:
+        try:
+            sock.sendall(send_view)
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    with _tcp_socket(me) as sock:
+        for _ in range(cfg["warmup"] + cfg["repeats"]):
             vector.copy_(own0)
-            barrier.wait(BARRIER_TIMEOUT_S)
-            t0, c0 = time.perf_counter(), time.process_time()
-            dist.all_reduce(vector, op=dist.ReduceOp.SUM)
-            t1 = time.perf_counter()
-            vector.div_(2)
-            t2, c2 = time.perf_counter(), time.process_time()
-            if i >= cfg["warmup"]:
-                times.append(t2 - t0)
-                reduce.append(t1 - t0)
-                cpu.append(c2 - c0)
-        checks = _verify(vector, expected)
-        barrier.wait(BARRIER_TIMEOUT_S)
-        return {"times": times, "split": {"all_reduce": reduce, "cpu": cpu}, **checks}
-    finally:
-        dist.destroy_process_group()
+            me.barrier.wait(BARRIER_TIMEOUT_S)
+            clock.start()
+            sender = threading.Thread(target=send, args=(sock,), daemon=True)
+            sender.start()
+            _recv_exact(sock, recv_view)
+            sender.join(BARRIER_TIMEOUT_S)
+            if sender.is_alive() or errors:
+                raise RuntimeError(f"send failed: {errors or 'timed out'}")
+            clock.lap("send+recv")
+            vector.add_(recv).mul_(0.5)
+            clock.stop()
+        checked = _verify(vector, expected)
+        me.barrier.wait(BARRIER_TIMEOUT_S)
+    return _report(clock, checked)
 
 
-def _worker(method: str, rank: int, cfg: dict, barrier, results, conn) -> None:
-    """Entry point of a spawned process: report a result dict or the error."""
-    if method.startswith("peerd"):
-        cfg = {**cfg, "bulk": method != "peerd-grpc", "auth": method == "peerd-auth",
-               "hand_over": method != "peerd-copy", "pair": method != "peerd-flat"}
-    run = {"peerd": _peerd, "peerd-flat": _peerd, "peerd-grpc": _peerd, "peerd-auth": _peerd, "peerd-copy": _peerd,
-           "tcp": _tcp, "gloo": _gloo}[method]
-    rank_entry(lambda: run(rank, cfg, barrier, conn), rank, barrier, results, conn)
+def _gloo(cfg: dict, me: Rank) -> dict:
+    got = gloo_average(me, cfg, _verify)
+    return {"times": got["times"], "split": {**got["split"], "cpu": got["cpu"]},
+            **{k: got[k] for k in ("checksum", "head")}}
 
 
 # ---------------------------------------------------------------- parent side
 
 
 def run_method(method: str, cfg: dict) -> dict:
-    """Spawn the two processes of one method, collect their timings, always reap them."""
-    ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(2)
-    results = ctx.Queue()
-    ends = ctx.Pipe(duplex=True)
-    procs = [
-        ctx.Process(target=_worker, args=(method, r, cfg, barrier, results, ends[r]),
-                    name=f"bench-{method}-{r}", daemon=True)
-        for r in (0, 1)
-    ]
-    try:
-        for p in procs:
-            p.start()
-        got = collect(method, procs, results, time.monotonic() + cfg["method_timeout_s"])
-    finally:
-        reap(procs, ends, results)
-    a, b = got[0], got[1]
+    """The two processes of one method, their timings; the same average on both."""
+    entry = (functools.partial(_peerd, method, cfg) if method.startswith("peerd")
+             else functools.partial({"tcp": _tcp, "gloo": _gloo}[method], cfg))
+    a, b = run_ranks(method, 2, entry, cfg["method_timeout_s"], share=method != "gloo")
     if a["checksum"] != b["checksum"] or a["head"] != b["head"]:
         raise AssertionError(f"{method}: the two processes hold different averages")
     return {
         "source": a.get("source"),
-        "times": [max(x, y) for x, y in zip(a["times"], b["times"])],
+        "times": slowest([a, b], "times"),
         "per_rank": [a["times"], b["times"]],
         # sub-steps: per repeat the slower process's figure, each taken on its own
-        "split": {k: [max(x, y) for x, y in zip(v, b["split"][k])] for k, v in a.get("split", {}).items()},
+        "split": {k: slowest([a["split"], b["split"]], k) for k in a["split"]},
     }
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="bench/exchange.py",
+def parse_args(argv: list[str] | None = None):
+    p = arg_parser(
+        __doc__, defaults=True, prog="bench/exchange.py",
         description="Time the exchange-and-average of an fp32 vector between 2 processes on 127.0.0.1: "
         "peerd's gRPC segment gossip vs a raw TCP socket vs torch.distributed gloo all_reduce.",
-        epilog="Figures are per repeat the slower of the two processes, in ms; ratios are of medians.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+        epilog="Figures are per repeat the slower of the two processes, in ms; ratios are of medians.")
     p.add_argument("--mib", type=float, default=64, help="vector size in MiB (fp32: 262144 floats per MiB)")
     p.add_argument("--repeats", type=int, default=10, help="timed repeats per method")
     p.add_argument("--warmup", type=int, default=1, help="untimed warm-up repeats per method")
@@ -357,52 +234,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "read with python -m pstats")
     p.add_argument("--json", metavar="OUT", help="also write the raw timings and settings to this file")
     args = p.parse_args(argv)
-    args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    bad = [m for m in args.methods if m not in METHODS]
-    if bad or not args.methods:
-        p.error(f"unknown method(s) {bad}; choose from {', '.join(METHODS)}")
+    args.methods = names(p, args.methods, METHODS, "--methods")
     if args.repeats < 1 or args.warmup < 0 or args.segments < 1 or args.chunk_kib < 1 or args.mib <= 0:
         p.error("--repeats, --segments, --chunk-kib and --mib must be positive, --warmup ≥ 0")
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    numel = int(args.mib * 1024 * 1024) // 4
-    if numel < args.segments:
-        raise SystemExit("vector smaller than the segment count")
-    uvloop = False
-    if not args.no_uvloop:
-        try:
-            import uvloop as _  # noqa: F401
+def _uvloop(args) -> bool:
+    if args.no_uvloop:
+        return False
+    try:
+        import uvloop as _  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
-            uvloop = True
-        except ImportError:
-            pass
-    if args.profile:
-        os.makedirs(args.profile, exist_ok=True)
-    import grpc
-    import torch
 
-    with tempfile.TemporaryDirectory(prefix="peerd-bench-") as tmp:
-        cfg = {
-            "numel": numel, "repeats": args.repeats, "warmup": args.warmup, "segments": args.segments,
-            "chunk_kib": args.chunk_kib, "deadline_s": args.deadline_s, "uvloop": uvloop,
-            "profile": os.path.abspath(args.profile) if args.profile else None,
-            "gloo_store": os.path.join(tmp, "gloo-store"),
-            "method_timeout_s": 60.0 + args.repeats * 30.0,
-        }
-        print(f"{numel * 4 / 2**20:g} MiB fp32 ({numel} floats), 2 processes on 127.0.0.1, "
-              f"{args.repeats} repeats + {args.warmup} warm-up; peerd: {args.segments} segments, "
-              f"{args.chunk_kib} KiB chunks, {'uvloop' if uvloop else 'asyncio'}; "
-              f"torch {torch.__version__}, grpcio {grpc.__version__}, {os.cpu_count()} CPUs", flush=True)
-        runs = {}
-        for method in args.methods:
-            t = time.monotonic()
-            runs[method] = run_method(method, cfg)
-            source = f" (peerd from {runs[method]['source']})" if runs[method]["source"] else ""
-            print(f"  {method}: done in {time.monotonic() - t:.1f} s, average verified{source}", flush=True)
-
+def print_table(runs: dict[str, dict]) -> dict[str, float]:
+    """The medians per method, the sub-steps, and peerd's ratios; the medians."""
     med = {m: statistics.median(r["times"]) for m, r in runs.items()}
     print()
     print(f"{'method':<10} {'median ms':>10} {'p90 ms':>9} {'min ms':>8} {'max ms':>8} {'x gloo':>7}")
@@ -415,27 +264,56 @@ def main(argv: list[str] | None = None) -> int:
             parts = ", ".join(f"{k} {statistics.median(v) * 1e3:.1f}" for k, v in r["split"].items())
             print(f"  {m} sub-steps (median ms, slower process; cpu = process CPU time, all threads): {parts}")
     print()
-    if "peerd" in med and "gloo" in med:
-        print(f"peerd/gloo = {med['peerd'] / med['gloo']:.2f}")
-    if "peerd" in med and "tcp" in med:
-        print(f"peerd/tcp  = {med['peerd'] / med['tcp']:.2f}")
-    if "peerd" in med and "peerd-auth" in med:
-        print(f"peerd-auth/peerd = {med['peerd-auth'] / med['peerd']:.2f}")
+    for name, a, b in (("peerd/gloo", "peerd", "gloo"), ("peerd/tcp ", "peerd", "tcp"),
+                       ("peerd-auth/peerd", "peerd-auth", "peerd")):
+        if a in med and b in med:
+            print(f"{name} = {med[a] / med[b]:.2f}")
+    return med
 
+
+def json_report(runs: dict[str, dict], med: dict[str, float], cfg: dict) -> dict:
+    import grpc
+    import torch
+
+    return {
+        "settings": {k: v for k, v in cfg.items() if k not in ("gloo_store", "profile", "barrier_s")}
+        | {"mib": cfg["numel"] * 4 / 2**20, "torch": torch.__version__, "grpcio": grpc.__version__,
+           "cpus": os.cpu_count(), "python": platform.python_version()},
+        "ms": {m: {"median": med[m] * 1e3, "p90": quantile(r["times"], 0.9) * 1e3,
+                   "times": [t * 1e3 for t in r["times"]],
+                   "per_rank": [[t * 1e3 for t in ts] for ts in r["per_rank"]],
+                   "split": {k: [t * 1e3 for t in v] for k, v in r["split"].items()}}
+               for m, r in runs.items()},
+        "ratios": {k: med["peerd"] / med[d] for k, d in (("peerd/gloo", "gloo"), ("peerd/tcp", "tcp"))
+                   if "peerd" in med and d in med},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    numel = int(args.mib * 1024 * 1024) // 4
+    if numel < args.segments:
+        raise SystemExit("vector smaller than the segment count")
+    if args.profile:
+        os.makedirs(args.profile, exist_ok=True)
+    import grpc
+    import torch
+
+    with tempfile.TemporaryDirectory(prefix="peerd-bench-") as tmp:
+        cfg = {"numel": numel, "repeats": args.repeats, "warmup": args.warmup, "segments": args.segments,
+               "chunk_kib": args.chunk_kib, "deadline_s": args.deadline_s, "uvloop": _uvloop(args),
+               "profile": os.path.abspath(args.profile) if args.profile else None,
+               "gloo_store": os.path.join(tmp, "gloo-store"), "barrier_s": BARRIER_TIMEOUT_S,
+               "method_timeout_s": 60.0 + args.repeats * 30.0}
+        print(f"{numel * 4 / 2**20:g} MiB fp32 ({numel} floats), 2 processes on 127.0.0.1, "
+              f"{args.repeats} repeats + {args.warmup} warm-up; peerd: {args.segments} segments, "
+              f"{args.chunk_kib} KiB chunks, {'uvloop' if cfg['uvloop'] else 'asyncio'}; "
+              f"torch {torch.__version__}, grpcio {grpc.__version__}, {os.cpu_count()} CPUs", flush=True)
+        runs = each_timed(args.methods, lambda m: run_method(m, cfg), note=lambda r: ", average verified" + (
+            f" (peerd from {r['source']})" if r["source"] else ""))
+    med = print_table(runs)
     if args.json:
-        report = {
-            "settings": {k: v for k, v in cfg.items() if k not in ("gloo_store", "profile")}
-            | {"mib": numel * 4 / 2**20, "torch": torch.__version__, "grpcio": grpc.__version__,
-               "cpus": os.cpu_count(), "python": platform.python_version()},
-            "ms": {m: {"median": med[m] * 1e3, "p90": quantile(r["times"], 0.9) * 1e3,
-                       "times": [t * 1e3 for t in r["times"]],
-                       "per_rank": [[t * 1e3 for t in ts] for ts in r["per_rank"]],
-                       "split": {k: [t * 1e3 for t in v] for k, v in r["split"].items()}}
-                   for m, r in runs.items()},
-            "ratios": {k: med["peerd"] / med[d] for k, d in (("peerd/gloo", "gloo"), ("peerd/tcp", "tcp"))
-                       if "peerd" in med and d in med},
-        }
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        write_json(Path(args.json), json_report(runs, med, cfg), indent=2)
     return 0
 
 

@@ -33,189 +33,80 @@ uses file:// and GLOO_SOCKET_IFNAME=lo.
 
 from __future__ import annotations
 
-import argparse
-import multiprocessing
+import functools
 import os
 import statistics
 import tempfile
-import time
 
-from _harness import GcMeter, collect, quantile, rank_entry, reap, run_main, stop_resource_tracker
+from harness.exchange import ExchangePeer, grpc_rounds
+from harness.output import md_table, ratio, timing_cells
+from harness.ranks import (
+    Rank, RepeatClock, checks, gloo_average, rank_vectors, run_loop, run_ranks, same_result, slowest,
+    stop_resource_tracker,
+)
+from harness.script import arg_parser, each_timed, names, run_main
 
 METHODS = ("hier", "crossover", "gloo")
 BARRIER_TIMEOUT_S = 180.0
 JOB = "bench-group"
 
 
-def _vectors(rank: int, procs: int, numel: int):
-    """This rank's initial vector and the mean of all ranks' vectors."""
-    import torch
+def _mean_checked(vector, mean) -> dict:
+    """The group mean to float32 rounding (the order of the sum differs)."""
+    import torch.testing
 
-    vs = [torch.randn(numel, generator=torch.Generator().manual_seed(1234 + r)) for r in range(procs)]
-    return vs[rank], torch.stack(vs).mean(0)
-
-
-def _checks(vector) -> dict:
-    return {"checksum": float(vector.double().sum()), "head": vector[:4].tolist()}
+    torch.testing.assert_close(vector, mean, rtol=1e-5, atol=1e-6)
+    return checks(vector)
 
 
-def _peerd(mode: str, rank: int, cfg: dict, barrier, conn) -> dict:
-    import asyncio
-
-    import torch
-
+def _peerd(mode: str, cfg: dict, me: Rank) -> dict:
+    """One rank of hier or crossover: the worker's round over GrpcTransport."""
     from peerd.core.groups import plan_hierarchical
-    from peerd.core.segments import split_even
     from peerd.core.topology import plan_round
     from peerd.worker.round.crossover import gossip_round
     from peerd.worker.round.hierarchy import hierarchical_round
-    from peerd.worker.round.context import RoundBuffers, RoundContext, RoundInputs
-    from peerd.worker.wire.stores import Identity, SegmentServer, SnapshotStore, StageStore
-    from peerd.worker.state.pull import StateBoard, StateServer
-    from peerd.worker.wire.server import start_exchange_server
-    from peerd.worker.wire.transport import GrpcTransport
 
-    numel, segments, procs = cfg["numel"], cfg["segments"], cfg["procs"]
-    chunk_elems = cfg["chunk_kib"] * 1024 // 4
-    own0, mean = _vectors(rank, procs, numel)
-    vector, recv = own0.clone(), torch.empty(numel)
-    me = f"p{rank}"
-    identity = Identity(JOB, "fp", me)
-    layout = split_even(numel, segments)
+    segments, procs = cfg["segments"], cfg["procs"]
+    own0, mean = rank_vectors(me.rank, procs, cfg["numel"])
+    peer = ExchangePeer(JOB, f"p{me.rank}", cfg["numel"], segments, cfg["chunk_kib"] * 1024 // 4)
+    clock = RepeatClock(cfg["warmup"], gc=True)
 
-    async def wait_barrier() -> None:
-        await asyncio.to_thread(barrier.wait, BARRIER_TIMEOUT_S)  # the loop keeps serving meanwhile
+    def rounds(ctx, addresses: dict[str, str]):
+        localities = {p: ("", "127.0.0.1") for p in addresses}
 
-    async def main() -> dict:
-        nonlocal vector
-        store, stages = SnapshotStore(numel), StageStore()
-        server = SegmentServer(identity, store, segments, chunk_elems, stages)
-        state = StateServer(identity, StateBoard(2 * numel, numel), store, chunk_elems)
-        grpc_server, address = await start_exchange_server(server, state, "127.0.0.1")
-        transport = GrpcTransport(identity)
-        ctx = RoundContext(me, layout, transport, stages)
-        try:
-            conn.send(address)
-            if not await asyncio.to_thread(conn.poll, BARRIER_TIMEOUT_S):
-                raise TimeoutError("never got the others' addresses")
-            addresses = conn.recv()
-            localities = {p: ("", "127.0.0.1") for p in addresses}
-            times, cpu, gcs, misses, gc_meter = [], [], [], 0, GcMeter()
-            for i in range(cfg["warmup"] + cfg["repeats"]):
-                vector.copy_(own0)
-                await wait_barrier()
-                t0, c0, _ = time.perf_counter(), time.process_time(), gc_meter.take()
-                round_ = i + 1
-                into = await store.hand_over(round_, vector)  # as the worker does with a model on the CPU
-                buffers = RoundBuffers(vector, recv, cfg["deadline_s"], into)
-                if mode == "hier":
-                    plan = plan_hierarchical(JOB, round_, localities, me, segments, procs)
-                    result = await hierarchical_round(ctx, RoundInputs(plan, addresses, buffers))
-                else:
-                    plan = plan_round(JOB, round_, list(addresses), me, segments)
-                    result = await gossip_round(ctx, RoundInputs(plan, addresses, buffers))
-                vector = into
-                t1, c1, gc_s = time.perf_counter(), time.process_time(), gc_meter.take()
-                misses += result.misses
-                if result.misses:
-                    raise RuntimeError(f"round {round_}: {result.misses} fetch(es) missed: {result.errors}")
-                if i >= cfg["warmup"]:
-                    times.append(t1 - t0)
-                    cpu.append(c1 - c0)
-                    gcs.append(gc_s)
-                await wait_barrier()  # the others may still fetch from this loop
+        async def one_round(round_: int, vector):
+            into = await peer.store.hand_over(round_, vector)  # as the worker does with a model on the CPU
             if mode == "hier":
-                torch.testing.assert_close(vector, mean, rtol=1e-5, atol=1e-6)
-            out = {"times": times, "cpu": cpu, "gc": gcs, **_checks(vector)}
-            await transport.aclose()
-            await wait_barrier()  # every channel closed before any server stops
-            return out
-        finally:
-            await transport.aclose()
-            await grpc_server.stop(grace=None)
+                plan = plan_hierarchical(JOB, round_, localities, peer.me, segments, procs)
+                return await hierarchical_round(ctx, peer.inputs(plan, addresses, vector, cfg["deadline_s"], into)), into
+            plan = plan_round(JOB, round_, list(addresses), peer.me, segments)
+            return await gossip_round(ctx, peer.inputs(plan, addresses, vector, cfg["deadline_s"], into)), into
 
-    try:
-        import uvloop
+        return one_round
 
-        return uvloop.run(main())
-    except ImportError:
-        return asyncio.run(main())
+    vector = run_loop(lambda: grpc_rounds(peer, me, cfg, rounds, clock, own0.clone()))
+    checked = _mean_checked(vector, mean) if mode == "hier" else checks(vector)
+    return {**clock.report(), **checked}
 
 
-def _gloo(rank: int, cfg: dict, barrier, conn) -> dict:
-    from datetime import timedelta
-
-    import torch
-    import torch.distributed as dist
-
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    procs = cfg["procs"]
-    own0, mean = _vectors(rank, procs, cfg["numel"])
-    vector = own0.clone()
-    dist.init_process_group("gloo", init_method=f"file://{cfg['gloo_store']}", rank=rank, world_size=procs,
-                            timeout=timedelta(seconds=BARRIER_TIMEOUT_S))
-    try:
-        times, cpu = [], []
-        for i in range(cfg["warmup"] + cfg["repeats"]):
-            vector.copy_(own0)
-            barrier.wait(BARRIER_TIMEOUT_S)
-            t0, c0 = time.perf_counter(), time.process_time()
-            dist.all_reduce(vector, op=dist.ReduceOp.SUM)
-            vector.div_(procs)
-            t1, c1 = time.perf_counter(), time.process_time()
-            if i >= cfg["warmup"]:
-                times.append(t1 - t0)
-                cpu.append(c1 - c0)
-        torch.testing.assert_close(vector, mean, rtol=1e-5, atol=1e-6)
-        barrier.wait(BARRIER_TIMEOUT_S)
-        return {"times": times, "cpu": cpu, **_checks(vector)}
-    finally:
-        dist.destroy_process_group()
-
-
-def _worker(method: str, rank: int, cfg: dict, barrier, results, conn) -> None:
-    """Entry point of a spawned process: report a result dict or the error."""
+def _entry(method: str, cfg: dict):
+    """What each rank of `method` runs."""
     if method == "gloo":
-        run = lambda: _gloo(rank, cfg, barrier, conn)  # noqa: E731
-    else:
-        run = lambda: _peerd(method, rank, cfg, barrier, conn)  # noqa: E731
-    rank_entry(run, rank, barrier, results, conn)
+        return functools.partial(gloo_average, cfg=cfg, verify=_mean_checked)
+    return functools.partial(_peerd, method, cfg)
 
 
 def run_method(method: str, cfg: dict) -> dict:
-    """Spawn the N processes of one method, hand out addresses, collect timings, always reap them."""
-    ctx = multiprocessing.get_context("spawn")
-    n = cfg["procs"]
-    barrier, results = ctx.Barrier(n), ctx.Queue()
-    pipes = [ctx.Pipe(duplex=True) for _ in range(n)]
-    procs = [ctx.Process(target=_worker, args=(method, r, cfg, barrier, results, pipes[r][1]),
-                         name=f"bench-{method}-{r}", daemon=True) for r in range(n)]
-    try:
-        for p in procs:
-            p.start()
-        deadline = time.monotonic() + cfg["method_timeout_s"]
-        if method != "gloo":
-            addresses = {}
-            for r, (parent, _) in enumerate(pipes):
-                if not parent.poll(max(0.0, deadline - time.monotonic())):
-                    raise TimeoutError(f"{method}: process {r} never reported its address")
-                addresses[f"p{r}"] = parent.recv()
-            for parent, _ in pipes:
-                parent.send(addresses)
-        got = collect(method, procs, results, deadline)
-    finally:
-        reap(procs, [end for pipe in pipes for end in pipe], results)
-    if method != "crossover" and len({(g["checksum"], tuple(g["head"])) for g in got.values()}) != 1:
-        raise AssertionError(f"{method}: the processes hold different results")
-    ranks = [got[r] for r in range(n)]
-    return {"times": [max(ts) for ts in zip(*(g["times"] for g in ranks))],
-            "cpu": [max(cs) for cs in zip(*(g["cpu"] for g in ranks))],
-            "gc": [max(cs) for cs in zip(*(g["gc"] for g in ranks))] if "gc" in ranks[0] else []}
+    """The N processes of one method, their timings (per repeat the slowest process's)."""
+    ranks = run_ranks(method, cfg["procs"], _entry(method, cfg), cfg["method_timeout_s"], share=method != "gloo")
+    if method != "crossover":
+        same_result(method, ranks)
+    return {"times": slowest(ranks, "times"), "cpu": slowest(ranks, "cpu"), "gc": slowest(ranks, "gc")}
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="bench/exchange_group.py", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+def parse_args(argv: list[str] | None = None):
+    p = arg_parser(
+        __doc__, defaults=True, prog="bench/exchange_group.py",
         description="Time the exchange-and-average of an fp32 vector in a group of N processes on 127.0.0.1: "
         "peerd hierarchical crossover (one group: reduce-scatter + all-gather over gRPC) vs torch.distributed "
         "gloo all_reduce; flat crossover for reference.",
@@ -230,40 +121,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of: " + ", ".join(METHODS))
     p.add_argument("--deadline-s", type=float, default=90.0, help="peerd deadline per round (hier: a third per stage)")
     args = p.parse_args(argv)
-    args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    if not args.methods or any(m not in METHODS for m in args.methods):
-        p.error(f"--methods: choose from {', '.join(METHODS)}")
+    args.methods = names(p, args.methods, METHODS, "--methods")
     if args.procs < 2 or args.repeats < 1 or args.warmup < 0 or args.segments < 1 or args.mib <= 0:
         p.error("--procs ≥ 2; --repeats, --segments, --mib positive; --warmup ≥ 0")
     return args
 
 
+def group_cfg(args, procs: int, tmp: str) -> dict:
+    """What every rank of a group of `procs` gets (bench/intrahost.py's groups too)."""
+    return {"numel": int(args.mib * 1024 * 1024) // 4, "procs": procs, "repeats": args.repeats,
+            "warmup": args.warmup, "segments": args.segments, "chunk_kib": args.chunk_kib,
+            "deadline_s": args.deadline_s, "gloo_store": os.path.join(tmp, f"gloo-store-{procs}"), "tmp": tmp,
+            "barrier_s": BARRIER_TIMEOUT_S, "method_timeout_s": 90.0 + (args.repeats + args.warmup) * 60.0}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    numel = int(args.mib * 1024 * 1024) // 4
     import grpc
     import torch
 
     with tempfile.TemporaryDirectory(prefix="peerd-bench-") as tmp:
-        cfg = {"numel": numel, "procs": args.procs, "repeats": args.repeats, "warmup": args.warmup,
-               "segments": args.segments, "chunk_kib": args.chunk_kib, "deadline_s": args.deadline_s,
-               "gloo_store": os.path.join(tmp, "gloo-store"),
-               "method_timeout_s": 90.0 + (args.repeats + args.warmup) * 60.0}
-        print(f"{numel * 4 / 2**20:g} MiB fp32, {args.procs} processes on 127.0.0.1, {args.repeats} repeats + "
+        cfg = group_cfg(args, args.procs, tmp)
+        print(f"{cfg['numel'] * 4 / 2**20:g} MiB fp32, {args.procs} processes on 127.0.0.1, {args.repeats} repeats + "
               f"{args.warmup} warm-up; peerd: {args.segments} segments, {args.chunk_kib} KiB chunks; "
               f"torch {torch.__version__}, grpcio {grpc.__version__}, {os.cpu_count()} CPUs", flush=True)
-        runs = {}
-        for method in args.methods:
-            t = time.monotonic()
-            runs[method] = run_method(method, cfg)
-            print(f"  {method}: done in {time.monotonic() - t:.1f} s", flush=True)
+        runs = each_timed(args.methods, lambda m: run_method(m, cfg))
     med = {m: statistics.median(r["times"]) for m, r in runs.items()}
-    print("\n| method | median ms | p90 ms | min ms | cpu ms (slowest process) | gc ms | × gloo |\n|---|---|---|---|---|---|---|")
-    for m, r in runs.items():
-        ratio = f"{med[m] / med['gloo']:.2f}" if "gloo" in med else "-"
-        gc_ms = f"{statistics.median(r['gc']) * 1e3:.0f}" if r["gc"] else "-"
-        print(f"| {m} | {med[m] * 1e3:.1f} | {quantile(r['times'], 0.9) * 1e3:.1f} | {min(r['times']) * 1e3:.1f} "
-              f"| {statistics.median(r['cpu']) * 1e3:.0f} | {gc_ms} | {ratio} |")
+    print()
+    print(md_table(["method", "median ms", "p90 ms", "min ms", "cpu ms (slowest process)", "gc ms", "× gloo"], (
+        [m, *timing_cells(r["times"]), f"{statistics.median(r['cpu']) * 1e3:.0f}",
+         f"{statistics.median(r['gc']) * 1e3:.0f}" if r["gc"] else "-", ratio(med, m, "gloo")]
+        for m, r in runs.items())))
     return 0
 
 

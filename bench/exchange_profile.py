@@ -26,6 +26,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from harness.output import md_table
+from harness.script import arg_parser, run_main
+
 HERE = Path(__file__).resolve().parent
 FREQ = 1999  # samples per second per CPU
 
@@ -80,17 +83,15 @@ def per_round(method: str, args: argparse.Namespace, work: Path) -> dict[str, fl
 
 
 def table(peerd: dict[str, float], gloo: dict[str, float]) -> str:
-    lines = ["| where | peerd hierarchical, ms | gloo, ms | difference |", "|---|---|---|---|"]
-    for name in sorted(peerd, key=lambda n: -peerd[n]):
-        lines.append(f"| {name} | {peerd[name]:.1f} | {gloo[name]:.1f} | {peerd[name] - gloo[name]:+.1f} |")
+    rows = [[name, f"{peerd[name]:.1f}", f"{gloo[name]:.1f}", f"{peerd[name] - gloo[name]:+.1f}"]
+            for name in sorted(peerd, key=lambda n: -peerd[n])]
     p, g = sum(peerd.values()), sum(gloo.values())
-    lines.append(f"| total | {p:.1f} | {g:.1f} | {p - g:+.1f} ({p / g:.2f}×) |")
-    return "\n".join(lines)
+    rows.append(["total", f"{p:.1f}", f"{g:.1f}", f"{p - g:+.1f} ({p / g:.2f}×)"])
+    return md_table(["where", "peerd hierarchical, ms", "gloo, ms", "difference"], rows)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = arg_parser(__doc__, raw=True)
     p.add_argument("--procs", type=int, default=4, help="processes in the group (default 4)")
     p.add_argument("--mib", type=int, default=64, help="the vector's size in MiB (default 64)")
     p.add_argument("--short", type=int, default=10, help="repeats of the short run (default 10)")
@@ -116,4 +117,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

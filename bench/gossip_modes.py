@@ -52,30 +52,21 @@ also on errors, Ctrl+C and SIGTERM; every wait is bounded.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import csv
 import json
 import math
-import signal
 import statistics
 import sys
 import time
 import tomllib
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-for path in (ROOT, ROOT / "bench"):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
-
-import tomli_w  # noqa: E402
-from _harness import daemons_alive, poll_until, took_state  # noqa: E402
-
-from peerd.client import ControlClient  # noqa: E402
-from peerd.cluster import LocalCluster, default_job  # noqa: E402
-from peerd.errors import PeerdError  # noqa: E402
-from peerd.interrupts import raise_interrupt  # noqa: E402
+from harness.cluster import (
+    DOWN, Watch, job_dir, job_statuses, join_all, took_state, wait_discovery,
+)
+from harness.output import pyplot, read_csv, save_figure, write_csv, write_json
+from harness.script import arg_parser, names, run_dir, run_main
+from peerd.cluster import LocalCluster, default_job, job_with
 
 JOB = "gossip-modes"
 # name -> [gossip] keys that differ from the example job's
@@ -91,11 +82,9 @@ FIELDS = ["variant", "t", "peer", "state", "step", "round", "epoch", "loss", "ac
           "misses", "partners"]
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0] + " " + __doc__.splitlines()[1],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        epilog="The module docstring (bench/gossip_modes.py) explains the method; docs/benchmarks.md has a run.")
+def parse_args(argv: list[str] | None = None):
+    p = arg_parser(__doc__, defaults=True,
+                   epilog="The module docstring (bench/gossip_modes.py) explains the method; docs/benchmarks.md has a run.")
     p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, run in this order; from: "
                    + ", ".join(VARIANTS))
     p.add_argument("--localities", default="rack-a,rack-a,rack-b,rack-b",
@@ -116,9 +105,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--from", dest="source", type=Path, default=None,
                    help="start nothing: read history.csv and summary.json of an earlier --out and redo figure and table")
     args = p.parse_args(argv)
-    args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    if not args.variants or any(v not in VARIANTS for v in args.variants):
-        p.error(f"--variants: choose from {', '.join(VARIANTS)}")
+    args.variants = names(p, args.variants, VARIANTS, "--variants")
     args.localities = [x.strip() for x in args.localities.split(",")]
     if len(args.localities) < 2:
         p.error("--localities: at least two daemons")
@@ -127,94 +114,68 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def job_text(args: argparse.Namespace, variant: str) -> str:
-    """The example job with this benchmark's values (same idea as tests/conftest.example_job)."""
-    data = tomllib.loads(default_job().read_text())
-    data["job"].update(name=JOB, seed=args.seed, init=args.init, epochs=float(args.epochs),
-                       eval_every_rounds=args.eval_every)
-    data["gossip"].update(group_size=args.group_size, **VARIANTS[variant])
-    return tomli_w.dumps(data)
+def job_text(args, variant: str) -> str:
+    """The example job with this benchmark's values."""
+    return job_with(default_job(), job={"name": JOB, "seed": args.seed, "init": args.init,
+                                        "epochs": float(args.epochs), "eval_every_rounds": args.eval_every},
+                    gossip={"group_size": args.group_size, **VARIANTS[variant]})
 
 
 # ---------------------------------------------------------------- one run
 
 
-def run_variant(args: argparse.Namespace, variant: str, out: Path) -> tuple[list[dict], dict]:
+def run_variant(args, variant: str, out: Path) -> tuple[list[dict], dict]:
     """Train the job on a fresh cluster; returns the polled rows and the run's summary."""
     text = job_text(args, variant)
     out.mkdir(parents=True, exist_ok=True)
     (out / "job.toml").write_text(text)
-    n = len(args.localities)
     rows: list[dict] = []
-    with LocalCluster(n, out, localities=args.localities) as cluster:
+    with LocalCluster(len(args.localities), out, localities=args.localities) as cluster:
         cluster.wait_ready()
-        clients = [ControlClient(p.socket, timeout_s=3.0) for p in cluster.peers]
-        try:
-            poll_until(lambda: daemons_alive(cluster) and all(c.status().peers_known == n - 1 for c in clients),
-                  DISCOVERY_S, f"every daemon to discover the other {n - 1}")
-            started = time.monotonic()
-            for c in clients:
-                c.join(text)
-            last_print = -10.0
-            while True:
-                t = round(time.monotonic() - started, 3)
-                polled = poll(clients, variant, t)
-                rows += polled
-                if t - last_print >= 10.0:
-                    last_print = t
-                    print(f"  [{variant} {t:5.0f}s] " + " | ".join(
-                        f"{r['peer']} {r['state']} r{r['round']} loss {r['loss']:.3f} acc {r['accuracy']:.3f}"
-                        for r in polled), flush=True)
-                if any(r["state"] == "failed" for r in polled):
-                    raise PeerdError(f"{variant}: a worker failed; see the logs in {out}")
-                daemons_alive(cluster)
-                if all(r["state"] in DONE_STATES for r in polled):
-                    break
-                if t > args.time_limit:
-                    # Recorded as incomplete, not fatal: the other variants still run.
-                    print(f"  [{variant}] not finished after {args.time_limit:.0f}s (--time-limit); stopping it; "
-                          f"logs in {out}", flush=True)
-                    break
-                time.sleep(args.poll)
-            # t = 0 for the figures: the first poll at which a worker had trained, so
-            # that the time the daemons take to start their workers (10-20 s on a
-            # loaded 2-core machine, varying) does not count against a variant.
-            train_t0 = min((r["t"] for r in rows if r["step"] > 0), default=0.0)
-            for r in rows:
-                r["t"] = round(r["t"] - train_t0, 3)
-            finish_t = max((r["t"] for r in rows if r["state"] != "finished"), default=0.0)
-        finally:
-            for c in clients:
-                c.close()
-    models = [p.dir / "state" / "jobs" / JOB / "model.pt" for p in cluster.peers]
-    last = rows[-n:]
-    complete = all(r["state"] == "finished" for r in last)
-    summary = {
-        "variant": variant, "gossip": VARIANTS[variant], "complete": complete,
+        wait_discovery(cluster, DISCOVERY_S)
+        started = time.monotonic()
+        join_all(cluster, text)
+
+        def polled() -> list[dict]:
+            got = poll(cluster, variant, round(time.monotonic() - started, 3))
+            rows.extend(got)
+            return got
+
+        Watch(variant, out, args.time_limit, args.poll).run(
+            cluster, polled, lambda got: all(r["state"] in DONE_STATES for r in got), lambda got: " | ".join(
+                f"{r['peer']} {r['state']} r{r['round']} loss {r['loss']:.3f} acc {r['accuracy']:.3f}" for r in got))
+    return rows, summarise(variant, rows, cluster)
+
+
+def summarise(variant: str, rows: list[dict], cluster: LocalCluster) -> dict:
+    """A run's figures from its rows and the peers' model.pt; the rows' t moved so
+    that t = 0 is the first poll at which a worker had trained (the time the
+    daemons take to start their workers, 10-20 s on a loaded 2-core machine and
+    varying, does not count against a variant)."""
+    train_t0 = min((r["t"] for r in rows if r["step"] > 0), default=0.0)
+    for r in rows:
+        r["t"] = round(r["t"] - train_t0, 3)
+    models = [job_dir(p.dir, JOB) / "model.pt" for p in cluster.peers]
+    last = rows[-len(cluster.peers):]
+    return {
+        "variant": variant, "gossip": VARIANTS[variant], "complete": all(r["state"] == "finished" for r in last),
         "finished": [r["peer"] for r in last if r["state"] == "finished"],
-        "train_t0": train_t0, "finish_t": finish_t,
+        "train_t0": train_t0, "finish_t": max((r["t"] for r in rows if r["state"] != "finished"), default=0.0),
         "steps": [r["step"] for r in last], "rounds": [r["round"] for r in last],
         "misses": [r["misses"] for r in last],
         "took_state": [p.peer_id for p in cluster.peers if took_state(p.dir, JOB)],
         "final_accuracy": [r["accuracy"] for r in last if r["state"] == "finished"],
         **consensus([m for m in models if m.exists()]),
     }
-    return rows, summary
 
 
-def poll(clients: list[ControlClient], variant: str, t: float) -> list[dict]:
+def poll(cluster: LocalCluster, variant: str, t: float) -> list[dict]:
     rows = []
-    for i, c in enumerate(clients):
+    for i, j in enumerate(job_statuses(cluster, JOB)):
         row = {"variant": variant, "t": t, "peer": f"peer-{i}", "state": "down", "step": 0, "round": 0, "epoch": 0,
                "loss": math.nan, "accuracy": math.nan, "disagreement": math.nan, "exchange_s": math.nan,
                "misses": 0, "partners": ""}
-        try:
-            jobs = {j.name: j for j in c.status().jobs}
-        except PeerdError:
-            rows.append(row)
-            continue
-        j = jobs.get(JOB)
-        if j is not None:
+        if j is not None and j is not DOWN:
             p = j.progress
             row.update(state=j.state, step=p.step, round=p.round, epoch=p.epoch, loss=p.loss, accuracy=p.metric,
                        disagreement=p.disagreement, exchange_s=p.exchange_s, misses=p.segment_misses,
@@ -237,14 +198,15 @@ def consensus(paths: list[Path]) -> dict:
     stack = torch.stack(vectors)
     mean = stack.mean(0)
     distances = torch.linalg.vector_norm(stack - mean, dim=1) / torch.linalg.vector_norm(mean)
+    # model.pt is a plain state_dict; its round is in model.json beside it
     return {"consensus_distance": float(distances.mean()), "numel": int(mean.numel()),
-            "saved_rounds": [int(torch.load(p, map_location="cpu", weights_only=True)["round"]) for p in paths]}
+            "saved_rounds": [int(json.loads(p.with_suffix(".json").read_text())["round"]) for p in paths]}
 
 
 # ---------------------------------------------------------------- traffic
 
 
-def bytes_per_round(args: argparse.Namespace, numel: int) -> dict[str, dict]:
+def bytes_per_round(args, numel: int) -> dict[str, dict]:
     """Payload bytes received per peer per round, counted in 2 real in-process rounds
     of each variant's gossip at the example model's size (bench/traffic.py)."""
     from traffic import Setup, measure
@@ -286,11 +248,7 @@ def accuracy_at(rows: list[dict], t: float) -> float:
 
 
 def plot(history: list[dict], summaries: list[dict], settings: dict, paths: list[Path]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(2, 3, figsize=(15, 8))
     for s in summaries:
         rows = [r for r in history if r["variant"] == s["variant"]]
@@ -313,10 +271,7 @@ def plot(history: list[dict], summaries: list[dict], settings: dict, paths: list
                  f"init {settings.get('init', 'per-peer')}, {settings.get('epochs', '?')} epochs, "
                  "same seeds and steps", fontsize=10)
     fig.tight_layout()
-    for path in paths:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, paths)
 
 
 def table(history: list[dict], summaries: list[dict], traffic: dict[str, dict]) -> str:
@@ -342,35 +297,27 @@ def table(history: list[dict], summaries: list[dict], traffic: dict[str, dict]) 
             f"| {name} | {min(s['steps'])}–{max(s['steps'])} | {min(s['rounds'])}–{max(s['rounds'])} "
             f"| {s['finish_t']:.0f} "
             f"| {_mean_range(acc)} | {accuracy_at(rows, t_common):.4f} "
-            f"| {s['consensus_distance']:.2e} | {s['consensus_distance'] / base['consensus_distance']:.2f} "
+            f"| {s['consensus_distance']:.2e} | {_times(s['consensus_distance'], base['consensus_distance'])} "
             f"| {statistics.fmean(late) if late else math.nan:.2e} | {tr_text} | {sum(s['misses'])} "
             f"| {len(s['rounds']) - len(s['took_state'])} of {len(s['rounds'])} |")
     return "\n".join(lines)
+
+
+def _times(x: float, base: float) -> str:
+    """x / base; "-" when base is 0 (every peer's model.pt is the one consensus model)."""
+    return f"{x / base:.2f}" if base else "-"
 
 
 def _mean_range(xs: list[float]) -> str:
     return f"{statistics.fmean(xs):.4f} ({min(xs):.4f}–{max(xs):.4f})" if xs else "-"
 
 
-def write_history(history: list[dict], path: Path) -> None:
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS)
-        writer.writeheader()
-        writer.writerows(history)
-
-
 def read_history(path: Path) -> list[dict]:
-    rows = []
-    with open(path, newline="") as f:
-        for r in csv.DictReader(f):
-            for k in ("t", "loss", "accuracy", "disagreement", "exchange_s", "epoch"):
-                r[k] = float(r[k])
-            r["step"], r["round"], r["misses"] = int(r["step"]), int(r["round"]), int(r["misses"])
-            rows.append(r)
-    return rows
+    return read_csv(path, ints=("step", "round", "misses"),
+                    floats=("t", "loss", "accuracy", "disagreement", "exchange_s", "epoch"))
 
 
-def report(args: argparse.Namespace, out: Path, history: list[dict], summary: dict) -> None:
+def report(args, out: Path, history: list[dict], summary: dict) -> None:
     pngs = [out / "gossip_modes.png"] + ([args.png] if args.png else [])
     plot(history, summary["runs"], summary.get("args", {}), pngs)
     text = table(history, summary["runs"], summary.get("traffic", {}))
@@ -379,19 +326,9 @@ def report(args: argparse.Namespace, out: Path, history: list[dict], summary: di
     print(f"\nfigure: {', '.join(map(str, pngs))}; history: {out / 'history.csv'}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.source is not None:
-        summary = json.loads((args.source / "summary.json").read_text())
-        report(args, args.source, read_history(args.source / "history.csv"), summary)
-        return 0
-    out = args.out or ROOT / "runs" / time.strftime("gossip-modes-%Y%m%d-%H%M%S")
-    out.mkdir(parents=True, exist_ok=True)
-    previous = signal.signal(signal.SIGTERM, raise_interrupt)
+def run_all(args, out: Path, summary: dict) -> list[dict]:
+    """Every variant in turn; the history, written with the summary also after an error."""
     history: list[dict] = []
-    settings = {k: (",".join(v) if isinstance(v, list) else str(v)) for k, v in vars(args).items()}
-    summary: dict = {"args": settings, "runs": []}
-    started = time.monotonic()
     try:
         for variant in args.variants:
             print(f"{variant}: {VARIANTS[variant]} on {len(args.localities)} daemons", flush=True)
@@ -400,22 +337,29 @@ def main(argv: list[str] | None = None) -> int:
             summary["runs"].append(run)
             print(f"{variant}: {run['finish_t']:.0f}s, rounds {run['rounds']}, accuracy {run['final_accuracy']}, "
                   f"consensus distance {run['consensus_distance']:.3e}", flush=True)
-    except KeyboardInterrupt:
-        print("interrupted: every daemon is stopped", file=sys.stderr)
-        return 130
-    except PeerdError as exc:
-        print(f"gossip_modes: {exc}", file=sys.stderr)
-        return 1
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        write_csv(out / "history.csv", history, FIELDS)
         if history:
-            write_history(history, out / "history.csv")
-            (out / "summary.json").write_text(json.dumps(summary, indent=1))
+            write_json(out / "summary.json", summary)
+    return history
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.source is not None:
+        summary = read_summary(args.source)
+        report(args, args.source, read_history(args.source / "history.csv"), summary)
+        return 0
+    out = run_dir(args.out, "gossip-modes")
+    settings = {k: (",".join(v) if isinstance(v, list) else str(v)) for k, v in vars(args).items()}
+    summary: dict = {"args": settings, "runs": []}
+    started = time.monotonic()
+    history = run_all(args, out, summary)
     from peerd.examples.mnist import make_model
 
     summary["traffic"] = bytes_per_round(args, sum(t.numel() for t in make_model().parameters()))
     summary["seconds"] = time.monotonic() - started
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    write_json(out / "summary.json", summary)
     report(args, out, history, summary)
     incomplete = [r["variant"] for r in summary["runs"] if not r["complete"]]
     if incomplete:
@@ -424,5 +368,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def read_summary(folder: Path) -> dict:
+    return json.loads((folder / "summary.json").read_text())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -22,25 +22,22 @@ and exchange on the CPU) and exits 0 when they pass. Exit 1: a part failed.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from harness import ROOT
+from harness.cluster import job_status, join_all, poll_until, wait_discovery
+from harness.script import arg_parser, run_main
 
 PARTS = ("tests", "cluster", "train", "exchange")
 MIB = 64
@@ -94,36 +91,18 @@ def run_tests(device: str, budget_s: float) -> Part:
 
 def run_cluster(device: str, budget_s: float, out: Path) -> Part:
     """Two real daemons on 127.0.0.1: peer-0 on cuda (when there is one), peer-1 on the CPU."""
-    from peerd.cluster import LocalCluster, default_job
+    from peerd.cluster import LocalCluster, default_job, job_with
     from peerd.errors import PeerdError
 
     part = Part("cluster")
     devices = {0: device, 1: "cpu"}
-    data = tomllib.loads(default_job().read_text())
-    data["job"].update(name="gpu-check", epochs=1, eval_every_rounds=20)
-    text = "".join(f"[{t}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in vals.items()) + "\n"
-                   for t, vals in data.items())
-    started = time.monotonic()
+    text = job_with(default_job(), job={"name": "gpu-check", "epochs": 1, "eval_every_rounds": 20})
     try:
         with LocalCluster(2, out / "cluster", settings=lambda peer: {"worker": {"device": devices[peer.index]}}) as c:
             c.wait_ready()
-            until(lambda: all(_status(c, p).peers_known == 1 for p in c.peers), 30)
-            for peer in c.peers:
-                with c.client(peer) as client:
-                    client.join(text)
-            deadline = started + budget_s
-
-            def workers():
-                return [w for p in c.peers for j in _status(c, p).jobs for w in j.workers]
-
-            while time.monotonic() < deadline:
-                ws = workers()
-                if any(w.state == "failed" for w in ws):
-                    break
-                if len(ws) == 2 and all(w.state == "finished" for w in ws):
-                    break
-                time.sleep(1.0)
-            ws = workers()
+            wait_discovery(c, 30)
+            join_all(c, text)
+            ws = _trained(c, budget_s)
     except (PeerdError, OSError, TimeoutError) as exc:
         part.ok = False
         part.lines.append(f"{type(exc).__name__}: {exc} (logs under {out / 'cluster'})")
@@ -138,73 +117,86 @@ def run_cluster(device: str, budget_s: float, out: Path) -> Part:
     return part
 
 
-def _status(cluster, peer):
-    with cluster.client(peer) as client:
-        return client.status()
+def _trained(cluster, budget_s: float) -> list:
+    """The job's workers once both have finished or one has failed, or as they are after budget_s."""
+    from peerd.errors import PeerdError
 
+    def workers() -> list:
+        return [w for p in cluster.peers if (j := job_status(cluster, p, "gpu-check")) for w in j.workers]
 
-def until(predicate: Callable[[], object], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"not so after {timeout_s:.0f} s")
-        time.sleep(0.5)
+    def ended() -> bool:
+        ws = workers()
+        return any(w.state == "failed" for w in ws) or (len(ws) == 2 and all(w.state == "finished" for w in ws))
+
+    try:
+        poll_until(ended, budget_s, "the job to end", interval_s=1.0)
+    except PeerdError:
+        pass  # not finished in time: said worker by worker
+    return workers()
 
 
 def run_train(device: str, seconds: float) -> Part:
     """Samples/s on the device: the MNIST example through the Trainer, and a 64 MiB MLP."""
-    import torch
+    part = Part("train")
+    for precision in ("fp32", "bf16") if device == "cuda" else ("fp32",):
+        part.lines.append(_trainer_rate(device, precision, seconds))
+    # bf16 matmuls on a CPU without bf16 units take seconds a step: GPU only.
+    for dtype in ("fp32", "bf16") if device == "cuda" else ("fp32",):
+        part.lines.append(_mlp_rate(device, dtype, seconds))
+    part.ok = True
+    return part
 
+
+def _trainer_rate(device: str, precision: str, seconds: float) -> str:
     from peerd.cluster import default_job
     from peerd.jobspec import parse_job
     from peerd.worker.train.trainer import Trainer
 
-    part = Part("train")
-    base = default_job().read_text()
-    for precision in ("fp32", "bf16") if device == "cuda" else ("fp32",):
-        spec = parse_job(base + f'\n[train]\nprecision = "{precision}"\n', "mnist")
-        t = Trainer(spec, "check", device=device)
-        for _ in range(2):  # warm-up: the loader starts, kernels are picked
-            t.step(["check"])
-        _sync(device)
-        steps, samples, started = 0, t.samples, time.perf_counter()
-        while (time.perf_counter() - started < seconds or steps < 3) and not t.done:
-            t.step(["check"])
-            steps += 1
-        _sync(device)
-        elapsed = time.perf_counter() - started
-        t.close()
-        part.lines.append(f"MNIST example, Trainer on {device}, {precision}: {(t.samples - samples) / elapsed:,.0f} "
-                          f"samples/s (batch {t.local_batch}, {steps} steps)")
+    spec = parse_job(default_job().read_text() + f'\n[train]\nprecision = "{precision}"\n', "mnist")
+    t = Trainer(spec, "check", device=device)
+    for _ in range(2):  # warm-up: the loader starts, kernels are picked
+        t.step(["check"])
+    _sync(device)
+    steps, samples, started = 0, t.samples, time.perf_counter()
+    while (time.perf_counter() - started < seconds or steps < 3) and not t.done:
+        t.step(["check"])
+        steps += 1
+    _sync(device)
+    elapsed = time.perf_counter() - started
+    t.close()
+    return (f"MNIST example, Trainer on {device}, {precision}: {(t.samples - samples) / elapsed:,.0f} "
+            f"samples/s (batch {t.local_batch}, {steps} steps)")
+
+
+def _mlp_rate(device: str, name: str, seconds: float) -> str:
+    import torch
+
     numel = MIB * 2**20 // 4
     width = int(math.isqrt(numel))  # one width × width Linear: 64 MiB of fp32 weights
     model = torch.nn.Sequential(torch.nn.Linear(width, width, bias=False)).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
     batch = 256 if device == "cuda" else 8
     x = torch.randn(batch, width, device=device)
-    # bf16 matmuls on a CPU without bf16 units take seconds a step: GPU only.
-    for dtype in (torch.float32, torch.bfloat16) if device == "cuda" else (torch.float32,):
-        def step() -> None:
-            with torch.autocast(device, dtype=dtype, enabled=dtype != torch.float32):
-                loss = model(x).float().pow(2).mean()
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+    dtype = torch.float32 if name == "fp32" else torch.bfloat16
 
-        for _ in range(2):  # warm-up: the first steps pick kernels and allocate
-            step()
-        _sync(device)
-        steps, started = 0, time.perf_counter()
-        while (device == "cuda" and time.perf_counter() - started < seconds / 2) or steps < 3:
-            step()
-            steps += 1
-        _sync(device)
-        elapsed = time.perf_counter() - started
-        name = "fp32" if dtype == torch.float32 else "bf16"
-        part.lines.append(f"64 MiB MLP ({width}x{width}), {device}, {name}: {steps * batch / elapsed:,.0f} samples/s "
-                          f"({elapsed / steps * 1e3:.1f} ms/step, batch {batch})")
-    part.ok = True
-    return part
+    def step() -> None:
+        with torch.autocast(device, dtype=dtype, enabled=dtype != torch.float32):
+            loss = model(x).float().pow(2).mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    for _ in range(2):  # warm-up: the first steps pick kernels and allocate
+        step()
+    _sync(device)
+    steps, started = 0, time.perf_counter()
+    while (device == "cuda" and time.perf_counter() - started < seconds / 2) or steps < 3:
+        step()
+        steps += 1
+    _sync(device)
+    elapsed = time.perf_counter() - started
+    return (f"64 MiB MLP ({width}x{width}), {device}, {name}: {steps * batch / elapsed:,.0f} samples/s "
+            f"({elapsed / steps * 1e3:.1f} ms/step, batch {batch})")
 
 
 def _sync(device: str) -> None:
@@ -281,8 +273,8 @@ def summary(device: str, info: list[str], parts: list[Part], elapsed: float) -> 
     return "\n".join(lines)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="bench/gpu_check.py", description=__doc__.split("\n\n")[0])
+def parse_args(argv: list[str] | None = None):
+    p = arg_parser(__doc__, prog="bench/gpu_check.py")
     p.add_argument("--skip", default="", help="comma-separated parts to skip: " + ", ".join(PARTS))
     p.add_argument("--train-seconds", type=float, default=10.0, help="seconds per throughput measurement")
     p.add_argument("--out", type=Path, default=None, help="keep the cluster's logs here (default: a temp dir)")
@@ -329,14 +321,5 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if any(p.ok is False for p in parts) else 0
 
 
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
-
-
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
+    run_main(main)

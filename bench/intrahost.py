@@ -28,125 +28,84 @@ intrahost and hier are checked to hold the exact mean on every process.
 
 from __future__ import annotations
 
-import argparse
-import multiprocessing
+import functools
 import os
-import signal
 import statistics
-import sys
 import tempfile
-import time
-import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-for path in (ROOT, ROOT / "bench"):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
-
-import exchange_group  # noqa: E402  (bench/exchange_group.py: the bulk-lane group method and the harness figures)
-from _harness import collect, reap  # noqa: E402
+import exchange_group  # bench/exchange_group.py: the bulk-lane group method, the gloo floor, the rank settings
+from harness.exchange import ExchangePeer, timed_rounds
+from harness.output import md_table, ratio, timing_cells
+from harness.ranks import (
+    Rank, RepeatClock, checks, rank_vectors, run_ranks, same_result, slowest, stop_resource_tracker,
+)
+from harness.script import arg_parser, each_timed, names, numbers, run_main
 
 METHODS = ("intrahost", "hier", "gloo")
 JOB = "bench-intrahost"
 
 
-def _intrahost(rank: int, cfg: dict, barrier) -> dict:
+def _intrahost(cfg: dict, me: Rank) -> dict:
+    """One worker of the group: its group stage on the intra-host tier, every repeat."""
     import asyncio
 
     import torch
 
     from peerd.core.groups import plan_hierarchical
     from peerd.core.intrahost import IntraHostSlot
-    from peerd.core.segments import split_even
     from peerd.worker.intrahost.group import IntraHostGroup
     from peerd.worker.intrahost.round import intrahost_round
-    from peerd.worker.round.context import RoundBuffers, RoundContext, RoundInputs
-    from peerd.worker.wire.stores import Identity, SnapshotStore, StageStore
     from peerd.worker.wire.transport import MemoryTransport
 
-    procs, numel, segments = cfg["procs"], cfg["numel"], cfg["segments"]
-    own0, mean = exchange_group._vectors(rank, procs, numel)
-    me = f"d.{rank}"  # the daemon's workers: "<peer_id>.<k>"
+    procs, segments = cfg["procs"], cfg["segments"]
+    own0, mean = rank_vectors(me.rank, procs, cfg["numel"])
+    peer = ExchangePeer(JOB, f"d.{me.rank}", cfg["numel"], segments)  # the daemon's workers: "<peer_id>.<k>"
     localities = {f"d.{k}": ("", "127.0.0.1", "d") for k in range(procs)}
-    layout = split_even(numel, segments)
+    clock = RepeatClock(cfg["warmup"])
 
-    async def main() -> dict:
-        group = IntraHostGroup(IntraHostSlot(cfg["rendezvous"], rank, procs), torch.device("cpu"), me,
-                               timeout_s=exchange_group.BARRIER_TIMEOUT_S)
+    async def main():
+        group = IntraHostGroup(IntraHostSlot(cfg["rendezvous"], me.rank, procs), torch.device("cpu"), peer.me,
+                               timeout_s=cfg["barrier_s"])
         try:
             while group.state.formed is None:  # the daemon wrote generation 1: form it, in round 0
                 group.poll(0)
                 await asyncio.sleep(0.05)
-            store, stages = SnapshotStore(numel), StageStore()
-            transport = MemoryTransport(Identity(JOB, "fp", me), {})  # one group: nothing crosses hosts
-            ctx = RoundContext(me, layout, transport, stages, intrahost=group)
-            vector, recv = own0.clone(), torch.empty(numel)
-            times, cpu = [], []
-            for i in range(cfg["warmup"] + cfg["repeats"]):
-                vector.copy_(own0)
-                await asyncio.to_thread(barrier.wait, exchange_group.BARRIER_TIMEOUT_S)
-                t0, c0 = time.perf_counter(), time.process_time()
-                round_ = group.state.start + i  # the group is used from its start round
-                into = await store.hand_over(round_, vector)  # as the worker does with a model on the CPU
-                plan = plan_hierarchical(JOB, round_, localities, me, segments, procs)
-                buffers = RoundBuffers(vector, recv, cfg["deadline_s"], into)
-                result = await intrahost_round(ctx, RoundInputs(plan, {}, buffers))
+            ctx = peer.context(MemoryTransport(peer.identity, {}), intrahost=group)  # one group: nothing crosses hosts
+
+            async def one_round(i: int, vector):
+                round_ = group.state.start + i - 1  # the group is used from its start round
+                into = await peer.store.hand_over(round_, vector)  # as the worker does with a model on the CPU
+                plan = plan_hierarchical(JOB, round_, localities, peer.me, segments, procs)
+                result = await intrahost_round(ctx, peer.inputs(plan, {}, vector, cfg["deadline_s"], into))
                 if result is None:
                     raise RuntimeError(f"round {round_}: the intra-host group was not used")
-                vector = into
-                t1, c1 = time.perf_counter(), time.process_time()
-                if i >= cfg["warmup"]:
-                    times.append(t1 - t0)
-                    cpu.append(c1 - c0)
-            torch.testing.assert_close(vector, mean, rtol=1e-5, atol=1e-6)
-            await asyncio.to_thread(barrier.wait, exchange_group.BARRIER_TIMEOUT_S)
-            return {"times": times, "cpu": cpu, **exchange_group._checks(vector)}
+                return result, into
+
+            return await timed_rounds(me, cfg, own0.clone(), one_round, clock)
         finally:
             await group.aclose()
 
-    return asyncio.run(main())
-
-
-def _worker(rank: int, cfg: dict, barrier, results) -> None:
-    try:
-        import torch
-
-        torch.set_num_threads(1)
-        results.put({"rank": rank, "ok": True, **_intrahost(rank, cfg, barrier)})
-    except Exception:
-        barrier.abort()
-        results.put({"rank": rank, "ok": False, "error": traceback.format_exc()})
+    vector = asyncio.run(main())
+    torch.testing.assert_close(vector, mean, rtol=1e-5, atol=1e-6)
+    return {**clock.report(), **checks(vector)}
 
 
 def run_intrahost(cfg: dict) -> dict:
-    """N processes with the daemon's rendezvous; always reaped."""
+    """N processes with the daemon's rendezvous."""
     from peerd.rendezvous import Rendezvous
 
     rendezvous = Rendezvous(Path(cfg["tmp"]) / f"job-{cfg['procs']}", cfg["procs"])
     rendezvous.bump()  # as the daemon does before it starts the workers
     cfg = {**cfg, "rendezvous": str(rendezvous.directory)}
-    ctx = multiprocessing.get_context("spawn")
-    n = cfg["procs"]
-    barrier, results = ctx.Barrier(n), ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, cfg, barrier, results), name=f"bench-intrahost-{r}", daemon=True)
-             for r in range(n)]
-    try:
-        for p in procs:
-            p.start()
-        got = collect("intrahost", procs, results, time.monotonic() + cfg["method_timeout_s"])
-    finally:
-        reap(procs, [], results)
-    if len({(g["checksum"], tuple(g["head"])) for g in got.values()}) != 1:
-        raise AssertionError("intrahost: the processes hold different results")
-    ranks = [got[r] for r in range(n)]
-    return {"times": [max(ts) for ts in zip(*(g["times"] for g in ranks))],
-            "cpu": [max(cs) for cs in zip(*(g["cpu"] for g in ranks))]}
+    ranks = run_ranks("intrahost", cfg["procs"], functools.partial(_intrahost, cfg), cfg["method_timeout_s"])
+    same_result("intrahost", ranks)
+    return {"times": slowest(ranks, "times"), "cpu": slowest(ranks, "cpu")}
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="bench/intrahost.py", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+def parse_args(argv: list[str] | None = None):
+    p = arg_parser(
+        __doc__, defaults=True, prog="bench/intrahost.py",
         description="N CPU worker processes of one daemon averaging a vector: the intra-host tier (gloo) vs the "
         "bulk lane (hierarchical_round), for each N in --procs.",
         epilog="Figures are per repeat the slowest process, in ms; ratios are of medians.")
@@ -159,16 +118,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of: " + ", ".join(METHODS))
     p.add_argument("--deadline-s", type=float, default=90.0, help="deadline per round")
     args = p.parse_args(argv)
-    args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    try:
-        args.procs = [int(n) for n in args.procs.split(",")]
-    except ValueError:
-        p.error("--procs: whole numbers separated by commas")
-    if not args.methods or any(m not in METHODS for m in args.methods):
-        p.error(f"--methods: choose from {', '.join(METHODS)}")
+    args.methods = names(p, args.methods, METHODS, "--methods")
+    args.procs = numbers(p, args.procs, int, "--procs")
     if any(n < 2 for n in args.procs) or args.repeats < 1 or args.warmup < 0 or args.mib <= 0:
         p.error("--procs each ≥ 2; --repeats, --mib positive; --warmup ≥ 0")
     return args
+
+
+def run_group(args, n: int, tmp: str) -> dict[str, dict]:
+    """Every method with n processes."""
+    cfg = exchange_group.group_cfg(args, n, tmp)
+    return each_timed(args.methods, lambda m: run_intrahost(cfg) if m == "intrahost" else
+                      exchange_group.run_method(m, cfg), label=lambda m: f"{n} processes, {m}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,42 +137,23 @@ def main(argv: list[str] | None = None) -> int:
     numel = int(args.mib * 1024 * 1024) // 4
     import torch
 
-    rows = []
     with tempfile.TemporaryDirectory(prefix="peerd-bench-") as tmp:
-        print(f"{numel * 4 / 2**20:g} MiB fp32, {args.procs} processes on 127.0.0.1, {args.repeats} repeats + "
-              f"{args.warmup} warm-up, {args.segments} segments; torch {torch.__version__}, {os.cpu_count()} CPUs",
-              flush=True)
-        for n in args.procs:
-            cfg = {"numel": numel, "procs": n, "repeats": args.repeats, "warmup": args.warmup,
-                   "segments": args.segments, "chunk_kib": args.chunk_kib, "deadline_s": args.deadline_s,
-                   "gloo_store": os.path.join(tmp, f"gloo-store-{n}"), "tmp": tmp,
-                   "method_timeout_s": 90.0 + (args.repeats + args.warmup) * 60.0}
-            runs = {}
-            for method in args.methods:
-                t = time.monotonic()
-                runs[method] = run_intrahost(cfg) if method == "intrahost" else exchange_group.run_method(method, cfg)
-                print(f"  {n} processes, {method}: done in {time.monotonic() - t:.1f} s", flush=True)
-            rows.append((n, runs))
-    print("\n| processes | method | median ms | p90 ms | min ms | cpu ms (slowest process) | × hier (bulk lane) |")
-    print("|---|---|---|---|---|---|---|")
-    for n, runs in rows:
-        med = {m: statistics.median(r["times"]) for m, r in runs.items()}
-        for m, r in runs.items():
-            ratio = f"{med[m] / med['hier']:.2f}" if "hier" in med else "-"
-            print(f"| {n} | {m} | {med[m] * 1e3:.1f} | {exchange_group.quantile(r['times'], 0.9) * 1e3:.1f} "
-                  f"| {min(r['times']) * 1e3:.1f} | {statistics.median(r['cpu']) * 1e3:.0f} | {ratio} |")
+        print(f"{numel * 4 / 2**20:g} MiB fp32, {args.procs} processes on 127.0.0.1, "
+              f"{args.repeats} repeats + {args.warmup} warm-up, {args.segments} segments; torch {torch.__version__}, "
+              f"{os.cpu_count()} CPUs", flush=True)
+        rows = [(n, run_group(args, n, tmp)) for n in args.procs]
+    print()
+    print(md_table(["processes", "method", "median ms", "p90 ms", "min ms", "cpu ms (slowest process)",
+                    "× hier (bulk lane)"], _rows(rows)))
     return 0
 
 
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
+def _rows(rows: list[tuple[int, dict]]):
+    for n, runs in rows:
+        med = {m: statistics.median(r["times"]) for m, r in runs.items()}
+        for m, r in runs.items():
+            yield [n, m, *timing_cells(r["times"]), f"{statistics.median(r['cpu']) * 1e3:.0f}", ratio(med, m, "hier")]
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        code = main()
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        code = 130
-    sys.exit(code)
+    run_main(main, after=stop_resource_tracker)

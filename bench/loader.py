@@ -13,13 +13,13 @@ Figures: docs/benchmarks.md, "Data loading".
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
 from pathlib import Path
 
 import torch
 
+from harness.output import md_table
+from harness.script import arg_parser, run_main
 from peerd.jobspec import parse_job
 from peerd.worker.train.trainer import Trainer
 
@@ -44,21 +44,23 @@ def measure(workers: int, steps: int, warmup: int) -> float:
         trainer.close()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv: list[str] | None = None):
+    parser = arg_parser(__doc__, raw=True)
     parser.add_argument("--steps", type=int, default=60, help="measured steps per variant (default 60)")
     parser.add_argument("--warmup", type=int, default=10, help="steps before measuring (default 10)")
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2], help="loader workers to compare")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     torch.set_num_threads(1)
     rates = {w: measure(w, args.steps, args.warmup) for w in args.workers}
     base = rates[args.workers[0]]
-    print("| loader_workers | samples/s | × first |\n|---|---|---|")
-    for w, rate in rates.items():
-        print(f"| {w} | {rate:.0f} | {rate / base:.2f} |")
+    print(md_table(["loader_workers", "samples/s", "× first"],
+                   ([w, f"{rate:.0f}", f"{rate / base:.2f}"] for w, rate in rates.items())))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -19,58 +19,54 @@ accuracy.
 
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
-import sys
 import time
-import tomllib
 from pathlib import Path
 
-import tomli_w
+from harness.cluster import job_status, join_all, poll_until, wait_finished
+from harness.output import md_table
+from harness.script import arg_parser, run_dir, run_main
+from peerd.cluster import LocalCluster, default_job, job_with
 
-from _harness import job_status
-from peerd.cluster import LocalCluster, default_job
-
-REPO = Path(__file__).resolve().parents[1]
 VARIANTS = {
     "default": {},
     "jump": {"scaling": "linear", "max_scale": math.inf, "ramp_steps": 0},
 }
+ALONE_S = 600.0  # bound on peer-0's rounds alone
 
 
 def job_text(name: str, optimizer: dict, epochs: float) -> str:
-    data = tomllib.loads(default_job().read_text())
-    data["job"].update(name=name, epochs=epochs, eval_every_rounds=50)
-    data["optimizer"].update({"lr": 0.05, "schedule": "constant", "reference_batch": 32, "ramp_steps": 8, **optimizer})
-    return tomli_w.dumps(data)
+    return job_with(default_job(), job={"name": name, "epochs": epochs, "eval_every_rounds": 50},
+                    optimizer={"lr": 0.05, "schedule": "constant", "reference_batch": 32, "ramp_steps": 8,
+                               **optimizer})
 
 
-def run(name: str, optimizer: dict, args: argparse.Namespace) -> dict:
-    text = job_text(f"grow-{name}", optimizer, args.epochs)
+def grow(cluster: LocalCluster, job: str, text: str, args) -> tuple[tuple[float, float], list, list]:
+    """peer-0 trains alone for --alone rounds, then the others join: peer-0's
+    (LR, loss) before, its (t, round, lr, loss, global batch) at every poll after,
+    and every peer's final status."""
+    first, *others = cluster.peers
+    join_all(cluster, text, peers=[first])
+    start = time.monotonic()
+    j = poll_until(lambda: (j := job_status(cluster, first, job)) is not None and j.progress.round >= args.alone and j,
+                   ALONE_S, f"peer-0 to train {args.alone} rounds alone", interval_s=0.5)
+    join_all(cluster, text, peers=others)
+    trace: list[tuple[float, int, float, float, int]] = []
+
+    def note(statuses: list) -> None:
+        p0 = statuses[0].progress
+        trace.append((time.monotonic() - start, p0.round, p0.lr, p0.loss, p0.global_batch))
+
+    jobs = wait_finished(cluster, job, f"a peer failed; logs under {cluster.out}", 0.5, note)
+    return (j.progress.lr, j.progress.loss), trace, jobs
+
+
+def run(name: str, optimizer: dict, args, out: Path) -> dict:
     job = f"grow-{name}"
-    with LocalCluster(args.grow, args.out / name) as cluster:
+    with LocalCluster(args.grow, out / name) as cluster:
         cluster.wait_ready()
-        first, *others = cluster.peers
-        with cluster.client(first) as c:
-            c.join(text)
-        trace: list[tuple[float, int, float, float, int]] = []  # (t, round, lr, loss, global batch) of peer-0
-        start = time.monotonic()
-        while (j := job_status(cluster, first, job)) is None or j.progress.round < args.alone:
-            time.sleep(0.5)
-        before = (j.progress.lr, j.progress.loss)
-        for peer in others:
-            with cluster.client(peer) as c:
-                c.join(text)
-        while True:
-            jobs = [job_status(cluster, p, job) for p in cluster.peers]
-            p0 = jobs[0].progress
-            trace.append((time.monotonic() - start, p0.round, p0.lr, p0.loss, p0.global_batch))
-            if any(j is not None and j.state == "failed" for j in jobs):
-                raise SystemExit(f"{name}: a peer failed; logs under {args.out / name}")
-            if all(j is not None and j.state == "finished" for j in jobs):
-                break
-            time.sleep(0.5)
+        before, trace, jobs = grow(cluster, job, job_text(job, optimizer, args.epochs), args)
     # From the first round peer-0 sees the larger global batch (the newcomers serve).
     grown = next((t[1] for t in trace if t[4] > 32), None)
     after = [t for t in trace if grown is not None and grown <= t[1] <= grown + args.window]
@@ -81,24 +77,28 @@ def run(name: str, optimizer: dict, args: argparse.Namespace) -> dict:
             "batch_after": max((t[4] for t in after), default=0)}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(argv: list[str] | None = None):
+    parser = arg_parser(__doc__)
     parser.add_argument("--grow", type=int, default=6, help="workers after the change (default 6)")
     parser.add_argument("--alone", type=int, default=60, help="rounds peer-0 trains alone (default 60)")
     parser.add_argument("--window", type=int, default=100, help="rounds after the change to watch (default 100)")
     parser.add_argument("--epochs", type=float, default=4.0, help="epochs of the job (default 4)")
-    parser.add_argument("--out", type=Path, default=REPO / "runs" / time.strftime("lr-grow-%Y%m%d-%H%M%S"))
-    args = parser.parse_args(argv)
-    results = [run(name, optimizer, args) for name, optimizer in VARIANTS.items()]
-    print(f"| variant | global batch grew at round | LR before → highest after | loss before → highest in "
-          f"{args.window} rounds after | final test accuracy per peer (mean) |\n|---|---|---|---|---|")
-    for r in results:
-        acc = r["accuracy"]
-        print(f"| {r['variant']} | {r['grown_at']} (to {r['batch_after']}) | {r['lr_before']:.3f} → {r['lr_after']:.3f} "
-              f"| {r['loss_before']:.3f} → "
-              f"{r['loss_max_after']:.3f} | {', '.join(f'{a:.3f}' for a in acc)} ({statistics.fmean(acc):.4f}) |")
+    parser.add_argument("--out", type=Path, default=None, help="run directory (default runs/lr-grow-TIMESTAMP)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out = run_dir(args.out, "lr-grow")
+    results = [run(name, optimizer, args, out) for name, optimizer in VARIANTS.items()]
+    print(md_table(["variant", "global batch grew at round", "LR before → highest after",
+                    f"loss before → highest in {args.window} rounds after", "final test accuracy per peer (mean)"],
+                   ([r["variant"], f"{r['grown_at']} (to {r['batch_after']})",
+                     f"{r['lr_before']:.3f} → {r['lr_after']:.3f}", f"{r['loss_before']:.3f} → {r['loss_max_after']:.3f}",
+                     f"{', '.join(f'{a:.3f}' for a in r['accuracy'])} ({statistics.fmean(r['accuracy']):.4f})"]
+                    for r in results)))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -14,7 +14,6 @@ draws the PNG from that file.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import math
 import sys
@@ -23,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.output import md_table, pyplot, save_figure
+from harness.script import arg_parser, numbers, run_main
 from peerd.sim import SimConfig, Simulation, parse_schedule
 from peerd.sim.task import Task
 
@@ -113,32 +114,31 @@ def report(out: Path, png: Path | None) -> None:
         f"{n} peers {100 * np.mean(v):.1f} ± {100 * np.std(v):.1f}" for n, v in
         sorted((int(s[4:]), v) for (s, *_), v in cells.items() if s.startswith("base"))))
     print()
-    print("| law | T | " + " | ".join(f"{s[:-1]} {scenario(s)[0]}→{scenario(s)[1]}" for s in scen) + " | worst |")
-    print("|---|---|" + "---|" * (len(scen) + 1))
     policies = sorted({(law, cap, t) for (s, law, cap, t) in cells if not s.startswith("base")},
                       key=lambda p: (p[0], -p[1], p[2]))
-    for law, cap, t in policies:
-        deltas, texts = [], []
-        for s in scen:
-            v = cells.get((s, law, cap, t))
-            if not v:
-                texts.append("–")
-                continue
-            d = 100 * (np.mean(v) - base[scenario(s)[0]])  # against the run at the starting size
-            deltas.append(d)
-            texts.append(f"{100 * np.mean(v):.1f} ({d:+.1f})" + (f" [{len(v)}]" if len(v) != 3 else ""))
-        worst = f"{min(deltas):+.1f}" if deltas else "–"
-        print(f"| {_policy(law, cap)} | {t if law != 'none' else '–'} | " + " | ".join(texts) + f" | {worst} |")
+    print(md_table(["law", "T", *(f"{s[:-1]} {scenario(s)[0]}→{scenario(s)[1]}" for s in scen), "worst"],
+                   (_policy_row(cells, base, scen, *policy) for policy in policies)))
     if png:
         plot(cells, base, scen, policies, png)
 
 
+def _policy_row(cells, base, scen: list[str], law: str, cap: float, t: int) -> list[str]:
+    """One policy's final accuracy per scenario, and its difference to the run at the starting size."""
+    deltas, texts = [], []
+    for s in scen:
+        v = cells.get((s, law, cap, t))
+        if not v:
+            texts.append("–")
+            continue
+        d = 100 * (np.mean(v) - base[scenario(s)[0]])
+        deltas.append(d)
+        texts.append(f"{100 * np.mean(v):.1f} ({d:+.1f})" + (f" [{len(v)}]" if len(v) != 3 else ""))
+    worst = f"{min(deltas):+.1f}" if deltas else "–"
+    return [_policy(law, cap), str(t) if law != "none" else "–", *texts, worst]
+
+
 def plot(cells, base, scen, policies, png: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(2, len(scen) // 2 or 1, figsize=(4 * max(1, len(scen) // 2), 6.5), sharey=True, squeeze=False)
     for ax, s in zip(axes.flat, scen):
         for law, cap in dict.fromkeys((p[0], p[1]) for p in policies):
@@ -163,13 +163,11 @@ def plot(cells, base, scen, policies, png: Path) -> None:
     fig.suptitle("crossover, mlp 64, local batch 32, LR 0.2, 300 rounds; mean of 3 seeds; grey band ±1 point; "
                  "a cap that does not bind draws under the uncapped line", fontsize=9)
     fig.tight_layout()
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=100)
-    plt.close(fig)
+    save_figure(fig, [png])
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv: list[str] | None = None):
+    p = arg_parser(__doc__, raw=True, description=__doc__)
     p.add_argument("--out", type=Path, default=Path("sim-out/lr-sweep"))
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--T", default="0,8,32", help="comma list of ramp lengths T")
@@ -180,16 +178,20 @@ def main() -> int:
     p.add_argument("--budget-s", type=float, default=1500, help="stop starting runs after this many seconds")
     p.add_argument("--report", action="store_true", help="print the table (and --png) from runs.csv instead")
     p.add_argument("--png", type=Path)
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    args.seeds, args.T, args.k = (numbers(p, getattr(args, f), int, f"--{f}") for f in ("seeds", "T", "k"))
+    args.policies = [(v.split(":")[0], float(v.split(":")[1])) for v in args.policies.split(",") if v]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     if args.report:
         report(args.out, args.png)
         return 0
-    ints = lambda text: [int(v) for v in text.split(",") if v]  # noqa: E731
-    policies = [(v.split(":")[0], float(v.split(":")[1])) for v in args.policies.split(",") if v]
-    runs = plan(ints(args.seeds), ints(args.T), ints(args.k), args.kinds.split(","), policies)
-    sweep(args.out, runs, args.budget_s)
+    sweep(args.out, plan(args.seeds, args.T, args.k, args.kinds.split(","), args.policies), args.budget_s)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -27,32 +27,28 @@ daemon is stopped by PID at the end of its variant, also on errors and Ctrl+C.
 
 from __future__ import annotations
 
-import argparse
-import csv
 import json
 import math
-import sys
 import time
 from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from peerd.auth import create_secret_file  # noqa: E402
-from peerd.client import ControlClient  # noqa: E402
-from peerd.cluster import LocalCluster, builtin_job  # noqa: E402
-from peerd.errors import PeerdError  # noqa: E402
-from peerd.examples.noniid import TEST_SIZE, bundled, classes_of, write_split  # noqa: E402
-from peerd.jobspec import load_job  # noqa: E402
+from harness.cluster import job_status, join_all, wait_discovery
+from harness.output import pyplot, save_figure, write_csv, write_json
+from harness.script import arg_parser, run_dir, run_main
+from peerd.auth import create_secret_file
+from peerd.cluster import LocalCluster, builtin_job
+from peerd.examples.noniid import TEST_SIZE, bundled, classes_of, write_split
+from peerd.jobspec import load_job
 
 POLL_S = 0.5
+GOAL = 0.93  # every peer's test accuracy with gossip
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(argv: list[str] | None = None):
+    p = arg_parser(__doc__)
     p.add_argument("--peers", type=int, default=3, help="peers, each holding the digits of ~10/N classes (default 3)")
     p.add_argument("--out", type=Path, default=None, help="run directory (default runs/noniid-TIMESTAMP)")
     p.add_argument("--png", type=Path, default=None, help="where the plot goes (default OUT/noniid.png)")
@@ -67,55 +63,38 @@ def ceilings(peers: int) -> list[float]:
     return [float(np.isin(test, classes_of(k, peers)).mean()) for k in range(peers)]
 
 
-def run_variant(name: str, clusters: list[LocalCluster], text: str, budget: float, curves: list[dict]) -> dict:
-    """Join every cluster's daemons to the job and poll until all finish."""
-    peers = [(k, c, p) for k, c in enumerate(clusters) for p in c.peers]
-    for _, cluster, peer in peers:
+def run_variant(name: str, clusters: list[LocalCluster], job: str, text: str, budget: float,
+                curves: list[dict]) -> dict:
+    """Join every cluster's daemons to the job and poll until all finish (or
+    `budget` s); every poll's progress goes to `curves`, each peer's last to the result."""
+    for cluster in clusters:
         cluster.wait_ready()
-    deadline = time.monotonic() + 60
-    while len(clusters) == 1 and time.monotonic() < deadline:  # discovery in the one shared realm
-        if all(_client(p).status().peers_known == len(peers) - 1 for _, _, p in peers):
-            break
-        time.sleep(POLL_S)
-    for _, _, peer in peers:
-        with _client(peer) as c:
-            c.join(text)
+    if len(clusters) == 1:  # discovery in the one shared realm
+        wait_discovery(clusters[0], 60)
+    for cluster in clusters:
+        join_all(cluster, text)
+    labelled = [(f"peer-{k}" if len(clusters) > 1 else p.peer_id, c, p) for k, c in enumerate(clusters) for p in c.peers]
     started, final = None, {}
     stop = time.monotonic() + budget
     while time.monotonic() < stop:
-        states = {}
-        for k, cluster, peer in peers:
-            label = f"peer-{k}" if len(clusters) > 1 else peer.peer_id
-            with _client(peer) as c:
-                jobs = c.status().jobs
-            if not jobs:
-                continue
-            j = jobs[0]
-            states[label] = j.state
-            if j.progress.step > 0 and started is None:
-                started = time.monotonic()
+        polled = {label: j for label, c, p in labelled if (j := job_status(c, p, job)) is not None}
+        if started is None and any(j.progress.step > 0 for j in polled.values()):
+            started = time.monotonic()  # the clock starts at the variant's first step
+        for label, j in polled.items():
             if started is not None and j.progress.step > 0:
                 curves.append({"variant": name, "peer": label, "t": round(time.monotonic() - started, 2),
                                "step": j.progress.step, "samples": j.progress.samples, "accuracy": j.progress.metric})
             final[label] = {"state": j.state, "accuracy": j.progress.metric, "steps": j.progress.step,
                             "samples": j.progress.samples}
-        if len(states) == len(peers) and all(s in ("finished", "failed") for s in states.values()):
+        if len(polled) == len(labelled) and all(j.state in ("finished", "failed") for j in polled.values()):
             break
         time.sleep(POLL_S)
     final["seconds"] = round(time.monotonic() - (started or time.monotonic()), 1)
     return final
 
 
-def _client(peer) -> ControlClient:
-    return ControlClient(peer.socket, timeout_s=5.0)
-
-
 def plot(curves: list[dict], summary: dict, path: Path, peers: int) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for k in range(peers):
@@ -126,29 +105,21 @@ def plot(curves: list[dict], summary: dict, path: Path, peers: int) -> None:
             ax.plot([r["t"] for r in rows], [r["accuracy"] for r in rows], style, color=color,
                     label=f"{peer} (classes {classes}) {variant}")
         ax.axhline(summary["ceilings"][k], color=color, linestyle=":", linewidth=0.8)
-    ax.axhline(0.93, color="black", linestyle=":", linewidth=0.8)
+    ax.axhline(GOAL, color="black", linestyle=":", linewidth=0.8)
     ax.set(xlabel="seconds since the first step", ylabel="test accuracy, all 10 classes", ylim=(0, 1),
            title=f"non-IID digits, {peers} peers: alone (dashed) vs peerd gossip (solid); dotted: alone's ceiling")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, [path], dpi=110)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    out = args.out or REPO / "runs" / time.strftime("noniid-%Y%m%d-%H%M%S")
-    args.png = args.png or out / "noniid.png"  # the docs' figure only when asked
-    out.mkdir(parents=True, exist_ok=True)
-    roots = [out / "data" / f"peer-{k}" for k in range(args.peers)]
-    counts = write_split(roots)
+def train_both(args, out: Path, roots: list[Path], summary: dict) -> list[dict]:
+    """alone (one cluster per peer, all at once), then gossip (one cluster); the curves."""
     secret = out / "job.secret"
     create_secret_file(secret, overwrite=True)
     spec, text = load_job(builtin_job("digits-noniid"))
-    summary: dict = {"peers": args.peers, "train_digits": counts, "ceilings": ceilings(args.peers),
-                     "job": spec.name, "epochs": spec.epochs}
+    summary.update(job=spec.name, epochs=spec.epochs)
     curves: list[dict] = []
 
     def settings_for(k: int):
@@ -156,35 +127,39 @@ def main(argv: list[str] | None = None) -> int:
                              "auth": {"job_secret_file": str(secret)}}
 
     try:
-        with ExitStack() as stack:  # alone: one cluster per peer, all at once
+        with ExitStack() as stack:
             clusters = [stack.enter_context(LocalCluster(1, out / "alone" / f"peer-{k}", settings=settings_for(k)))
                         for k in range(args.peers)]
-            summary["alone"] = run_variant("alone", clusters, text, args.budget, curves)
+            summary["alone"] = run_variant("alone", clusters, spec.name, text, args.budget, curves)
         print("alone:", json.dumps(summary["alone"]), flush=True)
         with LocalCluster(args.peers, out / "gossip", settings=settings_for(-1)) as cluster:
-            summary["gossip"] = run_variant("gossip", [cluster], text, args.budget, curves)
+            summary["gossip"] = run_variant("gossip", [cluster], spec.name, text, args.budget, curves)
         print("gossip:", json.dumps(summary["gossip"]), flush=True)
-    except PeerdError as exc:
-        print(f"bench/noniid: {exc}", file=sys.stderr)
-        return 1
     finally:
-        if curves:
-            with open(out / "curves.csv", "w", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=list(curves[0]))
-                writer.writeheader()
-                writer.writerows(curves)
+        write_csv(out / "curves.csv", curves)
+    return curves
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out = run_dir(args.out, "noniid")
+    args.png = args.png or out / "noniid.png"  # the docs' figure only when asked
+    roots = [out / "data" / f"peer-{k}" for k in range(args.peers)]
+    counts = write_split(roots)
+    summary: dict = {"peers": args.peers, "train_digits": counts, "ceilings": ceilings(args.peers)}
+    curves = train_both(args, out, roots, summary)
     gossip = [summary["gossip"][f"peer-{k}"]["accuracy"] for k in range(args.peers)]
     alone = [summary["alone"][f"peer-{k}"]["accuracy"] for k in range(args.peers)]
-    summary["goal_met"] = min(gossip) >= 0.93 and all(a <= c + 1e-9 for a, c in zip(alone, summary["ceilings"]))
-    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    summary["goal_met"] = min(gossip) >= GOAL and all(a <= c + 1e-9 for a, c in zip(alone, summary["ceilings"]))
+    write_json(out / "summary.json", summary)
     plot(curves, summary, args.png, args.peers)
     for k in range(args.peers):
         print(f"peer-{k} classes {classes_of(k, args.peers)} ({counts[k]} digits): alone {alone[k]:.4f} "
               f"(ceiling {summary['ceilings'][k]:.3f}), gossip {gossip[k]:.4f}")
-    print(f"goal (gossip ≥ 0.93 on every peer, alone ≤ its ceiling): {'met' if summary['goal_met'] else 'NOT met'}; "
+    print(f"goal (gossip ≥ {GOAL} on every peer, alone ≤ its ceiling): {'met' if summary['goal_met'] else 'NOT met'}; "
           f"{out}/summary.json, plot {args.png}")
     return 0 if summary["goal_met"] else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

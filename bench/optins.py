@@ -20,14 +20,14 @@ Figures: docs/algorithms.md, "The training state".
 
 from __future__ import annotations
 
-import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
+from harness.output import md_table
+from harness.script import arg_parser, run_main
 from peerd.core.rng import derive_seed
 from peerd.core.topology import derangement
 from peerd.jobspec import parse_job
@@ -83,21 +83,25 @@ def run(gossip: str, epochs: float) -> dict:
             "seconds": time.perf_counter() - started}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(argv: list[str] | None = None):
+    parser = arg_parser(__doc__)
     parser.add_argument("--epochs", type=float, default=3.0, help="epochs of the 4,000 digits (default 3)")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     torch.set_num_threads(1)
     torch.manual_seed(0)
     results = {name: run(gossip, args.epochs) for name, gossip in VARIANTS.items()}
     base = results["params"]["gossiped"]
-    print("| averaged | elements per round | × params | own-model accuracy (min–max) | BN statistics spread "
-          "| averaged model accuracy |\n|---|---|---|---|---|---|")
-    for name, r in results.items():
-        print(f"| {name} | {r['gossiped']:,} | {r['gossiped'] / base:.2f} | {min(r['own']):.4f}–{max(r['own']):.4f} "
-              f"| {r['bn_spread']:.4f} | {r['mean_model']:.4f} |")
+    print(md_table(["averaged", "elements per round", "× params", "own-model accuracy (min–max)",
+                    "BN statistics spread", "averaged model accuracy"],
+                   ([name, f"{r['gossiped']:,}", f"{r['gossiped'] / base:.2f}",
+                     f"{min(r['own']):.4f}–{max(r['own']):.4f}", f"{r['bn_spread']:.4f}", f"{r['mean_model']:.4f}"]
+                    for name, r in results.items())))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -22,11 +22,11 @@ About a minute per run on 2 cores; deterministic (fixed seeds).
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 from torch import nn
 
+from harness.script import arg_parser, run_main
+from harness.training import accuracy
 from peerd.core.segments import split_even
 from peerd.core.topology import plan_round
 from peerd.examples.mnist import make_datasets
@@ -64,10 +64,6 @@ def run(mode: str, period: int, rounds: int, width: int) -> None:
         return nn.Sequential(nn.Flatten(), nn.Linear(784, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
                              nn.Linear(width, 10))
 
-    def accuracy(m: nn.Module) -> float:
-        with torch.no_grad():
-            return float((m(tx).argmax(1) == ty).float().mean())
-
     mean_b = sum(BATCHES.values()) / len(PEERS)
     models = {p: model() for p in PEERS}
     opts = {p: torch.optim.SGD(models[p].parameters(), lr=LR * BATCHES[p] / mean_b, momentum=0.9,
@@ -94,29 +90,34 @@ def run(mode: str, period: int, rounds: int, width: int) -> None:
             snaps = {p: flat(models[p]) for p in PEERS}
             pending = (snaps, mix(snaps, r, layout))
         if r % 2 == 0:
-            accs = [accuracy(models[p]) for p in PEERS]
+            accs = [accuracy(models[p], tx, ty, eval_mode=False) for p in PEERS]
             vs = torch.stack([flat(models[p]) for p in PEERS])
             avg = model()
             torch.nn.utils.vector_to_parameters(vs.mean(0), avg.parameters())
             spread = float((vs - vs.mean(0)).norm() / vs.mean(0).norm())
             print(f"{mode} {period} steps, round {r}: mean own {sum(accs) / len(accs):.3f} min {min(accs):.3f} "
-                  f"average {accuracy(avg):.3f} spread {spread:.3f}", flush=True)
+                  f"average {accuracy(avg, tx, ty, eval_mode=False):.3f} spread {spread:.3f}", flush=True)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(argv: list[str] | None = None):
+    p = arg_parser(__doc__)
     p.add_argument("--runs", default="plain:8:16,overlap:8:16,overlap:4:32",
                    help="MODE:PERIOD:ROUNDS, comma-separated; MODE plain or overlap (default %(default)s)")
     p.add_argument("--width", type=int, default=512, help="hidden width of the MLP (default 512)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    args.runs = [spec.split(":") for spec in args.runs.split(",")]
+    if any(len(r) != 3 or r[0] not in ("plain", "overlap") for r in args.runs):
+        p.error("--runs: MODE:PERIOD:ROUNDS, MODE plain or overlap")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     torch.set_num_threads(2)
-    for spec in args.runs.split(","):
-        mode, period, rounds = spec.split(":")
-        if mode not in ("plain", "overlap"):
-            p.error(f"unknown mode {mode!r}: plain or overlap")
+    for mode, period, rounds in args.runs:
         run(mode, int(period), int(rounds), args.width)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

@@ -19,58 +19,49 @@ last join to the last finish.
 
 from __future__ import annotations
 
-import argparse
 import statistics
-import sys
-import time
-import tomllib
 from pathlib import Path
 
-import tomli_w
+from harness import ROOT
+from harness.cluster import train_job
+from harness.output import md_table
+from harness.script import arg_parser, run_dir, run_main
+from peerd.cluster import default_job, job_with
 
-from _harness import wait_finished
-from peerd.cluster import LocalCluster, default_job
-
-REPO = Path(__file__).resolve().parents[1]
-SCRIPT_JOB = REPO / "examples" / "mnist_script.toml"
+SCRIPT_JOB = ROOT / "examples" / "mnist_script.toml"
 
 
 def module_job() -> str:
     """mnist.toml with the script's settings."""
-    data = tomllib.loads(default_job().read_text())
-    data["job"].update(name="mnist-module", epochs=4, eval_every_rounds=40)
-    data["optimizer"].update(lr=0.05, momentum=0.9, weight_decay=0.0001, schedule="cosine", reference_batch=96)
-    return tomli_w.dumps(data)
+    return job_with(default_job(), job={"name": "mnist-module", "epochs": 4, "eval_every_rounds": 40},
+                    optimizer={"lr": 0.05, "momentum": 0.9, "weight_decay": 0.0001, "schedule": "cosine",
+                               "reference_batch": 96})
 
 
 def run(name: str, text: str, spec_dir: str, peers: int, out: Path) -> dict:
-    job = tomllib.loads(text)["job"]["name"]
-    with LocalCluster(peers, out / name) as cluster:
-        cluster.wait_ready()
-        for peer in cluster.peers:
-            with cluster.client(peer) as c:
-                c.join(text, spec_dir)
-        start = time.perf_counter()
-        jobs = wait_finished(cluster, job, f"{name}: a peer failed; logs under {out / name}")
-        wall = time.perf_counter() - start
+    jobs, wall = train_job(peers, out / name, text, spec_dir)
     accuracies = [j.progress.metric for j in jobs]
     return {"variant": name, "accuracies": accuracies, "mean": statistics.fmean(accuracies), "wall_s": wall,
             "steps": [j.progress.step for j in jobs]}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(argv: list[str] | None = None):
+    parser = arg_parser(__doc__)
     parser.add_argument("--peers", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=REPO / "runs" / time.strftime("script-vs-module-%Y%m%d-%H%M%S"))
-    args = parser.parse_args(argv)
-    results = [run("module", module_job(), "", args.peers, args.out),
-               run("script", SCRIPT_JOB.read_text(), str(SCRIPT_JOB.parent), args.peers, args.out)]
-    print("| variant | test accuracy per peer | mean | steps per peer | wall s |\n|---|---|---|---|---|")
-    for r in results:
-        print(f"| {r['variant']} | {', '.join(f'{a:.4f}' for a in r['accuracies'])} | {r['mean']:.4f} "
-              f"| {', '.join(map(str, r['steps']))} | {r['wall_s']:.0f} |")
+    parser.add_argument("--out", type=Path, default=None, help="run directory (default runs/script-vs-module-TIMESTAMP)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out = run_dir(args.out, "script-vs-module")
+    results = [run("module", module_job(), "", args.peers, out),
+               run("script", SCRIPT_JOB.read_text(), str(SCRIPT_JOB.parent), args.peers, out)]
+    print(md_table(["variant", "test accuracy per peer", "mean", "steps per peer", "wall s"],
+                   ([r["variant"], ", ".join(f"{a:.4f}" for a in r["accuracies"]), f"{r['mean']:.4f}",
+                     ", ".join(map(str, r["steps"])), f"{r['wall_s']:.0f}"] for r in results)))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

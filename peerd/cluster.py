@@ -45,6 +45,15 @@ def builtin_job(name: str) -> Path:
     return Path(str(resources.files("peerd.examples").joinpath(f"{name}.toml")))
 
 
+def job_with(path: Path, **tables: dict[str, object]) -> str:
+    """A job file's text with values replaced or added, table by table, e.g.
+    job_with(default_job(), job={"epochs": 2}): the tests' and benchmarks' jobs."""
+    data = tomllib.loads(path.read_text())
+    for table, values in tables.items():
+        data.setdefault(table, {}).update(values)
+    return tomli_w.dumps(data)
+
+
 BUILTIN_JOBS = {"mnist": "a LeNet-sized CNN on 5,000 MNIST digits (SGD, accuracy)",
                 "charlm": "a character-level transformer on Python's own source (AdamW, bf16, val_loss)",
                 "digits-noniid": "the CNN in local-data mode, each peer holding the digits of a few classes only "

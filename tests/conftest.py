@@ -10,16 +10,14 @@ import subprocess
 import sys
 import threading
 import time
-import tomllib
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import tomli_w
 from pytest_asyncio import is_async_test
 
-from peerd.cluster import LocalCluster, default_job
+from peerd.cluster import LocalCluster, default_job, job_with
 from peerd.config import DaemonConfig
 from peerd.daemon.app import Daemon
 from peerd.soak.netns import made_here
@@ -29,10 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def example_job(**tables: dict[str, object]) -> str:
     """The built-in job's text with values replaced, e.g. example_job(job={"epochs": 2})."""
-    data = tomllib.loads(default_job().read_text())
-    for table, values in tables.items():
-        data.setdefault(table, {}).update(values)
-    return tomli_w.dumps(data)
+    return job_with(default_job(), **tables)
 
 
 def wait_for(predicate: Callable[[], object], timeout_s: float, what: str, interval_s: float = 0.25):
