@@ -22,8 +22,8 @@ def test_every_peer_saves_the_same_exact_average_and_reports_its_accuracy(local_
     cluster = local_cluster(2)
     wait_for(lambda: all(cluster.client(p).status().peers_known == 1 for p in cluster.peers),
              30, "both daemons to see each other")
-    # A constant LR and models that start apart: the peers' own models still differ at the end.
-    text = example_job(job={"name": "one", "epochs": 3, "eval_every_rounds": 1000, "init": "per-peer"},
+    # The two start together (min_peers), so that neither trains alone first.
+    text = example_job(job={"name": "one", "epochs": 3, "eval_every_rounds": 1000, "min_peers": 2},
                        optimizer={"schedule": "constant"}, gossip={"deadline_ceiling_s": 30.0})
     job_file = cluster.out / "job.toml"
     job_file.write_text(text)
