@@ -22,6 +22,7 @@ from peerd.worker.link import SupervisorLink
 from peerd.worker.round.rounds import Rounds
 from peerd.worker.train.source import Source
 from peerd.worker.state.pull import StateBoard, pull_state
+from peerd.worker.state.trainstate import TrainState
 
 log = logging.getLogger("peerd.worker")
 
@@ -45,9 +46,11 @@ class Joining(Protocol):
     transport: object
     board: StateBoard
     rounds: Rounds
+    state: TrainState
     checkpoints: Checkpointer
     phase: str
     round: int
+    state_taken_at: float
 
     def report(self) -> None: ...
 
@@ -65,6 +68,8 @@ class Join:
         await e.link.beat()
         await self._settle()
         checkpoint = await e.checkpoints.load_newest()
+        if checkpoint is None and self._ended_elsewhere():
+            return
         if checkpoint is None and e.spec.min_peers > 1:  # a fresh start: the job wants its peers first
             if await self._wait_for_peers(address) == Start.BEGIN:
                 return  # every member ready holds the same initial state
@@ -118,7 +123,22 @@ class Join:
         finally:
             e.phase = "joining"
 
-    def _donors(self) -> dict[str, str]:
+    def _ended_elsewhere(self) -> bool:
+        """The job ended on its members before this worker came and nobody serves
+        it now: there is nothing left to train, and training it alone from the
+        initial model would hand back a second, lone model as the job's. The
+        worker ends at once with no model (peerd.worker.ending writes none)."""
+        e = self.engine
+        ended_by = sorted(e.link.finished - {e.me})
+        if not ended_by or self.donors():
+            return False
+        log.warning("the job finished on %s before this worker came: nothing left to train here; "
+                    "its model is theirs (to train it again, join it under a new name)", ", ".join(ended_by))
+        e.source.adopt_state(e.state.vector(), e.state.extra(), 0, float(e.spec.epochs))
+        return True
+
+    def donors(self) -> dict[str, str]:
+        """The serving members that have trained: those whose state is worth taking."""
         link = self.engine.link
         return donors(link.view, self.engine.me, trained(link.speeds, link.progresses))
 
@@ -126,7 +146,7 @@ class Join:
         """Continue the job as resume_action (peerd.core.resume) says: from the
         running peers' state, this peer's newest valid checkpoint, or scratch."""
         e = self.engine
-        serving, deadline = self._donors(), time.monotonic() + JOIN_RETRY_S
+        serving, deadline = self.donors(), time.monotonic() + JOIN_RETRY_S
         position = (checkpoint.meta.round, checkpoint.meta.step) if checkpoint is not None else None
         tried, taken = Tried.NOTHING, None
         while True:
@@ -137,7 +157,7 @@ class Join:
             elif action == Resume.WAIT:
                 await asyncio.sleep(HEARTBEAT_S)
                 await e.link.beat()
-                serving, tried = self._donors(), Tried.WAITED
+                serving, tried = self.donors(), Tried.WAITED
             elif action == Resume.GIVE_UP:
                 raise PeerdError(f"could not take the job's state from the running peers "
                                  f"({', '.join(sorted(serving))}) within {JOIN_RETRY_S:g} s; not starting "
@@ -178,7 +198,7 @@ class Join:
             return False
         finally:
             e.phase = phase
-        e.round = meta.round
+        e.round, e.state_taken_at = meta.round, time.monotonic()
         if e.rounds.deadline.measured == 0:
             # The state is two model sizes, a round moves about one: a first deadline
             # from this transfer, not the ceiling, so a partner that died while this
