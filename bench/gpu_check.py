@@ -11,6 +11,9 @@
   exchange  exchange-and-average of a 64 MiB model between 2 worker processes over
             127.0.0.1 (bench/exchange.py, method peerd-copy: the path a GPU model
             takes), plus the GPU -> pinned host -> GPU copies a GPU worker adds per round
+  nvml      [availability] mode = "when-free" on the real NVML (nvidia-ml-py): the
+            daemon's GpuSampler sees an owner's process (a child that holds 256 MiB
+            on cuda:0) and no longer sees it once it ends; the seconds each took
 
 Where torch sees no CUDA device it says so, runs the CPU parts that make sense (the
 CPU variants of the same tests, the cluster with both peers on the CPU, throughput
@@ -39,7 +42,7 @@ from harness import ROOT
 from harness.cluster import job_status, join_all, poll_until, wait_discovery
 from harness.script import arg_parser, run_main
 
-PARTS = ("tests", "cluster", "train", "exchange")
+PARTS = ("tests", "cluster", "train", "exchange", "nvml")
 MIB = 64
 
 
@@ -260,6 +263,59 @@ def _device_copies(numel: int, repeats: int = 10) -> float:
 # --- the summary -------------------------------------------------------------------------
 
 
+OWNER = ("import sys, torch; x = torch.empty(256 << 20, dtype=torch.uint8, device='cuda:0'); "
+         "torch.cuda.synchronize(); print('holding', flush=True); sys.stdin.read()")
+
+
+def run_nvml(device: str, budget_s: float) -> Part:
+    """The availability watch's GPU sampler on the real NVML: an owner's process
+    appears in its samples and leaves them."""
+    part = Part("nvml")
+    if device != "cuda":
+        part.lines.append("skipped: no GPU (the sampler runs against a stand-in with NVML's calls in the tests)")
+        return part
+    try:
+        import pynvml  # nvidia-ml-py: peerd's `nvml` extra, in dev
+    except ImportError as exc:
+        part.ok = False
+        part.lines.append(f"nvidia-ml-py is not installed ({exc}): pip install 'peerd[nvml]'")
+        return part
+    from peerd.daemon.usage import GpuSampler
+
+    sampler = GpuSampler(pynvml)
+    part.lines.append(f"NVML {pynvml.nvmlSystemGetDriverVersion()}: {sampler.what}")
+    owner = subprocess.Popen([sys.executable, "-c", OWNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        owner.stdout.readline()  # "holding": its memory is allocated
+        started = time.monotonic()
+        seen = _until(lambda: any(u.pid == owner.pid for u in sampler.sample()), budget_s / 2)
+        part.lines.append(f"owner pid {owner.pid} holding 256 MiB on cuda:0: "
+                          + (f"seen after {seen - started:.2f} s" if seen else f"NOT seen in {budget_s / 2:.0f} s"))
+        owner.stdin.close()
+        owner.wait(timeout=30)
+        ended = time.monotonic()
+        gone = _until(lambda: all(u.pid != owner.pid for u in sampler.sample()), budget_s / 2)
+        part.lines.append("owner ended: " + (f"gone from the samples after {gone - ended:.2f} s" if gone
+                                              else f"still listed after {budget_s / 2:.0f} s"))
+        part.ok = bool(seen and gone)
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
+        sampler.close()
+    return part
+
+
+def _until(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.1) -> float | None:
+    """When `predicate()` first held (time.monotonic()), or None after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return time.monotonic()
+        time.sleep(interval_s)
+    return None
+
+
 def summary(device: str, info: list[str], parts: list[Part], elapsed: float) -> str:
     mark = {True: "PASS", False: "FAIL", None: "skip"}
     lines = ["", "=" * 78, "peerd GPU check: " + ("GPU found" if device == "cuda" else "NO GPU FOUND (CPU parts only)"),
@@ -298,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         ("train", lambda: run_train(device, args.train_seconds)),
         ("exchange", lambda: run_exchange(device, 120.0, tmp)),
         ("cluster", lambda: run_cluster(device, 90.0 if device == "cuda" else 240.0, out)),
+        ("nvml", lambda: run_nvml(device, 40.0)),
     ]
     parts = []
     try:
@@ -313,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
                 part = Part(name, False, [f"{type(exc).__name__}: {exc}"])
             part.seconds = time.monotonic() - t
             parts.append(part)
-            print(f"  {name}: {'ok' if part.ok else 'FAILED'} in {part.seconds:.0f} s", flush=True)
+            print(f"  {name}: {'ok' if part.ok else 'skipped' if part.ok is None else 'FAILED'} in {part.seconds:.0f} s", flush=True)
     finally:
         if args.out is None:
             shutil.rmtree(tmp, ignore_errors=True)
