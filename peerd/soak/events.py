@@ -1,6 +1,6 @@
 """Carrying out one churn event of the schedule against a running soak: kill a
-worker or a daemon, cut a peer's link, drain it out, slow it down, or join a
-peer (new or again). Each event runs in a thread of its own (`Running`), so the
+worker or a daemon, cut a peer's link, drain it out, slow it down, pause it for
+its owner, or join a peer (new or again). Each event runs in a thread of its own (`Running`), so the
 soak goes on sampling every peer meanwhile.
 """
 
@@ -70,6 +70,8 @@ def _act(soak: Soak, e: sch.Event) -> str:
             c.leave(job, drain=True)
         peer.in_job = False
         return "left after draining"
+    if e.kind == sch.OWNER:
+        return _owner_event(peer, e.down_s)
     if e.kind == sch.SLOWDOWN:
         if not soak.slowdown_key:
             raise Unsupported("this build's daemon config has no `slowdown`")
@@ -94,6 +96,17 @@ def _join_event(soak: Soak, index: int) -> str:
         raise PeerdError(f"peer-{index} is already in the job")
     soak.join(peer)
     return "new peer joined" if fresh else "joined again"
+
+
+def _owner_event(peer: SoakPeer, down_s: float) -> str:
+    """The owner's manual switch (peerctl pause --for): the pause returns once the
+    machine's workers have left; the daemon joins its jobs again by itself."""
+    asked = time.monotonic()
+    with peer.client(timeout_s=EVENT_SLACK_S) as c:
+        reply = c.pause(for_s=down_s)
+    freed = time.monotonic() - asked
+    time.sleep(max(0.0, down_s - freed))
+    return f"paused for its owner ({reply.not_training}): its workers left in {freed:.1f}s"
 
 
 def _sees_any(peer: SoakPeer) -> bool:

@@ -20,9 +20,11 @@ PARTITION = "partition"  # the peer's link down for down_s, then up again
 LEAVE = "leave"  # peerctl leave --drain
 JOIN = "join"  # a new peer (or one that left) joins the running job
 SLOWDOWN = "slowdown"  # the peer's compute slowdown becomes `factor` (daemon restarted with it)
-KINDS = (KILL_WORKER, KILL_DAEMON, PARTITION, LEAVE, JOIN, SLOWDOWN)
+OWNER = "owner"  # the machine's owner comes for down_s: peerctl pause --for down_s; back by itself
+KINDS = (KILL_WORKER, KILL_DAEMON, PARTITION, LEAVE, JOIN, SLOWDOWN, OWNER)
 # Events after which the peer's worker starts again and must resume from the job's state.
-RESTARTS = (KILL_WORKER, KILL_DAEMON, JOIN, SLOWDOWN)
+RESTARTS = (KILL_WORKER, KILL_DAEMON, JOIN, SLOWDOWN, OWNER)
+OUTAGES = (KILL_DAEMON, PARTITION, OWNER)  # events that last down_s
 
 
 @dataclass(frozen=True)
@@ -30,12 +32,12 @@ class Event:
     at_s: float
     kind: str
     peer: int = -1  # peer index (peer-N); -1 for a join: a new peer
-    down_s: float = 0.0  # kill_daemon, partition: how long the peer stays down
+    down_s: float = 0.0  # kill_daemon, partition, owner: how long the peer stays down
     factor: float = 1.0  # slowdown
 
     def describe(self) -> str:
         who = f"peer-{self.peer}" if self.peer >= 0 else "a new peer"
-        extra = f" for {self.down_s:g}s" if self.kind in (KILL_DAEMON, PARTITION) else ""
+        extra = f" for {self.down_s:g}s" if self.kind in OUTAGES else ""
         extra += f" to {self.factor:g}×" if self.kind == SLOWDOWN else ""
         return f"{self.kind} {who}{extra}"
 
@@ -70,7 +72,7 @@ def seeded(seed: int, peers: int, duration_s: float, interval_s: float, settle_s
             if kind == LEAVE:
                 members.remove(peer)
                 left.append(peer)
-            events.append(Event(t, kind, peer, down_s if kind in (KILL_DAEMON, PARTITION) else 0.0,
+            events.append(Event(t, kind, peer, down_s if kind in OUTAGES else 0.0,
                                 rng.choice((1.0, 1.5, 2.0, 3.0)) if kind == SLOWDOWN else 1.0))
         t += interval_s
     return events
@@ -113,7 +115,7 @@ def _event(item: object, where: str) -> Event:
     peer = item.get("peer", -1 if kind == JOIN else None)
     if isinstance(peer, bool) or not isinstance(peer, int) or peer < (-1 if kind == JOIN else 0):
         raise ConfigError(f"{where}: peer must be a peer index ≥ 0" + (" (or omitted: a new peer)" if kind == JOIN else ""))
-    down = _number(item, "down_s", where, 10.0 if kind in (KILL_DAEMON, PARTITION) else 0.0,
+    down = _number(item, "down_s", where, 10.0 if kind in OUTAGES else 0.0,
                    lambda v: v >= 0, "seconds ≥ 0")
     factor = _number(item, "factor", where, 1.0 if kind != SLOWDOWN else None, lambda v: v >= 1, "a factor ≥ 1")
     return Event(float(at), kind, peer, float(down), float(factor))

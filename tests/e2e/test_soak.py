@@ -345,6 +345,11 @@ peer = 0
 [[event]]
 at = 72
 kind = "join"
+[[event]]
+at = 84
+kind = "owner"
+peer = 1
+down_s = 6
 """
 
 
@@ -375,7 +380,7 @@ def test_short_soak_passes_every_check(tmp_path):
 
     (tmp_path / "schedule.toml").write_text(SHORT_SCHEDULE)
     out = tmp_path / "report"
-    settings = SoakSettings(peers=4, duration_s=110, schedule=tmp_path / "schedule.toml", down_s=8,
+    settings = SoakSettings(peers=4, duration_s=125, schedule=tmp_path / "schedule.toml", down_s=8,
                             converge_s=60, stall_s=60, target=0.8, out=out)
     try:
         run = run_soak(settings, default_job())
@@ -390,7 +395,7 @@ def test_short_soak_passes_every_check(tmp_path):
     report = write_report(run, checks, out)
     text = summary(run, checks, report)
     assert not run.interrupted, text
-    assert [e.kind for e in run.events] == ["kill_worker", "kill_daemon", "partition", "leave", "join"], text
+    assert [e.kind for e in run.events] == ["kill_worker", "kill_daemon", "partition", "leave", "join", "owner"], text
     assert all(e.ok for e in run.events), text
     assert [c.verdict for c in checks if c.verdict == "fail"] == [], text
     assert {"peer-4"} <= {s.peer for s in run.samples}  # the new peer joined
