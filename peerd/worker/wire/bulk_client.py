@@ -5,6 +5,7 @@ TLS: peerd.worker.wire.bulk_tls)."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import queue
 import socket
@@ -132,11 +133,9 @@ class _Pipe:
         self._loop = asyncio.get_running_loop()
         self._wire = wire
         self._auth = auth
-        self._sender = stream  # non-blocking, used by the event loop
-        # The reader's own socket object on a duplicate descriptor (TLS: one that
-        # shares the stream's TLS state): its timeout is its own (the shared
-        # descriptor stays non-blocking).
-        self._reader = stream.reader()
+        self._sender = stream  # non-blocking, used by the event loop (plain only)
+        self._reader = stream.reader()  # the thread's (under TLS, the same TLS socket)
+        self._sent: collections.deque[_Fetch] = collections.deque()  # TLS: sent by the thread, reply owed
         self._queue: queue.SimpleQueue[_Fetch | None] = queue.SimpleQueue()  # None: stop
         self._guard = threading.Lock()  # `broken` and queueing decide together
         self.broken = False
@@ -161,7 +160,8 @@ class _Pipe:
                         raise ConnectionError("connection closed")
                     self._queue.put(item)
                     queued = True
-                await self._sender.sendall(self._loop, item.frame)
+                if not self._sender.tls:  # under TLS the thread sends it
+                    await self._sender.sendall(self._loop, item.frame)
             await asyncio.shield(item.future)
         except BaseException:
             if queued and not item.future.done():
@@ -176,7 +176,7 @@ class _Pipe:
         try:
             while True:
                 try:
-                    item = self._queue.get(timeout=IDLE_S)
+                    item = self._next()
                 except queue.Empty:
                     return
                 if item is None:
@@ -191,6 +191,7 @@ class _Pipe:
             with self._guard:
                 self.broken = True
             left = [item] if item is not None else []
+            left += self._sent
             while not self._queue.empty():
                 left.append(self._queue.get_nowait())
             left = [pending for pending in left if pending is not None]
@@ -202,6 +203,27 @@ class _Pipe:
             except RuntimeError:
                 pass  # the loop is gone: nobody waits any more
             self._reader.close()
+
+    def _next(self) -> _Fetch | None:
+        """The fetch whose reply comes next, None to stop; queue.Empty after IDLE_S
+        idle. Under TLS this thread sends the requests: every one queued before
+        it reads the next reply, so the partner never waits a round trip."""
+        if not self._sender.tls:
+            return self._queue.get(timeout=IDLE_S)
+        block = not self._sent
+        while True:
+            try:
+                item = self._queue.get(timeout=IDLE_S) if block else self._queue.get_nowait()
+            except queue.Empty:
+                if block:
+                    raise
+                return self._sent.popleft()
+            if item is None:
+                return None
+            block = False
+            self._sent.append(item)  # owed a reply (or a failure) from here on
+            self._reader.settimeout(max(item.deadline - time.monotonic(), 0.001))
+            self._reader.sendall(item.frame)
 
     def _receive(self, item: _Fetch) -> BaseException | None:
         """Read one reply into `item`: None if it holds the values, else the error to

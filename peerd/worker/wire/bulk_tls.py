@@ -6,22 +6,20 @@ client checks the server's certificate against the host it dialled (or
 `[tls] server_name`). TLS 1.3 only: its ciphers are all AEADs, and OpenSSL picks
 AES-GCM first, which AES-NI makes cheap.
 
-Sockets stay non-blocking. The event loop sends (and, on the server, reads)
-through `Stream`; a client's reader thread reads through `TlsReader`. OpenSSL
-allows one call at a time on a connection, so TLS calls hold the stream's lock;
-each call moves at most one record or `SEND_PIECE` bytes, so neither side waits long.
+Sockets stay non-blocking. OpenSSL allows one caller at a time on a
+connection, so each TLS connection has one user after its handshake: the
+server's event loop (through `Stream`), or a client's reader thread, which then
+sends the requests too (peerd.worker.wire.bulk_client). A thread's blocking
+calls wait inside OpenSSL's C code, one record (16 KiB) per call.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import select
 import socket
 import ssl
 import tempfile
-import threading
-import time
 
 from peerd.tls import TlsMaterial
 
@@ -79,12 +77,11 @@ async def _ready(loop: asyncio.AbstractEventLoop, sock: socket.socket, write: bo
         remove(fd)
 
 
-async def _retry(loop: asyncio.AbstractEventLoop, sock: ssl.SSLSocket, lock: threading.Lock, call):
-    """call() under the lock until OpenSSL stops asking for the socket."""
+async def _retry(loop: asyncio.AbstractEventLoop, sock: ssl.SSLSocket, call):
+    """call() until OpenSSL stops asking for the socket."""
     while True:
         try:
-            with lock:
-                return call()
+            return call()
         except ssl.SSLWantReadError:
             await _ready(loop, sock, write=False)
         except ssl.SSLWantWriteError:
@@ -97,7 +94,7 @@ async def handshake(sock: ssl.SSLSocket) -> None:
     loop = asyncio.get_running_loop()
     try:
         async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
-            await _retry(loop, sock, threading.Lock(), sock.do_handshake)
+            await _retry(loop, sock, sock.do_handshake)
     except (ssl.SSLError, TimeoutError, OSError) as exc:
         raise HandshakeFailed(refusal(exc)) from None
 
@@ -108,12 +105,11 @@ class Stream:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.tls = isinstance(sock, ssl.SSLSocket)
-        self.lock = threading.Lock()
 
     async def recv_into(self, loop: asyncio.AbstractEventLoop, view: memoryview) -> int:
         if not self.tls:
             return await loop.sock_recv_into(self.sock, view)
-        return await _retry(loop, self.sock, self.lock, lambda: self.sock.recv_into(view))
+        return await _retry(loop, self.sock, lambda: self.sock.recv_into(view))
 
     async def sendall(self, loop: asyncio.AbstractEventLoop, data) -> None:
         if not self.tls:
@@ -121,7 +117,7 @@ class Stream:
         view, sent = memoryview(data).cast("B"), 0
         while sent < len(view):
             piece = view[sent : sent + SEND_PIECE]  # a retried SSL_write gets the same piece
-            sent += await _retry(loop, self.sock, self.lock, lambda: self.sock.send(piece))
+            sent += await _retry(loop, self.sock, lambda: self.sock.send(piece))
 
     def shutdown(self) -> None:
         """Wake whoever waits on the connection. socket.socket's own shutdown: an
@@ -132,43 +128,13 @@ class Stream:
         except OSError:
             pass
 
-    def reader(self):
-        """A blocking reader for one thread: a socket of its own on a duplicate
-        descriptor (plain), or a TlsReader sharing this stream's TLS state."""
+    def reader(self) -> socket.socket:
+        """A socket for one thread's blocking calls (its timeout its own, the
+        descriptor left non-blocking): plain, a socket object on a duplicate
+        descriptor; TLS, this stream's socket, the thread's alone from now on."""
         if not self.tls:
             return socket.socket(self.sock.family, self.sock.type, fileno=os.dup(self.sock.fileno()))
-        return TlsReader(self)
+        return self.sock
 
     def close(self) -> None:
         self.sock.close()
-
-
-class TlsReader:
-    """The blocking socket calls a reader thread makes (settimeout, recv_into) on
-    a TLS stream it shares with the event loop."""
-
-    def __init__(self, stream: Stream) -> None:
-        self._stream = stream
-        self._timeout: float | None = None
-        self._poll = select.poll()
-        self._poll.register(stream.sock.fileno(), select.POLLIN)
-
-    def settimeout(self, timeout: float | None) -> None:
-        self._timeout = timeout
-
-    def recv_into(self, view: memoryview) -> int:
-        deadline = None if self._timeout is None else time.monotonic() + self._timeout
-        sock, lock = self._stream.sock, self._stream.lock
-        while True:
-            try:
-                with lock:
-                    return sock.recv_into(view)
-            except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
-                pass  # a write it needs is the sender's to make; wait for the partner
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                raise TimeoutError("timed out")
-            self._poll.poll(None if left is None else max(int(left * 1000), 1))
-
-    def close(self) -> None:
-        pass  # the stream's owner closes the socket

@@ -223,9 +223,11 @@ class GrpcTransport:
             except Unauthenticated as exc:
                 self.rejections.record(address, exc.reason, str(exc))
                 raise
+            told = address in self._lanes  # by a lookup that ran alongside this one
             port = self._lanes[address] = port if 0 < port < 65536 else 0
-            how = f"its bulk lane (port {port}{', TLS' if self._tls else ''})" if port else "gRPC (it has no bulk lane)"
-            log.info("segments from %s over %s", address, how)
+            if not told:
+                how = f"its bulk lane (port {port}{', TLS' if self._tls else ''})" if port else "gRPC (it has no bulk lane)"
+                log.info("segments from %s over %s", address, how)
         return self._lanes[address]
 
     async def fetch_state(self, address: str, span: Span, timeout: float) -> StatePart:
