@@ -17,7 +17,7 @@ from peerd.core.segments import split_even
 from peerd.errors import PeerUnavailable
 from peerd.worker.wire.bulk import BulkServer
 from peerd.worker.wire.bulk_client import BulkClient
-from peerd.worker.wire.bulk_tls import contexts
+from peerd.worker.wire.bulk_tls import client_context, server_context
 from peerd.worker.wire.stores import Identity, SegmentServer, SnapshotStore
 
 from certs import make_ca, material, needs_openssl
@@ -48,13 +48,13 @@ class TlsLane(Lane):
         super().__init__()
         self.store = SnapshotStore(numel)
         self.server = BulkServer(SegmentServer(Identity("job", "fp", "srv"), self.store, segments, 1000),
-                                 auth, tls=contexts(tls)[0] if tls is not None else None)
+                                 auth, tls=server_context(tls) if tls is not None else None)
         self.vector = torch.randn(numel, generator=torch.Generator().manual_seed(7))
         self.layout = split_even(numel, segments)
 
 
 def client_for(tls, **options) -> BulkClient:
-    return BulkClient(tls=contexts(tls)[1], **options)
+    return BulkClient(tls=client_context(tls), **options)
 
 
 class Relay:

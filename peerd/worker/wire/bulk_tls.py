@@ -27,9 +27,12 @@ HANDSHAKE_TIMEOUT_S = 10.0  # a silent client cannot hold a server task longer
 SEND_PIECE = 1 << 20  # bytes per SSL_write: the loop is free again between pieces
 
 
-def contexts(tls: TlsMaterial) -> tuple[ssl.SSLContext, ssl.SSLContext]:
-    """The (server, client) contexts for `tls`."""
-    return _context(tls, server=True), _context(tls, server=False)
+def server_context(tls: TlsMaterial) -> ssl.SSLContext:
+    return _context(tls, server=True)
+
+
+def client_context(tls: TlsMaterial) -> ssl.SSLContext:
+    return _context(tls, server=False)
 
 
 def _context(tls: TlsMaterial, server: bool) -> ssl.SSLContext:

@@ -19,7 +19,7 @@ from peerd.proto.v1 import peer_pb2
 from peerd.rejections import Rejections
 from peerd.tls import TlsMaterial, add_port
 from peerd.worker.wire.bulk import BulkServer
-from peerd.worker.wire.bulk_tls import contexts
+from peerd.worker.wire.bulk_tls import server_context
 from peerd.worker.wire.codec import encode_segment_chunk
 from peerd.worker.wire.stores import SegmentServer, check_identity
 from peerd.worker.state.pull import StateServer
@@ -183,7 +183,7 @@ async def start_exchange_server(
     servicer = ExchangeServicer(server, state, auth, rejections)
     lane = None
     if bulk:
-        lane = BulkServer(server, auth, servicer.rejections, tls=contexts(tls)[0] if tls is not None else None)
+        lane = BulkServer(server, auth, servicer.rejections, tls=server_context(tls) if tls is not None else None)
     if lane is not None:
         servicer.bulk_port = await lane.start(host)
     # Registered by hand, with no (de)serializers: requests are checked against

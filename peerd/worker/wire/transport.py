@@ -26,7 +26,7 @@ from peerd.proto.v1 import peer_pb2
 from peerd.rejections import Rejections
 from peerd.tls import TlsMaterial, open_channel
 from peerd.worker.wire.bulk_client import BulkClient
-from peerd.worker.wire.bulk_tls import contexts
+from peerd.worker.wire.bulk_tls import client_context
 from peerd.worker.wire.codec import ROUND_CHECKED_STAGES, ChunkView, decode_segment_chunk, fill_values
 from peerd.worker.wire.stores import Identity, SegmentServer, stage_wire
 from peerd.worker.state.pull import StateMeta, StatePart, StateServer, verify_part
@@ -136,7 +136,7 @@ class GrpcTransport:
         self.rejections = rejections or Rejections(log)
         self._bulk = None
         if bulk:
-            self._bulk = BulkClient(wire, auth, contexts(tls)[1] if tls is not None else None,
+            self._bulk = BulkClient(wire, auth, client_context(tls) if tls is not None else None,
                                     tls.server_name if tls is not None else "")
         self._lanes: dict[str, int] = {}  # exchange address -> its bulk port (0: none)
 
