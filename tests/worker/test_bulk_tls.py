@@ -192,3 +192,63 @@ async def test_the_client_checks_the_lanes_certificate_as_grpc_does(pki, caplog,
             assert line.startswith(f"TLS handshake failed on the bulk lane with 127.0.0.1:{lane.port} (tls): {refused}")
         finally:
             await client.aclose()
+
+
+# ---- the pipe under TLS: its reader thread sends the requests ------------------------------
+
+
+async def test_under_tls_requests_queued_behind_a_waiting_one_all_arrive_on_one_connection(pki):
+    async with TlsLane(pki["server"]) as lane:
+        client = client_for(pki["client"])
+        try:
+            outs = [torch.empty(span.size) for span in lane.layout]
+            fetches = asyncio.gather(*(client.fetch("127.0.0.1", lane.port, _request(1, s), outs[s], 5.0)
+                                       for s in range(SEGMENTS)))
+            await asyncio.sleep(0.2)
+            assert not fetches.done()  # round 1 is not published yet: all wait on the lane
+            await lane.store.publish(1, lane.vector)
+            await fetches
+            assert all(torch.equal(outs[s], lane.segment(s)) for s in range(SEGMENTS))
+            assert lane.connections() == 1
+        finally:
+            await client.aclose()
+
+
+async def test_under_tls_a_deadline_fails_the_pipe_and_the_next_fetch_reconnects(pki):
+    async with TlsLane(pki["server"]) as lane:
+        client = client_for(pki["client"])
+        try:
+            outs = [torch.full((span.size,), -1.0) for span in lane.layout]
+            results = await asyncio.gather(
+                *(client.fetch("127.0.0.1", lane.port, _request(1, s), outs[s], 0.3) for s in range(3)),
+                return_exceptions=True)
+            assert all(isinstance(r, PeerUnavailable) for r in results), results
+            await lane.store.publish(1, lane.vector)
+            await asyncio.sleep(0.2)
+            assert all(bool((out == -1.0).all()) for out in outs)  # nothing written after the failure
+            await client.fetch("127.0.0.1", lane.port, _request(1, 4), outs[4], 5.0)
+            assert torch.equal(outs[4], lane.segment(4))
+        finally:
+            await client.aclose()
+
+
+async def test_under_tls_a_fetch_cancelled_mid_segment_stops_its_reader_before_returning(pki):
+    big = 8_000_000  # 32 MB: still arriving when the cancellations come
+    async with TlsLane(pki["server"], big, 1) as lane:
+        client = client_for(pki["client"])
+        try:
+            await lane.store.publish(1, torch.ones(big))
+            for _ in range(3):
+                out = torch.full((big,), -1.0)
+                task = asyncio.ensure_future(client.fetch("127.0.0.1", lane.port, _request(1, 0), out, 30.0))
+                while out[0] != 1.0 and not task.done():  # the reader is filling it
+                    await asyncio.sleep(0)
+                task.cancel()
+                await asyncio.sleep(0)
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                seen = out.clone()
+                await asyncio.sleep(0.2)
+                assert torch.equal(out, seen), "the reader wrote into the buffer after the fetch returned"
+        finally:
+            await client.aclose()
