@@ -126,7 +126,9 @@ class _Pipe:
     thread costs far less than an event-loop wake-up per socket read, the
     training step (in the default executor) never waits behind it, and one
     thread per connection saves a thread start per segment. The thread ends
-    when the connection breaks or stays idle for IDLE_S.
+    when the connection breaks or stays idle for IDLE_S. Under TLS the thread
+    also sends the requests (every one queued before it reads the next reply):
+    OpenSSL allows one caller at a time on a connection.
     """
 
     def __init__(self, stream: Stream, wire: str, auth: Authenticator | None) -> None:
