@@ -11,6 +11,9 @@ Three ways, in one invocation, each with its own pair of freshly spawned process
   peerd-flat  the same with gossip_round (both average every segment), as before pair_round
   peerd-grpc  the same with the bulk lane off: segments as gRPC streams
   peerd-auth  the same with a job secret: proofs on every request and reply
+  peerd-tls   the same under mutual TLS (a throwaway CA made with openssl): the bulk
+         lane inside TLS 1.3
+  peerd-tls-grpc  mutual TLS with the bulk lane off: segments as gRPC streams over TLS
   peerd-copy  the same, but the snapshot copied (publish) and the average in place,
          as before hand_over (a model on a GPU still takes this path)
   tcp    one plain loopback socket, both directions at once (a sender thread does
@@ -53,9 +56,12 @@ from harness.ranks import (
 )
 from harness.script import arg_parser, each_timed, names, run_main
 
-# peerd-grpc: no bulk lane; peerd-auth: with a job secret; peerd-copy: the snapshot copied
-# (publish) and averaged in place, as before hand_over (and as a model on a GPU still is)
-METHODS = ("peerd", "peerd-flat", "peerd-grpc", "peerd-auth", "peerd-copy", "tcp", "gloo")
+# peerd-grpc: no bulk lane; peerd-auth: with a job secret; peerd-tls: under mutual TLS
+# (peerd-tls-grpc: and no bulk lane); peerd-copy: the snapshot copied (publish) and
+# averaged in place, as before hand_over (and as a model on a GPU still is)
+METHODS = ("peerd", "peerd-flat", "peerd-grpc", "peerd-auth", "peerd-tls", "peerd-tls-grpc", "peerd-copy", "tcp",
+           "gloo")
+TLS_METHODS = ("peerd-tls", "peerd-tls-grpc")
 BARRIER_TIMEOUT_S = 120.0  # a partner that died must not leave the other one waiting forever
 JOB = "bench"
 
@@ -74,6 +80,7 @@ def _peerd(method: str, cfg: dict, me: Rank) -> dict:
     """One rank of a peerd method: `cfg`'s path through the worker's round."""
     from peerd.auth import Authenticator
     from peerd.core.topology import plan_round
+    from peerd.tls import load_tls
     from peerd.worker.round.crossover import gossip_round
     from peerd.worker.round.pair import pair_round
 
@@ -82,6 +89,8 @@ def _peerd(method: str, cfg: dict, me: Rank) -> dict:
     own0, expected = rank_vectors(me.rank, 2, cfg["numel"])
     peer = ExchangePeer(JOB, f"p{me.rank}", cfg["numel"], cfg["segments"], cfg["chunk_kib"] * 1024 // 4)
     auth = Authenticator(b"bench-job-secret-0123456789") if method == "peerd-auth" else None
+    tls = load_tls(cfg["pki"][me.rank]) if method in TLS_METHODS else None
+    bulk = method not in ("peerd-grpc", "peerd-tls-grpc")
     clock, profiler = RepeatClock(cfg["warmup"], gc=True), _profiler(cfg)
 
     def rounds(ctx, addresses: dict[str, str]):
@@ -103,7 +112,7 @@ def _peerd(method: str, cfg: dict, me: Rank) -> dict:
 
         return one_round
 
-    vector = run_loop(lambda: grpc_rounds(peer, me, cfg, rounds, clock, own0.clone(), auth, method != "peerd-grpc"),
+    vector = run_loop(lambda: grpc_rounds(peer, me, cfg, rounds, clock, own0.clone(), auth, bulk, tls),
                       cfg["uvloop"])
     if profiler is not None:
         profiler.dump_stats(os.path.join(cfg["profile"], f"peerd-rank{me.rank}.pstats"))
@@ -265,9 +274,11 @@ def print_table(runs: dict[str, dict]) -> dict[str, float]:
             print(f"  {m} sub-steps (median ms, slower process; cpu = process CPU time, all threads): {parts}")
     print()
     for name, a, b in (("peerd/gloo", "peerd", "gloo"), ("peerd/tcp ", "peerd", "tcp"),
-                       ("peerd-auth/peerd", "peerd-auth", "peerd")):
+                       ("peerd-auth/peerd", "peerd-auth", "peerd"), ("peerd-tls/peerd", "peerd-tls", "peerd"),
+                       ("peerd-tls-grpc/peerd", "peerd-tls-grpc", "peerd")):
         if a in med and b in med:
-            print(f"{name} = {med[a] / med[b]:.2f}")
+            cpu = [statistics.median(runs[m]["split"]["cpu"]) for m in (a, b) if "cpu" in runs[m]["split"]]
+            print(f"{name} = {med[a] / med[b]:.2f}" + (f" (CPU {cpu[0] / cpu[1]:.2f})" if len(cpu) == 2 else ""))
     return med
 
 
@@ -276,7 +287,7 @@ def json_report(runs: dict[str, dict], med: dict[str, float], cfg: dict) -> dict
     import torch
 
     return {
-        "settings": {k: v for k, v in cfg.items() if k not in ("gloo_store", "profile", "barrier_s")}
+        "settings": {k: v for k, v in cfg.items() if k not in ("gloo_store", "profile", "barrier_s", "pki")}
         | {"mib": cfg["numel"] * 4 / 2**20, "torch": torch.__version__, "grpcio": grpc.__version__,
            "cpus": os.cpu_count(), "python": platform.python_version()},
         "ms": {m: {"median": med[m] * 1e3, "p90": quantile(r["times"], 0.9) * 1e3,
@@ -296,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("vector smaller than the segment count")
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)
+    from harness.certs import make_pki
     import grpc
     import torch
 
@@ -304,7 +316,9 @@ def main(argv: list[str] | None = None) -> int:
                "chunk_kib": args.chunk_kib, "deadline_s": args.deadline_s, "uvloop": _uvloop(args),
                "profile": os.path.abspath(args.profile) if args.profile else None,
                "gloo_store": os.path.join(tmp, "gloo-store"), "barrier_s": BARRIER_TIMEOUT_S,
-               "method_timeout_s": 60.0 + args.repeats * 30.0}
+               "method_timeout_s": 60.0 + args.repeats * 30.0,
+               "pki": (list(make_pki(Path(tmp) / "pki", ["rank0", "rank1"]).values())
+                       if set(args.methods) & set(TLS_METHODS) else None)}
         print(f"{numel * 4 / 2**20:g} MiB fp32 ({numel} floats), 2 processes on 127.0.0.1, "
               f"{args.repeats} repeats + {args.warmup} warm-up; peerd: {args.segments} segments, "
               f"{args.chunk_kib} KiB chunks, {'uvloop' if cfg['uvloop'] else 'asyncio'}; "

@@ -1,4 +1,5 @@
-"""Optional mutual TLS for every gRPC connection between machines (docs/operations.md).
+"""Optional mutual TLS for every gRPC connection between machines (docs/operations.md);
+the workers' bulk lane takes the same material (peerd.worker.wire.bulk_tls).
 
 Every peer holds a certificate signed by the lab's CA and accepts only peers
 whose certificate that CA signed; the control socket (local) stays plain.

@@ -80,12 +80,14 @@ async def timed_rounds(me: Rank, cfg: dict, vector: torch.Tensor, one_round: Rou
 
 
 async def grpc_rounds(peer: ExchangePeer, me: Rank, cfg: dict, make_round: Callable[[RoundContext, dict], Round],
-                      clock: RepeatClock, vector: torch.Tensor, auth=None, bulk: bool = True) -> torch.Tensor:
-    """A rank's rounds over GrpcTransport: serve, learn every rank's address (rank
-    r is "p{r}"), time the rounds make_round(context, addresses) runs
-    (timed_rounds), then close every channel before any server stops."""
-    address = await peer.serve(auth=auth, bulk=bulk)
-    transport = GrpcTransport(peer.identity, auth, bulk=bulk)
+                      clock: RepeatClock, vector: torch.Tensor, auth=None, bulk: bool = True,
+                      tls=None) -> torch.Tensor:
+    """A rank's rounds over GrpcTransport (mutual TLS with `tls`, a TlsMaterial):
+    serve, learn every rank's address (rank r is "p{r}"), time the rounds
+    make_round(context, addresses) runs (timed_rounds), then close every channel
+    before any server stops."""
+    address = await peer.serve(auth=auth, bulk=bulk, tls=tls)
+    transport = GrpcTransport(peer.identity, auth, tls, bulk=bulk)
     try:
         sent = await asyncio.to_thread(me.share, address, cfg["barrier_s"])
         addresses = {f"p{r}": a for r, a in sent.items()}

@@ -254,8 +254,10 @@ async def test_mutual_tls_accepts_the_labs_ca_and_refuses_another(serve, tmp_pat
     address = await start(a, tls=material(tmp_path, "lab", "server"))
     await a.store.publish(1, a.vector)
     out = torch.empty(a.layout[0].size)
-    await client("b", tls=material(tmp_path, "lab", "client")).fetch_segment(address, 1, 0, out, timeout=5.0)
+    lab = client("b", tls=material(tmp_path, "lab", "client"))
+    await lab.fetch_segment(address, 1, 0, out, timeout=5.0)
     torch.testing.assert_close(out, a.vector[: out.numel()])
+    assert lab._lanes[address] > 0  # over the bulk lane, under the same TLS
     # A client whose certificate another CA signed: the server refuses the handshake.
     out.zero_()
     with pytest.raises(PeerUnavailable, match="UNAVAILABLE"):

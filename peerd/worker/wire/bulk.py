@@ -1,12 +1,13 @@
-"""The bulk lane: segment values as raw bytes over plain TCP, beside gRPC.
+"""The bulk lane: segment values as raw bytes over TCP (mutual TLS with [tls]), beside gRPC.
 
 gRPC copies every received message twice in its Cython layer and frames each
 chunk in HTTP/2; at 64 MiB per round that kept the exchange at 3× gloo's time
 (docs/benchmarks.md). The bulk lane carries the same SegmentRequest over a
-plain socket and answers with a fixed header and the values: the server sends
-straight from its snapshot, the client receives straight into the tensor it
-fills. gRPC keeps everything else (state transfer, the Lanes lookup) and is the
-fallback for a partner without a lane.
+socket of its own and answers with a fixed header and the values: the server
+sends straight from its snapshot, the client receives straight into the tensor
+it fills. gRPC keeps everything else (state transfer, the Lanes lookup) and is
+the fallback for a partner without a lane. With TLS the frames travel inside a
+TLS 1.3 connection with gRPC's certificates (peerd.worker.wire.bulk_tls).
 
 Frames, little-endian (docs/protocol.md):
   request:      u32 n, n bytes of SegmentRequest (protobuf)
@@ -24,7 +25,9 @@ from __future__ import annotations
 import asyncio
 import enum
 import hmac
+import logging
 import socket
+import ssl
 import struct
 from contextlib import aclosing
 
@@ -33,7 +36,11 @@ from google.protobuf.message import DecodeError
 from peerd.auth import Authenticator, ReplyMac
 from peerd.errors import JobMismatch, PeerdError, PeerUnavailable, RoundMismatch, Unauthenticated
 from peerd.proto.v1 import peer_pb2
+from peerd.rejections import Rejections
+from peerd.worker.wire.bulk_tls import HandshakeFailed, Stream, handshake
 from peerd.worker.wire.stores import SegmentServer
+
+log = logging.getLogger("peerd.worker")
 
 LENGTH = struct.Struct("<I")
 OK_HEADER = struct.Struct("<BQ")
@@ -63,19 +70,26 @@ class _Closed(ConnectionError):
     """The other side closed the connection between frames."""
 
 
-async def _recv_exact(loop: asyncio.AbstractEventLoop, sock: socket.socket, view: memoryview) -> None:
+async def _recv_exact(loop: asyncio.AbstractEventLoop, conn: Stream, view: memoryview) -> None:
     got = 0
     while got < len(view):
-        n = await loop.sock_recv_into(sock, view[got:])
+        n = await conn.recv_into(loop, view[got:])
         if n == 0:
             raise _Closed() if got == 0 else ConnectionError("connection closed mid-frame")
         got += n
 
 
-async def _recv_bytes(loop: asyncio.AbstractEventLoop, sock: socket.socket, n: int) -> bytes:
+async def _recv_bytes(loop: asyncio.AbstractEventLoop, conn: Stream, n: int) -> bytes:
     buffer = bytearray(n)
-    await _recv_exact(loop, sock, memoryview(buffer))
+    await _recv_exact(loop, conn, memoryview(buffer))
     return bytes(buffer)
+
+
+def _host(sock: socket.socket) -> str:
+    try:
+        return sock.getpeername()[0]
+    except OSError:
+        return "unknown"
 
 
 def reply_fields(request, total: int, itemsize: int) -> tuple:
@@ -89,15 +103,19 @@ def mac_ok(expected_hex: str, received: bytes) -> bool:
 
 
 class BulkServer:
-    """Serves a SegmentServer's segments on a plain TCP port. With `auth`, every
+    """Serves a SegmentServer's segments on a TCP port. With `auth`, every
     request must carry proof of the job secret made for `audience` (the worker's
-    gRPC exchange address, which callers dial), and every reply carries one."""
+    gRPC exchange address, which callers dial), and every reply carries one.
+    With `tls` (a server context), every connection is mutual TLS first; a failed
+    handshake is counted in `tls_refusals` and logged once per host a minute."""
 
     def __init__(self, segments: SegmentServer, auth: Authenticator | None = None,
-                 rejections=None) -> None:
+                 rejections=None, tls: ssl.SSLContext | None = None) -> None:
         self._segments = segments
         self._auth = auth
         self._rejections = rejections
+        self._tls = tls
+        self.tls_refusals = Rejections(log, what="TLS handshake failed on the bulk lane with")
         self.audience = ""
         self._sock: socket.socket | None = None
         self._accepting: asyncio.Task | None = None
@@ -132,8 +150,32 @@ class BulkServer:
             self._connections.add(task)
             task.add_done_callback(self._connections.discard)
 
-    async def _serve(self, conn: socket.socket) -> None:
+    async def _open(self, sock: socket.socket) -> Stream | None:
+        """The connection as a Stream: at once when plain, after the handshake
+        under TLS; None (counted, logged, closed) when the handshake fails."""
+        if self._tls is None:
+            return Stream(sock)
+        host = _host(sock)
+        try:
+            tls_sock = self._tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        except (OSError, ValueError):
+            sock.close()
+            return None
+        try:
+            await handshake(tls_sock)
+        except BaseException as exc:
+            tls_sock.close()
+            if not isinstance(exc, HandshakeFailed):
+                raise
+            self.tls_refusals.record(host, "tls", exc.reason)
+            return None
+        return Stream(tls_sock)
+
+    async def _serve(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
+        conn = await self._open(sock)
+        if conn is None:
+            return
         try:
             while True:
                 size, = LENGTH.unpack(await _recv_bytes(loop, conn, LENGTH.size))
@@ -151,7 +193,7 @@ class BulkServer:
                     except Unauthenticated as exc:
                         self._reject(conn, exc.reason, str(exc))
                         message = str(exc).encode()[:4096]
-                        await loop.sock_sendall(conn, ERROR_HEADER.pack(BulkError.UNAUTHENTICATED, -1, len(message)) + message)
+                        await conn.sendall(loop, ERROR_HEADER.pack(BulkError.UNAUTHENTICATED, -1, len(message)) + message)
                         return  # no proof to answer with: the connection ends here
                 request = peer_pb2.SegmentRequest.FromString(body)
                 await self._answer(loop, conn, request, reply)
@@ -160,15 +202,11 @@ class BulkServer:
         finally:
             conn.close()
 
-    def _reject(self, conn: socket.socket, reason: str, detail: str) -> None:
+    def _reject(self, conn: Stream, reason: str, detail: str) -> None:
         if self._rejections is not None:
-            try:
-                host = conn.getpeername()[0]
-            except OSError:
-                host = "unknown"
-            self._rejections.record(host, reason, detail)
+            self._rejections.record(_host(conn.sock), reason, detail)
 
-    async def _answer(self, loop: asyncio.AbstractEventLoop, conn: socket.socket, request,
+    async def _answer(self, loop: asyncio.AbstractEventLoop, conn: Stream, request,
                       reply: ReplyMac | None) -> None:
         wait_s = min(max(float(request.wait_s), 0.0), MAX_WAIT_S)  # NaN → 0
         chunks = self._segments.segment(
@@ -178,15 +216,15 @@ class BulkServer:
         try:
             async with aclosing(chunks):
                 async for _, total, data in chunks:
-                    await loop.sock_sendall(conn, OK_HEADER.pack(0, total))
+                    await conn.sendall(loop, OK_HEADER.pack(0, total))
                     started = True
                     # Sends stay on the event loop: a thread blocked on a full send
                     # buffer could hold the threads the partner's reads need.
                     values = memoryview(data).cast("B")
-                    await loop.sock_sendall(conn, values)
+                    await conn.sendall(loop, values)
                     if reply is not None:
                         reply.update_fields(request.round, request.segment, 0, total, values.nbytes)
-                        await loop.sock_sendall(conn, bytes.fromhex(reply.digest()))
+                        await conn.sendall(loop, bytes.fromhex(reply.digest()))
         except PeerdError as exc:
             if started:
                 raise ConnectionError("failed mid-segment") from exc
@@ -194,4 +232,4 @@ class BulkServer:
             message = str(exc).encode()[:4096]
             current = getattr(exc, "current_round", -1)
             mac = bytes.fromhex(reply.digest(f"{int(kind)}:{current}")) if reply is not None else b""
-            await loop.sock_sendall(conn, ERROR_HEADER.pack(kind, current, len(message)) + message + mac)
+            await conn.sendall(loop, ERROR_HEADER.pack(kind, current, len(message)) + message + mac)

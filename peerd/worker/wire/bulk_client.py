@@ -1,12 +1,15 @@
 """The bulk lane's client: one pipelined connection per partner and stage, a
-reader thread per connection taking the replies (frames: peerd.worker.wire.bulk)."""
+reader thread per connection taking the replies (frames: peerd.worker.wire.bulk;
+TLS: peerd.worker.wire.bulk_tls)."""
 
 from __future__ import annotations
 
 import asyncio
-import os
+import collections
+import logging
 import queue
 import socket
+import ssl
 import threading
 import time
 
@@ -15,11 +18,15 @@ import torch
 from peerd.auth import Authenticator, ReplyMac
 from peerd.core.names import join_host_port
 from peerd.errors import InvalidMessage, JobMismatch, PeerUnavailable, RoundMismatch, Unauthenticated
+from peerd.rejections import Rejections
 from peerd.worker.wire.bulk import (
     BULK_METHOD, ERROR_HEADER, ITEMSIZE, LENGTH, MAC_BYTES, OK_HEADER, BulkError, mac_ok, reply_fields,
 )
+from peerd.worker.wire.bulk_tls import HandshakeFailed, Stream, handshake
 from peerd.worker.wire.codec import ROUND_CHECKED_STAGES, fill_values, finite_by_sum
 from peerd.worker.wire.stores import stage_wire
+
+log = logging.getLogger("peerd.worker")
 
 IDLE_S = 60.0  # a connection unused this long is closed (its reader thread ends)
 # Values checked as they arrive are checked in pieces this large, each right after
@@ -119,17 +126,18 @@ class _Pipe:
     thread costs far less than an event-loop wake-up per socket read, the
     training step (in the default executor) never waits behind it, and one
     thread per connection saves a thread start per segment. The thread ends
-    when the connection breaks or stays idle for IDLE_S.
+    when the connection breaks or stays idle for IDLE_S. Under TLS the thread
+    also sends the requests (every one queued before it reads the next reply):
+    OpenSSL allows one caller at a time on a connection.
     """
 
-    def __init__(self, sock: socket.socket, wire: str, auth: Authenticator | None) -> None:
+    def __init__(self, stream: Stream, wire: str, auth: Authenticator | None) -> None:
         self._loop = asyncio.get_running_loop()
         self._wire = wire
         self._auth = auth
-        self._sender = sock  # non-blocking, used by the event loop
-        # The reader's own socket object on a duplicate descriptor: its timeout is
-        # its own (both leave the shared descriptor non-blocking).
-        self._reader = socket.socket(sock.family, sock.type, fileno=os.dup(sock.fileno()))
+        self._sender = stream  # non-blocking, used by the event loop (plain only)
+        self._reader = stream.reader()  # the thread's (under TLS, the same TLS socket)
+        self._sent: collections.deque[_Fetch] = collections.deque()  # TLS: sent by the thread, reply owed
         self._queue: queue.SimpleQueue[_Fetch | None] = queue.SimpleQueue()  # None: stop
         self._guard = threading.Lock()  # `broken` and queueing decide together
         self.broken = False
@@ -154,7 +162,8 @@ class _Pipe:
                         raise ConnectionError("connection closed")
                     self._queue.put(item)
                     queued = True
-                await self._loop.sock_sendall(self._sender, item.frame)
+                if not self._sender.tls:  # under TLS the thread sends it
+                    await self._sender.sendall(self._loop, item.frame)
             await asyncio.shield(item.future)
         except BaseException:
             if queued and not item.future.done():
@@ -169,7 +178,7 @@ class _Pipe:
         try:
             while True:
                 try:
-                    item = self._queue.get(timeout=IDLE_S)
+                    item = self._next()
                 except queue.Empty:
                     return
                 if item is None:
@@ -184,6 +193,7 @@ class _Pipe:
             with self._guard:
                 self.broken = True
             left = [item] if item is not None else []
+            left += self._sent
             while not self._queue.empty():
                 left.append(self._queue.get_nowait())
             left = [pending for pending in left if pending is not None]
@@ -195,6 +205,27 @@ class _Pipe:
             except RuntimeError:
                 pass  # the loop is gone: nobody waits any more
             self._reader.close()
+
+    def _next(self) -> _Fetch | None:
+        """The fetch whose reply comes next, None to stop; queue.Empty after IDLE_S
+        idle. Under TLS this thread sends the requests: every one queued before
+        it reads the next reply, so the partner never waits a round trip."""
+        if not self._sender.tls:
+            return self._queue.get(timeout=IDLE_S)
+        block = not self._sent
+        while True:
+            try:
+                item = self._queue.get(timeout=IDLE_S) if block else self._queue.get_nowait()
+            except queue.Empty:
+                if block:
+                    raise
+                return self._sent.popleft()
+            if item is None:
+                return None
+            block = False
+            self._sent.append(item)  # owed a reply (or a failure) from here on
+            self._reader.settimeout(max(item.deadline - time.monotonic(), 0.001))
+            self._reader.sendall(item.frame)
 
     def _receive(self, item: _Fetch) -> BaseException | None:
         """Read one reply into `item`: None if it holds the values, else the error to
@@ -246,10 +277,7 @@ class _Pipe:
         partitioned peer's model went to chance accuracy in the short soak.)"""
         with self._guard:
             self.broken = True
-        try:
-            self._sender.shutdown(socket.SHUT_RDWR)  # wakes the reader, whatever it waits on
-        except OSError:
-            pass
+        self._sender.shutdown()  # wakes the reader, whatever it waits on
         self._queue.put(None)  # wakes an idle reader
         cancelled = False
         while not self.stopped.done():
@@ -266,11 +294,19 @@ class BulkClient:
     """Fetches segments over bulk lanes: one pipelined connection per partner and
     stage. Per stage, because a hierarchical stage-2 fetch waits for the partner
     to finish stage 1, which may need this peer's stage-1 fetch to go through.
-    With `auth`, requests carry proofs and replies must (docs/protocol.md)."""
+    With `auth`, requests carry proofs and replies must (docs/protocol.md); with
+    `tls` (a client context), every connection is mutual TLS, the partner's
+    certificate checked against `server_name` or else the host dialled, as gRPC
+    checks it. A failed handshake is counted in `tls_refusals` and logged once per
+    partner a minute."""
 
-    def __init__(self, wire: str = "fp32", auth: Authenticator | None = None) -> None:
+    def __init__(self, wire: str = "fp32", auth: Authenticator | None = None,
+                 tls: ssl.SSLContext | None = None, server_name: str = "") -> None:
         self._wire = wire
         self._auth = auth
+        self._tls = tls
+        self._server_name = server_name
+        self.tls_refusals = Rejections(log, what="TLS handshake failed on the bulk lane with")
         self._pipes: dict[tuple[str, int, int], _Pipe] = {}
         self._connecting: dict[tuple[str, int, int], asyncio.Future] = {}
 
@@ -283,6 +319,9 @@ class BulkClient:
                 pipe = await self._pipe((host, port, request.stage))
         except TimeoutError:
             raise PeerUnavailable(f"{join_host_port(host, port)}: deadline exceeded connecting") from None
+        except HandshakeFailed as exc:
+            self.tls_refusals.record(join_host_port(host, port), "tls", exc.reason)
+            raise PeerUnavailable(f"{join_host_port(host, port)}: {exc}") from None
         except OSError as exc:
             raise PeerUnavailable(f"{join_host_port(host, port)}: {exc}") from None
         try:
@@ -319,10 +358,14 @@ class BulkClient:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             await asyncio.get_running_loop().sock_connect(sock, (host, port))
+            if self._tls is not None:
+                sock = self._tls.wrap_socket(sock, server_hostname=self._server_name or host,
+                                             do_handshake_on_connect=False)
+                await handshake(sock)
         except BaseException:
             sock.close()
             raise
-        pipe = self._pipes[key] = _Pipe(sock, stage_wire(stage, self._wire), self._auth)
+        pipe = self._pipes[key] = _Pipe(Stream(sock), stage_wire(stage, self._wire), self._auth)
         return pipe
 
     async def aclose(self) -> None:

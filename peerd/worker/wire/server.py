@@ -19,6 +19,7 @@ from peerd.proto.v1 import peer_pb2
 from peerd.rejections import Rejections
 from peerd.tls import TlsMaterial, add_port
 from peerd.worker.wire.bulk import BulkServer
+from peerd.worker.wire.bulk_tls import server_context
 from peerd.worker.wire.codec import encode_segment_chunk
 from peerd.worker.wire.stores import SegmentServer, check_identity
 from peerd.worker.state.pull import StateServer
@@ -176,11 +177,13 @@ async def start_exchange_server(
     bulk: bool = True,
 ) -> tuple[ExchangeServer, str]:
     """Serve segments and state on host:port (0: any free port), and segments on
-    a bulk lane beside it (with the same proofs; not with TLS, which it lacks);
-    returns the server and its gRPC address."""
+    a bulk lane beside it (with the same proofs, and the same mutual TLS when
+    configured); returns the server and its gRPC address."""
     grpc_server = grpc.aio.server(options=SERVER_OPTIONS, maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS)
     servicer = ExchangeServicer(server, state, auth, rejections)
-    lane = BulkServer(server, auth, servicer.rejections) if bulk and tls is None else None
+    lane = None
+    if bulk:
+        lane = BulkServer(server, auth, servicer.rejections, tls=server_context(tls) if tls is not None else None)
     if lane is not None:
         servicer.bulk_port = await lane.start(host)
     # Registered by hand, with no (de)serializers: requests are checked against

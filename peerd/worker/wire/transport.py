@@ -26,6 +26,7 @@ from peerd.proto.v1 import peer_pb2
 from peerd.rejections import Rejections
 from peerd.tls import TlsMaterial, open_channel
 from peerd.worker.wire.bulk_client import BulkClient
+from peerd.worker.wire.bulk_tls import client_context
 from peerd.worker.wire.codec import ROUND_CHECKED_STAGES, ChunkView, decode_segment_chunk, fill_values
 from peerd.worker.wire.stores import Identity, SegmentServer, stage_wire
 from peerd.worker.state.pull import StateMeta, StatePart, StateServer, verify_part
@@ -121,7 +122,7 @@ class GrpcTransport:
     (peerd.worker.wire.bulk), else over gRPC. With `auth`, every request carries a
     proof of the job secret and every reply must carry one back (peerd.auth);
     with `tls`, every connection is mutual TLS. The bulk lane carries the same
-    proofs; TLS turns it off (it has no TLS)."""
+    proofs under the same TLS."""
 
     def __init__(
         self, identity: Identity, auth: Authenticator | None = None, tls: TlsMaterial | None = None,
@@ -133,7 +134,10 @@ class GrpcTransport:
         self._wire = wire
         self._channels: dict[str, grpc.aio.Channel] = {}
         self.rejections = rejections or Rejections(log)
-        self._bulk = BulkClient(wire, auth) if bulk and tls is None else None
+        self._bulk = None
+        if bulk:
+            self._bulk = BulkClient(wire, auth, client_context(tls) if tls is not None else None,
+                                    tls.server_name if tls is not None else "")
         self._lanes: dict[str, int] = {}  # exchange address -> its bulk port (0: none)
 
     def _channel(self, address: str) -> grpc.aio.Channel:
@@ -219,7 +223,11 @@ class GrpcTransport:
             except Unauthenticated as exc:
                 self.rejections.record(address, exc.reason, str(exc))
                 raise
-            self._lanes[address] = port if 0 < port < 65536 else 0
+            told = address in self._lanes  # by a lookup that ran alongside this one
+            port = self._lanes[address] = port if 0 < port < 65536 else 0
+            if not told:
+                how = f"its bulk lane (port {port}{', TLS' if self._tls else ''})" if port else "gRPC (it has no bulk lane)"
+                log.info("segments from %s over %s", address, how)
         return self._lanes[address]
 
     async def fetch_state(self, address: str, span: Span, timeout: float) -> StatePart:
