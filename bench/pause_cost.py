@@ -9,7 +9,8 @@ interleaved, every run on a fresh local cluster of real daemons on 127.0.0.1.
            a third of that time; its worker leaves the graceful way and its daemon
            joins the job again by itself when the pause ends
 
-Per run: the seconds until the job reached --target accuracy (the first poll at
+Per run, from the moment the three train (they start together): the seconds
+until the job reached --target accuracy (the first poll at
 which a training peer's evaluation showed it), until every peer finished, the
 saved model's accuracy (the end consensus), and for the paused run the seconds
 from the pause asked to peer-2's worker gone and from the pause's end to
@@ -54,6 +55,11 @@ def one_run(out: Path, text: str, pause: tuple[float, float] | None, limit_s: fl
         cluster.wait_ready()
         wait_discovery(cluster, 60)
         join_all(cluster, text)
+        # The clock starts when the three train (min_peers = 3: they start together),
+        # not at the join: loading a job takes seconds, and a pause then would only
+        # hold the start gate.
+        poll_until(lambda: all((j := job_status(cluster, p, JOB)) is not None and j.progress.round >= 1
+                               for p in cluster.peers), limit_s, "the three peers to train", interval_s=0.2)
         started, row = time.monotonic(), {"target": target, "target_s": None}
         if pause is not None:
             poll_until(lambda: time.monotonic() - started >= pause[0] or _finished(cluster), limit_s, "the pause")
