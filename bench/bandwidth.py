@@ -303,8 +303,8 @@ class Testbed:
             peer.dir.mkdir(parents=True, exist_ok=True)
             # Only the newcomer keeps a standby worker: the trainers' would only load the CPUs.
             trainer = i < len(factors) - 1
-            peer.write_config(realm, None, f"\n[worker]\nslowdown = {factor}\nslowdown_clock = \"{self.args.clock}\"\n"
-                                           f"standby = {str(not trainer).lower()}\n")
+            peer.write_config(realm, None, worker={"slowdown": factor, "slowdown_clock": f'"{self.args.clock}"',
+                                                   "standby": str(not trainer).lower()})
             self.peers.append(peer)
         if not self.net.multicast_crosses(0, 1):
             raise PeerdError("multicast does not cross the bridge: zeroconf could not work")
