@@ -37,7 +37,8 @@ mean of the peers' latest values; the best peer's is printed and kept beside it)
 reached or after --budget seconds of training; with --epochs E the peerd variants
 train a job of E epochs to its end instead (the same samples for every variant),
 and the table adds the final accuracy: the peers' own models' mean and the end
-consensus's. --baseline names the variant the ratios are taken against (DDP by
+consensus's (bytes per round are then counted until the last poll where every
+trainer was still training, leaving out the end consensus's fp32 models). --baseline names the variant the ratios are taken against (DDP by
 default). Reported per variant and cap: time
 to --target, its ratio to DDP's, each peer's utilisation = time in steps (the
 slowdown's sleep included) / wall time, over the window from its first to its last
@@ -55,7 +56,7 @@ meanwhile divided by its link's rate; goal ≤ 1.2 × that + 1 s.
     sudo .venv/bin/python bench/bandwidth.py --caps 1000 --variants ddp,overlap --budget 90
     sudo .venv/bin/python bench/bandwidth.py --join-only --budget 30 --joins 3   # the join alone: ~2 min
     sudo .venv/bin/python bench/bandwidth.py --caps 100 --variants peerd,peerd-bf16,peerd-int8 \
-        --baseline peerd --epochs 4 --budget 150 --join-cap 0   # the wires against each other
+        --baseline peerd --epochs 3 --budget 200 --join-cap 0   # the wires against each other
     .venv/bin/python bench/bandwidth.py --replot /tmp/bw/summary.json --png /tmp/bw.png
 
 The first took 20 min on 2 vCPUs at load 9-23 (8 runs of at most --budget = 120 s
@@ -461,8 +462,12 @@ def run_peerd(bed: Testbed, variant: str, cap: float, out: Path, join: bool) -> 
     finally:
         _leave(bed, name)
     rounds = [j.progress.round if j is not None else 0 for j in trace.jobs]
+    if args.epochs and trace.training:
+        after, counted = trace.training, trace.training_rounds
+    else:
+        counted = rounds
     result = Result(variant, cap, curve=trace.curve, utilisation=[utilisation(p) for p in trace.points],
-                    bytes_per_round=[bytes_per_round(trace.before[i], after[i], r) for i, r in enumerate(rounds)],
+                    bytes_per_round=[bytes_per_round(trace.before[i], after[i], r) for i, r in enumerate(counted)],
                     steps_per_round=period, wall_s=trace.t, rounds=rounds, best=trace.best, host_busy=busy,
                     breakdown=[time_shares(j.progress) if j is not None else {} for j in trace.jobs])
     if args.epochs:
@@ -493,6 +498,10 @@ class Trace:
     before: dict = field(default_factory=dict)
     cpu: tuple[int, int] = (0, 0)
     jobs: list = field(default_factory=list)
+    # The link counters and rounds at the last poll where every trainer was training:
+    # bytes per round leave out the end consensus's fp32 models (--epochs).
+    training: dict = field(default_factory=dict)
+    training_rounds: list = field(default_factory=list)
 
     def sample(self, t: float, jobs: list) -> None:
         self.t = t
@@ -521,6 +530,8 @@ def _follow(bed: Testbed, name: str, label: str) -> Trace:
             trace.t0, trace.before, trace.cpu = now, bed.net.counters(), host_cpu()
         if trace.t0 is not None:
             trace.sample(now - trace.t0, jobs)
+            if all(j is not None and j.progress.phase == "training" for j in jobs):
+                trace.training, trace.training_rounds = bed.net.counters(), [j.progress.round for j in jobs]
             reached = not args.epochs and trace.curve and trace.curve[-1][1] >= args.target
             if (reached or trace.t > args.budget
                     or all(j is not None and j.state in ENDED_STATES for j in jobs)):

@@ -125,3 +125,22 @@ async def test_without_error_feedback_the_average_is_lost():
     # Each round's rounding moves the sum: the models agree on a value off the average.
     assert drift[-1] > 100 * TOLERANCE
     assert err_plain > 0.05 * step and err_plain > 1000 * err_ef
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_a_model_on_a_gpu_is_quantised_and_owes_as_on_the_cpu():
+    layout = split_even(NUMEL, SEGMENTS)
+    model = start_models(1)[0]
+    on_cpu, on_gpu = ErrorFeedback(layout), ErrorFeedback(layout)
+    x_cpu, x_gpu = model.clone(), model.cuda()
+    on_gpu.owe(layout[1], torch.full((layout[1].size,), 0.25))  # an owner's debt begins on the CPU
+    on_cpu.owe(layout[1], torch.full((layout[1].size,), 0.25))
+    for _ in range(3):
+        on_cpu.quantise_(x_cpu)
+        on_gpu.quantise_(x_gpu)
+        assert x_gpu.is_cuda and torch.equal(x_gpu.cpu(), x_cpu)
+        x_cpu.mul_(0.9)
+        x_gpu.mul_(0.9)
+    on_cpu.settle_(x_cpu)
+    on_gpu.settle_(x_gpu)
+    assert torch.equal(x_gpu.cpu(), x_cpu)

@@ -30,8 +30,9 @@ class ErrorFeedback:
         """x ← Q(x + e), e ← x + e − Q(x + e), segment by segment (a reader's
         blocks start at each segment's start). NonFiniteValues (nothing changed
         then) if x + e holds a NaN or an infinity."""
-        if self.residual is None or self.residual.device != vector.device:
+        if self.residual is None:
             self.residual = torch.zeros_like(vector)
+        self.residual = self.residual.to(vector.device)  # owe() may have begun it on the CPU
         owed = self.residual.add(vector)
         for span in self.layout:
             round_trip_(owed[span.start : span.stop])
@@ -49,7 +50,7 @@ class ErrorFeedback:
         if self.residual is None:
             self.residual = torch.zeros(self.layout[-1].stop if self.layout else 0, dtype=amount.dtype,
                                         device=amount.device)
-        self.residual[span.start : span.stop].add_(amount)
+        self.residual[span.start : span.stop].add_(amount.to(self.residual.device))
 
     def settle_(self, vector: torch.Tensor) -> None:
         """Give the residual back to the model (x ← x + e, e ← 0): before the
