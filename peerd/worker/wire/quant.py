@@ -8,9 +8,10 @@ values as int8 codes in −127..127, value = code × scale. The last record may 
 shorter. Records are whole at every multiple of BLOCK, so a segment sent in
 chunks of a multiple of BLOCK is the same bytes as sent in one piece.
 
-The scale is absmax / 127 rounded up to 17 significant bits. Then code × scale
+The scale is absmax / 127 rounded up to 17 significant bits (never below it, so
+no value is clamped, also where absmax / 127 underflows). Then code × scale
 is exact in fp32 (7 + 17 bits), and quantising values already quantised gives
-back the same codes and scales: a value the owner rounded (a hierarchical
+back the same values: a value the owner rounded (a hierarchical
 round's stage 2) reaches its readers bit for bit as the owner holds it.
 """
 
@@ -69,9 +70,11 @@ def quantise(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     absmax = blocks.abs().amax(dim=1)
     if not bool(torch.isfinite(absmax).all()):
         raise NonFiniteValues("non-finite values cannot be quantised for the int8 wire")
-    scales = absmax / LEVELS
-    bits = scales.view(torch.int32)
-    scales = ((bits + _LOW_BITS) & ~_LOW_BITS).view(torch.float32)  # up to 17 significant bits
+    # absmax / 127 rounded up to 17 significant bits; one grid step more where the
+    # division rounded down (127 × scale is exact, so the test is too).
+    bits = ((absmax / LEVELS).view(torch.int32) + _LOW_BITS) & ~_LOW_BITS
+    bits = torch.where(bits.view(torch.float32) * LEVELS < absmax, bits + _LOW_BITS + 1, bits)
+    scales = bits.view(torch.float32)
     safe = torch.where(scales > 0, scales, torch.ones_like(scales))  # a zero block: codes 0
     codes = torch.round(blocks / safe[:, None]).clamp_(-LEVELS, LEVELS).to(torch.int8)
     return scales, codes
