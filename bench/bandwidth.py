@@ -56,7 +56,7 @@ meanwhile divided by its link's rate; goal ≤ 1.2 × that + 1 s.
     sudo .venv/bin/python bench/bandwidth.py --caps 1000 --variants ddp,overlap --budget 90
     sudo .venv/bin/python bench/bandwidth.py --join-only --budget 30 --joins 3   # the join alone: ~2 min
     sudo .venv/bin/python bench/bandwidth.py --caps 100 --variants peerd,peerd-bf16,peerd-int8 \
-        --baseline peerd --epochs 3 --budget 200 --join-cap 0   # the wires against each other
+        --baseline peerd --epochs 3 --together --budget 300 --join-cap 0   # the wires against each other
     .venv/bin/python bench/bandwidth.py --replot /tmp/bw/summary.json --png /tmp/bw.png
 
 The first took 20 min on 2 vCPUs at load 9-23 (8 runs of at most --budget = 120 s
@@ -236,6 +236,10 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--epochs", type=float, default=0.0,
                    help="peerd variants train a job of this many epochs to its end, not to the target (default 0: "
                         "until the target)")
+    p.add_argument("--together", action="store_true",
+                   help="peerd variants: the trainers start together ([job] min_peers = their number), none "
+                        "joins another that trains alone first (a join's state pull costs ~5 s a donor range "
+                        "at 100 Mbit/s)")
     p.add_argument("--slowdowns", default="1,1,2,4", help="per-peer slowdown factors (default 1,1,2,4)")
     p.add_argument("--clock", choices=CLOCKS, default="wall",
                    help="the slowdown's clock, for DDP's ranks and peerd's workers alike: wall (a step's wall "
@@ -425,10 +429,12 @@ def run_ddp(bed: Testbed, cap: float, out: Path) -> Result:
 # ---------------------------------------------------------------- peerd
 
 
-def job_text(name: str, overlap: bool, wire: str, period: int = PERIOD_STEPS, epochs: float = 0.0) -> str:
+def job_text(name: str, overlap: bool, wire: str, period: int = PERIOD_STEPS, epochs: float = 0.0,
+             min_peers: int = 1) -> str:
     return tomli_w.dumps({
         "job": {"name": name, "module": "bw_mlp", "metric": "accuracy", "seed": 0, "init": "shared",
                 "data_mode": "shared", "local_batch": GLOBAL_BATCH // 4, "epochs": epochs or 1000.0,
+                "min_peers": min_peers,
                 "eval_every_rounds": max(1, EVAL_STEPS // period),
                 # Batches that follow each peer's speed (bench/dbs.py), so no one waits for the slowest.
                 "global_batch": GLOBAL_BATCH, "min_local_batch": 4, "rebalance_rounds": 2,
@@ -444,7 +450,7 @@ def run_peerd(bed: Testbed, variant: str, cap: float, out: Path, join: bool) -> 
     args = bed.args
     overlap, wire, period = VARIANTS[variant]
     name = f"bw-{variant}-{cap:g}"
-    text = job_text(name, overlap, wire, period, args.epochs)
+    text = job_text(name, overlap, wire, period, args.epochs, len(bed.trainers) if args.together else 1)
     out.mkdir(parents=True, exist_ok=True)
     (out / "job.toml").write_text(text)
     for peer in bed.trainers:
