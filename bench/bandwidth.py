@@ -28,10 +28,18 @@ the same seed, at global batch 4 × 32, SGD lr 0.05 momentum 0.9, constant LR:
                 with a round every 4 local steps: overlapped, the exchange is
                 hidden and the one-round delay of the mixing costs half as many
                 steps of drift (docs/algorithms.md, "Overlapped rounds")
+  peerd-bf16, peerd-int8, overlap-int8   (not run by default) `peerd` with a bf16
+                or an int8 wire (error feedback, docs/algorithms.md), and
+                `overlap` with an int8 wire
 
 peerd variants evaluate every 16 local steps (each peer its own model; the curve is the
 mean of the peers' latest values; the best peer's is printed and kept beside it). Every variant stops when the target accuracy is
-reached or after --budget seconds of training. Reported per variant and cap: time
+reached or after --budget seconds of training; with --epochs E the peerd variants
+train a job of E epochs to its end instead (the same samples for every variant),
+and the table adds the final accuracy: the peers' own models' mean and the end
+consensus's (bytes per round are then counted until the last poll where every
+trainer was still training, leaving out the end consensus's fp32 models). --baseline names the variant the ratios are taken against (DDP by
+default). Reported per variant and cap: time
 to --target, its ratio to DDP's, each peer's utilisation = time in steps (the
 slowdown's sleep included) / wall time, over the window from its first to its last
 sample (evaluations and exchanges that block count as idle), and the bytes each
@@ -47,6 +55,8 @@ meanwhile divided by its link's rate; goal ≤ 1.2 × that + 1 s.
     sudo .venv/bin/python bench/bandwidth.py --slowdowns 1,1,1,1 --budget 90 --join-cap 0
     sudo .venv/bin/python bench/bandwidth.py --caps 1000 --variants ddp,overlap --budget 90
     sudo .venv/bin/python bench/bandwidth.py --join-only --budget 30 --joins 3   # the join alone: ~2 min
+    sudo .venv/bin/python bench/bandwidth.py --caps 100 --variants peerd,peerd-bf16,peerd-int8 \
+        --baseline peerd --epochs 3 --together --budget 300 --join-cap 0   # the wires against each other
     .venv/bin/python bench/bandwidth.py --replot /tmp/bw/summary.json --png /tmp/bw.png
 
 The first took 20 min on 2 vCPUs at load 9-23 (8 runs of at most --budget = 120 s
@@ -95,7 +105,8 @@ JOBS = ROOT / "bench" / "jobs"
 # peerd variants: (overlap, wire, local steps per round)
 VARIANTS = {"ddp": None, "peerd": (False, "fp32", 8), "overlap": (True, "fp32", 8),
             "overlap-bf16": (True, "bf16", 8), "peerd-p4": (False, "fp32", 4), "overlap-p4": (True, "fp32", 4),
-            "overlap-bf16-p4": (True, "bf16", 4)}
+            "overlap-bf16-p4": (True, "bf16", 4), "peerd-bf16": (False, "bf16", 8), "peerd-int8": (False, "int8", 8),
+            "overlap-int8": (True, "int8", 8)}
 GLOBAL_BATCH = 128
 LR = 0.05
 DEFAULT_VARIANTS = "ddp,peerd,overlap,overlap-bf16"
@@ -169,6 +180,8 @@ class Result:
     # {"compute": c, "round": r, "evaluate": e, "checkpoint": k} (Progress.waited_s), and
     # the mean seconds of an exchange and of a round
     breakdown: list[dict[str, float]] = field(default_factory=list)
+    final: float = math.nan  # --epochs: the mean of the peers' own final metric
+    consensus: float = math.nan  # --epochs: the end consensus's metric
 
     def time_to(self, target: float) -> float:
         return time_to_target(self.curve, target)
@@ -178,17 +191,21 @@ def fmt_time(seconds: float, budget: float) -> str:
     return f"{seconds:.0f}" if seconds == seconds else f"> {budget:.0f} (not reached)"
 
 
-def table(results: list[Result], target: float, budget: float) -> str:
-    """The markdown table: variant × cap, ratios to the same cap's DDP."""
-    return md_table(["cap (Mbit/s)", "variant", f"time to {target} (s)", "× DDP", "utilisation min / mean",
-                     "MB per peer per round (in + out)", "steps per round", "host CPU busy"],
-                    (_table_row(r, results, target, budget) for r in results))
+def table(results: list[Result], target: float, budget: float, baseline: str = "ddp") -> str:
+    """The markdown table: variant × cap, ratios to the same cap's baseline."""
+    finals = any(r.final == r.final for r in results)
+    return md_table(["cap (Mbit/s)", "variant", f"time to {target} (s)", f"× {baseline}", "utilisation min / mean",
+                     "MB per peer per round (in + out)", "steps per round", "host CPU busy",
+                     *(["final: own / consensus", "wall (s)"] if finals else [])],
+                    (_table_row(r, results, target, budget, baseline, finals) for r in results))
 
 
-def _table_row(r: Result, results: list[Result], target: float, budget: float) -> list[str]:
-    base = next((b for b in results if b.cap == r.cap and b.variant == "ddp"), None)
+def _table_row(r: Result, results: list[Result], target: float, budget: float, baseline: str,
+               finals: bool) -> list[str]:
+    base = next((b for b in results if b.cap == r.cap and b.variant == baseline), None)
     t, tb = r.time_to(target), base.time_to(target) if base else math.nan
-    if r.variant == "ddp" or base is None:
+    extra = [f"{r.final:.4f} / {r.consensus:.4f}", f"{r.wall_s:.0f}"] if finals else []
+    if r.variant == baseline or base is None:
         ratio = "—"
     elif t == t and tb == tb:
         ratio = f"{t / tb:.2f}"
@@ -201,7 +218,7 @@ def _table_row(r: Result, results: list[Result], target: float, budget: float) -
     mb = [b / 1e6 for b in r.bytes_per_round if b == b]
     traffic = f"{sum(mb) / len(mb):.1f}" if mb else "n/a"
     return [f"{r.cap:g}", r.variant, fmt_time(t, budget), ratio, util, traffic, str(r.steps_per_round),
-            f"{r.host_busy:.2f}"]
+            f"{r.host_busy:.2f}", *extra]
 
 
 # ---------------------------------------------------------------- arguments
@@ -215,6 +232,14 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--budget", type=float, default=120.0,
                    help="seconds of training at most per variant and cap (default 120)")
     p.add_argument("--target", type=float, default=0.9, help="test accuracy to reach (default 0.9)")
+    p.add_argument("--baseline", default="ddp", help="the variant the ratios are taken against (default ddp)")
+    p.add_argument("--epochs", type=float, default=0.0,
+                   help="peerd variants train a job of this many epochs to its end, not to the target (default 0: "
+                        "until the target)")
+    p.add_argument("--together", action="store_true",
+                   help="peerd variants: the trainers start together ([job] min_peers = their number), none "
+                        "joins another that trains alone first (a join's state pull costs ~5 s a donor range "
+                        "at 100 Mbit/s)")
     p.add_argument("--slowdowns", default="1,1,2,4", help="per-peer slowdown factors (default 1,1,2,4)")
     p.add_argument("--clock", choices=CLOCKS, default="wall",
                    help="the slowdown's clock, for DDP's ranks and peerd's workers alike: wall (a step's wall "
@@ -283,8 +308,8 @@ class Testbed:
             peer.dir.mkdir(parents=True, exist_ok=True)
             # Only the newcomer keeps a standby worker: the trainers' would only load the CPUs.
             trainer = i < len(factors) - 1
-            peer.write_config(realm, None, f"\n[worker]\nslowdown = {factor}\nslowdown_clock = \"{self.args.clock}\"\n"
-                                           f"standby = {str(not trainer).lower()}\n")
+            peer.write_config(realm, None, worker={"slowdown": factor, "slowdown_clock": f'"{self.args.clock}"',
+                                                   "standby": str(not trainer).lower()})
             self.peers.append(peer)
         if not self.net.multicast_crosses(0, 1):
             raise PeerdError("multicast does not cross the bridge: zeroconf could not work")
@@ -404,10 +429,12 @@ def run_ddp(bed: Testbed, cap: float, out: Path) -> Result:
 # ---------------------------------------------------------------- peerd
 
 
-def job_text(name: str, overlap: bool, wire: str, period: int = PERIOD_STEPS) -> str:
+def job_text(name: str, overlap: bool, wire: str, period: int = PERIOD_STEPS, epochs: float = 0.0,
+             min_peers: int = 1) -> str:
     return tomli_w.dumps({
         "job": {"name": name, "module": "bw_mlp", "metric": "accuracy", "seed": 0, "init": "shared",
-                "data_mode": "shared", "local_batch": GLOBAL_BATCH // 4, "epochs": 1000.0,
+                "data_mode": "shared", "local_batch": GLOBAL_BATCH // 4, "epochs": epochs or 1000.0,
+                "min_peers": min_peers,
                 "eval_every_rounds": max(1, EVAL_STEPS // period),
                 # Batches that follow each peer's speed (bench/dbs.py), so no one waits for the slowest.
                 "global_batch": GLOBAL_BATCH, "min_local_batch": 4, "rebalance_rounds": 2,
@@ -423,7 +450,7 @@ def run_peerd(bed: Testbed, variant: str, cap: float, out: Path, join: bool) -> 
     args = bed.args
     overlap, wire, period = VARIANTS[variant]
     name = f"bw-{variant}-{cap:g}"
-    text = job_text(name, overlap, wire, period)
+    text = job_text(name, overlap, wire, period, args.epochs, len(bed.trainers) if args.together else 1)
     out.mkdir(parents=True, exist_ok=True)
     (out / "job.toml").write_text(text)
     for peer in bed.trainers:
@@ -441,11 +468,26 @@ def run_peerd(bed: Testbed, variant: str, cap: float, out: Path, join: bool) -> 
     finally:
         _leave(bed, name)
     rounds = [j.progress.round if j is not None else 0 for j in trace.jobs]
+    if args.epochs and trace.training:
+        after, counted = trace.training, trace.training_rounds
+    else:
+        counted = rounds
     result = Result(variant, cap, curve=trace.curve, utilisation=[utilisation(p) for p in trace.points],
-                    bytes_per_round=[bytes_per_round(trace.before[i], after[i], r) for i, r in enumerate(rounds)],
+                    bytes_per_round=[bytes_per_round(trace.before[i], after[i], r) for i, r in enumerate(counted)],
                     steps_per_round=period, wall_s=trace.t, rounds=rounds, best=trace.best, host_busy=busy,
                     breakdown=[time_shares(j.progress) if j is not None else {} for j in trace.jobs])
+    if args.epochs:
+        result.final, result.consensus = final_metrics(trace.jobs)
     return result, joined
+
+
+def final_metrics(jobs: list) -> tuple[float, float]:
+    """The mean of the peers' own final accuracy and the end consensus's (NaN
+    where a job did not finish)."""
+    metrics = [dict(j.progress.metrics) if j is not None and j.state == WorkerState.FINISHED else {} for j in jobs]
+    own = [m.get("accuracy", math.nan) for m in metrics]
+    agreed = [m.get("consensus_accuracy", math.nan) for m in metrics]
+    return sum(own) / len(own), sum(agreed) / len(agreed)
 
 
 @dataclass
@@ -462,6 +504,10 @@ class Trace:
     before: dict = field(default_factory=dict)
     cpu: tuple[int, int] = (0, 0)
     jobs: list = field(default_factory=list)
+    # The link counters and rounds at the last poll where every trainer was training:
+    # bytes per round leave out the end consensus's fp32 models (--epochs).
+    training: dict = field(default_factory=dict)
+    training_rounds: list = field(default_factory=list)
 
     def sample(self, t: float, jobs: list) -> None:
         self.t = t
@@ -490,7 +536,10 @@ def _follow(bed: Testbed, name: str, label: str) -> Trace:
             trace.t0, trace.before, trace.cpu = now, bed.net.counters(), host_cpu()
         if trace.t0 is not None:
             trace.sample(now - trace.t0, jobs)
-            if ((trace.curve and trace.curve[-1][1] >= args.target) or trace.t > args.budget
+            if all(j is not None and j.progress.phase == "training" for j in jobs):
+                trace.training, trace.training_rounds = bed.net.counters(), [j.progress.round for j in jobs]
+            reached = not args.epochs and trace.curve and trace.curve[-1][1] >= args.target
+            if (reached or trace.t > args.budget
                     or all(j is not None and j.state in ENDED_STATES for j in jobs)):
                 return trace
         time.sleep(POLL_S)
@@ -605,11 +654,12 @@ def load_results(summary: Path, args) -> tuple[list[Result], list[dict]]:
     data = json.loads(summary.read_text())
     args.target, args.budget = float(data["args"]["target"]), float(data["args"]["budget"])
     args.slowdowns, args.clock = data["args"]["slowdowns"], data["args"].get("clock", "wall")
+    args.baseline = data["args"].get("baseline", "ddp")
     return [Result(**r) for r in data["results"]], data["joins"]
 
 
 def report(results: list[Result], joins: list[dict], args) -> str:
-    lines = [table(results, args.target, args.budget), ""]
+    lines = [table(results, args.target, args.budget, args.baseline), ""]
     for j in joins:
         ok = "meets" if j["total_s"] <= j["goal_s"] else "misses"
         lines.append(f"Join at {j['cap_mbit']:g} Mbit/s: {j['total_s']:.2f} s from join to the first step "

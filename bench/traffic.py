@@ -107,9 +107,9 @@ async def _transports(workers: dict[str, Worker], setup: Setup, grpc: bool) -> t
     else:
         addresses = {p: f"mem-{p}" for p in workers}
     by_address = {a: workers[p].server for p, a in addresses.items()}
-    wire = WIRE_BYTES[setup.wire]
     return addresses, {p: CountingTransport(GrpcTransport(w.identity, wire=setup.wire) if grpc else
-                                            MemoryTransport(w.identity, by_address, wire=setup.wire), w.traffic, wire)
+                                            MemoryTransport(w.identity, by_address, wire=setup.wire), w.traffic,
+                                            setup.wire)
                        for p, w in workers.items()}
 
 

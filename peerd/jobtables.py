@@ -44,7 +44,7 @@ _OPTION_CHECKS: dict[str, tuple[type | tuple[type, ...], object, str]] = {
 }
 
 GOSSIP_MODES = ("crossover", "hierarchical", "whole")
-WIRE_DTYPES = ("fp32", "fp16", "bf16")
+WIRE_DTYPES = ("fp32", "fp16", "bf16", "int8")
 
 
 def _module_name(value: str) -> bool:

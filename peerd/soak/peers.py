@@ -64,11 +64,13 @@ class SoakPeer:
     def client(self, timeout_s: float = CLIENT_TIMEOUT_S) -> ControlClient:
         return ControlClient(self.socket, timeout_s=timeout_s)
 
-    def write_config(self, realm: str, slowdown_key: str | None, extra: str = "") -> None:
-        """`extra`: more tables (TOML), e.g. a local-data job's [data] and [auth]."""
+    def write_config(self, realm: str, slowdown_key: str | None, extra: str = "",
+                     worker: dict[str, object] | None = None) -> None:
+        """`extra`: more tables (TOML), e.g. a local-data job's [data] and [auth];
+        `worker`: more [worker] settings, as TOML values."""
         # The harness kills workers on purpose: none of them may count towards a crash
         # limit ([worker] max_crashes, docs/operations.md) and end the job on its peer.
-        tables: dict[str, dict[str, object]] = {"worker": {"max_crashes": 0}}
+        tables: dict[str, dict[str, object]] = {"worker": {"max_crashes": 0, **(worker or {})}}
         if slowdown_key and self.slowdown != 1.0:
             tables.setdefault(slowdown_key, {})["slowdown"] = self.slowdown
         slow = "".join(f"\n[{name}]\n" + "".join(f"{k} = {v}\n" for k, v in values.items())

@@ -124,6 +124,7 @@ class JobEnd:
 
     async def _settle(self) -> None:
         await self.engine.round_done(await self.engine.rounds.finish_pending())
+        self.engine.rounds.settle_feedback()  # the end consensus averages the models alone, in fp32
 
     def consensus_limit_s(self) -> float:
         """The longest the final exchange may take, with the view of now."""

@@ -92,10 +92,9 @@ class Engine:
         self.security = security = launch.security
         self.rejections = Rejections(log)
         self.traffic = Traffic()
-        wire_bytes = 4 if spec.gossip.wire == "fp32" else 2
         self.transport = CountingTransport(
             GrpcTransport(self.identity, security.auth, security.tls, self.rejections, wire=spec.gossip.wire),
-            self.traffic, wire_bytes)
+            self.traffic, spec.gossip.wire)
         self.rounds = Rounds(spec, self.me, self.state, link, self.transport, launch.intrahost)
         self.store = self.rounds.store
         self.final = FinalStore()  # this peer's final model, for the consensus at the end

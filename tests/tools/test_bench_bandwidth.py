@@ -63,3 +63,12 @@ def test_table_gives_ratios_to_the_same_caps_ddp_and_bounds_when_ddp_missed():
     assert rows[4].startswith("| 100 | ddp | > 150 (not reached) | — |")
     assert rows[5].startswith("| 100 | overlap | 30 | < 0.20 |")  # DDP needs > 150 s: the ratio is a bound
     assert rows[6].startswith("| 100 | peerd | > 150 (not reached) | n/a |")
+
+
+def test_table_takes_ratios_against_the_baseline_and_gives_final_accuracy_when_trained_to_the_end():
+    fp32, int8 = _result("peerd", 100, 80.0), _result("peerd-int8", 100, 30.0)
+    fp32.final, fp32.consensus, int8.final, int8.consensus = 0.931, 0.94, 0.929, 0.9385
+    rows = table([fp32, int8], target=0.9, budget=150.0, baseline="peerd").splitlines()
+    assert "× peerd" in rows[0] and "final: own / consensus" in rows[0]
+    assert rows[2].startswith("| 100 | peerd | 80 | — |") and "| 0.9310 / 0.9400 |" in rows[2]
+    assert rows[3].startswith("| 100 | peerd-int8 | 30 | 0.38 |") and "| 0.9290 / 0.9385 |" in rows[3]

@@ -16,6 +16,7 @@ from traffic import Setup, measure  # noqa: E402
 
 from peerd.core.groups import plan_hierarchical  # noqa: E402
 from peerd.core.segments import split_even  # noqa: E402
+from peerd.worker.wire.quant import wire_nbytes  # noqa: E402
 
 SEGMENTS = 8
 NUMEL = SEGMENTS * 1_250  # equal segments: counts are exact fractions of the model
@@ -39,6 +40,14 @@ async def test_narrow_wire_halves_the_bytes():
     t = await measure(Setup("crossover", 4, NUMEL, SEGMENTS, wire="bf16"), rounds=2)
     assert t.misses == 0
     assert {b for rnd in t.received + t.sent for b in rnd.values()} == {NUMEL * 2}
+
+
+async def test_the_int8_wire_moves_a_byte_a_value_and_a_scale_a_block():
+    t = await measure(Setup("crossover", 4, NUMEL, SEGMENTS, wire="int8"), rounds=2)
+    assert t.misses == 0
+    model = sum(wire_nbytes(span.size) for span in split_even(NUMEL, SEGMENTS))
+    assert {b for rnd in t.received + t.sent for b in rnd.values()} == {model}
+    assert 3.9 < NUMEL * 4 / model < 4.0
 
 
 @pytest.mark.parametrize(("peers", "group_size", "models"), [

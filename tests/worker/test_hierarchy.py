@@ -34,8 +34,8 @@ class Peer:
         self.layout = split_even(NUMEL, SEGMENTS)
         self.recv = torch.empty(NUMEL)
 
-    def context(self, transport, wire_dtype=torch.float32) -> RoundContext:
-        return RoundContext(self.id, self.layout, transport, self.stages, wire_dtype=wire_dtype)
+    def context(self, transport, wire="fp32") -> RoundContext:
+        return RoundContext(self.id, self.layout, transport, self.stages, wire=wire)
 
     def inputs(self, plan, addresses, deadline_s=5.0, out=None) -> RoundInputs:
         return RoundInputs(plan, addresses, RoundBuffers(self.vector, self.recv, deadline_s, out))
@@ -205,7 +205,7 @@ async def test_with_a_narrow_wire_a_group_agrees_exactly():
         await peer.store.publish(0, peer.vector)
         plan = plan_hierarchical("job", 0, view, p, SEGMENTS, 3)
         return await hierarchical_round(peer.context(MemoryTransport(peer.identity, servers, wire="bf16"),
-                                                     torch.bfloat16), peer.inputs(plan, addresses))
+                                                     "bf16"), peer.inputs(plan, addresses))
 
     results = await asyncio.gather(one("x"), one("y"))
     assert all(r.misses == 0 for r in results)

@@ -59,11 +59,11 @@ async def _flat_round(peers, addresses, transports, round_=1):
 
 
 def test_it_is_used_only_where_it_gives_flat_crossover_exactly():
-    assert fits(2, 8, torch.float32, None) and fits(2, 2, torch.float32, PullClipper(0.0))
-    assert not fits(3, 8, torch.float32, None)  # more peers: sources differ by segment
-    assert not fits(2, 1, torch.float32, None)  # whole-model gossip: one owner would do all
-    assert not fits(2, 8, torch.bfloat16, None)  # the other would get the rounded average
-    assert not fits(2, 8, torch.float32, PullClipper(3.0))  # each peer clips what it sees
+    assert fits(2, 8, "fp32", None) and fits(2, 2, "fp32", PullClipper(0.0))
+    assert not fits(3, 8, "fp32", None)  # more peers: sources differ by segment
+    assert not fits(2, 1, "fp32", None)  # whole-model gossip: one owner would do all
+    assert not fits(2, 8, "bf16", None) and not fits(2, 8, "int8", None)  # the other would get the rounded average
+    assert not fits(2, 8, "fp32", PullClipper(3.0))  # each peer clips what it sees
     assert owned_by("a", "b", 5) == [0, 2, 4] and owned_by("b", "a", 5) == [1, 3]
 
 

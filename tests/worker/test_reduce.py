@@ -57,10 +57,10 @@ def test_mix_refuses_a_non_finite_partner_value():
 
 def test_round_to_wire():
     values = torch.tensor([1.0 + 2**-12, 3.0])
-    assert round_to_wire(values, torch.float32) is values
-    rounded = round_to_wire(values, torch.bfloat16)
+    assert round_to_wire(values, "fp32") is values
+    rounded = round_to_wire(values, "bf16")
     assert rounded.dtype == torch.float32 and torch.equal(rounded, torch.tensor([1.0, 3.0]))
-    assert torch.equal(round_to_wire(rounded, torch.bfloat16), rounded)  # idempotent: members agree with the owner
+    assert torch.equal(round_to_wire(rounded, "bf16"), rounded)  # idempotent: members agree with the owner
 
 
 @pytest.mark.parametrize("k", [1, 3])

@@ -77,7 +77,10 @@ async def _cross_hosts(ctx: RoundContext, inputs: RoundInputs, work: torch.Tenso
     owned = plan.owned_by(me)
     await stages.begin(plan.round, owned)
     for s in owned:  # stage 1, for the partner groups' owners
-        await stages.put(plan.round, 1, s, work[layout[s].start : layout[s].stop].clone())
+        mean = work[layout[s].start : layout[s].stop]
+        if ctx.feedback is not None:  # both groups mix the value the partner receives
+            ctx.feedback.round_(mean, layout[s], len(plan.group))
+        await stages.put(plan.round, 1, s, mean.clone())
 
     async def mix(s: int) -> None:
         span, source = layout[s], plan.sources[s]

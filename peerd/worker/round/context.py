@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from peerd.core.segments import Span
     from peerd.core.topology import RoundPlan
     from peerd.worker.intrahost.group import IntraHostGroup
+    from peerd.worker.round.feedback import ErrorFeedback
     from peerd.worker.wire.stores import StageStore
     from peerd.worker.wire.transport import Transport
 
@@ -29,15 +30,17 @@ if TYPE_CHECKING:
 class RoundContext:
     """The same in every round of a job: this peer, how its vector is cut, how it
     reaches partners, where it publishes stage values, its clipping and wire
-    dtype, and its intra-host group (None: the group stage over the transport)."""
+    dtype (`wire`: a [gossip] wire name), its error feedback (the int8 wire's),
+    and its intra-host group (None: the group stage over the transport)."""
 
     me: str
     layout: list[Span]
     transport: Transport
     stages: StageStore
     clipper: PullClipper | None = None
-    wire_dtype: torch.dtype = torch.float32
+    wire: str = "fp32"
     intrahost: IntraHostGroup | None = None
+    feedback: ErrorFeedback | None = None
 
 
 @dataclass(frozen=True)

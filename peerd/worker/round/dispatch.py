@@ -22,7 +22,7 @@ async def run_round(ctx: RoundContext, inputs: RoundInputs) -> RoundResult:
         # view: intrahost_round agrees with the others or falls back (None).
         result = await intrahost_round(ctx, inputs)
         return result if result is not None else await hierarchical_round(ctx, inputs)
-    if pair_fits(len(inputs.addresses), len(ctx.layout), ctx.wire_dtype, ctx.clipper):
+    if pair_fits(len(inputs.addresses), len(ctx.layout), ctx.wire, ctx.clipper):
         return await pair_round(ctx, inputs)  # two peers: each averages half (peerd.worker.round.pair)
     # No stage values in a flat round: a partner that runs a pair round (its
     # view holds only the two of us) is refused them at once.

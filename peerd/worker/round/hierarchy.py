@@ -33,7 +33,7 @@ import torch
 from peerd.core.groups import GroupPlan
 from peerd.errors import NonFiniteAverage, PeerdError, PeerUnavailable
 from peerd.worker.round.crossover import RoundResult, clip_pull, keep_own, record_failure, relative_gap
-from peerd.worker.round.reduce import mix_groups, reduce_group, round_to_wire, round_to_wire_
+from peerd.worker.round.reduce import mix_groups, reduce_group, round_to_wire_
 from peerd.worker.round.context import RoundContext, RoundInputs
 
 
@@ -59,7 +59,7 @@ class _Round:
         plan, me, b = inputs.plan, ctx.me, inputs.buffers
         self.plan, self.me, self.addresses, self.layout = plan, me, inputs.addresses, ctx.layout
         self.transport, self.stages, self.clipper = ctx.transport, ctx.stages, ctx.clipper
-        self.wire_dtype = ctx.wire_dtype
+        self.wire, self.feedback = ctx.wire, ctx.feedback
         self.vector, self.recv, self.out, self.deadline_s = b.vector, b.recv, b.out, b.deadline_s
         self.into = b.vector if b.out is None else b.out  # where the new state goes
         self.others = [m for m in plan.group if m != me]
@@ -152,6 +152,8 @@ class _Round:
                                       out=into if lend and source is None else self.stages.buffer(span.size))
         for i in refused:
             self._refuse(arrived[i][0], s, 0)
+        if self.feedback is not None:  # both groups mix the value the partner receives
+            self.feedback.round_(total, span, len(self.plan.group))
         await self.stages.put(self.plan.round, 1, s, total)
         mixed = total
         if source is not None:
@@ -165,13 +167,23 @@ class _Round:
         if lend:
             if mixed is not into:  # the partner group's value did not come: the group mean
                 into.copy_(mixed)
-            round_to_wire_(into, self.wire_dtype)
+            self._to_wire_(into, s)
             await self.stages.lend(self.plan.round, 2, s, into, reads=len(self.others))
         else:
-            mixed = round_to_wire(mixed, self.wire_dtype)
+            if mixed is total and self.wire != "fp32":
+                mixed = mixed.clone()  # stage 1 is served as it is
+            self._to_wire_(mixed, s)
             await self.stages.put(self.plan.round, 2, s, mixed)
             into.copy_(mixed)
         self.written.add(s)
+
+    def _to_wire_(self, values: torch.Tensor, s: int) -> None:
+        """Round a stage 2 value as its readers receive it; with error feedback the
+        owner owes what that left out, for every member that adopts it."""
+        if self.feedback is None:
+            round_to_wire_(values, self.wire)
+        else:
+            self.feedback.round_(values, self.layout[s], len(self.plan.group))
 
     async def _gather(self, s: int) -> None:
         """A segment another member owns: take its final value from the owner."""

@@ -39,9 +39,9 @@ from peerd.worker.round.context import RoundContext, RoundInputs
 STAGE_SNAPSHOT, STAGE_AVERAGE = 0, 2
 
 
-def fits(peers: int, segments: int, wire_dtype: torch.dtype, clipper: PullClipper | None) -> bool:
+def fits(peers: int, segments: int, wire: str, clipper: PullClipper | None) -> bool:
     """Whether a flat round may run as a pair round with the same result."""
-    return (peers == 2 and segments >= 2 and wire_dtype == torch.float32
+    return (peers == 2 and segments >= 2 and wire == "fp32"
             and (clipper is None or not clipper.enabled))
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 
 from peerd.worker.wire.codec import finite_by_sum
+from peerd.worker.wire.quant import round_trip_
+from peerd.worker.wire.stores import WIRE_DTYPES
 
 
 # The mean is computed block by block: a block of the result stays in the cache
@@ -67,13 +69,20 @@ def mix_groups(total: torch.Tensor, theirs: torch.Tensor, weight: float,
     return mixed if finite else None
 
 
-def round_to_wire(values: torch.Tensor, wire_dtype: torch.dtype) -> torch.Tensor:
-    """`values` as the group members will receive them. The owner keeps the
-    same rounding, or the group could never agree closer than the rounding."""
-    return values if wire_dtype == torch.float32 else values.to(wire_dtype).float()
+def round_to_wire(values: torch.Tensor, wire: str) -> torch.Tensor:
+    """`values` (one whole segment) as the group members will receive them. The
+    owner keeps the same rounding, or the group could never agree closer than
+    the rounding."""
+    if wire == "fp32":
+        return values
+    rounded = values.clone()
+    round_to_wire_(rounded, wire)
+    return rounded
 
 
-def round_to_wire_(values: torch.Tensor, wire_dtype: torch.dtype) -> None:
+def round_to_wire_(values: torch.Tensor, wire: str) -> None:
     """round_to_wire in place."""
-    if wire_dtype != torch.float32:
-        values.copy_(values.to(wire_dtype))
+    if wire == "int8":
+        round_trip_(values)
+    elif wire != "fp32":
+        values.copy_(values.to(WIRE_DTYPES[wire]))

@@ -28,7 +28,9 @@ from peerd.worker.intrahost.group import IntraHostGroup
 from peerd.worker.link import SupervisorLink
 from peerd.worker.round.overlap import OverlapRunner, RoundExchange, round_exchange
 from peerd.worker.round.context import RoundBuffers, RoundContext, RoundInputs
-from peerd.worker.wire.stores import WIRE_DTYPES, SnapshotStore, StageStore
+from peerd.worker.round.feedback import ErrorFeedback
+from peerd.worker.wire.quant import NonFiniteValues
+from peerd.worker.wire.stores import SnapshotStore, StageStore
 from peerd.worker.wire.traffic import ExchangeTimes
 from peerd.worker.state.trainstate import TrainState
 
@@ -60,8 +62,10 @@ class Rounds:
         self.suspicion = Suspicion()
         self.clipper = PullClipper(spec.gossip.clip_factor)
         # What every round of the job shares (peerd.worker.round.context).
+        # The int8 wire's error feedback (peerd.worker.round.feedback); a joiner's starts at zero.
+        self.feedback = ErrorFeedback(self.layout) if spec.gossip.wire == "int8" else None
         self.context = RoundContext(me, self.layout, transport, self.stages, self.clipper,
-                                    WIRE_DTYPES[spec.gossip.wire], intrahost)
+                                    spec.gossip.wire, intrahost, self.feedback)
         self.clipped = 0
         self.misses = 0
         self.exchange_times = ExchangeTimes()  # one per gossip round this process completed
@@ -84,9 +88,25 @@ class Rounds:
         """One round, now: publish, let `capture()` copy the state for newcomers
         (between steps), exchange."""
         self.round = round_
+        self._quantise()
         into = await self._publish()
         await capture()
         return await self._round(view, into)
+
+    def _quantise(self) -> None:
+        """The int8 wire: the model becomes what its readers receive, the rest is
+        owed to the next round (peerd.worker.round.feedback)."""
+        if self.feedback is None:
+            return
+        try:
+            self.feedback.quantise_(self.state.flat.vector)
+        except NonFiniteValues:  # published as it is: partners asking are told it is unavailable
+            log.warning("round %d: the model holds non-finite values: not sent on the int8 wire", self.round)
+
+    def settle_feedback(self) -> None:
+        """The residual back into the model, before the exact average at the end."""
+        if self.feedback is not None:
+            self.feedback.settle_(self.state.flat.vector)
 
     async def _publish(self) -> torch.Tensor | None:
         """Publish the model as this round's snapshot. On the CPU its vector itself
@@ -165,6 +185,7 @@ class Rounds:
         await capture()
         now = time.monotonic()
         exchange, deadline = self._exchange(view, now)
+        self._quantise()
         await self.overlap.start(round_, self.state.flat.vector, exchange, deadline)
         self._in_flight = (round_, view, now)
         return result

@@ -12,7 +12,8 @@ TLS 1.3 connection with gRPC's certificates (peerd.worker.wire.bulk_tls).
 Frames, little-endian (docs/protocol.md):
   request:      u32 n, n bytes of SegmentRequest (protobuf)
                 [with a job secret: u32 m, m bytes of proof, as in gRPC's peerd-auth]
-  reply, ok:    u8 0, u64 elements, then the values in the job's wire dtype (fp32 for stage 3)
+  reply, ok:    u8 0, u64 elements, then the values in the job's wire dtype (fp32 for stage 3;
+                int8: peerd.worker.wire.quant's records)
   reply, error: u8 kind (BulkError: 1 job mismatch, 2 round mismatch, 3 unavailable,
                 4 unauthenticated), i64 the server's round, u32 n, n bytes of UTF-8 message
                 [with a job secret, either reply ends in the 32-byte reply proof]
@@ -63,7 +64,6 @@ BULK_METHOD = "bulk:FetchSegment"  # what a lane request's proof names: not vali
 MAX_PROOF_BYTES = 256
 MAX_REQUEST_BYTES = 4096  # a SegmentRequest is ~100 bytes; anything bigger is not one
 MAX_WAIT_S = 120.0  # a caller cannot hold a server's snapshot longer than this
-ITEMSIZE = {"fp32": 4, "fp16": 2, "bf16": 2}
 
 
 class _Closed(ConnectionError):
@@ -92,10 +92,10 @@ def _host(sock: socket.socket) -> str:
         return "unknown"
 
 
-def reply_fields(request, total: int, itemsize: int) -> tuple:
+def reply_fields(request, total: int, nbytes: int) -> tuple:
     """What an ok reply's proof covers: the values by their count and length, as
     gRPC's reply proof covers its chunks (docs/protocol.md)."""
-    return (request.round, request.segment, 0, total, total * itemsize)
+    return (request.round, request.segment, 0, total, nbytes)
 
 
 def mac_ok(expected_hex: str, received: bytes) -> bool:

@@ -20,11 +20,11 @@ from peerd.core.names import join_host_port
 from peerd.errors import InvalidMessage, JobMismatch, PeerUnavailable, RoundMismatch, Unauthenticated
 from peerd.rejections import Rejections
 from peerd.worker.wire.bulk import (
-    BULK_METHOD, ERROR_HEADER, ITEMSIZE, LENGTH, MAC_BYTES, OK_HEADER, BulkError, mac_ok, reply_fields,
+    BULK_METHOD, ERROR_HEADER, LENGTH, MAC_BYTES, OK_HEADER, BulkError, mac_ok, reply_fields,
 )
 from peerd.worker.wire.bulk_tls import HandshakeFailed, Stream, handshake
 from peerd.worker.wire.codec import ROUND_CHECKED_STAGES, fill_values, finite_by_sum
-from peerd.worker.wire.stores import stage_wire
+from peerd.worker.wire.stores import stage_wire, wire_nbytes
 
 log = logging.getLogger("peerd.worker")
 
@@ -57,7 +57,7 @@ def _recv_checked(sock: socket.socket, view: memoryview, values: torch.Tensor) -
     return ok
 
 
-def _read_reply(sock: socket.socket, into: memoryview | None, expected: int, itemsize: int, mac_bytes: int,
+def _read_reply(sock: socket.socket, into: memoryview | None, expected: int, wire: str, mac_bytes: int,
                 checked: torch.Tensor | None = None):
     """One whole reply frame, read with blocking calls: ("error", kind, round,
     message, mac), ("length", total) for a segment of the wrong size (its values
@@ -81,7 +81,7 @@ def _read_reply(sock: socket.socket, into: memoryview | None, expected: int, ite
     _, total = OK_HEADER.unpack(head)
     if total != expected:
         return "length", total
-    raw = None if into is not None else bytearray(total * itemsize)
+    raw = None if into is not None else bytearray(wire_nbytes(wire, total))
     finite = None
     if into is not None and checked is not None:
         finite = _recv_checked(sock, into, checked)
@@ -230,12 +230,11 @@ class _Pipe:
     def _receive(self, item: _Fetch) -> BaseException | None:
         """Read one reply into `item`: None if it holds the values, else the error to
         raise. Raises if the connection cannot carry another reply."""
-        itemsize = ITEMSIZE[self._wire]
         mac_bytes = MAC_BYTES if item.reply is not None else 0
         # Stages 0 and 1 are checked by the round, on the average it computes
         # from them: a second pass here cost 8 ms of CPU per 64 MiB.
         check = item.request.stage not in ROUND_CHECKED_STAGES
-        reply = _read_reply(self._reader, item.into, item.out.numel(), itemsize, mac_bytes,
+        reply = _read_reply(self._reader, item.into, item.out.numel(), self._wire, mac_bytes,
                             item.out if check else None)
         if reply[0] == "error":
             _, kind, current, message, mac = reply
@@ -255,7 +254,7 @@ class _Pipe:
             raise ConnectionError("reply of the wrong length")
         _, raw, total, mac, finite = reply
         if item.reply is not None:
-            item.reply.update_fields(*reply_fields(item.request, total, itemsize))
+            item.reply.update_fields(*reply_fields(item.request, total, wire_nbytes(self._wire, total)))
             if not mac_ok(item.reply.digest(), mac):
                 return Unauthenticated("the reply's proof does not match the shared secret", "reply_bad_mac")
         try:

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from peerd.errors import InvalidMessage
+from peerd.worker.wire import quant
 
 _VARINT, _FIXED64, _LENGTH, _FIXED32 = 0, 1, 2, 5
 
@@ -122,6 +123,15 @@ ROUND_CHECKED_STAGES = frozenset({0, 1})
 _WIRE_NUMPY = {"fp32": "<f4", "fp16": "<f2", "bf16": "<u2"}
 
 
+def _values_in(nbytes: int, wire: str) -> int:
+    if wire == "int8":
+        return quant.values_in(nbytes) if nbytes else 0
+    itemsize = np.dtype(_WIRE_NUMPY[wire]).itemsize
+    if nbytes % itemsize:
+        raise InvalidMessage(f"partner sent {nbytes} bytes: not whole {wire} values", "bad_dtype")
+    return nbytes // itemsize
+
+
 def fill_values(
     out: torch.Tensor, offset: int, total: int, data, filled: int, wire: str = "fp32", check_finite: bool = True,
 ) -> int:
@@ -132,21 +142,20 @@ def fill_values(
     it computes from the values (ROUND_CHECKED_STAGES)."""
     if total != out.numel():
         raise InvalidMessage(f"partner sent a segment of {total} elements, expected {out.numel()}", "wrong_length")
-    dtype = np.dtype(_WIRE_NUMPY[wire])
     nbytes = memoryview(data).nbytes
-    if nbytes % dtype.itemsize:
-        raise InvalidMessage(f"partner sent {nbytes} bytes: not whole {wire} values", "bad_dtype")
-    size = nbytes // dtype.itemsize
-    if offset != filled:
+    size = _values_in(nbytes, wire)
+    if offset != filled or (wire == "int8" and offset % quant.BLOCK):
         raise InvalidMessage(f"partner sent a chunk at {offset}, expected {filled}", "bad_offset")
     if size == 0 or offset + size > total:
         raise InvalidMessage(f"partner sent a chunk of {size} at {offset} in a segment of {total}", "oversize")
-    values = np.frombuffer(data, dtype=dtype)
     target = out[offset : offset + size]
-    if wire == "bf16":  # numpy has no bfloat16; its bits are the top half of a float32's
+    if wire == "int8":
+        quant.decode_into(data, target.numpy())
+    elif wire == "bf16":  # numpy has no bfloat16; its bits are the top half of a float32's
+        values = np.frombuffer(data, dtype=np.uint16)
         target.numpy().view(np.uint32)[:] = values.astype(np.uint32) << 16
-    else:
-        target.numpy()[:] = values  # the one copy (and widening), into the preallocated buffer
+    else:  # the one copy (and widening), into the preallocated buffer
+        target.numpy()[:] = np.frombuffer(data, dtype=np.dtype(_WIRE_NUMPY[wire]))
     if check_finite and not all_finite(target):
         raise InvalidMessage(f"partner sent non-finite values at {offset}..{offset + size}", "non_finite")
     return filled + size

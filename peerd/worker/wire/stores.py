@@ -22,6 +22,7 @@ import torch
 
 from peerd.core.segments import Span, chunk_spans, split_even
 from peerd.errors import InvalidMessage, JobMismatch, RoundMismatch
+from peerd.worker.wire import quant
 
 KEEP_ROUNDS = 2
 FINAL_STAGE = 3  # a request's stage for the final model (the consensus at the job's end)
@@ -383,12 +384,21 @@ class FinalStore:
 
 
 WIRE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+ITEMSIZE = {"fp32": 4, "fp16": 2, "bf16": 2}
+
+
+def wire_nbytes(wire: str, n: int) -> int:
+    """Bytes of n values on `wire`."""
+    return quant.wire_nbytes(n) if wire == "int8" else n * ITEMSIZE[wire]
 
 
 def to_wire(values: torch.Tensor, wire: str) -> np.ndarray:
-    """Little-endian bytes of `values` in the job's wire dtype (a view for fp32)."""
+    """Little-endian bytes of `values` in the job's wire dtype (a view for fp32;
+    int8: peerd.worker.wire.quant's records, blocks from the start of `values`)."""
     if wire == "fp32":
         return values.numpy()
+    if wire == "int8":
+        return quant.encode(values)
     narrow = values.to(WIRE_DTYPES[wire])
     return narrow.view(torch.int16).numpy() if wire == "bf16" else narrow.numpy()
 
@@ -417,6 +427,8 @@ class SegmentServer:
         `chunk_elems` (default: the server's) elements; data is a view into the
         snapshot (fp32 on the wire), valid until the next chunk is asked for."""
         chunk_elems = chunk_elems or self.chunk_elems
+        if self.wire == "int8":  # whole blocks in every chunk but the last (peerd.worker.wire.quant)
+            chunk_elems = -(-chunk_elems // quant.BLOCK) * quant.BLOCK
         check_identity(self.identity, job, fingerprint)
         if stage not in (0, 1, 2, FINAL_STAGE):
             raise InvalidMessage(f"stage {stage} out of range 0..{FINAL_STAGE}", "bad_segment")

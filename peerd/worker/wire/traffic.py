@@ -17,6 +17,7 @@ import torch
 from peerd.core.segments import Span
 from peerd.progress import EXCHANGE_BUCKETS_S
 from peerd.worker.state.pull import StatePart
+from peerd.worker.wire.stores import stage_wire, wire_nbytes
 
 
 class Traffic:
@@ -43,19 +44,19 @@ class ExchangeTimes:
 
 
 class CountingTransport:
-    """Counts segments at `wire_bytes` per value (the job's wire dtype, as the
-    serving side counts them) and state ranges at 4."""
+    """Counts segments at their bytes in the job's wire dtype (as the serving side
+    counts them; stage 3 in fp32) and state ranges at 4 bytes a value."""
 
-    def __init__(self, inner, traffic: Traffic, wire_bytes: int = 4) -> None:
+    def __init__(self, inner, traffic: Traffic, wire: str = "fp32") -> None:
         self._inner = inner
         self._traffic = traffic
-        self._wire_bytes = wire_bytes
+        self._wire = wire
 
     async def fetch_segment(
         self, address: str, round_: int, segment: int, out: torch.Tensor, timeout: float, stage: int = 0
     ) -> None:
         await self._inner.fetch_segment(address, round_, segment, out, timeout, stage)
-        self._traffic.received += out.numel() * self._wire_bytes
+        self._traffic.received += wire_nbytes(stage_wire(stage, self._wire), out.numel())
 
     async def fetch_state(self, address: str, span: Span, timeout: float) -> StatePart:
         part = await self._inner.fetch_state(address, span, timeout)
