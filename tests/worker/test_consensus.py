@@ -159,3 +159,24 @@ async def test_an_export_averages_one_rounds_snapshots_without_the_others_taking
     # A round the exporter does not hold (alone, or overlapped): its model of now.
     alone = await round_consensus("p0", group[0].store, 8, live, {"p0": "mem-p0"}, group[0].layout, transports["p0"], 0.1)
     assert alone.plan.alone and torch.equal(alone.vector, live)
+
+
+async def test_a_gather_cancelled_midway_leaves_no_fetch_running_and_no_exception_unretrieved():
+    """A leave cancels the end consensus while partners' fetches are under way."""
+    from peerd.core.segments import split_even
+    from peerd.worker.state.consensus import gather_models
+
+    started = asyncio.Event()
+
+    class Stalled:
+        async def fetch_segment(self, address, round_, segment, out, timeout, stage=0):
+            started.set()
+            await asyncio.sleep(3600)
+
+    before = asyncio.all_tasks()
+    gather = asyncio.ensure_future(gather_models(Stalled(), {"a": "x", "b": "y"}, split_even(8, 2), 60.0))
+    await started.wait()
+    gather.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await gather
+    assert asyncio.all_tasks() - before - {asyncio.current_task()} == set()

@@ -73,10 +73,14 @@ async def gather_models(
             raise InvalidMessage(f"{peer} sent non-finite values", "non_finite")
 
     tasks = {p: asyncio.ensure_future(one(p)) for p in addresses}
-    done, pending = await asyncio.wait(tasks.values(), timeout=timeout) if tasks else (set(), set())
-    for task in pending:
-        task.cancel()
-    await asyncio.gather(*pending, return_exceptions=True)
+    done: set[asyncio.Future] = set()
+    try:
+        if tasks:
+            done, _ = await asyncio.wait(tasks.values(), timeout=timeout)
+    finally:  # the deadline, or this gather cancelled (a leave): no fetch outlives it, none unretrieved
+        for task in tasks.values():
+            task.cancel()
+        await asyncio.gather(*tasks.values(), return_exceptions=True)
     got, why = {}, {}
     for peer, task in tasks.items():
         exc = task.exception() if task in done else TimeoutError("deadline")
