@@ -26,7 +26,7 @@ import logging
 import time
 from pathlib import Path
 
-from peerd.core.catchup import step_up, take_again
+from peerd.core.catchup import step_up
 from peerd.core.lifecycle import Outcome, Stage, outcome_of
 from peerd.core.shares import BatchPlan, Rebalancer, published_costs
 from peerd.core.stepplan import StepPlan, members_of, own_view, step_plan
@@ -117,9 +117,6 @@ class Engine:
         self.tblog = TensorBoardLog(launch.tensorboard)  # each round's Progress, when asked for
         self.join = Join(self)
         self.ending = JobEnd(self)
-        self.exchanged = False  # with anyone, since this worker came into the job (peerd.core.catchup)
-        self.taken_again = 0  # times it took the state again, having exchanged with nobody
-        self.state_taken_at = time.monotonic()  # when it last took a state (or started)
 
     async def start(self) -> StepPlan:
         """Serve, join; then the plan of the first steps."""
@@ -237,7 +234,6 @@ class Engine:
             self.round += 1
             run = self.rounds.run_overlapped if self.rounds.overlap is not None else self.rounds.run
             result = await run(self.round, self._view, self.capture_if_wanted)
-            await self._take_again(result)
             await self.round_done(result)
             started = self.time.add("round", started)
             if self.link.export_path and self.link.export_path != self.exported:
@@ -332,26 +328,7 @@ class Engine:
         if result is not None:
             for source, why in result.non_finite.items():
                 self.rejections.record(self._view.get(source, source), "non_finite", why)
-            self.exchanged = self.exchanged or bool(result.reached)
         self._catch_up(result)
-
-    async def _take_again(self, result: RoundResult | None) -> None:
-        """Far behind a partner before any exchange: take the state again, model and
-        data position, rather than step up with a stale copy (peerd.core.catchup)."""
-        wait_s = None if result is None else take_again(self.round, result.ahead_round, self.exchanged,
-                                                         self.taken_again, time.monotonic() - self.state_taken_at)
-        if wait_s is None or not self.join.donors():
-            return
-        self.taken_again += 1
-        log.info("round %d: %s is in round %d and this worker has exchanged with nobody yet: "
-                 "taking the state again%s", self.round, result.ahead_peer, result.ahead_round,
-                 f" in {wait_s:.1f}s, once its donors have heard of it" if wait_s >= 0.05 else "")
-        await asyncio.sleep(wait_s)
-        donors = self.join.donors()
-        if not donors:
-            return
-        await self.rounds.finish_pending()  # overlapped: nothing in flight writes into the state taken
-        await self.join.take_state(donors, "joining again")
 
     def _catch_up(self, result: RoundResult | None) -> None:
         """A partner is rounds ahead: step up to its round, keeping this model (peerd.core.catchup)."""

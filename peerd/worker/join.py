@@ -50,7 +50,6 @@ class Joining(Protocol):
     checkpoints: Checkpointer
     phase: str
     round: int
-    state_taken_at: float
 
     def report(self) -> None: ...
 
@@ -198,7 +197,7 @@ class Join:
             return False
         finally:
             e.phase = phase
-        e.round, e.state_taken_at = meta.round, time.monotonic()
+        e.round = meta.round
         if e.rounds.deadline.measured == 0:
             # The state is two model sizes, a round moves about one: a first deadline
             # from this transfer, not the ceiling, so a partner that died while this

@@ -5,15 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from peerd.core.catchup import (
-    STEP_UP_LOG_ROUNDS,
-    TAKE_AGAIN_EVERY_S,
-    TAKE_AGAIN_ROUNDS,
-    TAKE_AGAIN_TIMES,
-    StepUp,
-    step_up,
-    take_again,
-)
+from peerd.core.catchup import STEP_UP_LOG_ROUNDS, StepUp, step_up
 
 FAST = settings(max_examples=200, deadline=None)
 
@@ -45,32 +37,3 @@ def test_it_never_goes_back_and_its_next_round_is_the_partners(own, ahead):
     else:
         assert own <= up.round and up.round + 1 == ahead
         assert step_up(up.round, ahead) in (None, StepUp(up.round, False))  # stepping up again changes nothing
-
-
-def test_a_newcomer_far_behind_before_any_exchange_takes_the_state_again():
-    assert take_again(5, 5 + TAKE_AGAIN_ROUNDS + 1, exchanged=False, times=0, since_s=TAKE_AGAIN_EVERY_S) == 0.0
-
-
-def test_a_worker_that_exchanged_keeps_its_model_and_steps_up():
-    # the partition rule: rounds ahead say nothing about being right
-    assert take_again(5, 500, exchanged=True, times=0, since_s=60.0) is None
-
-
-def test_a_few_rounds_behind_is_the_transfers_own_lag_and_only_steps_up():
-    assert take_again(5, 5 + TAKE_AGAIN_ROUNDS, exchanged=False, times=0, since_s=60.0) is None
-
-
-def test_taking_it_again_waits_for_the_donors_to_hear_of_it_and_stops_after_a_few_times():
-    assert take_again(5, 500, exchanged=False, times=0, since_s=0.1) == TAKE_AGAIN_EVERY_S - 0.1
-    assert take_again(5, 500, exchanged=False, times=TAKE_AGAIN_TIMES, since_s=60.0) is None
-
-
-@FAST
-@given(st.integers(0, 10_000), st.integers(-1, 10_000), st.booleans(), st.integers(0, 10), st.floats(0, 100))
-def test_taking_again_only_ever_replaces_a_step_up_over_many_rounds_and_waits_at_most_the_spacing(
-        own, ahead, exchanged, times, since_s):
-    wait_s = take_again(own, ahead, exchanged, times, since_s)
-    if wait_s is not None:
-        up = step_up(own, ahead)
-        assert up is not None and up.logged and not exchanged
-        assert 0.0 <= wait_s <= TAKE_AGAIN_EVERY_S

@@ -3,7 +3,6 @@ other through zeroconf, each supervising a worker, training the example job."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -17,7 +16,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from peerd.core.catchup import TAKE_AGAIN_ROUNDS
 from peerd.errors import JobMismatch
 from peerd.examples.mnist import make_model
 from peerd.jobspec import parse_job
@@ -371,33 +369,6 @@ def test_a_worker_back_after_the_job_ended_elsewhere_ends_from_its_checkpoint(lo
     assert job.progress.round == resumed < end_round, (job.progress.round, resumed, end_round)
     state = torch.load(victim.dir / "state" / "jobs" / "ended" / "model.pt", weights_only=True)
     make_model().load_state_dict(state)
-
-
-def test_a_newcomer_trains_from_its_donors_state_of_the_round_they_first_train_together(local_cluster):
-    """A donor alone trains on at full speed until its daemon tells it of the
-    newcomer (a Hello and a heartbeat: dozens of rounds of a small model). The
-    newcomer, far behind at its first exchange and having exchanged with nobody,
-    takes the state again instead of stepping up with the stale copy: it trains
-    from the donor's state of about the round the two first train together, its
-    data position with it (peerd.core.catchup)."""
-    cluster = local_cluster(2)
-    donor, late = cluster.peers
-    wait_for(lambda: all(cluster.client(p).status().peers_known == 1 for p in cluster.peers), 30, "discovery")
-    # Long enough that the donor still trains when the newcomer comes on a busy machine.
-    text = example_job(job={"name": "stale", "epochs": 200, "eval_every_rounds": 1000})
-    cluster.client(donor).join(text)
-    wait_for(lambda: first_jobs(cluster, [donor])[0].progress.round >= 1, 120, "the donor to train")
-    cluster.client(late).join(text)
-    donor_log = donor.dir / "state" / "jobs" / "stale" / "worker.log"
-    together = wait_for(lambda: re.search(r"round (\d+): the view changed: joined: peer-1", donor_log.read_text()),
-                        120, "the donor to train with the newcomer")
-    first = int(together.group(1))
-    wait_for(lambda: min(j.progress.round for j in first_jobs(cluster)) > first + 3 * TAKE_AGAIN_ROUNDS, 120,
-             "both to train on together")
-    late_log = (late.dir / "state" / "jobs" / "stale" / "worker.log").read_text()
-    taken = re.findall(r"took the state of round (\d+) ", late_log)
-    assert taken and int(taken[-1]) >= first - TAKE_AGAIN_ROUNDS - 1, late_log[-3000:]
-    assert all(j.state == "running" for j in first_jobs(cluster))
 
 
 def test_a_newcomer_to_a_job_that_ended_elsewhere_trains_nothing_and_saves_no_model(local_cluster):
