@@ -78,9 +78,10 @@ class ByName:
         if self.store.has(spec.code):
             return self._found(text, spec, "stored", self.store.files(spec.code), self.store.origin(spec.code))
         secret = spec.secret_path(spec_dir) or self.config.job_secret_file
-        if secret is None:
+        if secret is None or not secret.exists():
             raise ConfigError(
-                f"job {name!r}: {why}. This machine holds no job secret, and a job's code is only taken from peers "
+                f"job {name!r}: {why}. This machine holds no job secret{f' (no file {secret})' if secret else ''}, "
+                "and a job's code is only taken from peers "
                 f"that prove it: put the job's code in {spec_dir} (peerctl join --dir), or give this machine the "
                 "job secret ([auth] job_secret_file, or the job's secret_file there) to fetch it")
         files, origin = await self._fetch(spec, peers, Authenticator(load_secret(secret)))
