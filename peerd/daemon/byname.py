@@ -84,7 +84,7 @@ class ByName:
                 "and a job's code is only taken from peers "
                 f"that prove it: put the job's code in {spec_dir} (peerctl join --dir), or give this machine the "
                 "job secret ([auth] job_secret_file, or the job's secret_file there) to fetch it")
-        files, origin = await self._fetch(spec, peers, Authenticator(load_secret(secret)))
+        files, origin = await self.fetch(spec, peers, Authenticator(load_secret(secret)))
         return self._found(text, spec, "fetched", files, origin)
 
     def _found(self, text: str, spec: JobSpec, source: str, files: dict[str, bytes],
@@ -113,7 +113,7 @@ class ByName:
                               "nothing runs")
         return await self._join(found.text, spec_dir, found.source in FROM_PEERS)
 
-    async def _fetch(self, spec: JobSpec, peers: list[str], auth: Authenticator) -> tuple[dict, dict[str, str]]:
+    async def fetch(self, spec: JobSpec, peers: list[str], auth: Authenticator) -> tuple[dict, dict[str, str]]:
         refusals, mismatch = [], False
         for peer_id in peers:
             record = self.membership.get(peer_id)
