@@ -32,6 +32,8 @@ def travelling_paths(spec: JobSpec, spec_dir: str) -> list[str]:
             paths.append(script)
     for entry in filter(None, (spec.module, spec.model, spec.data)):
         top = entry.partition(":")[0].split(".")[0]
+        if top == "peerd":  # peerd's own package (its built-in jobs) is on every machine
+            continue
         if (root / f"{top}.py").is_file():
             paths.append(f"{top}.py")
         elif (root / top).is_dir():

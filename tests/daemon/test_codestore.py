@@ -37,7 +37,10 @@ def test_a_module_job_takes_its_package_whole_and_the_files_it_lists(lab):
     spec = parse_job(job(module="mylab.models", files=["settings.json"]), "j")
     files = collect(spec, str(lab), None)
     assert sorted(files) == ["mylab/__init__.py", "mylab/models.py", "settings.json"]
-    # An installed module (not in the directory) does not travel.
+    # An installed module (not in the directory) does not travel, nor peerd's own package.
+    assert collect(parse_job(job(module="peerd.examples.mnist"), "j"), str(lab), None) == {}
+    (lab / "peerd" / "examples").mkdir(parents=True)
+    (lab / "peerd" / "examples" / "mnist.py").write_text("")
     assert collect(parse_job(job(module="peerd.examples.mnist"), "j"), str(lab), None) == {}
 
 
