@@ -141,6 +141,7 @@ class JobRegistry:
                 raise JobMismatch(
                     f"job {spec.name!r} runs on {', '.join(peers)} with another spec "
                     f"(fingerprint {fingerprint}, yours {spec.fingerprint}); use the same job file"
+                    + (f" and code (yours is bundle {spec.code[:12]}), or join it by name" if spec.code else "")
                 )
 
     def _launches(self, job_dir: Path, spec_path: Path, spec_dir: str, secret_file: Path | None,
