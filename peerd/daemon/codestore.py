@@ -93,21 +93,21 @@ class CodeStore:
     def dir(self, code: str) -> Path:
         return self.root / code
 
-    def build(self, spec: JobSpec, spec_dir: str, secret: Path | None) -> str:
-        """Bundle the job's code in `spec_dir` and keep it, to serve it; its hash, or
-        "" when nothing of the job travels."""
+    def build(self, spec: JobSpec, spec_dir: str, secret: Path | None) -> bytes:
+        """The bundle of the job's code in `spec_dir`; b"" when nothing of it travels."""
         files = collect(spec, spec_dir, secret)
         if not files:
-            return ""
+            return b""
         try:
-            data = pack(files, self.limits)
+            return pack(files, self.limits)
         except BundleRefused as exc:
             raise ConfigError(f"job {spec.name!r}: {exc} (it travels to the peers that join by name; keep data "
                               "out of [job] files)") from None
-        code = digest(data)
-        if not self.tar(code).is_file():
-            self._write(self.tar(code), data)
-        return code
+
+    def hold(self, data: bytes) -> None:
+        """Keep a bundle made here, to serve it."""
+        if not self.has(digest(data)):
+            self._write(self.tar(digest(data)), data)
 
     def has(self, code: str) -> bool:
         try:

@@ -25,6 +25,7 @@ from peerd.daemon.jobs import ENDED, JOINED, LocalJob, RestartPolicy, WorkerLaun
 from peerd.daemon.localdata import check_local_job
 from peerd.daemon.standby import Standby
 from peerd.errors import ConfigError, JobMismatch, PeerUnavailable, Unauthenticated, UnknownJob
+from peerd.core.bundle import digest
 from peerd.daemon.codestore import CodeStore
 from peerd.jobspec import JobSpec, parse_job, with_code
 from peerd.proto.v1 import control_pb2, peer_pb2
@@ -77,8 +78,10 @@ class JobRegistry:
         code came from a peer and runs from the store; else from `spec_dir`."""
         spec = parse_job(spec_toml, "job spec")
         secret_file = spec.secret_path(spec_dir) or self.config.job_secret_file
-        spec_toml, spec, code_dir = self._code(spec_toml, spec, spec_dir, secret_file, fetched)
+        spec_toml, spec, code_dir, bundle = self._code(spec_toml, spec, spec_dir, secret_file, fetched)
         self._check_joinable(spec, secret_file)
+        if bundle:
+            self.code.hold(bundle)
         data_root = check_local_job(spec, spec_dir, secret_file, self.config.data_root)
         tensorboard = spec.tensorboard_dir(spec_dir) or self.config.tensorboard  # the job's own wins
         job_dir = self.config.state_dir / "jobs" / spec.name
@@ -111,23 +114,24 @@ class JobRegistry:
         return spec
 
     def _code(self, text: str, spec: JobSpec, spec_dir: str, secret: Path | None,
-              fetched: bool) -> tuple[str, JobSpec, str]:
+              fetched: bool) -> tuple[str, JobSpec, str, bytes]:
         """Where the job's code runs from, and the job with its bundle named: one
         fetched from a peer runs from the store, checked again now; a job file's
-        code from its directory, bundled (to serve it) and named in the job."""
+        code from its directory, bundled (to serve it, returned) and named in the job."""
         if fetched:
             code_dir = str(self.code.materialize(spec.code))
             check_code(spec, code_dir)
-            return text, spec, code_dir
+            return text, spec, code_dir, b""
         check_code(spec, spec_dir)
-        code = self.code.build(spec, spec_dir, secret)
+        bundle = self.code.build(spec, spec_dir, secret)
+        code = digest(bundle) if bundle else ""
         if spec.code and code != spec.code:
             raise JobMismatch(f"job {spec.name!r} runs code bundle {spec.code}, but its code in {spec_dir} makes "
                               f"{code or 'none'}: the job's code differs here (join by name to fetch it)")
         if code and not spec.code:
             text = with_code(text, code)
             spec = parse_job(text, "job spec")
-        return text, spec, spec_dir
+        return text, spec, spec_dir, bundle
 
     def _check_joinable(self, spec: JobSpec, secret_file: Path | None) -> None:
         """Refuse a join now, not in a restarting worker."""

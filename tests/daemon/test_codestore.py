@@ -79,8 +79,11 @@ def test_a_bundle_over_the_limit_is_refused_at_build_with_its_size(lab, tmp_path
 def test_the_store_keeps_a_verified_bundle_and_rewrites_a_changed_copy(lab, tmp_path):
     store = CodeStore(tmp_path / "store")
     spec = parse_job(job(module="mylab.models", files=["settings.json"]), "j")
-    code = store.build(spec, str(lab), None)
-    assert code == digest(pack(collect(spec, str(lab), None))) and store.has(code)
+    bundle = store.build(spec, str(lab), None)
+    code = digest(bundle)
+    assert bundle == pack(collect(spec, str(lab), None)) and not store.has(code)
+    store.hold(bundle)
+    assert store.has(code)
     run_dir = store.materialize(code)
     assert (run_dir / "mylab" / "models.py").read_text() == "def make_model(): ...\n"
     (run_dir / "mylab" / "models.py").write_text("import os; os.system('evil')\n")  # changed after the check

@@ -120,6 +120,13 @@ def test_a_job_joined_by_name_gets_its_code_from_a_peer_that_proves_the_secret(l
     wait_for(lambda: all(any(j.name == "travel" for j in cluster.client(p).jobs().jobs) for p in (joiner, outsider)),
              30, "the others to hear of the job")
 
+    # The same job file beside other code: another bundle, so another spec, refused.
+    edited = tmp_path / "edited"
+    shutil.copytree(lab, edited)
+    (edited / "settings.json").write_text('{"samples": 128, "weights": [1.0, -1.0, 2.0, 0.5]}\n')
+    out = peerctl(outsider, "join", str(edited / "job.toml"))
+    assert out.returncode == 1 and "with another spec" in out.stderr and "and code (yours is bundle" in out.stderr, out
+
     # No secret: join by name needs the code locally, and says so; nothing is fetched.
     empty = tmp_path / "empty"
     empty.mkdir()
