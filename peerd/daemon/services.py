@@ -140,7 +140,6 @@ class PeerServicer:
         except PeerdError as exc:
             await _abort(context, exc)
 
-
     async def GetJobCode(self, raw: bytes, context) -> bytes:
         request, reply = await self._admit(GET_JOB_CODE, raw, peer_pb2.JobCodeRequest, context)
         try:
@@ -150,7 +149,7 @@ class PeerServicer:
         except PeerdError as exc:
             await _abort(context, exc)
         key = hashlib.sha256(secret).digest()
-        auth = self._job_auths.setdefault(key, Authenticator(secret))
+        auth = self._job_auths.get(key) or self._job_auths.setdefault(key, Authenticator(secret))
         try:
             job_reply = auth.verify(GET_JOB_CODE, raw, metadata_value(context.invocation_metadata(), JOB_AUTH_KEY),
                                     audience=self._address())
