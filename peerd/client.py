@@ -14,6 +14,7 @@ from peerd.proto.v1 import control_pb2, control_pb2_grpc
 # What a broken connection comes back as ("Stream removed" is UNKNOWN): worth one
 # more try for a call that changes nothing.
 _TRANSPORT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL)
+FETCH_TIMEOUT_S = 300.0  # a job's code bundle from its peers, up to its size limit
 _ERRORS = {
     grpc.StatusCode.INVALID_ARGUMENT: ConfigError,
     grpc.StatusCode.FAILED_PRECONDITION: JobMismatch,
@@ -89,10 +90,18 @@ class ControlClient:
     def join(self, spec_toml: str, spec_dir: str = "") -> control_pb2.JoinReply:
         return self._call("Join", control_pb2.JoinRequest(spec_toml=spec_toml, spec_dir=spec_dir))
 
-    def join_by_name(self, name: str, spec_dir: str = "") -> control_pb2.JoinReply:
+    def join_by_name(self, name: str, spec_dir: str = "", accept_code: str = "") -> control_pb2.JoinReply:
         """Join a job already running on the LAN, with the spec taken from a peer;
-        the job's relative paths are taken from `spec_dir` on this machine."""
-        return self._call("Join", control_pb2.JoinRequest(name=name, spec_dir=spec_dir))
+        the job's relative paths are taken from `spec_dir` on this machine.
+        `accept_code`: the code bundle the operator confirmed (fetch_code)."""
+        return self._call("Join", control_pb2.JoinRequest(name=name, spec_dir=spec_dir, accept_code=accept_code),
+                          timeout=FETCH_TIMEOUT_S)
+
+    def fetch_code(self, name: str, spec_dir: str = "") -> control_pb2.FetchCodeReply:
+        """Have the daemon find the code of job `name` (fetching it from the job's
+        peers if need be) and say where it is from, before joining it."""
+        return self._call("FetchCode", control_pb2.FetchCodeRequest(name=name, spec_dir=spec_dir),
+                          timeout=FETCH_TIMEOUT_S)
 
     def export(self, name: str, path: str) -> control_pb2.ExportReply:
         """Have the job's worker write its current model to `path` (a plain state_dict)."""

@@ -12,6 +12,8 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import tomli_w
+
 from peerd import jobtables
 from peerd.core.lr import DEFAULT_LAW, DEFAULT_MAX_SCALE, DEFAULT_RAMP_STEPS
 from peerd.errors import ConfigError
@@ -150,6 +152,12 @@ class JobSpec:
     secret_file: str = ""
     checkpoint: CheckpointSpec = CheckpointSpec()
     log: LogSpec = LogSpec()
+    # What travels with the job besides its script or module: paths relative to
+    # the job file's directory (files, or directories taken whole).
+    files: tuple[str, ...] = ()
+    # The sha256 of the job's code bundle (docs/operations.md, "A job's code
+    # travels"), written into the job by the daemon that joins with a job file.
+    code: str = ""
 
     @property
     def fingerprint(self) -> str:
@@ -167,6 +175,9 @@ class JobSpec:
             del fields["weighting"]
         if self.step_model == "affine":  # ... and of jobs as before the step model was a choice
             del fields["step_model"]
+        for key in ("files", "code"):  # ... and of jobs whose code does not travel
+            if not fields[key]:
+                del fields[key]
         canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:32]
 
@@ -260,6 +271,13 @@ def _check_batches(spec: JobSpec, source: str) -> None:
         raise ConfigError(f"{source}: data.root applies to data_mode = 'local' only")
     if spec.gossip.deadline_floor_s > spec.gossip.deadline_ceiling_s:
         raise ConfigError(f"{source}: gossip.deadline_floor_s must not exceed gossip.deadline_ceiling_s")
+
+
+def with_code(text: str, code: str) -> str:
+    """The job file's text with [job] code set: the daemon names the bundle it made."""
+    data = load_toml(text, "job spec")
+    data.setdefault("job", {})["code"] = code
+    return tomli_w.dumps(data)
 
 
 def load_job(path: Path) -> tuple[JobSpec, str]:

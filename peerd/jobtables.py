@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 
+from peerd.core.bundle import MAX_BUNDLE_FILES, BundleRefused, check_name, valid_hash
 from peerd.core.lr import DEFAULT_LAW, DEFAULT_MAX_SCALE, DEFAULT_RAMP_STEPS, LAWS
 from peerd.errors import ConfigError
 from peerd.tomlconf import Table
@@ -190,7 +191,18 @@ def job_table(job: Table) -> dict[str, object]:
                                 expect="seconds in (0, 604800]"),
         secret_file=job.get("secret_file", str, "", check=lambda v: 0 < len(v) <= 4096 and "\0" not in v,
                             expect="a path to a file holding the job secret"),
+        files=tuple(job.get("files", list, [], check=lambda v: len(v) <= MAX_BUNDLE_FILES and all(map(_file_name, v)),
+                            expect="a list of paths relative to the job file, inside its directory")),
+        code=job.get("code", str, "", check=valid_hash,
+                     expect="the sha256 of the job's code bundle, 64 hex digits (set by the daemon)"),
     )
+
+
+def _file_name(value: object) -> bool:
+    try:
+        return isinstance(value, str) and bool(check_name(value.rstrip("/")))
+    except BundleRefused:
+        return False
 
 
 def log_table(log: Table) -> dict[str, object]:

@@ -114,8 +114,37 @@ def cmd_join(client: ControlClient, args) -> tuple[object, str]:
         spec, text = load_job(path)  # validate here, so errors name the user's file
         reply = client.join(text, str(path.resolve().parent))
     else:
-        reply = client.join_by_name(args.job, str(Path(args.dir).resolve()))
+        spec_dir = str(Path(args.dir).resolve())
+        code = client.fetch_code(args.job, spec_dir)
+        accept = ""
+        if code.source in ("stored", "fetched"):
+            print(_code_notice(code), file=sys.stderr)
+            if not (args.yes or _confirm("Run this code here? [y/N] ")):
+                raise PeerdError(f"not joined: the code of {args.job} was not confirmed (nothing runs; "
+                                 "--yes confirms at once)")
+            accept = code.code
+        reply = client.join_by_name(args.job, spec_dir, accept_code=accept)
     return reply, f"joined {reply.name} (fingerprint {reply.spec_fingerprint[:12]}); watch it with `peerctl status`"
+
+
+def _code_notice(code) -> str:
+    """Where the job's code came from, before it runs: the peer, the hash, the files."""
+    how = "fetched just now" if code.source == "fetched" else "fetched before, kept"
+    files = ", ".join(code.files[:8]) + (f" and {len(code.files) - 8} more" if len(code.files) > 8 else "")
+    return (f"job {code.name} runs code that is not in your directory; it came from its peer "
+            f"{code.from_peer or '?'} ({code.from_address or 'address unknown'}), {how}, verified:\n"
+            f"  bundle sha256 {code.code}\n  {len(code.files)} files, {code.size} bytes: {files}\n"
+            f"  stored in {code.path}")
+
+
+def _confirm(question: str) -> bool:
+    """The operator's yes; no answer (no terminal, end of input) is a no."""
+    print(question, end="", file=sys.stderr, flush=True)
+    try:
+        answer = sys.stdin.readline()
+    except (OSError, KeyboardInterrupt):
+        return False
+    return answer.strip().lower() in ("y", "yes")
 
 
 def cmd_leave(client: ControlClient, args) -> tuple[object, str]:
@@ -178,6 +207,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="joining by name: where this machine keeps the job's code and files; the job's relative "
                            "paths (script, modules, secret, data root) are taken from here, as from a job file's "
                            "directory (default: the current directory)")
+    join.add_argument("--yes", action="store_true",
+                      help="joining by name: run the job's code fetched from its peers without asking (its "
+                           "source and hash are shown all the same)")
     join.set_defaults(run=cmd_join)
     leave = sub.add_parser("leave", parents=[common], help="leave a job")
     leave.add_argument("job", metavar="JOB", help="job name")

@@ -26,6 +26,7 @@ from peerd.core.membership import Membership, liveness
 from peerd.core.names import peer_id_from_hostname, split_host_port, valid_peer_id
 from peerd.core.workers import member_ids, worker_devices
 from peerd.daemon.availability import Availability
+from peerd.daemon.byname import ByName
 from peerd.daemon.devices import local_gpus
 from peerd.daemon.discovery import Discovery
 from peerd.daemon.hello import HELLO_TIMEOUT_S, HelloClient
@@ -37,8 +38,8 @@ from peerd.daemon.registry import SHUTDOWN_RESERVE_S, JobRegistry, write_atomic
 from peerd.daemon.services import ControlServicer, PeerServicer, SupervisorServicer, start_peer_server
 from peerd.daemon.standby import Standby
 from peerd.daemon.web import page_routes
-from peerd.errors import ConfigError, JobMismatch, PeerUnavailable, PeerdError, UnknownJob
-from peerd.jobspec import JobSpec, parse_job
+from peerd.errors import ConfigError, PeerdError
+from peerd.jobspec import JobSpec
 from peerd.proto.v1 import control_pb2, control_pb2_grpc, peer_pb2
 from peerd.tls import load_tls
 
@@ -94,7 +95,9 @@ class Daemon:
         self._tls = load_tls(config.tls) if config.tls else None
         self.hello = HelloClient(self.peer_id, config, self.membership, realm_auth, self._tls)
         self.directory = self.hello.directory
-        self.peer_servicer = PeerServicer(config.realm, self.hello, self.hello_reply, self.registry, realm_auth)
+        self.peer_servicer = PeerServicer(config.realm, self.hello, self.hello_reply, self.registry, realm_auth,
+                                          address=lambda: self.hello.peer_address)
+        self.by_name = ByName(config, self.membership, self.hello, self.registry.code, self.join)
         if config.job_secret_file:
             load_secret(config.job_secret_file)
         self.availability = Availability(config.availability, config.state_dir, self, gpus_seen=local_gpus())
@@ -260,8 +263,9 @@ class Daemon:
     async def _rejoin(self, job_dir: Path, how: str) -> None:
         """Join again the job kept in `job_dir` (its job.toml and joined.json)."""
         try:
-            spec_dir = json.loads((job_dir / JOINED).read_text()).get("spec_dir", "")
-            spec = await self.join((job_dir / "job.toml").read_text(), spec_dir)
+            joined = json.loads((job_dir / JOINED).read_text())
+            spec = await self.join((job_dir / "job.toml").read_text(), joined.get("spec_dir", ""),
+                                   bool(joined.get("fetched")))
             log.info("%s job %s", how, spec.name)
         except (OSError, ValueError, PeerdError) as exc:
             log.error("could not join the job in %s again: %s", job_dir, exc)
@@ -288,31 +292,16 @@ class Daemon:
     async def resume(self) -> str:
         return await self.availability.resume()
 
-    async def join_by_name(self, name: str, spec_dir: str = "") -> JobSpec:
-        """Join a job running on the LAN, with the spec taken from a peer that runs it;
-        `spec_dir`: where the job's relative paths (script, modules, secret, data)
-        are on this machine."""
-        specs = {fp: peers for (n, fp), peers in self.membership.jobs().items() if n == name}
-        if not specs:
-            raise UnknownJob(f"no peer in realm {self.config.realm!r} runs job {name!r} (`peerctl jobs` lists them)")
-        if len(specs) > 1:
-            raise JobMismatch(f"job {name!r} runs with {len(specs)} different specs on the LAN; join with a job file")
-        [(fingerprint, peers)] = specs.items()
-        for peer_id in peers:
-            try:
-                reply = await self.hello.job_spec(peer_id, name)
-                spec = parse_job(reply.spec_toml, f"job spec from {peer_id}")
-            except PeerdError as exc:
-                log.warning("could not get the spec of %s from %s: %s", name, peer_id, exc)
-                continue
-            if spec.fingerprint != fingerprint:
-                log.warning("%s sent a spec of %s that does not match its fingerprint; ignored", peer_id, name)
-                continue
-            return await self.join(reply.spec_toml, spec_dir)
-        raise PeerUnavailable(f"none of {', '.join(peers)} sent the spec of job {name!r}")
+    async def join_by_name(self, name: str, spec_dir: str = "", accept_code: str = "") -> JobSpec:
+        """Join a job running on the LAN, its spec and code as peerd.daemon.byname
+        finds them; `spec_dir`: where the job's relative paths are on this machine."""
+        return await self.by_name.join(name, spec_dir, accept_code)
 
-    async def join(self, spec_toml: str, spec_dir: str) -> JobSpec:
-        return self.registry.join(spec_toml, spec_dir, start=self.availability.training)
+    async def fetch_code(self, name: str, spec_dir: str) -> control_pb2.FetchCodeReply:
+        return await self.by_name.fetch_code(name, spec_dir)
+
+    async def join(self, spec_toml: str, spec_dir: str, fetched: bool = False) -> JobSpec:
+        return self.registry.join(spec_toml, spec_dir, start=self.availability.training, fetched=fetched)
 
     async def export(self, name: str, path: str) -> control_pb2.ExportReply:
         return await self.registry.export(name, path, EXPORT_TIMEOUT_S)

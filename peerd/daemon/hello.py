@@ -15,14 +15,15 @@ from peerd.auth import Authenticator
 from peerd.config import DaemonConfig
 from peerd.core.directory import HELLO, ZEROCONF, PeerDirectory
 from peerd.core.membership import JobEntry, Membership, PeerRecord
-from peerd.daemon.services import GET_JOB_SPEC, HELLO as HELLO_METHOD, PeerClient, hello_request
-from peerd.errors import PeerdError
+from peerd.daemon.services import GET_JOB_CODE, GET_JOB_SPEC, HELLO as HELLO_METHOD, PeerClient, hello_request
+from peerd.errors import PeerdError, PeerUnavailable
 from peerd.proto.v1 import peer_pb2
 from peerd.rejections import Rejections
 from peerd.tls import TlsMaterial, handshake_refusal
 
 log = logging.getLogger("peerd")
 HELLO_TIMEOUT_S = 2.0
+CODE_TIMEOUT_S = 30.0  # one range of a job's code bundle (1 MiB)
 
 
 class HelloClient:
@@ -161,6 +162,16 @@ class HelloClient:
         return await self._peers.call(
             self._channel(record.address), GET_JOB_SPEC, peer_pb2.JobSpecRequest(name=name),
             peer_pb2.JobSpecReply, HELLO_TIMEOUT_S)
+
+    async def job_code(self, peer_id: str, request: peer_pb2.JobCodeRequest,
+                       job_auth: Authenticator) -> peer_pb2.JobCodeReply:
+        """A range of a job's code bundle from `peer_id`, asked and answered with
+        proof of the job secret; the request names the address it goes to."""
+        record = self.membership.get(peer_id)
+        if record is None:
+            raise PeerUnavailable(f"peer {peer_id} left the view")
+        return await self._peers.call(self._channel(record.address), GET_JOB_CODE, request, peer_pb2.JobCodeReply,
+                                      CODE_TIMEOUT_S, job=(job_auth, record.address))
 
     async def aclose(self) -> None:
         await asyncio.gather(*self._background, *(c.close() for c in self._channels.values()),

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from peerd.auth import load_secret
 from peerd.config import DaemonConfig
+from peerd.core.bundle import digest
 from peerd.core.codes import ACTIVE_STATES, ENDED_STATES, WorkerState
 from peerd.core.membership import Membership
 from peerd.core.restarts import CrashLimit
@@ -24,8 +25,9 @@ from peerd.rendezvous import Rendezvous
 from peerd.daemon.jobs import ENDED, JOINED, LocalJob, RestartPolicy, WorkerLaunch, WorkerProcess
 from peerd.daemon.localdata import check_local_job
 from peerd.daemon.standby import Standby
-from peerd.errors import ConfigError, JobMismatch, PeerUnavailable, UnknownJob
-from peerd.jobspec import JobSpec, parse_job
+from peerd.daemon.codestore import CodeStore
+from peerd.errors import ConfigError, JobMismatch, PeerUnavailable, Unauthenticated, UnknownJob
+from peerd.jobspec import JobSpec, parse_job, with_code
 from peerd.proto.v1 import control_pb2, peer_pb2
 
 log = logging.getLogger("peerd")
@@ -38,6 +40,7 @@ class JobRegistry:
         self.config, self.peer_id, self.devices, self.members = config, peer_id, devices, members
         self.membership, self.standby = membership, standby
         self.jobs: dict[str, LocalJob] = {}
+        self.code = CodeStore(config.state_dir / "code")
 
     def get(self, name: str) -> LocalJob:
         job = self.jobs.get(name)
@@ -59,25 +62,40 @@ class JobRegistry:
         return peer_pb2.JobSpecReply(name=name, spec_toml=(job.job_dir / "job.toml").read_text(),
                                      spec_fingerprint=job.spec.fingerprint)
 
-    def join(self, spec_toml: str, spec_dir: str, start: bool = True) -> JobSpec:
+    def code_secret(self, name: str, code: str) -> bytes:
+        """The job secret a peer must prove to be sent bundle `code` of job `name`."""
+        job = self.get(name)
+        if not code or job.spec.code != code or not self.code.tar(code).is_file():
+            raise UnknownJob(f"this peer holds no code bundle {code[:12]!r} of job {name!r}")
+        if job.first.launch.secret_file is None:
+            raise Unauthenticated(f"job {name!r} has no job secret here: its code goes only to peers that prove one",
+                                  "no_secret")
+        return load_secret(job.first.launch.secret_file)
+
+    def join(self, spec_toml: str, spec_dir: str, start: bool = True, fetched: bool = False) -> JobSpec:
         """`start` False: the job is kept, held, its workers not started: the
-        machine is not free for it now (peerd.daemon.availability)."""
+        machine is not free for it now (peerd.daemon.availability). `fetched`: its
+        code came from a peer and runs from the store; else from `spec_dir`."""
         spec = parse_job(spec_toml, "job spec")
-        secret_file = self._check_joinable(spec, spec_dir)
+        secret_file = spec.secret_path(spec_dir) or self.config.job_secret_file
+        spec_toml, spec, code_dir, bundle = self._code(spec_toml, spec, spec_dir, secret_file, fetched)
+        self._check_joinable(spec, secret_file)
+        if bundle:
+            self.code.hold(bundle)
         data_root = check_local_job(spec, spec_dir, secret_file, self.config.data_root)
         tensorboard = spec.tensorboard_dir(spec_dir) or self.config.tensorboard  # the job's own wins
         job_dir = self.config.state_dir / "jobs" / spec.name
         job_dir.mkdir(parents=True, exist_ok=True)
         spec_path = job_dir / "job.toml"
         write_atomic(spec_path, spec_toml)
-        write_atomic(job_dir / JOINED, json.dumps({"spec_dir": spec_dir}) + "\n")
+        write_atomic(job_dir / JOINED, json.dumps({"spec_dir": spec_dir, "fetched": fetched}) + "\n")
         (job_dir / ENDED).unlink(missing_ok=True)
         # The workers of one daemon average their group stage on torch.distributed
         # (gloo on CPUs, NCCL on GPUs), re-formed when one of them restarts.
         rendezvous = Rendezvous(job_dir, len(self.devices)) if wanted(self.devices, spec.gossip.mode) else None
         if rendezvous is not None:
             rendezvous.bump()
-        launches = self._launches(job_dir, spec_path, spec_dir, secret_file, rendezvous, data_root,
+        launches = self._launches(job_dir, spec_path, code_dir, secret_file, rendezvous, data_root,
                                   tensorboard.absolute() / spec.name if tensorboard else None)
         restarts = RestartPolicy(self.config.restart_backoff_s, self.config.restart_backoff_max_s,
                                  CrashLimit(self.config.max_crashes, self.config.crash_window_s))
@@ -95,14 +113,28 @@ class JobRegistry:
                  "" if start else "; held until the machine is free for it")
         return spec
 
-    def _check_joinable(self, spec: JobSpec, spec_dir: str) -> Path | None:
-        """Refuse a join now, not in a restarting worker; the job's secret file."""
-        for entry in filter(None, (spec.module, spec.model, spec.data)):
-            check_importable(entry, spec_dir)
-        if spec.script and not spec.script_path(spec_dir).is_file():
-            raise ConfigError(f"job.script = {spec.script!r}: no such file {spec.script_path(spec_dir)} on this "
-                              "machine (a relative path is taken from the job file's directory)")
-        secret_file = spec.secret_path(spec_dir) or self.config.job_secret_file
+    def _code(self, text: str, spec: JobSpec, spec_dir: str, secret: Path | None,
+              fetched: bool) -> tuple[str, JobSpec, str, bytes]:
+        """Where the job's code runs from, and the job with its bundle named: one
+        fetched from a peer runs from the store, checked again now; a job file's
+        code from its directory, bundled (to serve it, returned) and named in the job."""
+        if fetched:
+            code_dir = str(self.code.materialize(spec.code))
+            check_code(spec, code_dir)
+            return text, spec, code_dir, b""
+        check_code(spec, spec_dir)
+        bundle = self.code.build(spec, spec_dir, secret)
+        code = digest(bundle) if bundle else ""
+        if spec.code and code != spec.code:
+            raise JobMismatch(f"job {spec.name!r} runs code bundle {spec.code}, but its code in {spec_dir} makes "
+                              f"{code or 'none'}: the job's code differs here (join by name to fetch it)")
+        if code and not spec.code:
+            text = with_code(text, code)
+            spec = parse_job(text, "job spec")
+        return text, spec, spec_dir, bundle
+
+    def _check_joinable(self, spec: JobSpec, secret_file: Path | None) -> None:
+        """Refuse a join now, not in a restarting worker."""
         if secret_file is not None:
             load_secret(secret_file)
         current = self.jobs.get(spec.name)
@@ -113,8 +145,8 @@ class JobRegistry:
                 raise JobMismatch(
                     f"job {spec.name!r} runs on {', '.join(peers)} with another spec "
                     f"(fingerprint {fingerprint}, yours {spec.fingerprint}); use the same job file"
+                    + (f" and code (yours is bundle {spec.code[:12]}), or join it by name" if spec.code else "")
                 )
-        return secret_file
 
     def _launches(self, job_dir: Path, spec_path: Path, spec_dir: str, secret_file: Path | None,
                   rendezvous: Rendezvous | None = None, data_root: str = "",
@@ -255,6 +287,15 @@ def write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def check_code(spec: JobSpec, code_dir: str) -> None:
+    """The job's script and modules are where its worker will look for them."""
+    for entry in filter(None, (spec.module, spec.model, spec.data)):
+        check_importable(entry, code_dir)
+    if spec.script and not spec.script_path(code_dir).is_file():
+        raise ConfigError(f"job.script = {spec.script!r}: no such file {spec.script_path(code_dir)} on this "
+                          "machine (a relative path is taken from the job file's directory)")
 
 
 def check_importable(entry: str, spec_dir: str) -> None:

@@ -5,6 +5,7 @@ peerd errors become status codes here and nowhere else.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Callable
 from typing import Protocol
@@ -15,8 +16,9 @@ from grpc_health.v1 import health_pb2_grpc
 
 from peerd import __version__
 from peerd.core.names import PEER_ID_RULE, join_host_port, valid_address, valid_peer_id
-from peerd.auth import AUTH_KEY, REPLY_KEY, Authenticator, metadata_value
+from peerd.auth import AUTH_KEY, REPLY_KEY, Authenticator, ReplyMac, metadata_value
 from peerd.errors import ConfigError, JobMismatch, PeerdError, PeerUnavailable, Unauthenticated, UnknownJob
+from peerd.daemon.codestore import CodeStore
 from peerd.jobspec import JobSpec
 from peerd.proto.v1 import control_pb2, control_pb2_grpc, peer_pb2
 from peerd.rejections import Rejections
@@ -39,6 +41,9 @@ log = logging.getLogger("peerd")
 PEER_SERVICE = "peerd.v1.Peer"
 HELLO = f"/{PEER_SERVICE}/Hello"
 GET_JOB_SPEC = f"/{PEER_SERVICE}/GetJobSpec"
+GET_JOB_CODE = f"/{PEER_SERVICE}/GetJobCode"
+# A job's code goes only to a caller that proves the job secret, beside any realm proof.
+JOB_AUTH_KEY, JOB_REPLY_KEY = "peerd-job-auth", "peerd-job-auth-reply"
 MAX_PEER_REQUEST_BYTES = 16 * 1024
 MAX_PEER_REPLY_BYTES = 4 * 1024 * 1024  # a job spec, or a Hello with many jobs
 PEER_SERVER_OPTIONS = [
@@ -65,17 +70,24 @@ class JobSpecs(Protocol):
 
     def spec_reply(self, name: str) -> peer_pb2.JobSpecReply: ...
 
+    def code_secret(self, name: str, code: str) -> bytes: ...
+
+    code: CodeStore
+
 
 class PeerServicer:
     """Daemon-to-daemon calls. Requests arrive as raw bytes: with a realm secret
     they must carry proof of it (peerd.auth), and replies carry proof back.
 
     A Hello of this `realm` goes to `book`; every Hello is answered with
-    `hello_reply()`, a GetJobSpec from `specs`."""
+    `hello_reply()`, a GetJobSpec and a GetJobCode from `specs`; `address()` is
+    this daemon's Peer address, which a job proof must name."""
 
     def __init__(self, realm: str, book: AddressBook, hello_reply: Callable[[], peer_pb2.HelloReply],
-                 specs: JobSpecs, auth: Authenticator | None = None) -> None:
+                 specs: JobSpecs, auth: Authenticator | None = None, address: Callable[[], str] = str) -> None:
         self._realm = realm
+        self._address = address
+        self._job_auths: dict[bytes, Authenticator] = {}  # by the secret's sha256: each its own nonces
         self._book = book
         self._hello_reply = hello_reply
         self._specs = specs
@@ -99,11 +111,15 @@ class PeerServicer:
         except DecodeError:
             await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, "malformed", "undecodable request")
 
-    def _answer(self, context, reply, message) -> bytes:
+    def _answer(self, context, reply, message, job_reply: ReplyMac | None = None) -> bytes:
         raw = message.SerializeToString()
-        if reply is not None:
-            reply.update(raw)
-            context.set_trailing_metadata(((REPLY_KEY, reply.digest()),))
+        trailers = []
+        for key, mac in ((REPLY_KEY, reply), (JOB_REPLY_KEY, job_reply)):
+            if mac is not None:
+                mac.update(raw)
+                trailers.append((key, mac.digest()))
+        if trailers:
+            context.set_trailing_metadata(tuple(trailers))
         return raw
 
     async def Hello(self, raw: bytes, context) -> bytes:
@@ -124,6 +140,25 @@ class PeerServicer:
         except PeerdError as exc:
             await _abort(context, exc)
 
+    async def GetJobCode(self, raw: bytes, context) -> bytes:
+        request, reply = await self._admit(GET_JOB_CODE, raw, peer_pb2.JobCodeRequest, context)
+        try:
+            secret = self._specs.code_secret(request.name, request.code)
+        except Unauthenticated as exc:
+            await self._refuse(context, grpc.StatusCode.UNAUTHENTICATED, exc.reason, str(exc))
+        except PeerdError as exc:
+            await _abort(context, exc)
+        key = hashlib.sha256(secret).digest()
+        auth = self._job_auths.get(key) or self._job_auths.setdefault(key, Authenticator(secret))
+        try:
+            job_reply = auth.verify(GET_JOB_CODE, raw, metadata_value(context.invocation_metadata(), JOB_AUTH_KEY),
+                                    audience=self._address())
+        except Unauthenticated as exc:
+            await self._refuse(context, grpc.StatusCode.UNAUTHENTICATED, exc.reason, f"job secret: {exc}")
+        total, data = self._specs.code.chunk(request.code, request.offset)
+        message = peer_pb2.JobCodeReply(code=request.code, total=total, offset=request.offset, data=data)
+        return self._answer(context, reply, message, job_reply)
+
 
 async def start_peer_server(
     servicer: PeerServicer, health, host: str, port: int, tls: TlsMaterial | None
@@ -133,6 +168,7 @@ async def start_peer_server(
     handlers = {
         "Hello": grpc.unary_unary_rpc_method_handler(servicer.Hello),
         "GetJobSpec": grpc.unary_unary_rpc_method_handler(servicer.GetJobSpec),
+        "GetJobCode": grpc.unary_unary_rpc_method_handler(servicer.GetJobCode),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(PEER_SERVICE, handlers),))
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
@@ -154,18 +190,27 @@ class PeerClient:
     def channel(self, address: str) -> grpc.aio.Channel:
         return open_channel(address, self._tls, PEER_CHANNEL_OPTIONS)
 
-    async def call(self, channel: grpc.aio.Channel, method: str, request, reply_type, timeout: float):
+    async def call(self, channel: grpc.aio.Channel, method: str, request, reply_type, timeout: float,
+                   job: tuple[Authenticator, str] | None = None):
+        """`job`: the job secret's authenticator and the callee's address, for a
+        call that must prove the job secret (GetJobCode) and be proved back."""
         body = request.SerializeToString()
-        metadata, reply = None, None
+        metadata, macs = [], []
         if self._auth is not None:
             header, reply = self._auth.sign(method, body)
-            metadata = (header,)
-        call = channel.unary_unary(method)(body, timeout=timeout, metadata=metadata)
+            metadata.append(header)
+            macs.append((REPLY_KEY, reply))
+        if job is not None:
+            (_, value), reply = job[0].sign(method, body, audience=job[1])
+            metadata.append((JOB_AUTH_KEY, value))
+            macs.append((JOB_REPLY_KEY, reply))
+        call = channel.unary_unary(method)(body, timeout=timeout, metadata=tuple(metadata) or None)
         try:
             raw = await call
-            if reply is not None:
+            trailing = await call.trailing_metadata() if macs else None
+            for key, reply in macs:
                 reply.update(raw)
-                reply.check(metadata_value(await call.trailing_metadata(), REPLY_KEY))
+                reply.check(metadata_value(trailing, key))
             return reply_type.FromString(raw)
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
@@ -186,7 +231,9 @@ class ControlApi(Protocol):
 
     async def join(self, spec_toml: str, spec_dir: str) -> JobSpec: ...
 
-    async def join_by_name(self, name: str, spec_dir: str = "") -> JobSpec: ...
+    async def join_by_name(self, name: str, spec_dir: str = "", accept_code: str = "") -> JobSpec: ...
+
+    async def fetch_code(self, name: str, spec_dir: str) -> control_pb2.FetchCodeReply: ...
 
     async def leave(self, name: str, drain: bool) -> None: ...
 
@@ -213,12 +260,18 @@ class ControlServicer(control_pb2_grpc.ControlServicer):
     async def Join(self, request, context):
         try:
             if request.name:
-                spec = await self._api.join_by_name(request.name, request.spec_dir)
+                spec = await self._api.join_by_name(request.name, request.spec_dir, request.accept_code)
             else:
                 spec = await self._api.join(request.spec_toml, request.spec_dir)
         except PeerdError as exc:
             await _abort(context, exc)
         return control_pb2.JoinReply(name=spec.name, spec_fingerprint=spec.fingerprint)
+
+    async def FetchCode(self, request, context):
+        try:
+            return await self._api.fetch_code(request.name, request.spec_dir)
+        except PeerdError as exc:
+            await _abort(context, exc)
 
     async def Leave(self, request, context):
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import os
@@ -17,7 +18,7 @@ import pytest
 import tomli_w
 
 from peerd.errors import ConfigError
-from peerd.jobspec import TrainSpec, GossipSpec, JobSpec, OptimizerSpec, load_job, parse_job
+from peerd.jobspec import TrainSpec, GossipSpec, JobSpec, OptimizerSpec, load_job, parse_job, with_code
 
 REPO = Path(__file__).resolve().parents[2]
 MNIST = Path(resources.files("peerd") / "examples" / "mnist.toml")
@@ -164,6 +165,8 @@ CHANGES = [
     ("gossip", "deadline_ceiling_s", 20.0),
     ("job", "data_mode", "local"),
     ("job", "step_model", "proportional"),  # the default "affine" is left out (test below)
+    ("job", "files", ["helpers.py", "configs/"]),
+    ("job", "code", "ab" * 32),
 ]
 
 
@@ -183,6 +186,26 @@ def test_inconsistent_batch_bounds_are_refused(extra, message):
     text = MNIST_TEXT.replace("local_batch = 32", "local_batch = 32\n" + extra, 1)
     with pytest.raises(ConfigError, match=message):
         parse_job(text, SRC)
+
+
+def test_with_code_names_the_bundle_in_the_job_and_its_fingerprint():
+    code = "0123456789abcdef" * 4
+    spec = parse_job(with_code(MNIST_TEXT, code), SRC)
+    base = parse_job(MNIST_TEXT, SRC)
+    assert spec.code == code and dataclasses.replace(spec, code="") == base
+    assert spec.fingerprint != base.fingerprint
+
+
+@pytest.mark.parametrize("table, key, value, expect", [
+    ("job", "code", "abc", "64 hex digits"),
+    ("job", "code", "AB" * 32, "64 hex digits"),
+    ("job", "files", ["../outside.py"], "inside its directory"),
+    ("job", "files", ["/etc/passwd"], "inside its directory"),
+    ("job", "files", "helpers.py", "a list of paths"),
+])
+def test_bad_files_and_code_are_refused(table, key, value, expect):
+    with pytest.raises(ConfigError, match=expect):
+        parse_job(changed(table, key, value), SRC)
 
 
 def test_every_field_is_covered_by_changes():
@@ -213,7 +236,6 @@ def test_the_start_gate_is_each_peers_own_and_not_in_the_fingerprint():
 
 
 def test_local_mode_weighting_is_in_the_fingerprint_and_shared_fingerprints_are_as_before():
-    import dataclasses
 
     shared = parse_job(MNIST_TEXT, SRC)
     local = parse_job(changed("job", "data_mode", "local"), SRC)
@@ -222,11 +244,12 @@ def test_local_mode_weighting_is_in_the_fingerprint_and_shared_fingerprints_are_
     uniform = parse_job(tomli_w.dumps(data), SRC)
     assert local.weighting == "samples" and uniform.weighting == "uniform"
     assert len({shared.fingerprint, local.fingerprint, uniform.fingerprint}) == 3
-    # A shared-data job's canonical form has no weighting, nor the default step_model:
-    # peers of before local mode, and of before the step model was a choice, still match.
+    # A shared-data job's canonical form has no weighting, nor the default step_model,
+    # nor empty files and code: peers of before local mode, of before the step model
+    # was a choice, and of before code travelled, still match.
     fields = dataclasses.asdict(shared)
     for key in ("secret_file", "checkpoint", "data_loading", "weighting", "step_model", "min_peers",
-                "start_timeout_s", "log"):
+                "start_timeout_s", "log", "files", "code"):
         del fields[key]
     canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     assert shared.fingerprint == hashlib.sha256(canonical.encode()).hexdigest()[:32]

@@ -130,8 +130,8 @@ class Api:
         self.calls.append(("join", spec_toml, spec_dir))
         return SimpleNamespace(name="mnist", fingerprint="fp")
 
-    async def join_by_name(self, name: str, spec_dir: str = ""):
-        self.calls.append(("join_by_name", name, spec_dir))
+    async def join_by_name(self, name: str, spec_dir: str = "", accept_code: str = ""):
+        self.calls.append(("join_by_name", name, spec_dir, accept_code))
         return SimpleNamespace(name=name, fingerprint="fp2")
 
     async def leave(self, name: str, drain: bool) -> None:
@@ -149,9 +149,9 @@ async def test_control_servicer_answers_from_the_control_api():
     assert not (await servicer.ListJobs(control_pb2.ListJobsRequest(), Context())).jobs
     joined = await servicer.Join(control_pb2.JoinRequest(spec_toml="t", spec_dir="/d"), Context())
     assert (joined.name, joined.spec_fingerprint) == ("mnist", "fp")
-    joined = await servicer.Join(control_pb2.JoinRequest(name="charlm", spec_dir="/e"), Context())
+    joined = await servicer.Join(control_pb2.JoinRequest(name="charlm", spec_dir="/e", accept_code="ab"), Context())
     assert (joined.name, joined.spec_fingerprint) == ("charlm", "fp2")
-    assert api.calls == [("join", "t", "/d"), ("join_by_name", "charlm", "/e")]
+    assert api.calls == [("join", "t", "/d"), ("join_by_name", "charlm", "/e", "ab")]
     exported = await servicer.Export(control_pb2.ExportRequest(name="mnist", path="/m.pt"), Context())
     assert (exported.path, exported.round) == ("/m.pt", 3)
     context = Context()

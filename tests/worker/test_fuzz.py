@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 from peerd.auth import Authenticator
 from peerd.config import DaemonConfig
 from peerd.daemon.app import Daemon
-from peerd.daemon.services import GET_JOB_SPEC, HELLO, PeerClient, PeerServicer, start_peer_server
+from peerd.daemon.services import GET_JOB_CODE, GET_JOB_SPEC, HELLO, PeerClient, PeerServicer, start_peer_server
 from peerd.core.names import valid_address
 from peerd.proto.v1 import peer_pb2
 from peerd.worker.wire.stores import Identity
@@ -55,6 +55,7 @@ SERVICES = {  # method -> request type
     FETCH_STATE: peer_pb2.StateRequest,
     HELLO: peer_pb2.HelloRequest,
     GET_JOB_SPEC: peer_pb2.JobSpecRequest,
+    GET_JOB_CODE: peer_pb2.JobCodeRequest,
     "/peerd.v1.Exchange/NoSuchMethod": peer_pb2.SegmentRequest,
 }
 STREAMING = {FETCH_SEGMENT, FETCH_STATE, "/peerd.v1.Exchange/NoSuchMethod"}
@@ -171,6 +172,8 @@ FIELDS = {
     HELLO: st.builds(peer_pb2.HelloRequest, peer_id=text, address=address, version=text,
                      realm=st.one_of(st.just("fuzz"), text)),
     GET_JOB_SPEC: st.builds(peer_pb2.JobSpecRequest, name=text),
+    GET_JOB_CODE: st.builds(peer_pb2.JobCodeRequest, name=job, code=st.one_of(st.just("ab" * 32), text),
+                            offset=uint64),
 }
 FIELDS["/peerd.v1.Exchange/NoSuchMethod"] = FIELDS[FETCH_SEGMENT]
 

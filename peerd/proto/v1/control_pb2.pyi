@@ -344,14 +344,46 @@ class ListJobsReply(_message.Message):
     def __init__(self, jobs: _Optional[_Iterable[_Union[JobInfo, _Mapping]]] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
-    __slots__ = ("spec_toml", "spec_dir", "name")
+    __slots__ = ("spec_toml", "spec_dir", "name", "accept_code")
     SPEC_TOML_FIELD_NUMBER: _ClassVar[int]
     SPEC_DIR_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    ACCEPT_CODE_FIELD_NUMBER: _ClassVar[int]
     spec_toml: str
     spec_dir: str
     name: str
-    def __init__(self, spec_toml: _Optional[str] = ..., spec_dir: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+    accept_code: str
+    def __init__(self, spec_toml: _Optional[str] = ..., spec_dir: _Optional[str] = ..., name: _Optional[str] = ..., accept_code: _Optional[str] = ...) -> None: ...
+
+class FetchCodeRequest(_message.Message):
+    __slots__ = ("name", "spec_dir")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SPEC_DIR_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    spec_dir: str
+    def __init__(self, name: _Optional[str] = ..., spec_dir: _Optional[str] = ...) -> None: ...
+
+class FetchCodeReply(_message.Message):
+    __slots__ = ("name", "spec_fingerprint", "code", "source", "from_peer", "from_address", "files", "size", "path")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    FROM_PEER_FIELD_NUMBER: _ClassVar[int]
+    FROM_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    spec_fingerprint: str
+    code: str
+    source: str
+    from_peer: str
+    from_address: str
+    files: _containers.RepeatedScalarFieldContainer[str]
+    size: int
+    path: str
+    def __init__(self, name: _Optional[str] = ..., spec_fingerprint: _Optional[str] = ..., code: _Optional[str] = ..., source: _Optional[str] = ..., from_peer: _Optional[str] = ..., from_address: _Optional[str] = ..., files: _Optional[_Iterable[str]] = ..., size: _Optional[int] = ..., path: _Optional[str] = ...) -> None: ...
 
 class JoinReply(_message.Message):
     __slots__ = ("name", "spec_fingerprint")

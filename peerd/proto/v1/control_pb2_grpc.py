@@ -54,6 +54,11 @@ class ControlStub:
                 request_serializer=peerd_dot_proto_dot_v1_dot_control__pb2.JoinRequest.SerializeToString,
                 response_deserializer=peerd_dot_proto_dot_v1_dot_control__pb2.JoinReply.FromString,
                 _registered_method=True)
+        self.FetchCode = channel.unary_unary(
+                '/peerd.v1.Control/FetchCode',
+                request_serializer=peerd_dot_proto_dot_v1_dot_control__pb2.FetchCodeRequest.SerializeToString,
+                response_deserializer=peerd_dot_proto_dot_v1_dot_control__pb2.FetchCodeReply.FromString,
+                _registered_method=True)
         self.Leave = channel.unary_unary(
                 '/peerd.v1.Control/Leave',
                 request_serializer=peerd_dot_proto_dot_v1_dot_control__pb2.LeaveRequest.SerializeToString,
@@ -99,6 +104,15 @@ class ControlServicer:
 
     def Join(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FetchCode(self, request, context):
+        """Joining by name: make sure the job's code is here (the operator's directory,
+        the daemon's store, or fetched from a peer that proves the job secret and
+        verified), and say where it came from, before Join runs it.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -153,6 +167,11 @@ def add_ControlServicer_to_server(servicer, server):
                     servicer.Join,
                     request_deserializer=peerd_dot_proto_dot_v1_dot_control__pb2.JoinRequest.FromString,
                     response_serializer=peerd_dot_proto_dot_v1_dot_control__pb2.JoinReply.SerializeToString,
+            ),
+            'FetchCode': grpc.unary_unary_rpc_method_handler(
+                    servicer.FetchCode,
+                    request_deserializer=peerd_dot_proto_dot_v1_dot_control__pb2.FetchCodeRequest.FromString,
+                    response_serializer=peerd_dot_proto_dot_v1_dot_control__pb2.FetchCodeReply.SerializeToString,
             ),
             'Leave': grpc.unary_unary_rpc_method_handler(
                     servicer.Leave,
@@ -283,6 +302,33 @@ class Control:
             '/peerd.v1.Control/Join',
             peerd_dot_proto_dot_v1_dot_control__pb2.JoinRequest.SerializeToString,
             peerd_dot_proto_dot_v1_dot_control__pb2.JoinReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchCode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/peerd.v1.Control/FetchCode',
+            peerd_dot_proto_dot_v1_dot_control__pb2.FetchCodeRequest.SerializeToString,
+            peerd_dot_proto_dot_v1_dot_control__pb2.FetchCodeReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -6,6 +6,28 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class JobCodeRequest(_message.Message):
+    __slots__ = ("name", "code", "offset")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    code: str
+    offset: int
+    def __init__(self, name: _Optional[str] = ..., code: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class JobCodeReply(_message.Message):
+    __slots__ = ("code", "total", "offset", "data")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    total: int
+    offset: int
+    data: bytes
+    def __init__(self, code: _Optional[str] = ..., total: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
 class JobSpecRequest(_message.Message):
     __slots__ = ("name",)
     NAME_FIELD_NUMBER: _ClassVar[int]

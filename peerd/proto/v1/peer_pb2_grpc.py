@@ -46,6 +46,11 @@ class PeerStub:
                 request_serializer=peerd_dot_proto_dot_v1_dot_peer__pb2.JobSpecRequest.SerializeToString,
                 response_deserializer=peerd_dot_proto_dot_v1_dot_peer__pb2.JobSpecReply.FromString,
                 _registered_method=True)
+        self.GetJobCode = channel.unary_unary(
+                '/peerd.v1.Peer/GetJobCode',
+                request_serializer=peerd_dot_proto_dot_v1_dot_peer__pb2.JobCodeRequest.SerializeToString,
+                response_deserializer=peerd_dot_proto_dot_v1_dot_peer__pb2.JobCodeReply.FromString,
+                _registered_method=True)
 
 
 class PeerServicer:
@@ -66,6 +71,14 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetJobCode(self, request, context):
+        """A range of the code bundle of a job this daemon runs (docs/protocol.md):
+        only to a caller that proves the job secret, with proof back.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -78,6 +91,11 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.GetJobSpec,
                     request_deserializer=peerd_dot_proto_dot_v1_dot_peer__pb2.JobSpecRequest.FromString,
                     response_serializer=peerd_dot_proto_dot_v1_dot_peer__pb2.JobSpecReply.SerializeToString,
+            ),
+            'GetJobCode': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetJobCode,
+                    request_deserializer=peerd_dot_proto_dot_v1_dot_peer__pb2.JobCodeRequest.FromString,
+                    response_serializer=peerd_dot_proto_dot_v1_dot_peer__pb2.JobCodeReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -136,6 +154,33 @@ class Peer:
             '/peerd.v1.Peer/GetJobSpec',
             peerd_dot_proto_dot_v1_dot_peer__pb2.JobSpecRequest.SerializeToString,
             peerd_dot_proto_dot_v1_dot_peer__pb2.JobSpecReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetJobCode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/peerd.v1.Peer/GetJobCode',
+            peerd_dot_proto_dot_v1_dot_peer__pb2.JobCodeRequest.SerializeToString,
+            peerd_dot_proto_dot_v1_dot_peer__pb2.JobCodeReply.FromString,
             options,
             channel_credentials,
             insecure,

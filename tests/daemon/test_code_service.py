@@ -1,0 +1,103 @@
+"""Peer.GetJobCode between two real daemons in one event loop (no training: the
+job is held): a realm secret and the job secret proved together, the bundle in
+ranges, and refusals for another secret, a job held without one, another code."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from peerd.auth import Authenticator, load_secret, new_secret_file
+from peerd.core.bundle import Limits, digest, unpack
+from peerd.errors import PeerUnavailable, Unauthenticated
+from peerd.proto.v1 import peer_pb2
+
+from conftest import until
+
+MODULE = "def make_model():\n    raise SystemExit('not run here')\n"
+
+
+def job_text(name: str, secret: bool) -> str:
+    return (f'[job]\nname = "{name}"\nmodule = "heldjob"\nfiles = ["big.bin"]\n'
+            + ('secret_file = "job.secret"\n' if secret else ""))
+
+
+@pytest.fixture
+def lab(tmp_path):
+    lab = tmp_path / "lab"
+    lab.mkdir()
+    (lab / "heldjob.py").write_text(MODULE)
+    (lab / "big.bin").write_bytes(bytes(range(256)) * 6000)  # 1.5 MiB: two ranges
+    new_secret_file(lab / "job.secret")
+    new_secret_file(tmp_path / "realm.secret")
+    return lab
+
+
+async def test_a_peer_sends_a_job_s_code_only_to_a_holder_of_the_job_secret(daemons, lab, tmp_path):
+    realm = {"realm_secret_file": tmp_path / "realm.secret"}
+    a = await daemons("alpha", **realm)
+    b = await daemons("beta", seeds=(a.peer_address,), **realm)
+    await until(lambda: b.membership.get("alpha"), "beta to know alpha")
+    spec = a.registry.join(job_text("held", secret=True), str(lab), start=False)
+    bare = a.registry.join(job_text("bare", secret=False), str(lab), start=False)
+    assert spec.code == bare.code and digest(a.registry.code.tar(spec.code).read_bytes()) == spec.code
+    holder = Authenticator(load_secret(lab / "job.secret"))
+
+    async def fetch(name: str, code: str, auth: Authenticator, offset: int = 0) -> peer_pb2.JobCodeReply:
+        request = peer_pb2.JobCodeRequest(name=name, code=code, offset=offset)
+        return await b.hello.job_code("alpha", request, auth)
+
+    first = await fetch("held", spec.code, holder)
+    rest = await fetch("held", spec.code, holder, len(first.data))
+    assert first.total == len(first.data) + len(rest.data) and len(first.data) == 1 << 20
+    files = unpack(first.data + rest.data, spec.code)
+    assert sorted(files) == ["big.bin", "heldjob.py"] and files["heldjob.py"] == MODULE.encode()
+
+    new_secret_file(tmp_path / "other.secret")
+    with pytest.raises(Unauthenticated, match="proof does not match"):
+        await fetch("held", spec.code, Authenticator(load_secret(tmp_path / "other.secret")))
+    with pytest.raises(Unauthenticated, match="has no job secret here"):
+        await fetch("bare", spec.code, holder)
+    with pytest.raises(PeerUnavailable, match="NOT_FOUND: this peer holds no code bundle"):
+        await fetch("held", "0" * 64, holder)
+    assert a.peer_servicer.rejections.counts["bad_mac"] == 1 and a.peer_servicer.rejections.counts["no_secret"] == 1
+
+
+async def test_a_bundle_over_the_limit_is_refused_before_it_is_kept(daemons, lab):
+    a = await daemons("alpha")
+    b = await daemons("beta", seeds=(a.peer_address,))
+    await until(lambda: b.membership.get("alpha"), "beta to know alpha")
+    spec = a.registry.join(job_text("held", secret=True), str(lab), start=False)
+    b.registry.code.limits = Limits(max_bytes=1 << 20)  # the bundle is 1.5 MiB
+    with pytest.raises(PeerUnavailable, match=r"alpha offers a code bundle of 1\.5 MiB, over the limit of 1\.0 MiB"):
+        await b.by_name.fetch(spec, ["alpha"], Authenticator(load_secret(lab / "job.secret")))
+    assert not b.registry.code.root.exists()
+
+
+async def test_a_job_whose_code_came_from_peers_resumes_from_the_store_checked_again(daemons, lab, tmp_path):
+    a = await daemons("alpha")
+    b = await daemons("beta")
+    spec = a.registry.join(job_text("held", secret=True), str(lab), start=False)
+    text = (a.registry.jobs["held"].job_dir / "job.toml").read_text()
+    b.registry.code.keep(a.registry.code.tar(spec.code).read_bytes(), spec.code, {"peer": "alpha"})
+    await b.pause(0)  # the owner's pause: the job is held, no worker starts
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "job.secret").write_bytes((lab / "job.secret").read_bytes())
+    (mine / "job.secret").chmod(0o600)
+    await b.join(text, str(mine), fetched=True)
+    job_dir = b.registry.jobs["held"].job_dir
+    assert json.loads((job_dir / "joined.json").read_text()) == {"spec_dir": str(mine), "fetched": True}
+    run_dir = b.registry.code.dir(spec.code)
+    assert b.registry.jobs["held"].first.launch.spec_dir == str(run_dir)
+    # Changed in the store after the check: the resume writes the bundle's files again.
+    (run_dir / "heldjob.py").write_text("import os\n")
+    await b._rejoin(job_dir, "resumed")
+    assert (run_dir / "heldjob.py").read_text() == MODULE
+    # A bundle changed in the store is refused, and the job is not joined again.
+    tar = b.registry.code.tar(spec.code)
+    tar.write_bytes(tar.read_bytes()[:-1] + b"\1")
+    del b.registry.jobs["held"]
+    await b._rejoin(job_dir, "resumed")
+    assert "held" not in b.registry.jobs
