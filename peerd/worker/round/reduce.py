@@ -14,7 +14,7 @@ import torch
 
 from peerd.worker.wire.codec import finite_by_sum
 from peerd.worker.wire.quant import round_trip_
-from peerd.worker.wire.stores import WIRE_DTYPES
+from peerd.worker.wire.values import WIRE_DTYPES
 
 
 # The mean is computed block by block: a block of the result stays in the cache

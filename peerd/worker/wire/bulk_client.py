@@ -24,7 +24,7 @@ from peerd.worker.wire.bulk import (
 )
 from peerd.worker.wire.bulk_tls import HandshakeFailed, Stream, handshake
 from peerd.worker.wire.codec import ROUND_CHECKED_STAGES, fill_values, finite_by_sum
-from peerd.worker.wire.stores import stage_wire, wire_nbytes
+from peerd.worker.wire.values import stage_wire, wire_nbytes
 
 log = logging.getLogger("peerd.worker")
 

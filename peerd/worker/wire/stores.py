@@ -23,15 +23,9 @@ import torch
 from peerd.core.segments import Span, chunk_spans, split_even
 from peerd.errors import InvalidMessage, JobMismatch, RoundMismatch
 from peerd.worker.wire import quant
+from peerd.worker.wire.values import FINAL_STAGE, to_wire  # FINAL_STAGE: still importable from here
 
 KEEP_ROUNDS = 2
-FINAL_STAGE = 3  # a request's stage for the final model (the consensus at the job's end)
-
-
-def stage_wire(stage: int, wire: str) -> str:
-    """The final model travels in fp32 whatever the job's wire: every peer must
-    sum exactly the values the others sum (its own included)."""
-    return "fp32" if stage == FINAL_STAGE else wire
 
 
 @dataclass(frozen=True)
@@ -381,26 +375,6 @@ class FinalStore:
         async with self._changed:
             self.served += 1
             self._changed.notify_all()
-
-
-WIRE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-ITEMSIZE = {"fp32": 4, "fp16": 2, "bf16": 2}
-
-
-def wire_nbytes(wire: str, n: int) -> int:
-    """Bytes of n values on `wire`."""
-    return quant.wire_nbytes(n) if wire == "int8" else n * ITEMSIZE[wire]
-
-
-def to_wire(values: torch.Tensor, wire: str) -> np.ndarray:
-    """Little-endian bytes of `values` in the job's wire dtype (a view for fp32;
-    int8: peerd.worker.wire.quant's records, blocks from the start of `values`)."""
-    if wire == "fp32":
-        return values.numpy()
-    if wire == "int8":
-        return quant.encode(values)
-    narrow = values.to(WIRE_DTYPES[wire])
-    return narrow.view(torch.int16).numpy() if wire == "bf16" else narrow.numpy()
 
 
 class SegmentServer:

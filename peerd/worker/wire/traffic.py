@@ -17,7 +17,7 @@ import torch
 from peerd.core.segments import Span
 from peerd.progress import EXCHANGE_BUCKETS_S
 from peerd.worker.state.pull import StatePart
-from peerd.worker.wire.stores import stage_wire, wire_nbytes
+from peerd.worker.wire.values import stage_wire, wire_nbytes
 
 
 class Traffic:

@@ -28,7 +28,8 @@ from peerd.tls import TlsMaterial, open_channel
 from peerd.worker.wire.bulk_client import BulkClient
 from peerd.worker.wire.bulk_tls import client_context
 from peerd.worker.wire.codec import ROUND_CHECKED_STAGES, ChunkView, decode_segment_chunk, fill_values
-from peerd.worker.wire.stores import Identity, SegmentServer, stage_wire
+from peerd.worker.wire.stores import Identity, SegmentServer
+from peerd.worker.wire.values import stage_wire
 from peerd.worker.state.pull import StateMeta, StatePart, StateServer, verify_part
 
 log = logging.getLogger("peerd.worker")
