@@ -59,6 +59,8 @@ class AddressBook(Protocol):
 
     def pull_soon(self, peer_id: str) -> None: ...
 
+    def called_by(self, peer_id: str, incarnation: int, state_version: int) -> None: ...
+
 
 class JobSpecs(Protocol):
     """The specs of the jobs this daemon joined (peerd.daemon.registry.JobRegistry)."""
@@ -71,9 +73,10 @@ class PeerServicer:
     they must carry proof of it (peerd.auth), and replies carry proof back.
 
     A Hello of this `realm` goes to `book`; every Hello is answered with
-    `hello_reply()`, a GetJobSpec from `specs`."""
+    `hello_reply(gossip)` (the peers' records too when the caller gossips), a
+    GetJobSpec from `specs`."""
 
-    def __init__(self, realm: str, book: AddressBook, hello_reply: Callable[[], peer_pb2.HelloReply],
+    def __init__(self, realm: str, book: AddressBook, hello_reply: Callable[[bool], peer_pb2.HelloReply],
                  specs: JobSpecs, auth: Authenticator | None = None) -> None:
         self._realm = realm
         self._book = book
@@ -115,7 +118,9 @@ class PeerServicer:
             self._book.learn_address(request.peer_id, request.address, via="hello")
             if request.changed:
                 self._book.pull_soon(request.peer_id)
-        return self._answer(context, reply, self._hello_reply())
+            elif request.incarnation:
+                self._book.called_by(request.peer_id, request.incarnation, request.state_version)
+        return self._answer(context, reply, self._hello_reply(request.gossip))
 
     async def GetJobSpec(self, raw: bytes, context) -> bytes:
         request, reply = await self._admit(GET_JOB_SPEC, raw, peer_pb2.JobSpecRequest, context)
@@ -257,6 +262,8 @@ class SupervisorServicer(control_pb2_grpc.SupervisorServicer):
             await _abort(context, exc)
 
 
-def hello_request(peer_id: str, address: str, realm: str, changed: bool = False) -> peer_pb2.HelloRequest:
+def hello_request(peer_id: str, address: str, realm: str, changed: bool = False, incarnation: int = 0,
+                  state_version: int = 0, gossip: bool = False) -> peer_pb2.HelloRequest:
     return peer_pb2.HelloRequest(peer_id=peer_id, address=address, version=__version__, realm=realm,
-                                 changed=changed)
+                                 changed=changed, incarnation=incarnation, state_version=state_version,
+                                 gossip=gossip)
