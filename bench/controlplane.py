@@ -5,7 +5,8 @@ zeroconf on loopback), each mode in turn in one invocation.
 For each N and mode it starts N real daemons with no jobs (peerd.cluster.LocalCluster)
 and measures: seconds from the last daemon answering its control socket until every
 daemon's view holds the other N - 1; each daemon's CPU (% of one core, from
-/proc/PID/stat) and RSS over a fixed idle window; with --kill, seconds from a
+/proc/PID/stat), RSS and Hellos sent and answered a second (its /metrics) over a
+fixed idle window; with --kill, seconds from a
 `kill -9` of one daemon until every other view has dropped it, and from its
 restart until every view holds it again. Modes: `mesh` (a Hello to every known
 peer each interval: [discovery] full_mesh_max set above N) and `gossip` (the
@@ -22,9 +23,12 @@ from __future__ import annotations
 import os
 import signal
 import time
+import urllib.request
 from pathlib import Path
 
-from harness.cluster import daemons_alive, poll_until
+from prometheus_client.parser import text_string_to_metric_families
+
+from harness.cluster import poll_until
 from harness.output import md_row, md_table, write_json
 from harness.script import arg_parser, names, numbers, run_dir, run_main
 from peerd.cluster import LocalCluster
@@ -74,14 +78,29 @@ def daemons_alive_among(peers) -> bool:
     return True
 
 
+def hellos(cluster) -> float:
+    """Hellos sent and answered by all daemons so far (their /metrics)."""
+    total = 0.0
+    for peer in cluster.peers:
+        with urllib.request.urlopen(peer.page_url + "metrics", timeout=10) as reply:
+            text = reply.read().decode()
+        total += sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+                     if s.name in ("peerd_hellos_sent_total", "peerd_hellos_received_total"))
+    return total
+
+
 def idle(cluster, window_s: float) -> dict:
-    """CPU % of a core and RSS per daemon over `window_s` seconds of no polling."""
+    """CPU % of a core, RSS and Hellos (sent + answered) per second per daemon over
+    `window_s` seconds of no polling."""
     pids = [p.process.pid for p in cluster.peers]
+    messages = hellos(cluster)
     before = [cpu_s(pid) for pid in pids]
     time.sleep(window_s)
     cpu = sorted(100 * (cpu_s(pid) - b) / window_s for pid, b in zip(pids, before))
+    messages = (hellos(cluster) - messages) / window_s / len(pids)
     rss = sorted(rss_mb(pid) for pid in pids)
-    return {"cpu_mean": sum(cpu) / len(cpu), "cpu_max": cpu[-1], "rss_mean": sum(rss) / len(rss), "rss_max": rss[-1]}
+    return {"cpu_mean": sum(cpu) / len(cpu), "cpu_max": cpu[-1], "rss_mean": sum(rss) / len(rss), "rss_max": rss[-1],
+            "hellos_per_s": messages}
 
 
 def kill_and_restart(cluster, timeout_s: float) -> dict:
@@ -100,7 +119,7 @@ def kill_and_restart(cluster, timeout_s: float) -> dict:
 def one_case(n: int, mode: str, opts, out: Path) -> dict:
     settings = lambda peer: {"discovery": dict(MODES[mode])}  # noqa: E731
     row: dict = {"n": n, "mode": mode}
-    with LocalCluster(n, out / f"{mode}-{n}", settings=settings) as cluster:
+    with LocalCluster(n, out / f"{mode}-{n}", settings=settings, metrics=True) as cluster:
         cluster.wait_ready(timeout_s=opts.timeout)
         row["start_s"] = time.monotonic()
         try:
@@ -119,14 +138,15 @@ def one_case(n: int, mode: str, opts, out: Path) -> dict:
     return row
 
 
-HEAD = ("N", "mode", "views complete (s)", "idle CPU % of a core, mean (max)", "RSS MB, mean (max)",
+HEAD = ("N", "mode", "views complete (s)", "idle CPU % of a core, mean (max)", "Hellos sent + answered /s",
+        "RSS MB, mean (max)",
         "complete after the window", "kill -9 → out of every view (s)", "restart → in every view (s)")
 
 
 def cells(r: dict) -> list[str]:
     f = lambda key, fmt="{:.1f}": fmt.format(r[key]) if key in r else "—"  # noqa: E731
     complete = f("complete_s") if r["complete_s"] == r["complete_s"] else f"> timeout (fewest {r['fewest']})"
-    return [r["n"], r["mode"], complete, f"{r['cpu_mean']:.2f} ({r['cpu_max']:.2f})",
+    return [r["n"], r["mode"], complete, f"{r['cpu_mean']:.2f} ({r['cpu_max']:.2f})", f"{r['hellos_per_s']:.1f}",
             f"{r['rss_mean']:.0f} ({r['rss_max']:.0f})", f"{r['complete_after']}/{r['n']}",
             f("detect_s"), f("rejoin_s")]
 

@@ -52,6 +52,14 @@ def view_timeout(n: int, peer_timeout_s: float, interval_s: float, full_mesh_max
     return peer_timeout_s + interval_s * spread_intervals(n)
 
 
+def settle_s(n: int, peer_timeout_s: float, interval_s: float, full_mesh_max: int) -> float:
+    """Seconds after its start before a daemon's view can be trusted to show every
+    running job: peer_timeout_s, or the spread allowance when that is longer."""
+    if not gossiping(n - 1, full_mesh_max):
+        return peer_timeout_s
+    return max(peer_timeout_s, interval_s * spread_intervals(n))
+
+
 def suspect_after(n: int, interval_s: float, hello_timeout_s: float, full_mesh_max: int) -> float:
     """Seconds without news after which a peer shows as "suspected": two missed
     Hellos in a full mesh, the spread allowance when gossiping."""

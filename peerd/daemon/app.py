@@ -22,7 +22,7 @@ from peerd import __version__
 from peerd.auth import Authenticator, load_secret
 from peerd.config import DaemonConfig, resolve_host
 from peerd.core.codes import ACTIVE_STATES
-from peerd.core.gossip import suspect_after
+from peerd.core.gossip import settle_s, suspect_after
 from peerd.core.membership import Membership, liveness
 from peerd.core.names import peer_id_from_hostname, split_host_port, valid_peer_id
 from peerd.core.workers import member_ids, worker_devices
@@ -327,7 +327,9 @@ class Daemon:
         await self._announce_if_changed()
 
     def worker_heartbeat(self, report: control_pb2.WorkerReport) -> control_pb2.WorkerView:
-        settled = time.monotonic() - self.started >= self.config.peer_timeout_s
+        c = self.config
+        settled = time.monotonic() - self.started >= settle_s(self.hello.realm_size, c.peer_timeout_s,
+                                                              c.hello_interval_s, c.full_mesh_max)
         view, serving_changed = self.registry.worker_view(report, settled)
         self.history.record(report.job, report.member or self.peer_id,
                             point_of_progress(time.monotonic(), report.progress))

@@ -38,6 +38,7 @@ class HelloClient:
         self.directory = PeerDirectory(peer_id)
         self.gossip = Gossip()
         self.gossiping = False  # the realm is larger than a full mesh: Hello a few, take records second-hand
+        self.realm_size = 1  # this daemon and the peers it knows, at the last round
         self._rng = random.Random()
         # What the page's metrics and the tests count: Hello rounds, the Hellos
         # they sent, and the replies each peer gave.
@@ -111,7 +112,7 @@ class HelloClient:
         known = self.directory.addresses()
         seeds = [a for a in self.config.seeds if a not in known and a != self.peer_address]
         peers = dict(self.directory.items())
-        n = max(len(peers), len(self.membership.peers())) + 1
+        n = self.realm_size = max(len(peers), len(self.membership.peers())) + 1
         self.gossiping = gossiping(n - 1, self.config.full_mesh_max)
         self.membership.timeout_s = view_timeout(n, self.config.peer_timeout_s, self.config.hello_interval_s,
                                                  self.config.full_mesh_max)

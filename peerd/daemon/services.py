@@ -84,6 +84,7 @@ class PeerServicer:
         self._specs = specs
         self._auth = auth
         self.rejections = Rejections(log)
+        self.hellos = 0  # answered (peerd_hellos_received)
 
     async def _refuse(self, context, code: grpc.StatusCode, reason: str, message: str) -> None:
         peer = context.peer() or "unknown"
@@ -120,6 +121,7 @@ class PeerServicer:
                 self._book.pull_soon(request.peer_id)
             elif request.incarnation:
                 self._book.called_by(request.peer_id, request.incarnation, request.state_version)
+        self.hellos += 1
         return self._answer(context, reply, self._hello_reply(request.gossip))
 
     async def GetJobSpec(self, raw: bytes, context) -> bytes:

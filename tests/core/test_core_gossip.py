@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from peerd.core.gossip import (
-    detection_bound, gossiping, hello_targets, spread_intervals, suspect_after, view_timeout,
+    detection_bound, gossiping, hello_targets, settle_s, spread_intervals, suspect_after, view_timeout,
 )
 from peerd.core.membership import JobEntry, Membership, PeerRecord
 
@@ -54,6 +54,7 @@ def test_the_full_mesh_keeps_todays_timeouts_and_gossip_adds_log2_n_intervals():
     assert view_timeout(64, 6.0, 1.0, 8) == 12.0 and view_timeout(1000, 6.0, 1.0, 8) == 16.0
     assert detection_bound(64, 6.0, 1.0, 2.0, 8) == 15.0
     assert detection_bound(8, 6.0, 1.0, 2.0, 8) == 9.0
+    assert settle_s(8, 6.0, 1.0, 8) == settle_s(64, 6.0, 1.0, 8) == 6.0 and settle_s(1000, 6.0, 1.0, 8) == 10.0
 
 
 # ------------------------------------------------------ which account wins
