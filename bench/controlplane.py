@@ -138,6 +138,45 @@ def one_case(n: int, mode: str, opts, out: Path) -> dict:
     return row
 
 
+def paper(n: int, fanout: int, repeats: int = 20) -> dict:
+    """The per-Hello work that grows with N, timed in this process on the real
+    code: a gossiping reply of a view of n - 1 idle peers (one JobAd each) built and
+    serialized (the callee), parsed and merged with nothing new (the caller)."""
+    from peerd.config import DaemonConfig
+    from peerd.core.membership import Membership, PeerRecord
+    from peerd.daemon.gossip import state_of_reply
+    from peerd.daemon.hello import HelloClient
+    from peerd.proto.v1 import peer_pb2
+
+    def client(me: str) -> HelloClient:
+        c = HelloClient(me, DaemonConfig(), Membership(me, 60.0), None, None)
+        c.gossiping = True
+        return c
+
+    callee, caller = client("callee"), client("caller")
+    ad = peer_pb2.JobAd(name="job", spec_fingerprint="f" * 64, worker_address="10.0.0.1:40000", round=1234,
+                        state="running", phase="training", lr=0.1, global_batch=256, samples_per_s=900.0)
+    for i in range(n - 1):
+        reply = peer_pb2.HelloReply(peer_id=f"peer-{i}", version="0.1.0", realm="r", jobs=[ad],
+                                    incarnation=1, state_version=1)
+        address = f"10.0.{i // 250}.{i % 250}:7000"
+        callee.gossip.remember(state_of_reply(reply, address))
+        callee.membership.observe(PeerRecord(reply.peer_id, address, last_seen=time.monotonic(), incarnation=1,
+                                             state_version=1))
+    started = time.process_time()
+    for _ in range(repeats):
+        raw = peer_pb2.HelloReply(peer_id="callee", peers=callee.gossip.states(callee.membership, time.monotonic())
+                                  ).SerializeToString()
+    build = (time.process_time() - started) / repeats
+    caller._hear(peer_pb2.HelloReply.FromString(raw).peers)  # the first: every record new
+    started = time.process_time()
+    for _ in range(repeats):
+        caller._hear(peer_pb2.HelloReply.FromString(raw).peers)
+    merge = (time.process_time() - started) / repeats
+    return {"n": n, "reply_bytes": len(raw), "build_ms": 1000 * build, "merge_ms": 1000 * merge,
+            "cpu_pct": 100 * fanout * (build + merge)}
+
+
 HEAD = ("N", "mode", "views complete (s)", "idle CPU % of a core, mean (max)", "Hellos sent + answered /s",
         "RSS MB, mean (max)",
         "complete after the window", "kill -9 → out of every view (s)", "restart → in every view (s)")
@@ -159,8 +198,16 @@ def main() -> int:
     parser.add_argument("--settle", type=float, default=5.0, help="seconds after complete views before it")
     parser.add_argument("--timeout", type=float, default=180.0, help="bound on each wait, seconds")
     parser.add_argument("--kill", action="store_true", help="then kill -9 one daemon and restart it")
+    parser.add_argument("--paper", default="", help="only time the per-Hello work of a gossiping view of "
+                        "these sizes (e.g. 64,1000) in this process, and exit")
     parser.add_argument("--out", type=Path, help="run folder (default runs/controlplane-TIME)")
     opts = parser.parse_args()
+    if opts.paper:
+        for n in numbers(parser, opts.paper, int, "--paper"):
+            r = paper(n, fanout=3)
+            print(f"N = {n}: a gossiping reply {r['reply_bytes'] / 1000:.0f} kB, built {r['build_ms']:.2f} ms, "
+                  f"merged {r['merge_ms']:.2f} ms; at fanout 3: {r['cpu_pct']:.2f} % of a core", flush=True)
+        return 0
     sizes = numbers(parser, opts.sizes, int, "--sizes")
     modes = names(parser, opts.modes, MODES, "--modes")
     out = run_dir(opts.out, "controlplane")

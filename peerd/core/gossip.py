@@ -1,6 +1,6 @@
 """Membership gossip: whom a daemon Hellos each interval, and how long a peer
 stays in its view without news (docs/protocol.md, "Membership gossip";
-docs/algorithms.md §1.8).
+docs/algorithms.md, "Membership at lab size").
 
 A realm of at most `full_mesh_max` daemons runs as a full mesh: each daemon
 Hellos every peer it knows every interval and keeps only what peers said
@@ -38,9 +38,9 @@ def hello_targets(peers: Sequence[str], fanout: int, full_mesh_max: int, rng: ra
 
 def spread_intervals(n: int) -> int:
     """Hello intervals a gossiping realm of `n` daemons allows news of a daemon
-    to reach every view: ceil(log2 n). Push-pull with fanout 3 needs about
-    log4(n) + 2 (docs/algorithms.md §1.8: at most 5 at n = 64, 7 at n = 1,000
-    in simulation), so this leaves a margin that grows with n."""
+    to reach every view: ceil(log2 n). Push-pull with fanout 3 needed at most 5
+    at n = 64 and 8 at n = 1,000 in simulation (docs/algorithms.md, "Membership
+    at lab size"), so this leaves a margin that grows with n."""
     return max(1, math.ceil(math.log2(max(n, 2))))
 
 

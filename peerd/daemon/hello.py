@@ -193,7 +193,7 @@ class HelloClient:
         """The replier's records of the others: taken where newer (Membership.hear)."""
         now = self.clock()
         for state in states:
-            if state.peer_id == self.peer_id or not state.incarnation:
+            if state.peer_id == self.peer_id:
                 continue
             seen = now - state.age_ms / 1000
             taken = self.membership.merge(state.peer_id, state.incarnation, state.state_version, seen, now,
