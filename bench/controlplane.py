@@ -6,16 +6,19 @@ For each N and mode it starts N real daemons with no jobs (peerd.cluster.LocalCl
 and measures: seconds from the last daemon answering its control socket until every
 daemon's view holds the other N - 1; each daemon's CPU (% of one core, from
 /proc/PID/stat), RSS and Hellos sent and answered a second (its /metrics) over a
-fixed idle window; with --kill, seconds from a
-`kill -9` of one daemon until every other view has dropped it, and from its
-restart until every view holds it again. Modes: `mesh` (a Hello to every known
+fixed idle window; with --kill, seconds from a `kill -9` of one daemon until every
+other view has dropped it, and from its restart until every view holds it again.
+--paper and --spread measure no daemons: the per-Hello work of a large view in this
+process, and a model of the gossip rule's spread. Modes: `mesh` (a Hello to every known
 peer each interval: [discovery] full_mesh_max set above N) and `gossip` (the
 defaults: a Hello to `fanout` random peers, views spread by gossip;
 docs/protocol.md, "Membership gossip"). Every daemon is stopped by PID at the end,
 also on errors or Ctrl+C.
 
-    .venv/bin/python bench/controlplane.py --sizes 8,16,32 --window 30
-    .venv/bin/python bench/controlplane.py --sizes 64 --modes gossip --window 30 --kill
+    .venv/bin/python bench/controlplane.py --sizes 8,16,32 --window 30 --settle 20 --kill
+    .venv/bin/python bench/controlplane.py --sizes 64 --window 30 --settle 20 --kill --timeout 150
+    .venv/bin/python bench/controlplane.py --paper 64,1000
+    .venv/bin/python bench/controlplane.py --spread 64,256,1000
 """
 
 from __future__ import annotations
@@ -177,6 +180,30 @@ def paper(n: int, fanout: int, repeats: int = 20) -> dict:
             "cpu_pct": 100 * fanout * (build + merge)}
 
 
+def spread(n: int, fanout: int = 3, rounds: int = 60, seed: int = 0) -> int:
+    """The largest age (intervals) of any daemon's news in any view, in a model of
+    the gossip rule (docs/algorithms.md, "Membership at lab size"): each interval
+    every daemon Hellos `fanout` random others; the callee hears the caller, the
+    caller the callee and the callee's freshest news of everyone."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    age = np.zeros((n, n))
+    worst = 0.0
+    for r in range(rounds):
+        before = age.copy()
+        for i in range(n):
+            for j in rng.choice(np.delete(np.arange(n), i), size=fanout, replace=False):
+                age[j, i] = 0
+                np.minimum(age[i], before[j], out=age[i])
+                age[i, j] = 0
+        np.fill_diagonal(age, 0)
+        age += 1
+        if r >= 20:
+            worst = max(worst, age.max())
+    return int(worst)
+
+
 HEAD = ("N", "mode", "views complete (s)", "idle CPU % of a core, mean (max)", "Hellos sent + answered /s",
         "RSS MB, mean (max)",
         "complete after the window", "kill -9 → out of every view (s)", "restart → in every view (s)")
@@ -200,6 +227,8 @@ def main() -> int:
     parser.add_argument("--kill", action="store_true", help="then kill -9 one daemon and restart it")
     parser.add_argument("--paper", default="", help="only time the per-Hello work of a gossiping view of "
                         "these sizes (e.g. 64,1000) in this process, and exit")
+    parser.add_argument("--spread", default="", help="only model the gossip rule at these sizes (e.g. 64,1000): "
+                        "the largest age of news in any view, and exit")
     parser.add_argument("--out", type=Path, help="run folder (default runs/controlplane-TIME)")
     opts = parser.parse_args()
     if opts.paper:
@@ -207,6 +236,10 @@ def main() -> int:
             r = paper(n, fanout=3)
             print(f"N = {n}: a gossiping reply {r['reply_bytes'] / 1000:.0f} kB, built {r['build_ms']:.2f} ms, "
                   f"merged {r['merge_ms']:.2f} ms; at fanout 3: {r['cpu_pct']:.2f} % of a core", flush=True)
+        return 0
+    if opts.spread:
+        for n in numbers(parser, opts.spread, int, "--spread"):
+            print(f"N = {n}: news at most {spread(n)} intervals old in any view (fanout 3, 60 rounds)", flush=True)
         return 0
     sizes = numbers(parser, opts.sizes, int, "--sizes")
     modes = names(parser, opts.modes, MODES, "--modes")
