@@ -217,7 +217,7 @@ def cells(r: dict) -> list[str]:
             f("detect_s"), f("rejoin_s")]
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None):
     parser = arg_parser(__doc__, raw=True)
     parser.add_argument("--sizes", default="8,16,32", help="daemon counts, comma-separated")
     parser.add_argument("--modes", default="mesh,gossip", help=f"of {', '.join(MODES)}, in this order")
@@ -230,24 +230,29 @@ def main() -> int:
     parser.add_argument("--spread", default="", help="only model the gossip rule at these sizes (e.g. 64,1000): "
                         "the largest age of news in any view, and exit")
     parser.add_argument("--out", type=Path, help="run folder (default runs/controlplane-TIME)")
-    opts = parser.parse_args()
-    if opts.paper:
-        for n in numbers(parser, opts.paper, int, "--paper"):
-            r = paper(n, fanout=3)
-            print(f"N = {n}: a gossiping reply {r['reply_bytes'] / 1000:.0f} kB, built {r['build_ms']:.2f} ms, "
-                  f"merged {r['merge_ms']:.2f} ms; at fanout 3: {r['cpu_pct']:.2f} % of a core", flush=True)
+    opts = parser.parse_args(argv)
+    opts.sizes = numbers(parser, opts.sizes, int, "--sizes")
+    opts.modes = names(parser, opts.modes, MODES, "--modes")
+    opts.paper = numbers(parser, opts.paper, int, "--paper")
+    opts.spread = numbers(parser, opts.spread, int, "--spread")
+    return opts
+
+
+def main() -> int:
+    opts = parse_args()
+    for n in opts.paper:
+        r = paper(n, fanout=3)
+        print(f"N = {n}: a gossiping reply {r['reply_bytes'] / 1000:.0f} kB, built {r['build_ms']:.2f} ms, "
+              f"merged {r['merge_ms']:.2f} ms; at fanout 3: {r['cpu_pct']:.2f} % of a core", flush=True)
+    for n in opts.spread:
+        print(f"N = {n}: news at most {spread(n)} intervals old in any view (fanout 3, 60 rounds)", flush=True)
+    if opts.paper or opts.spread:
         return 0
-    if opts.spread:
-        for n in numbers(parser, opts.spread, int, "--spread"):
-            print(f"N = {n}: news at most {spread(n)} intervals old in any view (fanout 3, 60 rounds)", flush=True)
-        return 0
-    sizes = numbers(parser, opts.sizes, int, "--sizes")
-    modes = names(parser, opts.modes, MODES, "--modes")
     out = run_dir(opts.out, "controlplane")
     print(md_table(HEAD), flush=True)
     rows = []
-    for n in sizes:
-        for mode in modes:
+    for n in opts.sizes:
+        for mode in opts.modes:
             rows.append(one_case(n, mode, opts, out))
             print(md_row(cells(rows[-1])), flush=True)
             write_json(out / "controlplane.json", rows)
