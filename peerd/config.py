@@ -56,6 +56,10 @@ class DaemonConfig:
     interfaces: tuple[str, ...] = ("127.0.0.1",)
     hello_interval_s: float = 1.0
     peer_timeout_s: float = 6.0
+    # A realm of at most full_mesh_max daemons: a Hello to every peer each interval;
+    # larger: to `fanout` random peers, views spread by gossip (peerd.core.gossip).
+    full_mesh_max: int = 8
+    fanout: int = 3
     worker_threads: int = 1  # torch threads per job on this daemon, split among its workers
     # One worker per entry, each a torch device; "auto": cuda if present, else cpu.
     # EVERY_GPU: one per local GPU.
@@ -114,6 +118,9 @@ def parse_config(data: dict, source: str) -> DaemonConfig:
         interfaces=_interfaces(discovery, host),
         hello_interval_s=discovery.get("hello_interval_s", float, d.hello_interval_s, **positive),
         peer_timeout_s=discovery.get("peer_timeout_s", float, d.peer_timeout_s, **positive),
+        full_mesh_max=discovery.get("full_mesh_max", int, d.full_mesh_max, check=lambda v: v >= 1,
+                                    expect="an integer >= 1"),
+        fanout=discovery.get("fanout", int, d.fanout, check=lambda v: 1 <= v <= 64, expect="an integer 1..64"),
         worker_threads=worker.get("threads", int, 1, check=lambda v: 1 <= v <= 256, expect="an integer 1..256"),
         worker_devices=_devices(worker, source),
         worker_standby=worker.get("standby", bool, d.worker_standby),

@@ -8,7 +8,7 @@ a job; each is a member of the job with its own id (JobEntry.member).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from peerd.core.codes import ACTIVE_STATES, WorkerState
 
@@ -66,32 +66,96 @@ class PeerRecord:
     jobs: tuple[JobEntry, ...] = ()
     last_seen: float = 0.0
     not_training: str = ""  # why that machine trains no job now (its owner's pause, use, windows)
+    # Gossip (peerd.core.gossip): the peer's start (a new one each start) and the
+    # version of this content at that start; 0 from a daemon that sends none.
+    incarnation: int = 0
+    state_version: int = 0
 
 
 @dataclass
 class Membership:
-    """Peers known to this daemon, each dropped `timeout_s` after it was last heard."""
+    """Peers known to this daemon, each dropped `timeout_s` after it was last heard.
+
+    A record's `last_seen` is when the newest news of it was fresh: a reply from
+    the peer itself (`observe`), a Hello it sent (`freshen`), or another daemon's
+    record with its age (`hear`). Liveness and content merge apart: the latest
+    news of an incarnation keeps it, the highest version gives the content, and
+    a newer incarnation (a restart) replaces the record."""
 
     me: str
     timeout_s: float
     _peers: dict[str, PeerRecord] = field(default_factory=dict)
+    # peer id -> (incarnation, when it left): news of that start no later than it is stale
+    _left: dict[str, tuple[int, float]] = field(default_factory=dict)
 
     def observe(self, record: PeerRecord) -> bool:
-        """Record a fresh Hello reply; True if the peer is new."""
+        """Record a fresh Hello reply (the peer speaking for itself: always taken); True if the peer is new."""
         if record.peer_id == self.me:
             return False
         is_new = record.peer_id not in self._peers
         self._peers[record.peer_id] = record
+        self._left.pop(record.peer_id, None)
         return is_new
 
-    def forget(self, peer_id: str) -> bool:
-        return self._peers.pop(peer_id, None) is not None
+    def hear(self, record: PeerRecord, now: float) -> str:
+        """A record second-hand (gossip), `last_seen` set from its age: "new" if the
+        peer entered the view, "taken" if its content replaced ours, "" otherwise
+        (only its time may have moved on)."""
+        if record.peer_id == self.me or now - record.last_seen > self.timeout_s or self._stale(record):
+            return ""
+        held = self._peers.get(record.peer_id)
+        if held is None or record.incarnation > held.incarnation:
+            self._peers[record.peer_id] = record
+            return "new" if held is None else "taken"
+        if record.incarnation < held.incarnation:
+            return ""
+        seen = max(held.last_seen, record.last_seen)
+        if record.state_version > held.state_version:
+            self._peers[record.peer_id] = replace(record, last_seen=seen)
+            return "taken"
+        if seen > held.last_seen:
+            self._peers[record.peer_id] = replace(held, last_seen=seen)
+        return ""
+
+    def merge(self, peer_id: str, incarnation: int, state_version: int, seen: float, now: float,
+              record: Callable[[], PeerRecord]) -> str:
+        """Gossip of a peer, as `hear`; `record()` (its content, read off the wire)
+        is only made when that start and version are newer than what we hold."""
+        held = self._peers.get(peer_id)
+        if held is not None and held.incarnation == incarnation and held.state_version >= state_version:
+            self.freshen(peer_id, incarnation, seen)  # the common case: only the time moves
+            return ""
+        return self.hear(record(), now)
+
+    def freshen(self, peer_id: str, incarnation: int, now: float) -> bool:
+        """The peer itself called at `now`: its record's time moves on if we hold
+        that incarnation. False if we do not (unknown, or another start)."""
+        held = self._peers.get(peer_id)
+        if held is None or held.incarnation != incarnation:
+            return False
+        if now > held.last_seen:
+            self._peers[peer_id] = replace(held, last_seen=now)
+        return True
+
+    def _stale(self, record: PeerRecord) -> bool:
+        left = self._left.get(record.peer_id)
+        return left is not None and (record.incarnation, record.last_seen) <= left
+
+    def forget(self, peer_id: str, now: float | None = None) -> bool:
+        """The peer left (its zeroconf goodbye): gossip of that start no newer
+        than `now` is ignored from here on (until it is older than the timeout)."""
+        held = self._peers.pop(peer_id, None)
+        if held is not None and now is not None:
+            self._left[peer_id] = (held.incarnation, now)
+        return held is not None
 
     def expire(self, now: float) -> list[str]:
         """Drop peers not heard from within the timeout; return their ids."""
         dead = [p for p, r in self._peers.items() if now - r.last_seen > self.timeout_s]
         for peer_id in dead:
             del self._peers[peer_id]
+        for peer_id in [p for p, (_, at) in self._left.items() if now - at > self.timeout_s]:
+            del self._left[peer_id]  # news that old is refused by its age anyway
         return dead
 
     def peers(self) -> list[PeerRecord]:

@@ -22,6 +22,7 @@ from peerd import __version__
 from peerd.auth import Authenticator, load_secret
 from peerd.config import DaemonConfig, resolve_host
 from peerd.core.codes import ACTIVE_STATES
+from peerd.core.gossip import settle_s, suspect_after
 from peerd.core.membership import Membership, liveness
 from peerd.core.names import peer_id_from_hostname, split_host_port, valid_peer_id
 from peerd.core.workers import member_ids, worker_devices
@@ -226,12 +227,16 @@ class Daemon:
             self._status = status
             sd_notify(f"STATUS={status}")
 
-    def hello_reply(self) -> peer_pb2.HelloReply:
-        return peer_pb2.HelloReply(
+    def hello_reply(self, gossip: bool = False) -> peer_pb2.HelloReply:
+        """This daemon's own record; with `gossip`, its records of the peers too."""
+        reply = peer_pb2.HelloReply(
             peer_id=self.peer_id, version=__version__, locality=self.config.locality, realm=self.config.realm,
             known=[peer_pb2.KnownPeer(peer_id=r.peer_id, address=r.address) for r in self.membership.peers()],
             jobs=self.registry.job_ads(), not_training=self.availability.not_training,
         )
+        if gossip:
+            reply.peers.extend(self.hello.gossip.states(self.membership, time.monotonic()))
+        return self.hello.gossip.stamp(reply)
 
     def _txt(self) -> dict[str, str]:
         running = self.registry.active()
@@ -311,7 +316,9 @@ class Daemon:
         await self._announce_if_changed()
 
     def worker_heartbeat(self, report: control_pb2.WorkerReport) -> control_pb2.WorkerView:
-        settled = time.monotonic() - self.started >= self.config.peer_timeout_s
+        c = self.config
+        settled = time.monotonic() - self.started >= settle_s(self.hello.realm_size, c.peer_timeout_s,
+                                                              c.hello_interval_s, c.full_mesh_max)
         view, serving_changed = self.registry.worker_view(report, settled)
         self.history.record(report.job, report.member or self.peer_id,
                             point_of_progress(time.monotonic(), report.progress))
@@ -331,9 +338,12 @@ class Daemon:
         )
 
     def peer_states(self) -> dict[str, str]:
-        """Peer id -> "alive", or "suspected" when it missed the last two Hellos."""
-        suspect_after = 2 * self.config.hello_interval_s + HELLO_TIMEOUT_S
-        return liveness(self.membership.peers(), time.monotonic(), suspect_after)
+        """Peer id -> "alive", or "suspected" when it missed the last two Hellos
+        (in a full mesh; when gossiping, no news for the spread allowance)."""
+        peers = self.membership.peers()
+        after = suspect_after(len(peers) + 1, self.config.hello_interval_s, HELLO_TIMEOUT_S,
+                              self.config.full_mesh_max)
+        return liveness(peers, time.monotonic(), after)
 
     def list_peers(self) -> control_pb2.ListPeersReply:
         now = time.monotonic()

@@ -1,12 +1,16 @@
-"""The Hello client: asks every known peer (and each seed) who it is and what it
-runs, every hello_interval_s, and keeps the address book and the membership
-view from the answers. Owns the channels to the peers."""
+"""The Hello client: asks known peers (and each seed) who they are and what they
+run, every hello_interval_s, and keeps the address book and the membership view
+from the answers. In a full mesh it asks every peer; in a larger realm a few at
+random, and takes the others' records from their replies (peerd.core.gossip).
+Owns the channels to the peers."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 
 import grpc
@@ -14,7 +18,9 @@ import grpc
 from peerd.auth import Authenticator
 from peerd.config import DaemonConfig
 from peerd.core.directory import HELLO, ZEROCONF, PeerDirectory
-from peerd.core.membership import JobEntry, Membership, PeerRecord
+from peerd.core.gossip import gossiping, hello_targets, view_timeout
+from peerd.core.membership import Membership, PeerRecord
+from peerd.daemon.gossip import Gossip, entry_of, record_of, state_of_reply
 from peerd.daemon.services import GET_JOB_CODE, GET_JOB_SPEC, HELLO as HELLO_METHOD, PeerClient, hello_request
 from peerd.errors import PeerdError, PeerUnavailable
 from peerd.proto.v1 import peer_pb2
@@ -31,6 +37,14 @@ class HelloClient:
                  tls: TlsMaterial | None, clock: Callable[[], float] = time.monotonic) -> None:
         self.peer_id, self.config, self.membership, self.clock = peer_id, config, membership, clock
         self.directory = PeerDirectory(peer_id)
+        self.gossip = Gossip()
+        self.gossiping = False  # the realm is larger than a full mesh: Hello a few, take records second-hand
+        self.realm_size = 1  # this daemon and the peers it knows, at the last round
+        self._rng = random.Random()
+        # What the page's metrics and the tests count: Hello rounds, the Hellos
+        # they sent, and the replies each peer gave.
+        self.rounds = self.round_hellos = 0
+        self.answered: Counter[str] = Counter()
         self.peer_address = ""  # this daemon's, once its Peer service is bound
         self.worker_changed = asyncio.Event()  # a worker started or stopped serving: Hello now
         self._peers = PeerClient(auth, tls)
@@ -56,7 +70,8 @@ class HelloClient:
         """Zeroconf says the peer withdrew its announcement."""
         log.info("peer %s withdrew its announcement", peer_id)
         self.forget_address(peer_id)
-        self.membership.forget(peer_id)
+        self.membership.forget(peer_id, self.clock())  # its start's gossip is stale from now on
+        self.gossip.forget(peer_id)
 
     def _close_channel(self, address: str | None) -> None:
         channel = self._channels.pop(address, None) if address is not None else None
@@ -93,9 +108,20 @@ class HelloClient:
             self.worker_changed.clear()
 
     async def hello_all(self, changed: bool = False) -> None:
+        """One round: every peer in a full mesh or after a change of this daemon's
+        workers, else `fanout` random ones; then the view's expiry."""
         known = self.directory.addresses()
         seeds = [a for a in self.config.seeds if a not in known and a != self.peer_address]
-        await asyncio.gather(*(self.hello(p, a, changed) for p, a in self.directory.items()),
+        peers = dict(self.directory.items())
+        n = self.realm_size = max(len(peers), len(self.membership.peers())) + 1
+        self.gossiping = gossiping(n - 1, self.config.full_mesh_max)
+        self.membership.timeout_s = view_timeout(n, self.config.peer_timeout_s, self.config.hello_interval_s,
+                                                 self.config.full_mesh_max)
+        targets = list(peers) if changed else hello_targets(sorted(peers), self.config.fanout,
+                                                            self.config.full_mesh_max, self._rng)
+        self.rounds += 1
+        self.round_hellos += len(targets)
+        await asyncio.gather(*(self.hello(p, peers[p], changed) for p in targets),
                              *(self.hello("", a, changed) for a in seeds))
         now = self.clock()
         for peer_id in self.membership.expire(now):
@@ -116,11 +142,21 @@ class HelloClient:
         task.add_done_callback(lambda _: self._pulling.discard(peer_id))
         self._in_background(task)
 
+    def called_by(self, peer_id: str, incarnation: int, state_version: int) -> None:
+        """A peer's Hello to us, gossiping: it is alive now. Ask it back at once
+        when we do not hold that start of it, or hold an older version."""
+        if not self.gossiping or not incarnation:
+            return  # a full mesh hears each peer from its own replies alone
+        held = self.membership.get(peer_id)
+        if not self.membership.freshen(peer_id, incarnation, self.clock()) or held.state_version < state_version:
+            self.pull_soon(peer_id)
+
     async def hello(self, peer_id: str, address: str, changed: bool = False) -> None:
         try:
             reply = await self._peers.call(
                 self._channel(address), HELLO_METHOD,
-                hello_request(self.peer_id, self.peer_address, self.config.realm, changed),
+                hello_request(self.peer_id, self.peer_address, self.config.realm, changed,
+                              self.gossip.incarnation, self.gossip.version, self.gossiping),
                 peer_pb2.HelloReply, HELLO_TIMEOUT_S)
         except PeerdError as exc:
             refusal = handshake_refusal(str(exc))
@@ -129,6 +165,7 @@ class HelloClient:
             else:
                 log.debug("hello to %s at %s failed: %s", peer_id, address, exc)
             return  # silence counts against it through the membership timeout
+        self.answered[reply.peer_id] += 1
         if reply.realm != self.config.realm:
             if peer_id:
                 self.forget_address(peer_id)
@@ -141,20 +178,33 @@ class HelloClient:
             if known.peer_id and known.address and known.peer_id not in self.directory:
                 self.learn_address(known.peer_id, known.address, via=HELLO)
         self._observe(reply, address)
+        if self.gossiping:
+            self._hear(reply.peers)
 
     def _observe(self, reply: peer_pb2.HelloReply, address: str) -> None:
-        jobs = tuple(
-            JobEntry(j.name, j.spec_fingerprint, j.worker_address, j.round, j.state, j.phase, j.lr, j.global_batch,
-                     j.samples_per_s, j.local_batch, j.share, j.member, j.device, j.data_samples,
-                     j.progress, fixed_s=j.fixed_s, per_sample_s=j.per_sample_s, epochs_read=j.epochs_read,
-                     loss=j.loss, metric=j.metric, disagreement=j.disagreement, segment_misses=j.segment_misses,
-                     rejected=j.rejected)
-            for j in reply.jobs
-        )
+        """The peer's own reply: first-hand, always taken."""
+        jobs = tuple(entry_of(j) for j in reply.jobs)
         record = PeerRecord(reply.peer_id, address, reply.locality, reply.version, jobs, self.clock(),
-                            reply.not_training)
+                            reply.not_training, reply.incarnation, reply.state_version)
+        self.gossip.remember(state_of_reply(reply, address))
         if self.membership.observe(record):
             log.info("peer %s joined the view (%d known)", reply.peer_id, len(self.membership.peers()))
+
+    def _hear(self, states) -> None:
+        """The replier's records of the others: taken where newer (Membership.hear)."""
+        now = self.clock()
+        for state in states:
+            if state.peer_id == self.peer_id:
+                continue
+            seen = now - state.age_ms / 1000
+            taken = self.membership.merge(state.peer_id, state.incarnation, state.state_version, seen, now,
+                                          lambda: record_of(state, seen))  # noqa: B023 (called at once)
+            if taken:
+                self.gossip.remember(state)
+                self.learn_address(state.peer_id, state.address, via=HELLO)
+            if taken == "new":
+                log.info("peer %s joined the view through gossip (%d known)", state.peer_id,
+                         len(self.membership.peers()))
 
     async def job_spec(self, peer_id: str, name: str) -> peer_pb2.JobSpecReply:
         """The spec of job `name` as `peer_id` has it (a member of the view)."""

@@ -64,6 +64,8 @@ class AddressBook(Protocol):
 
     def pull_soon(self, peer_id: str) -> None: ...
 
+    def called_by(self, peer_id: str, incarnation: int, state_version: int) -> None: ...
+
 
 class JobSpecs(Protocol):
     """The specs of the jobs this daemon joined (peerd.daemon.registry.JobRegistry)."""
@@ -80,10 +82,11 @@ class PeerServicer:
     they must carry proof of it (peerd.auth), and replies carry proof back.
 
     A Hello of this `realm` goes to `book`; every Hello is answered with
-    `hello_reply()`, a GetJobSpec and a GetJobCode from `specs`; `address()` is
-    this daemon's Peer address, which a job proof must name."""
+    `hello_reply(gossip)` (the peers' records too when the caller gossips), a
+    GetJobSpec and a GetJobCode from `specs`; `address()` is this daemon's Peer
+    address, which a job proof must name."""
 
-    def __init__(self, realm: str, book: AddressBook, hello_reply: Callable[[], peer_pb2.HelloReply],
+    def __init__(self, realm: str, book: AddressBook, hello_reply: Callable[[bool], peer_pb2.HelloReply],
                  specs: JobSpecs, auth: Authenticator | None = None, address: Callable[[], str] = str) -> None:
         self._realm = realm
         self._address = address
@@ -93,6 +96,7 @@ class PeerServicer:
         self._specs = specs
         self._auth = auth
         self.rejections = Rejections(log)
+        self.hellos = 0  # answered (peerd_hellos_received)
 
     async def _refuse(self, context, code: grpc.StatusCode, reason: str, message: str) -> None:
         peer = context.peer() or "unknown"
@@ -131,7 +135,10 @@ class PeerServicer:
             self._book.learn_address(request.peer_id, request.address, via="hello")
             if request.changed:
                 self._book.pull_soon(request.peer_id)
-        return self._answer(context, reply, self._hello_reply())
+            elif request.incarnation:
+                self._book.called_by(request.peer_id, request.incarnation, request.state_version)
+        self.hellos += 1
+        return self._answer(context, reply, self._hello_reply(request.gossip))
 
     async def GetJobSpec(self, raw: bytes, context) -> bytes:
         request, reply = await self._admit(GET_JOB_SPEC, raw, peer_pb2.JobSpecRequest, context)
@@ -310,6 +317,8 @@ class SupervisorServicer(control_pb2_grpc.SupervisorServicer):
             await _abort(context, exc)
 
 
-def hello_request(peer_id: str, address: str, realm: str, changed: bool = False) -> peer_pb2.HelloRequest:
+def hello_request(peer_id: str, address: str, realm: str, changed: bool = False, incarnation: int = 0,
+                  state_version: int = 0, gossip: bool = False) -> peer_pb2.HelloRequest:
     return peer_pb2.HelloRequest(peer_id=peer_id, address=address, version=__version__, realm=realm,
-                                 changed=changed)
+                                 changed=changed, incarnation=incarnation, state_version=state_version,
+                                 gossip=gossip)

@@ -70,6 +70,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "another metric: the check then only reports the values); --target-accuracy is its old name")
     p.add_argument("--loopback", action="store_true",
                    help="run every peer on 127.0.0.1 even where namespaces work (no caps, no partitions)")
+    p.add_argument("--full-mesh-max", type=int, default=0, metavar="N",
+                   help="[discovery] full_mesh_max of every daemon: a realm larger than N gossips "
+                        "(default: the daemon's, 8)")
+    p.add_argument("--fanout", type=int, default=0, metavar="K",
+                   help="[discovery] fanout of every daemon: peers each Hellos a round when gossiping (default: the daemon's, 3)")
     p.add_argument("--out", type=Path, default=None, help="report directory (default runs/soak-TIMESTAMP)")
 
 
@@ -87,12 +92,15 @@ def settings_from(args: argparse.Namespace):
         raise ConfigError("--down must be shorter than --interval")
     if any(f < 1 for f in args.slowdowns):
         raise ConfigError("--slowdowns factors must be ≥ 1")
+    if args.full_mesh_max < 0 or args.fanout < 0:
+        raise ConfigError("--full-mesh-max and --fanout must be ≥ 0 (0: the daemon's default)")
     return SoakSettings(
         peers=args.peers, duration_s=args.duration, interval_s=args.interval, settle_s=args.settle,
         down_s=args.down, seed=args.seed, schedule=args.schedule, job=args.job, epochs=args.epochs,
         bandwidth_mbit=args.bandwidth, slowdowns=args.slowdowns, poll_s=args.poll,
         converge_s=args.converge_bound, stall_s=args.stall_bound, target=args.target,
         loopback=args.loopback, out=args.out or Path("runs") / time.strftime("soak-%Y%m%d-%H%M%S"),
+        full_mesh_max=args.full_mesh_max, fanout=args.fanout,
     )
 
 

@@ -65,9 +65,10 @@ class SoakPeer:
         return ControlClient(self.socket, timeout_s=timeout_s)
 
     def write_config(self, realm: str, slowdown_key: str | None, extra: str = "",
-                     worker: dict[str, object] | None = None) -> None:
+                     worker: dict[str, object] | None = None, discovery: dict[str, int] | None = None) -> None:
         """`extra`: more tables (TOML), e.g. a local-data job's [data] and [auth];
-        `worker`: more [worker] settings, as TOML values."""
+        `worker`: more [worker] settings, as TOML values; `discovery`: more
+        [discovery] values (full_mesh_max, fanout)."""
         # The harness kills workers on purpose: none of them may count towards a crash
         # limit ([worker] max_crashes, docs/operations.md) and end the job on its peer.
         tables: dict[str, dict[str, object]] = {"worker": {"max_crashes": 0, **(worker or {})}}
@@ -83,7 +84,8 @@ class SoakPeer:
             f'host = "{self.net.address}"\n\n'
             "[discovery]\n"
             f'interfaces = ["{self.net.address}"]  # mDNS only on this peer\'s link\n'
-            f'realm = "{realm}"\n' + slow + extra
+            f'realm = "{realm}"\n' + "".join(f"{k} = {v}\n" for k, v in (discovery or {}).items())
+            + slow + extra
         )
 
     def start(self) -> None:

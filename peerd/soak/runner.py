@@ -56,6 +56,10 @@ class SoakSettings:
     target: float | None = None  # in the job's metric; None: peerd.soak.checks.DEFAULT_TARGETS
     loopback: bool = False
     out: Path = Path("runs/soak")
+    # [discovery] full_mesh_max and fanout of every daemon; 0: the daemon's default
+    # (a realm above full_mesh_max gossips: docs/protocol.md, "Membership gossip")
+    full_mesh_max: int = 0
+    fanout: int = 0
 
 
 @dataclass
@@ -115,7 +119,7 @@ class Soak:
                         slowdown=s.slowdowns[index % len(s.slowdowns)] if self.slowdown_key and s.slowdowns else 1.0,
                         rate_mbit=rate if self.net.shaped else 0.0)
         peer.dir.mkdir(parents=True, exist_ok=True)
-        peer.write_config(self.realm, self.slowdown_key, self.data_config(index))
+        peer.write_config(self.realm, self.slowdown_key, self.data_config(index), self.discovery())
         with self._lock:
             self.peers[index] = peer
         return peer
@@ -162,6 +166,10 @@ class Soak:
         self.data_roots = [out / "data" / f"slice-{k}" for k in range(min(CLASSES, self.s.peers))]
         write_split(self.data_roots, by_label=False)
         create_secret_file(out / "job.secret", overwrite=True)
+
+    def discovery(self) -> dict[str, int]:
+        """The [discovery] values the settings give every daemon."""
+        return {k: v for k, v in (("full_mesh_max", self.s.full_mesh_max), ("fanout", self.s.fanout)) if v}
 
     def data_config(self, index: int) -> str:
         if not self.data_roots:

@@ -44,6 +44,7 @@ def test_empty_config_gives_defaults():
     assert config.interfaces == ("127.0.0.1",)
     assert config.hello_interval_s == 1.0
     assert config.peer_timeout_s == 6.0
+    assert (config.full_mesh_max, config.fanout) == (8, 3)
     assert config.worker_threads == 1
     assert config.restart_backoff_s == 1.0
     assert config.restart_backoff_max_s == 30.0
@@ -260,6 +261,9 @@ def test_wrong_types_raise_naming_file_and_key(text, key):
         ("[discovery]\nhello_interval_s = nan", "discovery.hello_interval_s"),
         ("[discovery]\npeer_timeout_s = 0.0", "discovery.peer_timeout_s"),
         ("[discovery]\npeer_timeout_s = -5", "discovery.peer_timeout_s"),
+        ("[discovery]\nfull_mesh_max = 0", "discovery.full_mesh_max"),
+        ("[discovery]\nfanout = 0", "discovery.fanout"),
+        ("[discovery]\nfanout = 1.5", "discovery.fanout"),
         ("[worker]\nrestart_backoff_s = 0", "worker.restart_backoff_s"),
         ("[worker]\nrestart_backoff_max_s = -0.5", "worker.restart_backoff_max_s"),
         ("[worker]\nmax_crashes = -1", "worker.max_crashes"),

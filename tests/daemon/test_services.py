@@ -47,12 +47,16 @@ class Book:
     def __init__(self) -> None:
         self.learned: list[tuple[str, str, str]] = []
         self.pulled: list[str] = []
+        self.called: list[tuple[str, int, int]] = []
 
     def learn_address(self, peer_id: str, address: str, via: str) -> None:
         self.learned.append((peer_id, address, via))
 
     def pull_soon(self, peer_id: str) -> None:
         self.pulled.append(peer_id)
+
+    def called_by(self, peer_id: str, incarnation: int, state_version: int) -> None:
+        self.called.append((peer_id, incarnation, state_version))
 
 
 class Specs:
@@ -64,8 +68,19 @@ class Specs:
 
 def peer_servicer(auth: Authenticator | None = None) -> tuple[PeerServicer, Book]:
     book = Book()
-    reply = lambda: peer_pb2.HelloReply(peer_id="me", realm="lab")  # noqa: E731
+    reply = lambda gossip: peer_pb2.HelloReply(peer_id="me", realm="lab")  # noqa: E731
     return PeerServicer("lab", book, reply, Specs(), auth), book
+
+
+async def test_a_gossiping_hello_says_who_called_at_which_start_and_gets_the_peers_records():
+    book, asked = Book(), []
+    reply = lambda gossip: asked.append(gossip) or peer_pb2.HelloReply(peer_id="me")  # noqa: E731
+    servicer = PeerServicer("lab", book, reply, Specs())
+    raw = hello_request("other", "10.0.0.9:7000", "lab", incarnation=5, state_version=2, gossip=True)
+    await servicer.Hello(raw.SerializeToString(), Context())
+    assert book.called == [("other", 5, 2)] and book.pulled == [] and asked == [True]
+    await servicer.Hello(hello_request("other", "10.0.0.9:7000", "lab").SerializeToString(), Context())
+    assert len(book.called) == 1 and asked == [True, False]  # an older daemon's Hello: as before
 
 
 async def test_peer_servicer_passes_a_hello_of_its_realm_on_and_answers_every_hello():

@@ -16,8 +16,11 @@ from test_e2e import peerctl
 pytestmark = pytest.mark.e2e
 
 
-def test_a_slowed_peer_gets_a_smaller_batch_and_share(local_cluster):
-    cluster = local_cluster(3, slowdowns=(1.0, 1.0, 3.0))
+# "gossip": each daemon Hellos one random peer a round and takes the others'
+# records (speeds, batches, shares) second-hand (docs/protocol.md, "Membership gossip").
+@pytest.mark.parametrize("discovery", [{}, {"full_mesh_max": 1, "fanout": 1}], ids=["full-mesh", "gossip"])
+def test_a_slowed_peer_gets_a_smaller_batch_and_share(local_cluster, discovery):
+    cluster = local_cluster(3, slowdowns=(1.0, 1.0, 3.0), settings=lambda peer: {"discovery": dict(discovery)})
     wait_for(lambda: all(cluster.client(p).status().peers_known == 2 for p in cluster.peers),
              30, "every daemon to see the other two")
     text = example_job(job={"name": "dbs", "epochs": 12, "eval_every_rounds": 1000, "global_batch": 96,

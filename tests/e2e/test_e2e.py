@@ -268,8 +268,11 @@ def test_a_killed_worker_rejoins_from_the_others_who_keep_training(local_cluster
     assert losses[2] < 0.5 * CHANCE_LOSS, losses
 
 
-def test_a_daemon_killed_and_restarted_resumes_its_job_from_the_peers(local_cluster):
-    cluster = local_cluster(2)
+# "gossip": the daemons gossip (docs/protocol.md, "Membership gossip"); the restart
+# is a new incarnation that must replace the killed one's record.
+@pytest.mark.parametrize("discovery", [{}, {"full_mesh_max": 1, "fanout": 1}], ids=["full-mesh", "gossip"])
+def test_a_daemon_killed_and_restarted_resumes_its_job_from_the_peers(local_cluster, discovery):
+    cluster = local_cluster(2, settings=lambda peer: {"discovery": dict(discovery)})
     steady, victim = cluster.peers
     wait_for(lambda: all(cluster.client(p).status().peers_known == 1 for p in cluster.peers), 30, "discovery")
     text = example_job(job={"name": "reboot", "epochs": 30, "eval_every_rounds": 20})

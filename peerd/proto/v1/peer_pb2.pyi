@@ -45,18 +45,24 @@ class JobSpecReply(_message.Message):
     def __init__(self, name: _Optional[str] = ..., spec_toml: _Optional[str] = ..., spec_fingerprint: _Optional[str] = ...) -> None: ...
 
 class HelloRequest(_message.Message):
-    __slots__ = ("peer_id", "address", "version", "realm", "changed")
+    __slots__ = ("peer_id", "address", "version", "realm", "changed", "incarnation", "state_version", "gossip")
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     REALM_FIELD_NUMBER: _ClassVar[int]
     CHANGED_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    STATE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    GOSSIP_FIELD_NUMBER: _ClassVar[int]
     peer_id: str
     address: str
     version: str
     realm: str
     changed: bool
-    def __init__(self, peer_id: _Optional[str] = ..., address: _Optional[str] = ..., version: _Optional[str] = ..., realm: _Optional[str] = ..., changed: _Optional[bool] = ...) -> None: ...
+    incarnation: int
+    state_version: int
+    gossip: bool
+    def __init__(self, peer_id: _Optional[str] = ..., address: _Optional[str] = ..., version: _Optional[str] = ..., realm: _Optional[str] = ..., changed: _Optional[bool] = ..., incarnation: _Optional[int] = ..., state_version: _Optional[int] = ..., gossip: _Optional[bool] = ...) -> None: ...
 
 class JobAd(_message.Message):
     __slots__ = ("name", "spec_fingerprint", "worker_address", "round", "state", "phase", "lr", "global_batch", "samples_per_s", "local_batch", "share", "member", "device", "data_samples", "progress", "fixed_s", "per_sample_s", "epochs_read", "loss", "metric", "disagreement", "segment_misses", "rejected")
@@ -109,7 +115,7 @@ class JobAd(_message.Message):
     def __init__(self, name: _Optional[str] = ..., spec_fingerprint: _Optional[str] = ..., worker_address: _Optional[str] = ..., round: _Optional[int] = ..., state: _Optional[str] = ..., phase: _Optional[str] = ..., lr: _Optional[float] = ..., global_batch: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., local_batch: _Optional[int] = ..., share: _Optional[float] = ..., member: _Optional[str] = ..., device: _Optional[str] = ..., data_samples: _Optional[int] = ..., progress: _Optional[float] = ..., fixed_s: _Optional[float] = ..., per_sample_s: _Optional[float] = ..., epochs_read: _Optional[float] = ..., loss: _Optional[float] = ..., metric: _Optional[float] = ..., disagreement: _Optional[float] = ..., segment_misses: _Optional[int] = ..., rejected: _Optional[int] = ...) -> None: ...
 
 class HelloReply(_message.Message):
-    __slots__ = ("peer_id", "version", "locality", "jobs", "realm", "not_training", "known")
+    __slots__ = ("peer_id", "version", "locality", "jobs", "realm", "not_training", "known", "incarnation", "state_version", "peers")
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     LOCALITY_FIELD_NUMBER: _ClassVar[int]
@@ -117,6 +123,9 @@ class HelloReply(_message.Message):
     REALM_FIELD_NUMBER: _ClassVar[int]
     NOT_TRAINING_FIELD_NUMBER: _ClassVar[int]
     KNOWN_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    STATE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PEERS_FIELD_NUMBER: _ClassVar[int]
     peer_id: str
     version: str
     locality: str
@@ -124,7 +133,32 @@ class HelloReply(_message.Message):
     realm: str
     not_training: str
     known: _containers.RepeatedCompositeFieldContainer[KnownPeer]
-    def __init__(self, peer_id: _Optional[str] = ..., version: _Optional[str] = ..., locality: _Optional[str] = ..., jobs: _Optional[_Iterable[_Union[JobAd, _Mapping]]] = ..., realm: _Optional[str] = ..., not_training: _Optional[str] = ..., known: _Optional[_Iterable[_Union[KnownPeer, _Mapping]]] = ...) -> None: ...
+    incarnation: int
+    state_version: int
+    peers: _containers.RepeatedCompositeFieldContainer[PeerState]
+    def __init__(self, peer_id: _Optional[str] = ..., version: _Optional[str] = ..., locality: _Optional[str] = ..., jobs: _Optional[_Iterable[_Union[JobAd, _Mapping]]] = ..., realm: _Optional[str] = ..., not_training: _Optional[str] = ..., known: _Optional[_Iterable[_Union[KnownPeer, _Mapping]]] = ..., incarnation: _Optional[int] = ..., state_version: _Optional[int] = ..., peers: _Optional[_Iterable[_Union[PeerState, _Mapping]]] = ...) -> None: ...
+
+class PeerState(_message.Message):
+    __slots__ = ("peer_id", "address", "locality", "version", "jobs", "not_training", "incarnation", "state_version", "age_ms")
+    PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    LOCALITY_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    NOT_TRAINING_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    STATE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    peer_id: str
+    address: str
+    locality: str
+    version: str
+    jobs: _containers.RepeatedCompositeFieldContainer[JobAd]
+    not_training: str
+    incarnation: int
+    state_version: int
+    age_ms: int
+    def __init__(self, peer_id: _Optional[str] = ..., address: _Optional[str] = ..., locality: _Optional[str] = ..., version: _Optional[str] = ..., jobs: _Optional[_Iterable[_Union[JobAd, _Mapping]]] = ..., not_training: _Optional[str] = ..., incarnation: _Optional[int] = ..., state_version: _Optional[int] = ..., age_ms: _Optional[int] = ...) -> None: ...
 
 class KnownPeer(_message.Message):
     __slots__ = ("peer_id", "address")
