@@ -280,7 +280,7 @@ class Daemon:
         jobs = [j for j in self.jobs.values() if j.state in ACTIVE_STATES]
         if jobs:
             log.info("leaving %s: %s", ", ".join(j.spec.name for j in jobs), reason)
-        await asyncio.gather(*(j.give_way() for j in jobs))
+        await asyncio.gather(*(j.give_way(reason) for j in jobs))
         await self._announce_if_changed()
         return len(jobs)
 

@@ -116,6 +116,7 @@ class WorkerProcess:
     fingerprint: str = ""
     progress: control_pb2.Progress = field(default_factory=empty_progress)
     stop_requested: bool = False  # drain: the worker leaves after its current round
+    stop_reason: str = ""  # why, for the worker's log (WorkerView.stop_reason)
     message: str = ""  # its last error line: why it failed or crashed (peerctl status)
     traceback: tuple[str, ...] = ()  # the last lines of its last traceback, with `message`
     export_path: str = ""  # peerctl export: the file the worker should write its model to
@@ -226,10 +227,11 @@ class WorkerProcess:
             self.state = WorkerState.RUNNING
             self.message, self.traceback, self._run_message = "", (), ""
 
-    async def stop(self, drain: bool, drain_timeout_s: float = DRAIN_TIMEOUT_S) -> None:
-        """Drain: let the worker finish its round and leave. Otherwise stop it now."""
+    async def stop(self, drain: bool, drain_timeout_s: float = DRAIN_TIMEOUT_S,
+                   reason: str = "the operator asked") -> None:
+        """Drain: let the worker finish its round and leave (saying `reason`). Otherwise stop it now."""
         if drain and self.pid:
-            self.stop_requested = True
+            self.stop_requested, self.stop_reason = True, reason
             try:
                 await asyncio.wait_for(asyncio.shield(self._task), drain_timeout_s)
                 return
@@ -311,13 +313,13 @@ class LocalJob:
         """Stop (or drain) every worker of the job, together."""
         await asyncio.gather(*(w.stop(drain) for w in self.workers))
 
-    async def give_way(self) -> None:
+    async def give_way(self, reason: str) -> None:
         """The machine's owner needs it: a training worker drains (its round
         finished, its share handed on, as `peerctl leave --drain`); one that has
         not trained yet stops at once on SIGTERM, with nothing to hand on."""
         self.held = True
-        await asyncio.gather(*(w.stop(drain=w.progress.phase == "training", drain_timeout_s=GIVE_WAY_TIMEOUT_S)
-                               for w in self.workers))
+        await asyncio.gather(*(w.stop(drain=w.progress.phase == "training", drain_timeout_s=GIVE_WAY_TIMEOUT_S,
+                                      reason=reason) for w in self.workers))
 
 
 _ERROR_MSG = re.compile(rb'level=error .*?msg="(.*)"\s*$')

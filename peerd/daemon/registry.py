@@ -229,7 +229,7 @@ class JobRegistry:
         finished = [*self.membership.job_finished(name, fingerprint),
                     *(w.member for w in job.workers if w.state == WorkerState.FINISHED)]
         view = control_pb2.WorkerView(
-            peers=peers, members=members, stop=worker.stop_requested, settled=settled, export_path=worker.export_path,
+            peers=peers, members=members, stop=worker.stop_requested, stop_reason=worker.stop_reason, settled=settled, export_path=worker.export_path,
             finished=finished,
             speeds=[control_pb2.MemberSpeed(peer_id=p, samples_per_s=speeds.get(p, 0.0), data_samples=sizes.get(p, 0),
                                             progress=progress.get(p, 0.0), fixed_s=costs.get(p, (0.0, 0.0))[0],

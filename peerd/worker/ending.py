@@ -83,7 +83,7 @@ class JobEnd:
         await e.round_done(await e.rounds.finish_pending())  # the round in flight is this peer's last
         await e.rounds.leave_group()
         e.phase = "draining"
-        why = "the operator asked" if e.link.stop else "stopped by signal"
+        why = (e.link.stop_reason or "the operator asked") if e.link.stop else "stopped by signal"
         log.info("leaving at round %d: %s", e.round, why)
         await self._announce_leave()
         announced = time.monotonic()

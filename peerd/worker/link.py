@@ -42,6 +42,7 @@ class SupervisorLink:
         self.progresses: dict[str, float] = {}  # local data: the other members' counts of the job's epochs
         self.terms: dict[str, float] = {}  # local data: the members' terms of the job's clock (peerd.core.unionclock)
         self.stop = False
+        self.stop_reason = ""  # why the daemon asked it to leave (WorkerView.stop_reason)
         self.export_path = ""  # peerctl export asks for the model here
         self.settled = False  # the daemon's view can be trusted to show a running job
         self.finished: set[str] = set()  # members that reached the job's end
@@ -72,6 +73,7 @@ class SupervisorLink:
         self.progresses = {s.peer_id: s.progress for s in reply.speeds if s.progress > 0}
         self.terms = {s.peer_id: s.epochs_read for s in reply.speeds if s.epochs_read > 0}
         self.stop = self.stop or reply.stop
+        self.stop_reason = self.stop_reason or reply.stop_reason
         self.export_path = reply.export_path
         self.settled = reply.settled
         self.finished = set(reply.finished)

@@ -146,7 +146,7 @@ class PeerEndpoint(_message.Message):
     def __init__(self, peer_id: _Optional[str] = ..., address: _Optional[str] = ..., locality: _Optional[str] = ..., daemon: _Optional[str] = ...) -> None: ...
 
 class WorkerView(_message.Message):
-    __slots__ = ("peers", "stop", "members", "settled", "speeds", "export_path", "finished")
+    __slots__ = ("peers", "stop", "members", "settled", "speeds", "export_path", "finished", "stop_reason")
     PEERS_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
@@ -154,6 +154,7 @@ class WorkerView(_message.Message):
     SPEEDS_FIELD_NUMBER: _ClassVar[int]
     EXPORT_PATH_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
+    STOP_REASON_FIELD_NUMBER: _ClassVar[int]
     peers: _containers.RepeatedCompositeFieldContainer[PeerEndpoint]
     stop: bool
     members: _containers.RepeatedScalarFieldContainer[str]
@@ -161,7 +162,8 @@ class WorkerView(_message.Message):
     speeds: _containers.RepeatedCompositeFieldContainer[MemberSpeed]
     export_path: str
     finished: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, peers: _Optional[_Iterable[_Union[PeerEndpoint, _Mapping]]] = ..., stop: _Optional[bool] = ..., members: _Optional[_Iterable[str]] = ..., settled: _Optional[bool] = ..., speeds: _Optional[_Iterable[_Union[MemberSpeed, _Mapping]]] = ..., export_path: _Optional[str] = ..., finished: _Optional[_Iterable[str]] = ...) -> None: ...
+    stop_reason: str
+    def __init__(self, peers: _Optional[_Iterable[_Union[PeerEndpoint, _Mapping]]] = ..., stop: _Optional[bool] = ..., members: _Optional[_Iterable[str]] = ..., settled: _Optional[bool] = ..., speeds: _Optional[_Iterable[_Union[MemberSpeed, _Mapping]]] = ..., export_path: _Optional[str] = ..., finished: _Optional[_Iterable[str]] = ..., stop_reason: _Optional[str] = ...) -> None: ...
 
 class MemberSpeed(_message.Message):
     __slots__ = ("peer_id", "samples_per_s", "data_samples", "progress", "fixed_s", "per_sample_s", "epochs_read")
