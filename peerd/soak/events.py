@@ -77,7 +77,7 @@ def _act(soak: Soak, e: sch.Event) -> str:
             raise Unsupported("this build's daemon config has no `slowdown`")
         peer.stop()
         peer.slowdown = e.factor
-        peer.write_config(soak.realm, soak.slowdown_key, soak.data_config(peer.index), soak.discovery())
+        peer.write_config(soak.realm, soak.slowdown_key, soak.data_config(peer.index), discovery=soak.discovery())
         peer.start()
         peer.wait_ready()
         return f"daemon restarted with slowdown {e.factor:g}"

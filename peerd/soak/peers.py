@@ -64,7 +64,7 @@ class SoakPeer:
     def client(self, timeout_s: float = CLIENT_TIMEOUT_S) -> ControlClient:
         return ControlClient(self.socket, timeout_s=timeout_s)
 
-    def write_config(self, realm: str, slowdown_key: str | None, extra: str = "",
+    def write_config(self, realm: str, slowdown_key: str | None, extra: str = "", *,
                      worker: dict[str, object] | None = None, discovery: dict[str, int] | None = None) -> None:
         """`extra`: more tables (TOML), e.g. a local-data job's [data] and [auth];
         `worker`: more [worker] settings, as TOML values; `discovery`: more

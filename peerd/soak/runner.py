@@ -119,7 +119,7 @@ class Soak:
                         slowdown=s.slowdowns[index % len(s.slowdowns)] if self.slowdown_key and s.slowdowns else 1.0,
                         rate_mbit=rate if self.net.shaped else 0.0)
         peer.dir.mkdir(parents=True, exist_ok=True)
-        peer.write_config(self.realm, self.slowdown_key, self.data_config(index), self.discovery())
+        peer.write_config(self.realm, self.slowdown_key, self.data_config(index), discovery=self.discovery())
         with self._lock:
             self.peers[index] = peer
         return peer
