@@ -6,8 +6,11 @@ For each N and mode it starts N real daemons with no jobs (peerd.cluster.LocalCl
 and measures: seconds from the last daemon answering its control socket until every
 daemon's view holds the other N - 1; each daemon's CPU (% of one core, from
 /proc/PID/stat), RSS and Hellos sent and answered a second (its /metrics) over a
-fixed idle window; with --kill, seconds from a `kill -9` of one daemon until every
-other view has dropped it, and from its restart until every view holds it again.
+fixed idle window; with --join, the seconds from `peerctl join NAME` on one daemon
+to its worker's first step, joining the example job that another daemon trains,
+with the other N - 2 idle around them; with --kill, seconds from a `kill -9` of one
+daemon until every other view has dropped it, and from its restart until every view
+holds it again.
 --paper and --spread measure no daemons: the per-Hello work of a large view in this
 process, and a model of the gossip rule's spread. Modes: `mesh` (a Hello to every known
 peer each interval: [discovery] full_mesh_max set above N) and `gossip` (the
@@ -17,6 +20,7 @@ also on errors or Ctrl+C.
 
     .venv/bin/python bench/controlplane.py --sizes 8,16,32 --window 30 --settle 20 --kill
     .venv/bin/python bench/controlplane.py --sizes 64 --window 30 --settle 20 --kill --timeout 150
+    .venv/bin/python bench/controlplane.py --sizes 8,16,32 --modes gossip --window 10 --join
     .venv/bin/python bench/controlplane.py --paper 64,1000
     .venv/bin/python bench/controlplane.py --spread 64,256,1000
 """
@@ -31,10 +35,10 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness.cluster import poll_until
+from harness.cluster import FIRST_STEP, job_status, join_by_name, poll_until, stamp_of, wait_job_seen
 from harness.output import md_row, md_table, write_json
 from harness.script import arg_parser, names, numbers, run_dir, run_main
-from peerd.cluster import LocalCluster
+from peerd.cluster import LocalCluster, default_job, job_with
 from peerd.errors import PeerdError
 
 MODES = {"mesh": {"full_mesh_max": 100_000}, "gossip": {}}
@@ -119,6 +123,22 @@ def kill_and_restart(cluster, timeout_s: float) -> dict:
     return {"detect_s": detect, "rejoin_s": rejoin}
 
 
+def join_time(cluster, timeout_s: float) -> dict:
+    """peer-0 trains the example job; peer-1 joins it by name: seconds to its first step."""
+    donor, late = cluster.peers[0], cluster.peers[1]
+    with cluster.client(donor) as c:
+        c.join(job_with(default_job(), job={"name": "cp-join", "epochs": 100, "eval_every_rounds": 1000}))
+    poll_until(lambda: (j := job_status(cluster, donor, "cp-join")) is not None and j.progress.round >= 1,
+               timeout_s, "the donor to train")
+    wait_job_seen(lambda: cluster.client(late), "cp-join", timeout_s)
+    started, log = join_by_name(lambda: cluster.client(late), late.dir, "cp-join", timeout_s)
+    first = stamp_of(log, FIRST_STEP) - started
+    for peer in (donor, late):
+        with cluster.client(peer) as c:
+            c.leave("cp-join")
+    return {"join_s": first}
+
+
 def one_case(n: int, mode: str, opts, out: Path) -> dict:
     settings = lambda peer: {"discovery": dict(MODES[mode])}  # noqa: E731
     row: dict = {"n": n, "mode": mode}
@@ -135,6 +155,8 @@ def one_case(n: int, mode: str, opts, out: Path) -> dict:
         row.update(idle(cluster, opts.window))
         after = views(cluster, cluster.peers)
         row["complete_after"] = sum(v == n - 1 for v in after)
+        if opts.join:
+            row.update(join_time(cluster, opts.timeout))
         if opts.kill and row["complete_s"] == row["complete_s"]:
             row.update(kill_and_restart(cluster, opts.timeout))
     del row["start_s"]
@@ -206,7 +228,8 @@ def spread(n: int, fanout: int = 3, rounds: int = 60, seed: int = 0) -> int:
 
 HEAD = ("N", "mode", "views complete (s)", "idle CPU % of a core, mean (max)", "Hellos sent + answered /s",
         "RSS MB, mean (max)",
-        "complete after the window", "kill -9 → out of every view (s)", "restart → in every view (s)")
+        "complete after the window", "join → first step (s)", "kill -9 → out of every view (s)",
+        "restart → in every view (s)")
 
 
 def cells(r: dict) -> list[str]:
@@ -214,7 +237,7 @@ def cells(r: dict) -> list[str]:
     complete = f("complete_s") if r["complete_s"] == r["complete_s"] else f"> timeout (fewest {r['fewest']})"
     return [r["n"], r["mode"], complete, f"{r['cpu_mean']:.2f} ({r['cpu_max']:.2f})", f"{r['hellos_per_s']:.1f}",
             f"{r['rss_mean']:.0f} ({r['rss_max']:.0f})", f"{r['complete_after']}/{r['n']}",
-            f("detect_s"), f("rejoin_s")]
+            f("join_s", "{:.2f}"), f("detect_s"), f("rejoin_s")]
 
 
 def parse_args(argv: list[str] | None = None):
@@ -224,6 +247,7 @@ def parse_args(argv: list[str] | None = None):
     parser.add_argument("--window", type=float, default=30.0, help="idle window, seconds")
     parser.add_argument("--settle", type=float, default=5.0, help="seconds after complete views before it")
     parser.add_argument("--timeout", type=float, default=180.0, help="bound on each wait, seconds")
+    parser.add_argument("--join", action="store_true", help="then time a join by name to its first step")
     parser.add_argument("--kill", action="store_true", help="then kill -9 one daemon and restart it")
     parser.add_argument("--paper", default="", help="only time the per-Hello work of a gossiping view of "
                         "these sizes (e.g. 64,1000) in this process, and exit")
