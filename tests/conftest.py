@@ -55,6 +55,12 @@ def first_jobs(cluster, peers=None) -> list:
     return [cluster.client(p).status().jobs[0] for p in (cluster.peers if peers is None else peers)]
 
 
+def round_of(cluster, peer) -> int:
+    """The round of a peer's first job as its daemon reports it (0 before it has one)."""
+    jobs = cluster.client(peer).status().jobs
+    return jobs[0].progress.round if jobs else 0
+
+
 async def until(predicate: Callable[[], object], what: str, timeout_s: float = 20.0):
     """The in-process twin of wait_for: poll without blocking the event loop."""
     deadline = time.monotonic() + timeout_s

@@ -21,7 +21,7 @@ from peerd.examples.mnist import make_model
 from peerd.jobspec import parse_job
 from peerd.worker.train.trainer import init_seed
 
-from conftest import all_finished, example_job, first_jobs, peerctl, wait_for
+from conftest import all_finished, example_job, first_jobs, peerctl, round_of, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -179,11 +179,8 @@ def test_a_late_joiner_takes_the_state_from_the_running_peers(local_cluster):
     for peer in (first, second):
         cluster.client(peer).join(text)
 
-    def round_of(peer):
-        jobs = cluster.client(peer).status().jobs
-        return jobs[0].progress.round if jobs else 0
-
-    wait_for(lambda: min(round_of(first), round_of(second)) >= 40, 120, "the first two peers to train 40 rounds")
+    wait_for(lambda: min(round_of(cluster, first), round_of(cluster, second)) >= 40, 120,
+             "the first two peers to train 40 rounds")
     # peerctl peers shows each peer's state and, per job, its phase, round, LR and global
     # batch, as of that peer's last Hello (which may be a second behind: polled).
     def peer_1_seen():

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from conftest import all_finished, example_job, first_jobs, wait_for
+from conftest import all_finished, example_job, first_jobs, round_of, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -23,11 +23,8 @@ def test_the_int8_wire_trains_with_a_late_joiner_and_ends_in_one_model(local_clu
     for peer in (first, second):
         cluster.client(peer).join(text)
 
-    def round_of(peer):
-        jobs = cluster.client(peer).status().jobs
-        return jobs[0].progress.round if jobs else 0
-
-    wait_for(lambda: min(round_of(first), round_of(second)) >= 20, 120, "the first two peers to train 20 rounds")
+    wait_for(lambda: min(round_of(cluster, first), round_of(cluster, second)) >= 20, 120,
+             "the first two peers to train 20 rounds")
     cluster.client(late).join_by_name("narrow")
     jobs = wait_for(lambda: all_finished(first_jobs(cluster)), 300, "all three to finish")
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import all_finished, first_jobs, peerctl, wait_for
+from conftest import all_finished, first_jobs, peerctl, round_of, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -51,11 +51,8 @@ def test_a_batchnorm_adamw_bf16_job_with_a_late_joiner(local_cluster, tmp_path):
     for peer in (first, second):
         cluster.client(peer).join(JOB, str(JOBCODE))
 
-    def round_of(peer):
-        jobs = cluster.client(peer).status().jobs
-        return jobs[0].progress.round if jobs else 0
-
-    wait_for(lambda: min(round_of(first), round_of(second)) >= 30, 120, "the first two peers to train 30 rounds")
+    wait_for(lambda: min(round_of(cluster, first), round_of(cluster, second)) >= 30, 120,
+             "the first two peers to train 30 rounds")
     cluster.client(late).join(JOB, str(JOBCODE))
 
     # peerctl export: the model of now, loadable by plain PyTorch, while the job runs.

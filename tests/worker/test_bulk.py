@@ -254,18 +254,25 @@ async def test_a_fetch_cancelled_twice_still_stops_its_reader_before_returning()
     client = BulkClient()
     try:
         await store.publish(1, torch.ones(big))
-        for _ in range(5):
-            out = torch.full((big,), -1.0)
-            task = asyncio.ensure_future(client.fetch("127.0.0.1", port, _request(1, 0), out, 30.0))
-            while out[0] != 1.0 and not task.done():  # the reader is filling it
-                await asyncio.sleep(0)
-            task.cancel()
-            await asyncio.sleep(0)
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            seen = out.clone()
-            await asyncio.sleep(0.2)
-            assert torch.equal(out, seen), "the reader wrote into the buffer after the fetch returned"
+        await cancel_twice_mid_segment(client, port, big, times=5)
     finally:
         await client.aclose()
         await server.close()
+
+
+async def cancel_twice_mid_segment(client, port: int, numel: int, times: int) -> None:
+    """Fetch segment 0 of round 1 (all ones) and cancel it twice while its
+    reader is filling the buffer; then check nothing is written after the
+    fetch has returned."""
+    for _ in range(times):
+        out = torch.full((numel,), -1.0)
+        task = asyncio.ensure_future(client.fetch("127.0.0.1", port, _request(1, 0), out, 30.0))
+        while out[0] != 1.0 and not task.done():  # the reader is filling it
+            await asyncio.sleep(0)
+        task.cancel()
+        await asyncio.sleep(0)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        seen = out.clone()
+        await asyncio.sleep(0.2)
+        assert torch.equal(out, seen), "the reader wrote into the buffer after the fetch returned"

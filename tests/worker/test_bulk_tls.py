@@ -22,7 +22,7 @@ from peerd.worker.wire.stores import Identity, SegmentServer, SnapshotStore
 
 from certs import make_ca, material, needs_openssl
 from conftest import until
-from test_bulk import NUMEL, SEGMENTS, Lane, _request
+from test_bulk import NUMEL, SEGMENTS, Lane, _request, cancel_twice_mid_segment
 
 pytestmark = needs_openssl
 BIG = 1_500_003  # 6 MB: a segment of 3 MB is several TLS send pieces and ~200 records
@@ -238,17 +238,6 @@ async def test_under_tls_a_fetch_cancelled_mid_segment_stops_its_reader_before_r
         client = client_for(pki["client"])
         try:
             await lane.store.publish(1, torch.ones(big))
-            for _ in range(3):
-                out = torch.full((big,), -1.0)
-                task = asyncio.ensure_future(client.fetch("127.0.0.1", lane.port, _request(1, 0), out, 30.0))
-                while out[0] != 1.0 and not task.done():  # the reader is filling it
-                    await asyncio.sleep(0)
-                task.cancel()
-                await asyncio.sleep(0)
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-                seen = out.clone()
-                await asyncio.sleep(0.2)
-                assert torch.equal(out, seen), "the reader wrote into the buffer after the fetch returned"
+            await cancel_twice_mid_segment(client, lane.port, big, times=3)
         finally:
             await client.aclose()
