@@ -102,7 +102,6 @@ def parse_config(data: dict, source: str) -> DaemonConfig:
     metrics, logging_, data = root.sub("metrics"), root.sub("log"), root.sub("data")
     availability = root.sub("availability")
     d = DaemonConfig()
-    positive = dict(check=lambda v: v > 0, expect="a number > 0")
     host = daemon.get("host", str, d.host, check=lambda v: v == AUTO or _is_ip(v),
                       expect='an IP address, or "auto" (picked when the daemon starts)')
     config = DaemonConfig(
@@ -113,35 +112,12 @@ def parse_config(data: dict, source: str) -> DaemonConfig:
         host=host,
         peer_port=daemon.get("peer_port", int, 0, check=lambda v: 0 <= v < 65536, expect="a port 0..65535"),
         locality=daemon.get("locality", str, ""),
-        realm=discovery.get("realm", str, d.realm, check=lambda v: 0 < len(v) <= 63 and v.isprintable(),
-                            expect="1-63 printable characters"),
-        interfaces=_interfaces(discovery, host),
-        hello_interval_s=discovery.get("hello_interval_s", float, d.hello_interval_s, **positive),
-        peer_timeout_s=discovery.get("peer_timeout_s", float, d.peer_timeout_s, **positive),
-        full_mesh_max=discovery.get("full_mesh_max", int, d.full_mesh_max, check=lambda v: v >= 1,
-                                    expect="an integer >= 1"),
-        fanout=discovery.get("fanout", int, d.fanout, check=lambda v: 1 <= v <= 64, expect="an integer 1..64"),
-        worker_threads=worker.get("threads", int, 1, check=lambda v: 1 <= v <= 256, expect="an integer 1..256"),
-        worker_devices=_devices(worker, source),
-        worker_standby=worker.get("standby", bool, d.worker_standby),
-        restart_backoff_s=worker.get("restart_backoff_s", float, d.restart_backoff_s, **positive),
-        restart_backoff_max_s=worker.get("restart_backoff_max_s", float, d.restart_backoff_max_s, **positive),
-        max_crashes=worker.get("max_crashes", int, d.max_crashes, check=lambda v: v >= 0,
-                               expect="an integer >= 0 (0: no limit)"),
-        crash_window_s=worker.get("crash_window_s", float, d.crash_window_s, **positive),
+        stop_timeout_s=daemon.get("stop_timeout_s", float, d.stop_timeout_s, **_POSITIVE),
+        **_discovery(discovery, d, host),
+        **_worker(worker, d, source),
         realm_secret_file=_path(auth, "realm_secret_file", source),
         job_secret_file=_path(auth, "job_secret_file", source),
         tls=_tls(tls, source),
-        slowdown=worker.get("slowdown", float, 1.0, check=lambda v: 1 <= v <= 1000,
-                            expect="a number in 1..1000 (a testing knob: 1 is full speed)"),
-        slowdown_clock=worker.get("slowdown_clock", str, d.slowdown_clock, check=lambda v: v in CLOCKS,
-                                  expect=f"one of {', '.join(repr(c) for c in CLOCKS)}"),
-        step_overhead_s=worker.get("step_overhead_s", float, 0.0, check=lambda v: 0 <= v <= 60,
-                                   expect="seconds in 0..60 (a testing knob: 0 is none)"),
-        stop_timeout_s=daemon.get("stop_timeout_s", float, d.stop_timeout_s, **positive),
-        zeroconf=discovery.get("zeroconf", bool, True),
-        seeds=tuple(discovery.get("seeds", list, [], check=lambda v: all(valid_address(x) for x in v),
-                                  expect='a list of "host:port" (an IP address, or "[v6]:port")')),
         metrics_host=metrics.get("host", str, d.metrics_host, check=_is_ip, expect="an IP address"),
         metrics_port=metrics.get("port", int, 0, check=lambda v: 0 <= v < 65536, expect="a port 0..65535 (0: off)"),
         log_format=logging_.get("format", str, "text", check=lambda v: v in LOG_FORMATS,
@@ -157,6 +133,46 @@ def parse_config(data: dict, source: str) -> DaemonConfig:
     if config.peer_timeout_s <= 2 * config.hello_interval_s:
         raise ConfigError(f"{source}: discovery.peer_timeout_s must exceed 2 × hello_interval_s")
     return config
+
+
+_POSITIVE = dict(check=lambda v: v > 0, expect="a number > 0")
+
+
+def _discovery(discovery: Table, d: DaemonConfig, host: str) -> dict:
+    """The [discovery] table's fields of DaemonConfig."""
+    return dict(
+        realm=discovery.get("realm", str, d.realm, check=lambda v: 0 < len(v) <= 63 and v.isprintable(),
+                            expect="1-63 printable characters"),
+        interfaces=_interfaces(discovery, host),
+        hello_interval_s=discovery.get("hello_interval_s", float, d.hello_interval_s, **_POSITIVE),
+        peer_timeout_s=discovery.get("peer_timeout_s", float, d.peer_timeout_s, **_POSITIVE),
+        full_mesh_max=discovery.get("full_mesh_max", int, d.full_mesh_max, check=lambda v: v >= 1,
+                                    expect="an integer >= 1"),
+        fanout=discovery.get("fanout", int, d.fanout, check=lambda v: 1 <= v <= 64, expect="an integer 1..64"),
+        zeroconf=discovery.get("zeroconf", bool, True),
+        seeds=tuple(discovery.get("seeds", list, [], check=lambda v: all(valid_address(x) for x in v),
+                                  expect='a list of "host:port" (an IP address, or "[v6]:port")')),
+    )
+
+
+def _worker(worker: Table, d: DaemonConfig, source: str) -> dict:
+    """The [worker] table's fields of DaemonConfig."""
+    return dict(
+        worker_threads=worker.get("threads", int, 1, check=lambda v: 1 <= v <= 256, expect="an integer 1..256"),
+        worker_devices=_devices(worker, source),
+        worker_standby=worker.get("standby", bool, d.worker_standby),
+        restart_backoff_s=worker.get("restart_backoff_s", float, d.restart_backoff_s, **_POSITIVE),
+        restart_backoff_max_s=worker.get("restart_backoff_max_s", float, d.restart_backoff_max_s, **_POSITIVE),
+        max_crashes=worker.get("max_crashes", int, d.max_crashes, check=lambda v: v >= 0,
+                               expect="an integer >= 0 (0: no limit)"),
+        crash_window_s=worker.get("crash_window_s", float, d.crash_window_s, **_POSITIVE),
+        slowdown=worker.get("slowdown", float, 1.0, check=lambda v: 1 <= v <= 1000,
+                            expect="a number in 1..1000 (a testing knob: 1 is full speed)"),
+        slowdown_clock=worker.get("slowdown_clock", str, d.slowdown_clock, check=lambda v: v in CLOCKS,
+                                  expect=f"one of {', '.join(repr(c) for c in CLOCKS)}"),
+        step_overhead_s=worker.get("step_overhead_s", float, 0.0, check=lambda v: 0 <= v <= 60,
+                                   expect="seconds in 0..60 (a testing knob: 0 is none)"),
+    )
 
 
 def _availability(table: Table) -> Availability:
