@@ -62,14 +62,14 @@ def one_run(out: Path, text: str, pause: tuple[float, float] | None, limit_s: fl
                                for p in cluster.peers), limit_s, "the three peers to train", interval_s=0.2)
         started, row = time.monotonic(), {"target": target, "target_s": None}
         if pause is not None:
-            poll_until(lambda: time.monotonic() - started >= pause[0] or _finished(cluster), limit_s, "the pause")
+            poll_until(lambda: time.monotonic() - started >= pause[0] or _finished(_poll(cluster, started, row)),
+                       limit_s, "the pause")
             asked = time.monotonic()
             with cluster.client(cluster.peers[PAUSED]) as c:
                 c.pause(for_s=pause[1])
             row["left_s"] = time.monotonic() - asked
             row["back_s"] = _back(cluster, asked + pause[1], started, limit_s, row)
-        poll_until(lambda: _track(cluster, started, row) and _finished(cluster), limit_s, "every peer to finish",
-                   interval_s=0.5)
+        poll_until(lambda: _finished(_poll(cluster, started, row)), limit_s, "every peer to finish", interval_s=0.5)
         row["finish_s"] = time.monotonic() - started
         final = [job_status(cluster, p, JOB) for p in cluster.peers]
         row["consensus_accuracy"] = dict(final[0].progress.metrics).get("consensus_accuracy", float("nan"))
@@ -78,11 +78,9 @@ def one_run(out: Path, text: str, pause: tuple[float, float] | None, limit_s: fl
 
 def _back(cluster, resumes_at: float, started: float, limit_s: float, row: dict) -> float:
     """Seconds from the pause's end to the paused peer training again."""
-    peer = cluster.peers[PAUSED]
 
     def training() -> bool:
-        _track(cluster, started, row)
-        job = job_status(cluster, peer, JOB)
+        job = _poll(cluster, started, row)[PAUSED]
         return time.monotonic() >= resumes_at and job is not None and job.state == "running" \
             and job.progress.phase == "training"
 
@@ -90,21 +88,18 @@ def _back(cluster, resumes_at: float, started: float, limit_s: float, row: dict)
     return time.monotonic() - resumes_at
 
 
-def _track(cluster, started: float, row: dict) -> bool:
-    """Note the first time a training peer's evaluation reached the target."""
-    if row["target_s"] is None:
-        for p in cluster.peers:
-            job = job_status(cluster, p, JOB)
-            if job is not None and job.progress.metric >= row["target"]:
-                row["target_s"] = time.monotonic() - started
-                break
-    return True
-
-
-def _finished(cluster) -> bool:
+def _poll(cluster, started: float, row: dict) -> list:
+    """Each peer's job status, read once per poll; notes the first time a peer's
+    evaluation reached the target and stops the run when a worker failed."""
     jobs = [job_status(cluster, p, JOB) for p in cluster.peers]
     if any(j is not None and j.state == "failed" for j in jobs):
         raise SystemExit(f"a worker failed; logs under {cluster.out}")
+    if row["target_s"] is None and any(j is not None and j.progress.metric >= row["target"] for j in jobs):
+        row["target_s"] = time.monotonic() - started
+    return jobs
+
+
+def _finished(jobs: list) -> bool:
     return all(j is not None and j.state == "finished" for j in jobs)
 
 
