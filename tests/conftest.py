@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 from pytest_asyncio import is_async_test
 
 from peerd.cluster import LocalCluster, default_job, job_with
@@ -23,6 +24,14 @@ from peerd.daemon.app import Daemon
 from peerd.soak.netns import made_here
 
 REPO = Path(__file__).resolve().parents[1]
+
+# Property tests draw the same examples on every run ("ci", the default), so a
+# run passes or fails for the code, not for the draw, and with no deadline per
+# example (a busy machine is not a failure); PEERD_HYPOTHESIS=explore draws new
+# ones each run, to look for counterexamples (pin what it finds with @example).
+hypothesis_settings.register_profile("ci", derandomize=True, database=None, deadline=None)
+hypothesis_settings.register_profile("explore", max_examples=1000, deadline=None)
+hypothesis_settings.load_profile(os.environ.get("PEERD_HYPOTHESIS", "ci"))
 
 
 def example_job(**tables: dict[str, object]) -> str:
