@@ -10,7 +10,7 @@ import pytest
 
 from peerd.auth import Authenticator, load_secret, new_secret_file
 from peerd.core.bundle import Limits, digest, unpack
-from peerd.errors import PeerUnavailable, Unauthenticated
+from peerd.errors import ConfigError, PeerUnavailable, Unauthenticated
 from peerd.proto.v1 import peer_pb2
 
 from conftest import until
@@ -101,3 +101,14 @@ async def test_a_job_whose_code_came_from_peers_resumes_from_the_store_checked_a
     del b.registry.jobs["held"]
     await b._rejoin(job_dir, "resumed")
     assert "held" not in b.registry.jobs
+
+
+async def test_a_join_refused_after_its_code_is_bundled_leaves_nothing_in_the_store(daemons, lab):
+    # A local-data job without a job secret is refused by the data check, which
+    # runs after the bundle is made: the store must not keep it.
+    a = await daemons("alpha")
+    text = job_text("local", secret=False) + 'data_mode = "local"\n'
+    with pytest.raises(ConfigError, match="needs a job secret"):
+        a.registry.join(text, str(lab), start=False)
+    assert "local" not in a.registry.jobs
+    assert not a.registry.code.root.exists() or list(a.registry.code.root.iterdir()) == []
