@@ -155,7 +155,9 @@ class CodeStore:
             path = fresh / check_name(name)
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(data)
-        old = self.root / f".old-{code[:12]}-{os.getpid()}"
+        # Moved aside under a name of its own (rename replaces an empty directory):
+        # a fixed name left behind by a crash would block every later rewrite.
+        old = Path(tempfile.mkdtemp(prefix=f".old-{code[:12]}-", dir=self.root))
         if target.exists():
             target.rename(old)
         fresh.rename(target)

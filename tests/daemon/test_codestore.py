@@ -97,3 +97,19 @@ def test_the_store_keeps_a_verified_bundle_and_rewrites_a_changed_copy(lab, tmp_
     assert not store.has(code)
     with pytest.raises(ConfigError, match="is refused: the bundle's sha256"):
         store.materialize(code)
+
+
+def test_a_rewrite_interrupted_before_it_cleaned_up_does_not_block_the_next(lab, tmp_path):
+    # A daemon killed mid-rewrite leaves the moved-aside copy behind; a later
+    # daemon with the same pid (a container's) must still rewrite the files.
+    store = CodeStore(tmp_path / "store")
+    spec = parse_job(job(module="mylab.models"), "j")
+    bundle = store.build(spec, str(lab), None)
+    code = digest(bundle)
+    store.hold(bundle)
+    run_dir = store.materialize(code)
+    left = store.root / f".old-{code[:12]}-{os.getpid()}"
+    (left / "mylab").mkdir(parents=True)
+    (left / "mylab" / "models.py").write_text("stale\n")
+    (run_dir / "mylab" / "models.py").write_text("changed\n")
+    assert (store.materialize(code) / "mylab" / "models.py").read_text() == "def make_model(): ...\n"
