@@ -132,3 +132,19 @@ async def test_the_code_shown_before_the_confirmation_is_where_the_notice_says(d
     assert reply.source == "fetched" and reply.path
     assert (Path(reply.path) / "heldjob.py").read_text() == MODULE
     assert sorted(p.name for p in Path(reply.path).iterdir()) == sorted(reply.files)
+
+
+async def test_a_peer_that_left_the_view_is_skipped_when_the_spec_is_asked(daemons, lab):
+    # ByName.spec asks the job's peers in turn, awaiting each: one may leave the
+    # view meanwhile, and the next must be asked, not the join fail on it.
+    a = await daemons("alpha")
+    b = await daemons("beta", seeds=(a.peer_address,))
+    a.registry.join(job_text("held", secret=True), str(lab), start=False)
+    a.registry.jobs["held"].first.state = WorkerState.RUNNING  # advertised as running; no process started
+    await until(lambda: any(n == "held" for n, _ in b.membership.jobs()), "beta to see alpha's job")
+    with pytest.raises(PeerUnavailable, match="left the view"):
+        await b.hello.job_spec("gone", "held")
+    [(key, peers)] = [(k, p) for k, p in b.membership.jobs().items() if k[0] == "held"]
+    b.membership.jobs = lambda: {key: ["gone", *peers]}  # listed, then gone before it is asked
+    text, spec, _ = await b.by_name.spec("held")
+    assert spec.name == "held"
