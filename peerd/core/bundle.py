@@ -106,6 +106,11 @@ def unpack(data: bytes, expected: str, limits: Limits = Limits()) -> dict[str, b
             for member in tar:
                 if not member.isreg():
                     raise BundleRefused(f"bundle entry {member.name!r} is not a regular file", "form")
+                # A sparse member reads back as its claimed size, holes as zeros:
+                # a few bytes of tar could fill memory before the canonical check.
+                if member.type != tarfile.REGTYPE or member.sparse is not None:
+                    raise BundleRefused(f"bundle entry {member.name!r} is not a plain file (sparse or typed "
+                                        f"{member.type!r})", "form")
                 if len(files) >= limits.max_files:
                     raise BundleRefused(f"the bundle holds over {limits.max_files} files", "files")
                 name = check_name(member.name)

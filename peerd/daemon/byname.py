@@ -93,11 +93,12 @@ class ByName:
 
     async def fetch_code(self, name: str, spec_dir: str) -> control_pb2.FetchCodeReply:
         found = await self.find(name, spec_dir)
+        # The files the operator is asked about are there to read before the answer.
+        path = str(self.store.materialize(found.spec.code)) if found.source in FROM_PEERS else ""
         return control_pb2.FetchCodeReply(
             name=name, spec_fingerprint=found.spec.fingerprint, code=found.spec.code, source=found.source,
             from_peer=found.origin.get("peer", ""), from_address=found.origin.get("address", ""),
-            files=found.files, size=found.size,
-            path=str(self.store.dir(found.spec.code)) if found.source in FROM_PEERS else "")
+            files=found.files, size=found.size, path=path)
 
     async def join(self, name: str, spec_dir: str, accept_code: str) -> JobSpec:
         """Join with the job's code where `find` puts it; code from peers only

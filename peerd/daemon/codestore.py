@@ -12,7 +12,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from peerd.core.bundle import BundleRefused, Limits, check_name, digest, pack, unpack
+from peerd.core.bundle import BundleRefused, Limits, check_name, digest, mib, pack, unpack
 from peerd.errors import ConfigError
 from peerd.jobspec import JobSpec
 
@@ -42,13 +42,14 @@ def travelling_paths(spec: JobSpec, spec_dir: str) -> list[str]:
     return list(dict.fromkeys(paths))
 
 
-def collect(spec: JobSpec, spec_dir: str, secret: Path | None) -> dict[str, bytes]:
+def collect(spec: JobSpec, spec_dir: str, secret: Path | None, limits: Limits = Limits()) -> dict[str, bytes]:
     """The files of the job's bundle, read from `spec_dir`; ConfigError when one
-    is missing, lies outside it, or is the job secret."""
+    is missing, lies outside it, or is the job secret; BundleRefused, before
+    anything is read, when they are over `limits` (data in a package's directory)."""
     if not spec_dir:
         return {}
     root = Path(spec_dir).resolve()
-    files: dict[str, bytes] = {}
+    found: dict[str, Path] = {}
     for listed in travelling_paths(spec, spec_dir):
         path = root / listed
         if not path.exists():
@@ -59,11 +60,21 @@ def collect(spec: JobSpec, spec_dir: str, secret: Path | None) -> dict[str, byte
         for file in _files_under(path):
             if not file.resolve().is_relative_to(root):
                 raise ConfigError(f"the job's file {file} leads outside the job's directory {root}: it cannot travel")
-            files[file.relative_to(root).as_posix()] = file.read_bytes()
-    if secret is not None and any((root / name).resolve() == secret.resolve() for name in files):
+            found[file.relative_to(root).as_posix()] = file
+    if secret is not None and any((root / name).resolve() == secret.resolve() for name in found):
         raise ConfigError(f"the job secret {secret} would travel with the job's code: keep it out of [job] files "
                           "and the job's package")
-    return files
+    _check_sizes(found, limits)
+    return {name: file.read_bytes() for name, file in found.items()}
+
+
+def _check_sizes(found: dict[str, Path], limits: Limits) -> None:
+    """pack's limits, from the files' sizes: a large file is refused unread."""
+    if len(found) > limits.max_files:
+        raise BundleRefused(f"the job's code is {len(found)} files, over the limit of {limits.max_files}", "files")
+    content = sum(file.stat().st_size for file in found.values())
+    if content > limits.max_bytes:
+        raise BundleRefused(f"the job's code is {mib(content)}, over the limit of {mib(limits.max_bytes)}", "size")
 
 
 def _files_under(path: Path) -> list[Path]:
@@ -95,10 +106,10 @@ class CodeStore:
 
     def build(self, spec: JobSpec, spec_dir: str, secret: Path | None) -> bytes:
         """The bundle of the job's code in `spec_dir`; b"" when nothing of it travels."""
-        files = collect(spec, spec_dir, secret)
-        if not files:
-            return b""
         try:
+            files = collect(spec, spec_dir, secret, self.limits)
+            if not files:
+                return b""
             return pack(files, self.limits)
         except BundleRefused as exc:
             raise ConfigError(f"job {spec.name!r}: {exc} (it travels to the peers that join by name; keep data "
@@ -155,7 +166,9 @@ class CodeStore:
             path = fresh / check_name(name)
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(data)
-        old = self.root / f".old-{code[:12]}-{os.getpid()}"
+        # Moved aside under a name of its own (rename replaces an empty directory):
+        # a fixed name left behind by a crash would block every later rewrite.
+        old = Path(tempfile.mkdtemp(prefix=f".old-{code[:12]}-", dir=self.root))
         if target.exists():
             target.rename(old)
         fresh.rename(target)

@@ -209,6 +209,8 @@ class HelloClient:
     async def job_spec(self, peer_id: str, name: str) -> peer_pb2.JobSpecReply:
         """The spec of job `name` as `peer_id` has it (a member of the view)."""
         record = self.membership.get(peer_id)
+        if record is None:  # expired or withdrawn since the caller listed it
+            raise PeerUnavailable(f"peer {peer_id} left the view")
         return await self._peers.call(
             self._channel(record.address), GET_JOB_SPEC, peer_pb2.JobSpecRequest(name=name),
             peer_pb2.JobSpecReply, HELLO_TIMEOUT_S)

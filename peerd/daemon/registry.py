@@ -80,9 +80,9 @@ class JobRegistry:
         secret_file = spec.secret_path(spec_dir) or self.config.job_secret_file
         spec_toml, spec, code_dir, bundle = self._code(spec_toml, spec, spec_dir, secret_file, fetched)
         self._check_joinable(spec, secret_file)
-        if bundle:
-            self.code.hold(bundle)
         data_root = check_local_job(spec, spec_dir, secret_file, self.config.data_root)
+        if bundle:  # kept once every check passed: a refused join leaves nothing in the store
+            self.code.hold(bundle)
         tensorboard = spec.tensorboard_dir(spec_dir) or self.config.tensorboard  # the job's own wins
         job_dir = self.config.state_dir / "jobs" / spec.name
         job_dir.mkdir(parents=True, exist_ok=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import tarfile
+import tracemalloc
 
 import pytest
 
@@ -125,3 +126,25 @@ def test_size_and_count_limits_are_enforced_with_the_figures():
     with pytest.raises(BundleRefused, match="over 2 files"):
         data = pack({"a": b"", "b": b"", "c": b""})
         unpack(data, digest(data), Limits(max_files=2))
+
+
+def test_a_sparse_member_is_refused_before_its_claimed_size_is_read():
+    # A few KiB of tar whose one member claims 64 MiB of holes: read back, the
+    # holes become zeros in memory, far past the bundle's own size limit.
+    claimed = 64 << 20
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("a.py")
+        info.pax_headers = {"GNU.sparse.map": "0,4", "GNU.sparse.size": str(claimed), "GNU.sparse.name": "a.py"}
+        info.size = 4
+        tar.addfile(info, io.BytesIO(b"x=1\n"))
+    data = out.getvalue()
+    tracemalloc.start()
+    try:
+        with pytest.raises(BundleRefused) as refused:
+            unpack(data, digest(data), Limits(max_bytes=1 << 20))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert refused.value.reason == "form"
+    assert peak < claimed // 8

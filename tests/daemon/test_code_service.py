@@ -5,12 +5,14 @@ ranges, and refusals for another secret, a job held without one, another code.""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from peerd.auth import Authenticator, load_secret, new_secret_file
 from peerd.core.bundle import Limits, digest, unpack
-from peerd.errors import PeerUnavailable, Unauthenticated
+from peerd.core.codes import WorkerState
+from peerd.errors import ConfigError, PeerUnavailable, Unauthenticated
 from peerd.proto.v1 import peer_pb2
 
 from conftest import until
@@ -101,3 +103,48 @@ async def test_a_job_whose_code_came_from_peers_resumes_from_the_store_checked_a
     del b.registry.jobs["held"]
     await b._rejoin(job_dir, "resumed")
     assert "held" not in b.registry.jobs
+
+
+async def test_a_join_refused_after_its_code_is_bundled_leaves_nothing_in_the_store(daemons, lab):
+    # A local-data job without a job secret is refused by the data check, which
+    # runs after the bundle is made: the store must not keep it.
+    a = await daemons("alpha")
+    text = job_text("local", secret=False) + 'data_mode = "local"\n'
+    with pytest.raises(ConfigError, match="needs a job secret"):
+        a.registry.join(text, str(lab), start=False)
+    assert "local" not in a.registry.jobs
+    assert not a.registry.code.root.exists() or list(a.registry.code.root.iterdir()) == []
+
+
+async def test_the_code_shown_before_the_confirmation_is_where_the_notice_says(daemons, lab, tmp_path):
+    # peerctl join NAME prints "stored in PATH" and asks: the files must be there
+    # to read before the operator answers (docs/operations.md, "Verified on arrival").
+    a = await daemons("alpha")
+    b = await daemons("beta", seeds=(a.peer_address,))
+    a.registry.join(job_text("held", secret=True), str(lab), start=False)
+    a.registry.jobs["held"].first.state = WorkerState.RUNNING  # advertised as running; no process started
+    await until(lambda: any(n == "held" for n, _ in b.membership.jobs()), "beta to see alpha's job")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "job.secret").write_bytes((lab / "job.secret").read_bytes())
+    (mine / "job.secret").chmod(0o600)
+    reply = await b.fetch_code("held", str(mine))
+    assert reply.source == "fetched" and reply.path
+    assert (Path(reply.path) / "heldjob.py").read_text() == MODULE
+    assert sorted(p.name for p in Path(reply.path).iterdir()) == sorted(reply.files)
+
+
+async def test_a_peer_that_left_the_view_is_skipped_when_the_spec_is_asked(daemons, lab):
+    # ByName.spec asks the job's peers in turn, awaiting each: one may leave the
+    # view meanwhile, and the next must be asked, not the join fail on it.
+    a = await daemons("alpha")
+    b = await daemons("beta", seeds=(a.peer_address,))
+    a.registry.join(job_text("held", secret=True), str(lab), start=False)
+    a.registry.jobs["held"].first.state = WorkerState.RUNNING  # advertised as running; no process started
+    await until(lambda: any(n == "held" for n, _ in b.membership.jobs()), "beta to see alpha's job")
+    with pytest.raises(PeerUnavailable, match="left the view"):
+        await b.hello.job_spec("gone", "held")
+    [(key, peers)] = [(k, p) for k, p in b.membership.jobs().items() if k[0] == "held"]
+    b.membership.jobs = lambda: {key: ["gone", *peers]}  # listed, then gone before it is asked
+    text, spec, _ = await b.by_name.spec("held")
+    assert spec.name == "held"

@@ -5,6 +5,7 @@ secret never, nothing outside the directory, the size limit stated."""
 from __future__ import annotations
 
 import os
+import tracemalloc
 
 import pytest
 
@@ -76,6 +77,24 @@ def test_a_bundle_over_the_limit_is_refused_at_build_with_its_size(lab, tmp_path
     assert not (tmp_path / "store").exists() or not list((tmp_path / "store").iterdir())
 
 
+def test_data_in_the_package_s_directory_is_refused_by_its_size_unread(lab, tmp_path):
+    # A data set kept inside the job's package travels with it; over the limit
+    # it must be refused from its size, not read into the daemon's memory first.
+    claimed = 128 << 20
+    with open(lab / "mylab" / "train.bin", "wb") as f:
+        f.truncate(claimed)  # sparse: no disk used
+    store = CodeStore(tmp_path / "store", Limits(max_bytes=1 << 20))
+    spec = parse_job(job(module="mylab.models"), "j")
+    tracemalloc.start()
+    try:
+        with pytest.raises(ConfigError, match=r"the job's code is 128\.0 MiB, over the limit of 1\.0 MiB"):
+            store.build(spec, str(lab), None)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < claimed // 8
+
+
 def test_the_store_keeps_a_verified_bundle_and_rewrites_a_changed_copy(lab, tmp_path):
     store = CodeStore(tmp_path / "store")
     spec = parse_job(job(module="mylab.models", files=["settings.json"]), "j")
@@ -97,3 +116,19 @@ def test_the_store_keeps_a_verified_bundle_and_rewrites_a_changed_copy(lab, tmp_
     assert not store.has(code)
     with pytest.raises(ConfigError, match="is refused: the bundle's sha256"):
         store.materialize(code)
+
+
+def test_a_rewrite_interrupted_before_it_cleaned_up_does_not_block_the_next(lab, tmp_path):
+    # A daemon killed mid-rewrite leaves the moved-aside copy behind; a later
+    # daemon with the same pid (a container's) must still rewrite the files.
+    store = CodeStore(tmp_path / "store")
+    spec = parse_job(job(module="mylab.models"), "j")
+    bundle = store.build(spec, str(lab), None)
+    code = digest(bundle)
+    store.hold(bundle)
+    run_dir = store.materialize(code)
+    left = store.root / f".old-{code[:12]}-{os.getpid()}"
+    (left / "mylab").mkdir(parents=True)
+    (left / "mylab" / "models.py").write_text("stale\n")
+    (run_dir / "mylab" / "models.py").write_text("changed\n")
+    assert (store.materialize(code) / "mylab" / "models.py").read_text() == "def make_model(): ...\n"

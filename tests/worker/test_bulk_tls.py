@@ -194,6 +194,22 @@ async def test_the_client_checks_the_lanes_certificate_as_grpc_does(pki, caplog,
             await client.aclose()
 
 
+async def test_a_refused_handshake_is_counted_once_however_many_fetches_waited_for_it(pki):
+    # Fetches of one partner and stage share one connection: when its handshake
+    # fails, that is one refusal, as the lane's own count has it.
+    async with TlsLane(pki["rogue-server"]) as lane:
+        await lane.store.publish(1, lane.vector)
+        client = client_for(pki["client"])
+        try:
+            outs = [torch.empty(lane.layout[s].size) for s in range(4)]
+            results = await asyncio.gather(*(client.fetch("127.0.0.1", lane.port, _request(1, s), outs[s], 3.0)
+                                             for s in range(4)), return_exceptions=True)
+            assert all(isinstance(r, PeerUnavailable) for r in results), results
+            assert client.tls_refusals.counts == {"tls": 1}
+        finally:
+            await client.aclose()
+
+
 # ---- the pipe under TLS: its reader thread sends the requests ------------------------------
 
 

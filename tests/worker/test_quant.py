@@ -59,6 +59,22 @@ def test_a_block_of_tiny_values_keeps_its_bound_where_absmax_over_127_underflows
     assert scales[0] > 0 and bool(((dequantise(scales, codes, BLOCK) - x).abs() <= scales[0] / 2).all())
 
 
+@pytest.mark.parametrize("units", [(48800, -36400), (1, 0), (3, 2), (5000, 77), (1 << 22, 12345), (1 << 30, 3)])
+def test_blocks_below_the_normal_range_are_idempotent_too(units):
+    # Values in units of 2^-149, fp32's least subnormal: where absmax / 127 is
+    # subnormal a 17-bit scale grid is coarse (48800 units: scale 512, largest
+    # code 95), and quantising the round trip again moved its values.
+    x = torch.zeros(BLOCK)
+    x[: len(units)] = torch.tensor([u * 2.0 ** -149 for u in units], dtype=torch.float64).float()
+    once = x.clone()
+    round_trip_(once)
+    twice = once.clone()
+    round_trip_(twice)
+    assert torch.equal(once, twice)
+    scales, codes = quantise(x)
+    assert bool(((dequantise(scales, codes, BLOCK) - x).abs() <= scales[0] / 2).all())
+
+
 def test_a_zero_block_is_exact_and_costs_no_division():
     x = torch.cat([torch.zeros(BLOCK), torch.full((BLOCK,), 127 / 32), torch.zeros(5)])
     scales, codes = quantise(x)

@@ -318,8 +318,7 @@ class BulkClient:
                 pipe = await self._pipe((host, port, request.stage))
         except TimeoutError:
             raise PeerUnavailable(f"{join_host_port(host, port)}: deadline exceeded connecting") from None
-        except HandshakeFailed as exc:
-            self.tls_refusals.record(join_host_port(host, port), "tls", exc.reason)
+        except HandshakeFailed as exc:  # counted once, by the connect its callers share
             raise PeerUnavailable(f"{join_host_port(host, port)}: {exc}") from None
         except OSError as exc:
             raise PeerUnavailable(f"{join_host_port(host, port)}: {exc}") from None
@@ -361,8 +360,10 @@ class BulkClient:
                 sock = self._tls.wrap_socket(sock, server_hostname=self._server_name or host,
                                              do_handshake_on_connect=False)
                 await handshake(sock)
-        except BaseException:
+        except BaseException as exc:
             sock.close()
+            if isinstance(exc, HandshakeFailed):
+                self.tls_refusals.record(join_host_port(host, port), "tls", exc.reason)
             raise
         pipe = self._pipes[key] = _Pipe(Stream(sock), stage_wire(stage, self._wire), self._auth)
         return pipe

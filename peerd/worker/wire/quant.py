@@ -12,7 +12,10 @@ The scale is absmax / 127 rounded up to 17 significant bits (never below it, so
 no value is clamped, also where absmax / 127 underflows). Then code × scale
 is exact in fp32 (7 + 17 bits), and quantising values already quantised gives
 back the same values: a value the owner rounded (a hierarchical
-round's stage 2) reaches its readers bit for bit as the owner holds it.
+round's stage 2) reaches its readers bit for bit as the owner holds it. Below
+fp32's normal range (absmax under 127 × 2^-126) that grid is too coarse for the
+largest code to stay 127, so the scale is the next power of two instead: the
+largest code is then 64..127 and quantising again keeps that scale.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ BLOCK = 256
 RECORD = BLOCK + 4
 LEVELS = 127
 _LOW_BITS = (1 << 7) - 1  # float32 mantissa bits dropped from a scale: 23 − 16
+_NORMAL_BITS = 1 << 23  # the bits of 2^-126, fp32's least normal number
 
 
 class NonFiniteValues(PeerUnavailable):
@@ -63,6 +67,14 @@ def _blocks(values: torch.Tensor) -> torch.Tensor:
     return padded.view(-1, BLOCK)
 
 
+def _next_power_of_two(bits: torch.Tensor) -> torch.Tensor:
+    """The least power of two ≥ each of `bits` (int32 in 0..2^30; 0 gives 0)."""
+    v = bits - 1
+    for shift in (1, 2, 4, 8, 16):
+        v = v | (v >> shift)
+    return v + 1
+
+
 def quantise(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(scales, codes) of a 1-D float32 tensor: one scale per block, codes int8
     (padded to whole blocks). NonFiniteValues if any value is NaN or ±inf."""
@@ -72,8 +84,12 @@ def quantise(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise NonFiniteValues("non-finite values cannot be quantised for the int8 wire")
     # absmax / 127 rounded up to 17 significant bits; one grid step more where the
     # division rounded down (127 × scale is exact, so the test is too).
-    bits = ((absmax / LEVELS).view(torch.int32) + _LOW_BITS) & ~_LOW_BITS
-    bits = torch.where(bits.view(torch.float32) * LEVELS < absmax, bits + _LOW_BITS + 1, bits)
+    raw = (absmax / LEVELS).view(torch.int32)
+    bits = (raw + _LOW_BITS) & ~_LOW_BITS
+    tiny = bits < _NORMAL_BITS  # a subnormal scale: a power of two (module docstring)
+    bits = torch.where(tiny, _next_power_of_two(raw), bits)
+    low = bits.view(torch.float32) * LEVELS < absmax
+    bits = torch.where(low, torch.where(tiny, (bits * 2).clamp_(min=1), bits + _LOW_BITS + 1), bits)
     scales = bits.view(torch.float32)
     safe = torch.where(scales > 0, scales, torch.ones_like(scales))  # a zero block: codes 0
     codes = torch.round(blocks / safe[:, None]).clamp_(-LEVELS, LEVELS).to(torch.int8)
