@@ -70,6 +70,18 @@ def consensus_timeout(wait_s: float, transfer_s: float, others: int) -> float:
     return max(wait_s, 0.0) + max(transfer_s, 0.0) * others
 
 
+# The longest a peer at the end waits for a member that its daemon still lists
+# in the job but whose final model has not come (still training: a newcomer
+# that started from a stale state, a slower machine). Leaving such a member out
+# would end the job with a different model on each peer.
+END_PATIENCE_S = 300.0
+
+
+def end_patience_s(timeout: float) -> float:
+    """How long the final exchange may wait in all for members still in the job."""
+    return max(timeout, END_PATIENCE_S)
+
+
 def describe(plan: ConsensusPlan, left_out: Iterable[str]) -> str:
     """A log line's account of the set: who was averaged and who was not."""
     out = sorted(left_out)

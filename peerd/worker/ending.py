@@ -13,10 +13,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from peerd.core.consensus import consensus_timeout
+from peerd.core.consensus import consensus_timeout, end_patience_s
 from peerd.core.lifecycle import Stage
 from peerd.jobspec import JobSpec
-from peerd.worker.state.consensus import Consensus, final_consensus
+from peerd.worker.state.consensus import Consensus, Patience, final_consensus
 from peerd.worker.state.finalmodel import FinalModel
 from peerd.worker.round.crossover import RoundResult
 from peerd.worker.link import SupervisorLink
@@ -117,10 +117,10 @@ class JobEnd:
         await asyncio.wait_for(self._settle(), CLOSE_TIMEOUT_S)
         if e.evaluate is not None:
             metrics = {**metrics, **await asyncio.to_thread(e.evaluate)}
-        limit = self.consensus_limit_s() + CLOSE_TIMEOUT_S
-        metrics = await asyncio.wait_for(self._conclude(metrics), limit)
+        patience = end_patience_s(self.consensus_limit_s())
+        metrics = await asyncio.wait_for(self._conclude(metrics, patience), patience + CLOSE_TIMEOUT_S)
         path = await asyncio.to_thread(self._write_model, metrics)
-        await asyncio.wait_for(self._finish(metrics, path), limit)
+        await asyncio.wait_for(self._finish(metrics, path), self.consensus_limit_s() + CLOSE_TIMEOUT_S)
 
     async def _settle(self) -> None:
         await self.engine.round_done(await self.engine.rounds.finish_pending())
@@ -132,10 +132,12 @@ class JobEnd:
         others = len(e.link.view.keys() - {e.me})
         return consensus_timeout(e.spec.gossip.deadline_ceiling_s, e.rounds.deadline.deadline(), others)
 
-    async def _conclude(self, metrics: dict[str, float]) -> dict[str, float]:
+    async def _conclude(self, metrics: dict[str, float], patience_s: float) -> dict[str, float]:
         """The job is done here: average the final models of the members still in
-        it, take the average as this peer's model, and return `metrics` (of its
-        own model) with the average's beside them, as consensus_<name>."""
+        it (waiting up to `patience_s` for those still training while their
+        daemons list them), take the average as this peer's model, and return
+        `metrics` (of its own model) with the average's beside them, as
+        consensus_<name>."""
         e = self.engine
         e.enter(Stage.CONCLUDING)
         e.phase = "consensus"
@@ -146,8 +148,9 @@ class JobEnd:
         peers = {p: a for p, a in e.link.view.items() if p != e.me}
         model = FinalModel(e.state)
         self._final_segments = len(model.layout(e.rounds.layout))
+        patience = Patience(lambda peer: bool(e.link.view.get(peer)), patience_s)  # its worker still serves
         self.consensus = c = await final_consensus(e.me, model, e.final, peers, e.rounds.layout,
-                                                   e.transport, self.consensus_limit_s())
+                                                   e.transport, self.consensus_limit_s(), patience)
         log.info("consensus at the end over %s: digest %s, own model %.3g%% from it, %.2fs", c.describe(),
                  c.digest, 100 * c.own_gap, c.seconds)
         theirs = metrics

@@ -9,11 +9,13 @@ import torch
 
 from peerd.core.segments import split_even
 from peerd.errors import InvalidMessage, RoundMismatch
-from peerd.worker.state.consensus import average_models
+from peerd.worker.state.consensus import Patience, average_models
 from peerd.worker.wire.server import start_exchange_server
 from peerd.worker.wire.stores import FINAL_STAGE, FinalStore, Identity, SegmentServer, SnapshotStore
 from peerd.worker.state.pull import StateBoard, StateServer
 from peerd.worker.wire.transport import GrpcTransport, MemoryTransport
+
+from conftest import until
 
 NUMEL = 10_007  # not a multiple of the segment or chunk size
 SEGMENTS = 5
@@ -31,9 +33,11 @@ class Member:
         self.server = SegmentServer(self.identity, self.store, SEGMENTS, CHUNK, wire=wire, final=self.final)
         self.layout = split_even(NUMEL, SEGMENTS)
 
-    async def conclude(self, addresses: dict[str, str], transport, timeout: float = 5.0):
+    async def conclude(self, addresses: dict[str, str], transport, timeout: float = 5.0,
+                       patience: Patience | None = None):
         await self.final.publish(self.vector)
-        return await average_models(self.id, self.vector, addresses, self.layout, transport, timeout)
+        return await average_models(self.id, self.vector, addresses, self.layout, transport, timeout,
+                                    patience=patience)
 
 
 def members(n: int, wire: str = "fp32") -> list[Member]:
@@ -93,6 +97,44 @@ async def test_a_peer_that_left_is_left_out_at_once_and_the_rest_agree():
     assert all("left the job" in r.left_out["p1"] for r in results)
     assert torch.equal(results[0].vector, results[1].vector)
     torch.testing.assert_close(results[0].vector, reference([group[0], group[2]]), rtol=1e-6, atol=1e-6)
+
+
+async def test_a_peer_still_serving_the_job_is_waited_for_past_each_tries_deadline():
+    """A member still training long after the others' end (a newcomer that started
+    from a stale state, a slower machine) is asked again while its daemon lists
+    it, so that every peer ends with the same model; one that its daemon stops
+    listing is left out then, not after the whole patience."""
+    group = members(4)
+    addresses, transports = in_memory(group)
+    transports["p0"] = counting = Counting(transports["p0"])
+    listed = {"p0", "p1", "p2", "p3"}
+    patience = Patience(lambda peer: peer in listed, 600.0)
+    early = [asyncio.create_task(m.conclude(addresses, transports[m.id], timeout=0.2, patience=patience))
+             for m in group[:2]]
+    # Each try of p0 and p1 ends after 0.2 s with p2 and p3 still training: they ask again.
+    await until(lambda: counting.tries.get("mem-p2", 0) >= 3 and counting.tries.get("mem-p3", 0) >= 3,
+                "p0 to have asked the members still training three times", timeout_s=60.0)
+    assert not any(t.done() for t in early)
+    listed.discard("p3")  # p3 left the job without a final model (its daemon no longer lists it)
+    late = await group[2].conclude(addresses, transports["p2"], timeout=5.0, patience=patience)
+    results = [*(await asyncio.gather(*early)), late]
+    assert [r.plan.members for r in results] == [("p0", "p1", "p2")] * 3
+    assert all("p3" in r.left_out for r in results)
+    assert all(torch.equal(r.vector, late.vector) for r in results)
+    torch.testing.assert_close(late.vector, reference(group[:3]), rtol=1e-6, atol=1e-6)
+
+
+class Counting:
+    """A transport that counts the tries at each address (its segment 0 asked for)."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.tries: dict[str, int] = {}
+
+    async def fetch_segment(self, address, round_, segment, out, timeout, stage=0):
+        if segment == 0:
+            self.tries[address] = self.tries.get(address, 0) + 1
+        await self.inner.fetch_segment(address, round_, segment, out, timeout, stage)
 
 
 async def test_a_peer_that_never_gets_there_costs_the_deadline_and_a_lone_peer_keeps_its_own():

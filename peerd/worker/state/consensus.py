@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -28,6 +29,8 @@ from peerd.worker.state.finalmodel import FinalModel, largest_ints
 from peerd.worker.state.modelfile import model_state
 from peerd.worker.wire.stores import FINAL_STAGE, FinalStore, SnapshotStore
 from peerd.worker.wire.transport import Transport
+
+RETRY_PAUSE_S = 0.5  # between a peer's tries at the end, while its daemon still lists it
 
 
 @dataclass
@@ -49,17 +52,29 @@ class Consensus:
         return describe(self.plan, self.left_out)
 
 
+@dataclass(frozen=True)
+class Patience:
+    """How long the end waits for a peer that has not sent its final model:
+    asked again while `present(peer)` (its daemon still lists it serving the
+    job: still training, or not answering yet), for at most `limit_s` in all
+    (docs/algorithms.md, "One model at the end")."""
+
+    present: Callable[[str], bool]
+    limit_s: float
+
+
 async def gather_models(
     transport: Transport, addresses: dict[str, str], layout: list[Span], timeout: float,
-    round_: int = 0, stage: int = FINAL_STAGE,
+    round_: int = 0, stage: int = FINAL_STAGE, patience: Patience | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Every peer's whole vector (all its segments, all peers concurrently),
-    under one deadline; a peer counts only if every segment arrived finite.
-    Returns the vectors and, for the others, why not."""
+    under one deadline (each try's, and in all without `patience`); a peer counts
+    only if every segment arrived finite. Returns the vectors and, for the
+    others, why not."""
     numel = layout[-1].stop if layout else 0
     buffers = {p: torch.empty(numel, dtype=torch.float32) for p in addresses}
 
-    async def one(peer: str) -> None:
+    async def whole(peer: str) -> None:
         buf, address = buffers[peer], addresses[peer]
         fetches = [asyncio.ensure_future(transport.fetch_segment(address, round_, s, buf[span.start : span.stop],
                                                                  timeout, stage)) for s, span in enumerate(layout)]
@@ -69,14 +84,24 @@ async def gather_models(
             for fetch in fetches:
                 fetch.cancel()
             await asyncio.gather(*fetches, return_exceptions=True)
-        if not finite_by_sum(buf):
+
+    async def one(peer: str) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(whole(peer), timeout)
+                break
+            except (PeerdError, TimeoutError):
+                if patience is None or not patience.present(peer):
+                    raise
+            await asyncio.sleep(RETRY_PAUSE_S)  # a refused connection answers at once: not a busy loop
+        if not finite_by_sum(buffers[peer]):
             raise InvalidMessage(f"{peer} sent non-finite values", "non_finite")
 
     tasks = {p: asyncio.ensure_future(one(p)) for p in addresses}
     done: set[asyncio.Future] = set()
     try:
         if tasks:
-            done, _ = await asyncio.wait(tasks.values(), timeout=timeout)
+            done, _ = await asyncio.wait(tasks.values(), timeout=patience.limit_s if patience else timeout)
     finally:  # the deadline, or this gather cancelled (a leave): no fetch outlives it, none unretrieved
         for task in tasks.values():
             task.cancel()
@@ -121,7 +146,7 @@ FINAL_MODELS = Models()
 
 async def average_models(
     me: str, own: torch.Tensor, addresses: dict[str, str], layout: list[Span], transport: Transport,
-    timeout: float, which: Models = FINAL_MODELS, int_tail: int = 0,
+    timeout: float, which: Models = FINAL_MODELS, int_tail: int = 0, patience: Patience | None = None,
 ) -> Consensus:
     """Pull the others' models (final ones, or one round's snapshots) and
     average them with `own` (a CPU fp32 copy of this peer's). The last
@@ -129,7 +154,7 @@ async def average_models(
     among the members, not a mean."""
     started = time.monotonic()
     others = {p: a for p, a in addresses.items() if p != me and a}
-    models, left_out = await gather_models(transport, others, layout, timeout, which.round, which.stage)
+    models, left_out = await gather_models(transport, others, layout, timeout, which.round, which.stage, patience)
     plan = plan_consensus(me, models)
     models[me] = own
     vector = own.clone() if plan.alone else exact_average(plan, models)
@@ -148,13 +173,15 @@ def relative_gap(own: torch.Tensor, mean: torch.Tensor, int_tail: int = 0) -> fl
 
 
 async def final_consensus(me: str, model: FinalModel, final: FinalStore, addresses: dict[str, str],
-                          gossip_layout: list[Span], transport: Transport, timeout: float) -> Consensus:
+                          gossip_layout: list[Span], transport: Transport, timeout: float,
+                          patience: Patience | None = None) -> Consensus:
     """The job is done here: publish this peer's final model (a CPU copy of
     its parameters and buffers) and average it with the others'."""
     own = model.vector()
     layout = model.layout(gossip_layout)
     await final.publish(own, layout)
-    return await average_models(me, own, addresses, layout, transport, timeout, int_tail=model.int_elems)
+    return await average_models(me, own, addresses, layout, transport, timeout, int_tail=model.int_elems,
+                                patience=patience)
 
 
 async def round_consensus(me: str, store: SnapshotStore, round_: int, vector: torch.Tensor,
