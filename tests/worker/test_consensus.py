@@ -222,3 +222,20 @@ async def test_a_gather_cancelled_midway_leaves_no_fetch_running_and_no_exceptio
     with pytest.raises(asyncio.CancelledError):
         await gather
     assert asyncio.all_tasks() - before - {asyncio.current_task()} == set()
+
+
+async def test_a_fetch_that_ends_cancelled_by_itself_leaves_that_peer_out_and_the_gather_goes_on():
+    """grpc.aio ends a call with CancelledError when its channel closes under it:
+    one partner's failure, not a cancellation of the end itself."""
+    from peerd.core.segments import split_even
+    from peerd.worker.state.consensus import gather_models
+
+    class ChannelClosed:
+        async def fetch_segment(self, address, round_, segment, out, timeout, stage=0):
+            if address == "gone":
+                raise asyncio.CancelledError()
+            out.fill_(1.0)
+
+    got, why = await gather_models(ChannelClosed(), {"a": "here", "b": "gone"}, split_even(8, 2), 5.0)
+    assert list(got) == ["a"] and torch.equal(got["a"], torch.ones(8))
+    assert why == {"b": "its transfer was cancelled"}

@@ -108,6 +108,9 @@ async def gather_models(
         await asyncio.gather(*tasks.values(), return_exceptions=True)
     got, why = {}, {}
     for peer, task in tasks.items():
+        if task in done and task.cancelled():  # grpc.aio cancels a call whose channel closed under it
+            why[peer] = "its transfer was cancelled"
+            continue
         exc = task.exception() if task in done else TimeoutError("deadline")
         if exc is None:
             got[peer] = buffers[peer]
