@@ -83,7 +83,8 @@ def _files_under(path: Path) -> list[Path]:
     found = []
     for folder, dirs, names in os.walk(path):
         dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS)
-        found += [Path(folder, n) for n in sorted(names) if not n.endswith(".pyc")]
+        # Regular files only: reading a FIFO would block the daemon's event loop.
+        found += [Path(folder, n) for n in sorted(names) if not n.endswith(".pyc") and Path(folder, n).is_file()]
     return found
 
 

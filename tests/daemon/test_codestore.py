@@ -45,6 +45,13 @@ def test_a_module_job_takes_its_package_whole_and_the_files_it_lists(lab):
     assert collect(parse_job(job(module="peerd.examples.mnist"), "j"), str(lab), None) == {}
 
 
+def test_a_fifo_in_the_package_is_passed_over_not_read(lab):
+    """Reading a FIFO blocks until someone writes to it: the daemon would hang."""
+    os.mkfifo(lab / "mylab" / "progress.fifo")
+    files = collect(parse_job(job(module="mylab.models"), "j"), str(lab), None)
+    assert sorted(files) == ["mylab/__init__.py", "mylab/models.py"]
+
+
 def test_a_script_job_takes_its_script(lab):
     spec = parse_job(job(script="train.py", files=["mylab"]), "j")
     assert sorted(collect(spec, str(lab), None)) == ["mylab/__init__.py", "mylab/models.py", "train.py"]
