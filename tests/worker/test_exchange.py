@@ -491,7 +491,7 @@ async def test_a_handed_over_vector_is_served_unchanged_and_the_round_writes_a_n
         into = await peer.store.hand_over(r, peer.vector)
         plan = plan_round("job", r, list(addresses), peer.identity.peer_id, SEGMENTS)
         result = await gossip_round(peer.context(transport),
-                                    RoundInputs(plan, addresses, RoundBuffers(peer.vector, peer.recv, 5.0, into)))
+                                    RoundInputs(plan, addresses, RoundBuffers(peer.vector, peer.recv, 60.0, into)))
         assert result.misses == 0
         return into
 

@@ -180,7 +180,7 @@ async def run_round(peers, view, round_, groups=None, hand_over=False, size=2):
         plan = plan_hierarchical("job", round_, view, m.id, SEGMENTS, size)
         transport = MemoryTransport(m.identity, servers)
         ctx = RoundContext(m.id, m.layout, transport, m.stages, intrahost=(groups or {}).get(m.id))
-        inputs = RoundInputs(plan, addresses, RoundBuffers(m.vector, m.recv, 5.0, into))
+        inputs = RoundInputs(plan, addresses, RoundBuffers(m.vector, m.recv, 60.0, into))
         result = await intrahost_round(ctx, inputs)
         used[m.id] = result is not None
         if result is None:
