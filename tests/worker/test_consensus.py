@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 import torch
@@ -99,11 +100,12 @@ async def test_a_peer_that_left_is_left_out_at_once_and_the_rest_agree():
     torch.testing.assert_close(results[0].vector, reference([group[0], group[2]]), rtol=1e-6, atol=1e-6)
 
 
-async def test_a_peer_still_serving_the_job_is_waited_for_past_each_tries_deadline():
+async def test_a_peer_still_serving_the_job_is_waited_for_past_each_tries_deadline(caplog):
     """A member still training long after the others' end (a newcomer that started
     from a stale state, a slower machine) is asked again while its daemon lists
     it, so that every peer ends with the same model; one that its daemon stops
     listing is left out then, not after the whole patience."""
+    caplog.set_level(logging.INFO, logger="peerd.worker")
     group = members(4)
     addresses, transports = in_memory(group)
     transports["p0"] = counting = Counting(transports["p0"])
@@ -122,6 +124,8 @@ async def test_a_peer_still_serving_the_job_is_waited_for_past_each_tries_deadli
     assert all("p3" in r.left_out for r in results)
     assert all(torch.equal(r.vector, late.vector) for r in results)
     torch.testing.assert_close(late.vector, reference(group[:3]), rtol=1e-6, atol=1e-6)
+    waits = [r.getMessage() for r in caplog.records if r.getMessage().startswith("the end: waiting for p2")]
+    assert len(waits) == 2  # once for each early peer, at its first wait
 
 
 class Counting:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +31,8 @@ from peerd.worker.state.finalmodel import FinalModel, largest_ints
 from peerd.worker.state.modelfile import model_state
 from peerd.worker.wire.stores import FINAL_STAGE, FinalStore, SnapshotStore
 from peerd.worker.wire.transport import Transport
+
+log = logging.getLogger("peerd.worker")
 
 RETRY_PAUSE_S = 0.5  # between a peer's tries at the end, while its daemon still lists it
 
@@ -86,13 +90,16 @@ async def gather_models(
             await asyncio.gather(*fetches, return_exceptions=True)
 
     async def one(peer: str) -> None:
-        while True:
+        for tries in itertools.count(1):
             try:
                 await asyncio.wait_for(whole(peer), timeout)
                 break
             except (PeerdError, TimeoutError):
                 if patience is None or not patience.present(peer):
                     raise
+                if tries == 1:
+                    log.info("the end: waiting for %s's final model (its worker still serves the job: "
+                             "still training, or slow to answer), up to %.0fs", peer, patience.limit_s)
             await asyncio.sleep(RETRY_PAUSE_S)  # a refused connection answers at once: not a busy loop
         if not finite_by_sum(buffers[peer]):
             raise InvalidMessage(f"{peer} sent non-finite values", "non_finite")
