@@ -19,6 +19,9 @@ Variants (run in the order given by --variants):
   peerd       --peers real daemons on 127.0.0.1 with the job file, as
               `peerd cluster --job charlm` runs it (each worker one thread);
               the result is the mean of the peers' final validation loss.
+  peerd-bf16  `peerd` with the job's [gossip] wire = "bf16"
+  peerd-int8  `peerd` with wire = "int8": blockwise int8 codes with error
+              feedback (docs/algorithms.md, 'The int8 wire and error feedback').
   local-adam  a diagnostic: --peers models in one process, each with its own
               AdamW stepping on its 1/peers of the same global batches, the
               parameters averaged exactly after every step: peerd's gossip every
@@ -224,25 +227,32 @@ def run_local_adam(plan: Plan, args, curve: Curve) -> Result:
     return _loop("local-adam", plan, args, curve, step, models[0], data)
 
 
-def run_peerd(plan: Plan, args, curve: Curve) -> Result:
+def run_peerd(plan: Plan, args, curve: Curve, wire: str = "") -> Result:
     """--peers real daemons on 127.0.0.1 (peerd.cluster.LocalCluster), each joined to
     the job file: what `peerd cluster --job charlm` runs. The clock starts when the
-    last peer has joined; the result is the mean of the peers' final val_loss."""
+    last peer has joined; the result is the mean of the peers' final val_loss.
+    `wire`, if given, replaces the job's [gossip] wire."""
+    from peerd.cluster import job_with
     from peerd.jobspec import load_job
 
     _, text = load_job(args.job)
-    jobs, wall = train_job(args.peers, args.out_dir / "peerd", text, str(args.job.resolve().parent), interval_s=2.0)
+    if wire:
+        text = job_with(args.job, gossip={"wire": wire})
+    name = f"peerd-{wire}" if wire else "peerd"
+    jobs, wall = train_job(args.peers, args.out_dir / name, text, str(args.job.resolve().parent), interval_s=2.0)
     losses = [j.progress.metrics["val_loss"] for j in jobs]
     val = sum(losses) / len(losses)
     steps = max(j.progress.step for j in jobs)
     curve(steps, wall, {"val_loss": val, "perplexity": math.exp(val)})
-    print(f"   peerd per peer: {', '.join(f'{v:.4f}' for v in losses)}", flush=True)
-    return Result("peerd", val, math.exp(val), wall, steps, sum(j.progress.samples for j in jobs))
+    print(f"   {name} per peer: {', '.join(f'{v:.4f}' for v in losses)}", flush=True)
+    return Result(name, val, math.exp(val), wall, steps, sum(j.progress.samples for j in jobs))
 
 
 VARIANTS: dict[str, Callable[[Plan, object, Curve], Result]] = {
     "single": run_single,
     "peerd": run_peerd,
+    "peerd-bf16": lambda plan, args, curve: run_peerd(plan, args, curve, "bf16"),
+    "peerd-int8": lambda plan, args, curve: run_peerd(plan, args, curve, "int8"),
     "local-adam": run_local_adam,
 }
 
@@ -260,14 +270,14 @@ def main(argv: list[str] | None = None) -> int:
 
         def curve(step: int, wall: float, metrics: dict, name: str = name) -> None:
             rows.append({"variant": name, "step": step, "wall_s": round(wall, 2), **metrics})
-            print(f"{name:>8} step {step:5d}  {wall:7.1f} s  val_loss {metrics['val_loss']:.4f}", flush=True)
+            print(f"{name:>10} step {step:5d}  {wall:7.1f} s  val_loss {metrics['val_loss']:.4f}", flush=True)
 
         results.append(VARIANTS[name](plan, args, curve))
     write_csv(out / "curves.csv", rows, ["variant", "step", "wall_s", "val_loss", "perplexity"])
     write_json(out / "summary.json", {"plan": asdict(plan), "results": [asdict(r) for r in results]}, indent=2)
-    print(f"\n{'variant':>8}  {'val_loss':>8}  {'ppl':>6}  {'wall s':>7}  {'steps':>5}  {'samples':>7}")
+    print(f"\n{'variant':>10}  {'val_loss':>8}  {'ppl':>6}  {'wall s':>7}  {'steps':>5}  {'samples':>7}")
     for r in results:
-        print(f"{r.variant:>8}  {r.val_loss:8.4f}  {r.perplexity:6.2f}  {r.wall_s:7.1f}  {r.steps:5d}  {r.samples:7d}")
+        print(f"{r.variant:>10}  {r.val_loss:8.4f}  {r.perplexity:6.2f}  {r.wall_s:7.1f}  {r.steps:5d}  {r.samples:7d}")
     print(f"uniform guess: ln({len(charlm.VOCAB)}) = {math.log(len(charlm.VOCAB)):.4f}; outputs in {out}")
     return 0
 
