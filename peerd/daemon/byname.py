@@ -159,7 +159,7 @@ def _local(spec: JobSpec, spec_dir: str) -> tuple[dict[str, bytes], str]:
     ("" when it is: the same bundle)."""
     try:
         check_code(spec, spec_dir)
-        files = collect(spec, spec_dir, None)
+        files = collect(spec, spec_dir)
         code = digest(pack(files)) if files else ""
     except (ConfigError, BundleRefused) as exc:
         return {}, str(exc)

@@ -10,6 +10,7 @@ import os
 import posixpath
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from peerd.core.bundle import BundleRefused, Limits, check_name, digest, mib, pack, unpack
@@ -42,10 +43,12 @@ def travelling_paths(spec: JobSpec, spec_dir: str) -> list[str]:
     return list(dict.fromkeys(paths))
 
 
-def collect(spec: JobSpec, spec_dir: str, secret: Path | None, limits: Limits = Limits()) -> dict[str, bytes]:
+def collect(spec: JobSpec, spec_dir: str, secrets: Mapping[str, Path | None] | None = None,
+            limits: Limits = Limits()) -> dict[str, bytes]:
     """The files of the job's bundle, read from `spec_dir`; ConfigError when one
-    is missing, lies outside it, or is the job secret; BundleRefused, before
-    anything is read, when they are over `limits` (data in a package's directory)."""
+    is missing, lies outside it, or is one of `secrets` (what each is: the job
+    secret, the realm secret, the TLS key); BundleRefused, before anything is
+    read, when they are over `limits` (data in a package's directory)."""
     if not spec_dir:
         return {}
     root = Path(spec_dir).resolve()
@@ -61,9 +64,10 @@ def collect(spec: JobSpec, spec_dir: str, secret: Path | None, limits: Limits = 
             if not file.resolve().is_relative_to(root):
                 raise ConfigError(f"the job's file {file} leads outside the job's directory {root}: it cannot travel")
             found[file.relative_to(root).as_posix()] = file
-    if secret is not None and any((root / name).resolve() == secret.resolve() for name in found):
-        raise ConfigError(f"the job secret {secret} would travel with the job's code: keep it out of [job] files "
-                          "and the job's package")
+    for what, secret in (secrets or {}).items():
+        if secret is not None and any(file.resolve() == secret.resolve() for file in found.values()):
+            raise ConfigError(f"the {what} {secret} would travel with the job's code: keep it out of [job] files "
+                              "and the job's package")
     _check_sizes(found, limits)
     return {name: file.read_bytes() for name, file in found.items()}
 
@@ -105,10 +109,10 @@ class CodeStore:
     def dir(self, code: str) -> Path:
         return self.root / code
 
-    def build(self, spec: JobSpec, spec_dir: str, secret: Path | None) -> bytes:
+    def build(self, spec: JobSpec, spec_dir: str, secrets: Mapping[str, Path | None] | None = None) -> bytes:
         """The bundle of the job's code in `spec_dir`; b"" when nothing of it travels."""
         try:
-            files = collect(spec, spec_dir, secret, self.limits)
+            files = collect(spec, spec_dir, secrets, self.limits)
             if not files:
                 return b""
             return pack(files, self.limits)

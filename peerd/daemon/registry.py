@@ -123,7 +123,9 @@ class JobRegistry:
             check_code(spec, code_dir)
             return text, spec, code_dir, b""
         check_code(spec, spec_dir)
-        bundle = self.code.build(spec, spec_dir, secret)
+        tls = self.config.tls
+        bundle = self.code.build(spec, spec_dir, {"job secret": secret, "realm secret": self.config.realm_secret_file,
+                                                  "TLS key": tls.key_file if tls else None})
         code = digest(bundle) if bundle else ""
         if spec.code and code != spec.code:
             raise JobMismatch(f"job {spec.name!r} runs code bundle {spec.code}, but its code in {spec_dir} makes "
