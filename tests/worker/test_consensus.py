@@ -10,7 +10,7 @@ import torch
 
 from peerd.core.segments import split_even
 from peerd.errors import InvalidMessage, RoundMismatch
-from peerd.worker.state.consensus import Patience, average_models
+from peerd.worker.state.consensus import Models, Patience, average_models
 from peerd.worker.wire.server import start_exchange_server
 from peerd.worker.wire.stores import FINAL_STAGE, FinalStore, Identity, SegmentServer, SnapshotStore
 from peerd.worker.state.pull import StateBoard, StateServer
@@ -38,7 +38,7 @@ class Member:
                        patience: Patience | None = None):
         await self.final.publish(self.vector)
         return await average_models(self.id, self.vector, addresses, self.layout, transport, timeout,
-                                    patience=patience)
+                                    Models(patience=patience))
 
 
 def members(n: int, wire: str = "fp32") -> list[Member]:

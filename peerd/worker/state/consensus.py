@@ -145,10 +145,12 @@ def exact_average(plan: ConsensusPlan, models: dict[str, torch.Tensor]) -> torch
 
 @dataclass(frozen=True)
 class Models:
-    """Which models a consensus averages: the final ones, or one round's snapshots (stage 0)."""
+    """Which models a consensus averages: the final ones, or one round's snapshots
+    (stage 0); and, for final ones, how long members still in the job are waited for."""
 
     round: int = 0
     stage: int = FINAL_STAGE
+    patience: Patience | None = None
 
 
 FINAL_MODELS = Models()
@@ -156,7 +158,7 @@ FINAL_MODELS = Models()
 
 async def average_models(
     me: str, own: torch.Tensor, addresses: dict[str, str], layout: list[Span], transport: Transport,
-    timeout: float, which: Models = FINAL_MODELS, int_tail: int = 0, patience: Patience | None = None,
+    timeout: float, which: Models = FINAL_MODELS, int_tail: int = 0,
 ) -> Consensus:
     """Pull the others' models (final ones, or one round's snapshots) and
     average them with `own` (a CPU fp32 copy of this peer's). The last
@@ -164,7 +166,8 @@ async def average_models(
     among the members, not a mean."""
     started = time.monotonic()
     others = {p: a for p, a in addresses.items() if p != me and a}
-    models, left_out = await gather_models(transport, others, layout, timeout, which.round, which.stage, patience)
+    models, left_out = await gather_models(transport, others, layout, timeout, which.round, which.stage,
+                                           which.patience)
     plan = plan_consensus(me, models)
     models[me] = own
     vector = own.clone() if plan.alone else exact_average(plan, models)
@@ -190,8 +193,8 @@ async def final_consensus(me: str, model: FinalModel, final: FinalStore, address
     own = model.vector()
     layout = model.layout(gossip_layout)
     await final.publish(own, layout)
-    return await average_models(me, own, addresses, layout, transport, timeout, int_tail=model.int_elems,
-                                patience=patience)
+    return await average_models(me, own, addresses, layout, transport, timeout, Models(patience=patience),
+                                model.int_elems)
 
 
 async def round_consensus(me: str, store: SnapshotStore, round_: int, vector: torch.Tensor,
