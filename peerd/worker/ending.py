@@ -148,7 +148,8 @@ class JobEnd:
         peers = {p: a for p, a in e.link.view.items() if p != e.me}
         model = FinalModel(e.state)
         self._final_segments = len(model.layout(e.rounds.layout))
-        patience = Patience(lambda peer: bool(e.link.view.get(peer)), patience_s)  # its worker still serves
+        # Waited for while its worker still serves, unless this one was asked to leave meanwhile.
+        patience = Patience(lambda peer: bool(e.link.view.get(peer)) and not e.link.stop, patience_s)
         self.consensus = c = await final_consensus(e.me, model, e.final, peers, e.rounds.layout,
                                                    e.transport, self.consensus_limit_s(), patience)
         log.info("consensus at the end over %s: digest %s, own model %.3g%% from it, %.2fs", c.describe(),
