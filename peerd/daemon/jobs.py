@@ -132,6 +132,11 @@ class WorkerProcess:
         return self._process.pid if self._process and self._process.returncode is None else 0
 
     @property
+    def supervised(self) -> bool:
+        """Whether this daemon runs (or is starting) the worker's process itself."""
+        return self._task is not None
+
+    @property
     def device(self) -> str:
         return self.launch.device
 

@@ -22,6 +22,7 @@ from peerd.core.restarts import CrashLimit
 from peerd.core.workers import split_threads
 from peerd.core.intrahost import wanted
 from peerd.rendezvous import Rendezvous
+from peerd.daemon.process import descends_from
 from peerd.daemon.jobs import ENDED, JOINED, LocalJob, RestartPolicy, WorkerLaunch, WorkerProcess
 from peerd.daemon.localdata import check_local_job
 from peerd.daemon.standby import Standby
@@ -208,6 +209,11 @@ class JobRegistry:
         worker = job.worker(report.member)
         if worker is None:
             raise UnknownJob(f"this peer runs no worker {report.member!r} of job {report.job!r}")
+        if report.pid and worker.supervised and not descends_from(report.pid, worker.pid):
+            # A worker left running by an earlier life of this daemon (killed -9): not this one's.
+            raise UnknownJob(f"pid {report.pid} is not this daemon's worker {worker.member!r} of job "
+                             f"{report.job!r} (that is pid {worker.pid or 'none yet'}): a worker of an earlier "
+                             "run of the daemon; stop it")
         serving = worker.address
         worker.on_heartbeat(report)
         name, fingerprint = job.spec.name, job.spec.fingerprint

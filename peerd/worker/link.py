@@ -59,6 +59,11 @@ class SupervisorLink:
         try:
             reply = await self._stub.Heartbeat(report, timeout=5.0)
         except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:  # this daemon does not run this worker (any more)
+                if not self.stop:
+                    log.warning("the daemon disowns this worker: %s; leaving", exc.details())
+                self.stop, self.stop_reason = True, self.stop_reason or "the daemon does not run this worker"
+                return False
             log.warning("daemon did not answer the heartbeat: %s", exc.code().name)
             return False
         self._last_ok = time.monotonic()
