@@ -24,7 +24,7 @@ from pathlib import Path
 from peerd.core.codes import ACTIVE_STATES, WorkerState
 from peerd.core.intrahost import IntraHostSlot
 from peerd.core.restarts import NO_LIMIT, Backoff, CrashLimit, ExitAction, RestartHistory, after_exit
-from peerd.daemon.process import RELAY_LINE_LIMIT
+from peerd.daemon.process import RELAY_LINE_LIMIT, exit_name
 from peerd.lifeline import parent_env
 from peerd.daemon.standby import Standby
 from peerd.jobspec import JobSpec
@@ -419,16 +419,6 @@ class TracebackTail:
                       if x.strip() and not x.lstrip().startswith('File "<frozen '))[-TRACEBACK_LINES:]
         changed, self.lines = lines != self.lines, lines
         return changed
-
-
-def exit_name(code: int) -> str:
-    """How a process exited, for a message: "code 1", "signal SIGKILL"."""
-    if code < 0:
-        try:
-            return f"signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"signal {-code}"
-    return f"code {code}"
 
 
 async def _relay(stream: asyncio.StreamReader, out, on_line=lambda line: None) -> None:

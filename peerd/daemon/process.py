@@ -1,6 +1,7 @@
 """What every worker process the daemon starts has in common."""
 
 import os
+import signal
 
 RELAY_LINE_LIMIT = 1 << 20  # the longest output line relayed whole from a worker
 
@@ -24,3 +25,13 @@ def descends_from(pid: int, ancestor: int) -> bool:
             return False
         pid, seen = int(stat.rsplit(")", 1)[1].split()[1]), seen + 1  # the field after the state: ppid
     return False
+
+
+def exit_name(code: int) -> str:
+    """How a process exited, for a message: "code 1", "signal SIGKILL"."""
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"code {code}"
