@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 from pathlib import Path
 
 from peerd.core.intrahost import GENERATION_FILE, IntraHostSlot, parse_generation, stale_stores
@@ -28,7 +29,8 @@ def advance(directory: Path, past: int | None = None) -> int:
     """Write the next generation and return it. With `past`: only if the current
     one is still `past` (the members of a broken group all ask; the first moves it
     on, the others find it moved). Monotonic across daemon restarts (read back from
-    the file); old stores are removed."""
+    the file); old stores are removed once no member can be using them
+    (peerd.core.intrahost.stale_stores)."""
     with open(directory / LOCK_FILE, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # the daemon and its workers write here
         current = current_generation(directory) or 0
@@ -38,9 +40,20 @@ def advance(directory: Path, past: int | None = None) -> int:
         tmp = directory / (GENERATION_FILE + ".tmp")
         tmp.write_text(f"{generation}\n")
         os.replace(tmp, directory / GENERATION_FILE)
-        for name in stale_stores(os.listdir(directory), generation):
+        for name in stale_stores(_idle_seconds(directory), generation):
             (directory / name).unlink(missing_ok=True)
         return generation
+
+
+def _idle_seconds(directory: Path) -> dict[str, float]:
+    """Seconds since each file in the directory was last written."""
+    now, idle = time.time(), {}
+    for entry in os.scandir(directory):
+        try:
+            idle[entry.name] = now - entry.stat().st_mtime
+        except FileNotFoundError:
+            continue
+    return idle
 
 
 class Rendezvous:

@@ -26,7 +26,7 @@ a dead one's restart writes the next generation anyway.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from peerd.core.workers import SEPARATOR, member_ids
@@ -38,6 +38,9 @@ FORM, AGREE, USE, FALLBACK = "form", "agree", "use", "fallback"
 NOT_COVERING = 0  # the plan key of a member whose round group is not the intra-host group
 START_MARGIN = 2  # a new group is used from (the highest round its members were in) + this
 MAX_REBUILDS = 3  # re-formings a worker asks for after its group broke; then it waits for the daemon
+# An old generation's store is removed only once untouched this long: past any forming's
+# timeout (the worker's FORM_TIMEOUT_S is 120 s), so no member still reads or writes it.
+STORE_IDLE_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -83,12 +86,19 @@ def store_name(generation: int) -> str:
     return f"{STORE_PREFIX}{generation}"
 
 
-def stale_stores(names: Sequence[str], generation: int) -> list[str]:
-    """The store files of generations before `generation` (the daemon removes them)."""
+def stale_stores(idle_s: Mapping[str, float], generation: int) -> list[str]:
+    """The store files to remove: of generations before `generation`, and untouched
+    (`idle_s`: seconds since each file was last written) for STORE_IDLE_S.
+
+    Never one a member may still use: a FileStore keeps its read position in the
+    file, and one that is removed and then written again (a forming that has not
+    yet seen the new generation creates it anew) reads from the middle of a record,
+    which torch's FileStore loops on forever, holding the GIL (docs/operations.md,
+    "The intra-host tier")."""
     stale = []
-    for name in names:
+    for name, idle in idle_s.items():
         suffix = name.removeprefix(STORE_PREFIX)
-        if name.startswith(STORE_PREFIX) and suffix.isdigit() and int(suffix) < generation:
+        if name.startswith(STORE_PREFIX) and suffix.isdigit() and int(suffix) < generation and idle >= STORE_IDLE_S:
             stale.append(name)
     return sorted(stale)
 

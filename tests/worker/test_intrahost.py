@@ -30,6 +30,7 @@ from peerd.core.intrahost import (
     Decision,
     GroupState,
     MAX_REBUILDS,
+    STORE_IDLE_S,
     IntraHostSlot,
     backend_for,
     covers,
@@ -103,17 +104,39 @@ def test_slots_members_and_plan_keys():
     assert key != round_key(4, ["a", "b"], ["a", "b"], [None, "c"])
     assert key != round_key(3, ["a", "b"], ["a", "b"], ["d", "c"])
     assert 0 < key < 2**62 and key != NOT_COVERING
-    assert stale_stores(["store-1", "store-3", "store-x", "generation", "store-2"], 3) == ["store-1", "store-2"]
+    idle = {"store-1": STORE_IDLE_S, "store-3": 1e6, "store-x": 1e6, "generation": 1e6, "store-2": 1e6,
+            "store-0": STORE_IDLE_S - 1}  # store-0: written lately, so maybe still in use
+    assert stale_stores(idle, 3) == ["store-1", "store-2"]
 
 
-def test_the_daemon_bumps_the_generation_and_removes_old_stores(tmp_path):
+def test_the_daemon_bumps_the_generation_and_removes_old_stores_nobody_uses(tmp_path):
     r = Rendezvous(tmp_path / "job", 2)
     assert r.generation == 0
-    (r.directory / "store-1").write_text("")
-    assert r.bump() == 1 and r.bump() == 2
-    assert sorted(os.listdir(r.directory)) == ["generation", "generation.lock"]
-    assert Rendezvous(tmp_path / "job", 2).bump() == 3  # a restarted daemon goes on from the file
+    for name in ("store-1", "store-2"):
+        (r.directory / name).write_text("")
+    long_ago = time.time() - STORE_IDLE_S
+    os.utime(r.directory / "store-1", (long_ago, long_ago))
+    assert r.bump() == 1 and r.bump() == 2 and r.bump() == 3
+    # store-2 was written lately: a member may still be forming generation 2 there.
+    assert sorted(os.listdir(r.directory)) == ["generation", "generation.lock", "store-2"]
+    assert Rendezvous(tmp_path / "job", 2).bump() == 4  # a restarted daemon goes on from the file
     assert r.slot(1) == IntraHostSlot(str(r.directory), 1, 2)
+
+
+def test_a_store_still_in_use_outlives_the_next_generation(tmp_path):
+    # Two members checking in to generation 1 when the daemon writes generation 2
+    # (a sibling restarts): each keeps checking in until its next round shows it the
+    # new generation. Had the bump removed the file, the next write would create it
+    # anew, and a FileStore reads on from where it was in the old one (stale counts,
+    # then a loop forever holding the GIL once the new file outgrows that place).
+    r = Rendezvous(tmp_path / "job", 3)
+    assert r.bump() == 1
+    path = str(r.directory / "store-1")
+    a, b = (torch.distributed.PrefixStore("0/", torch.distributed.FileStore(path, 3)) for _ in range(2))
+    assert a.add("arrived", 1) == 1 and b.add("arrived", 1) == 2
+    assert r.bump() == 2
+    assert a.add("arrived", 0) == 2 and b.add("arrived", 0) == 2
+    assert a.add("checked", 5) == 5 and b.add("checked", 0) == 5  # each sees the other's writes
 
 
 # --- groups of worker threads over real gloo --------------------------------------------
@@ -398,14 +421,17 @@ class Members:
     def ask_each(self, commands: dict[int, tuple]) -> dict[int, tuple]:
         for r, command in commands.items():
             self.commands[r].put(command)
-        ranks, got = list(commands), {}
+        got = {}
         deadline = time.monotonic() + 120
-        for r in ranks:
+        for r in commands:  # every member's answer is awaited, so a failure names exactly the silent ones
             try:
                 rank, _, *rest = self.replies[r].get(timeout=max(0.0, deadline - time.monotonic()))
+                got[rank] = tuple(rest)
             except queue.Empty:
-                pytest.fail(f"no answer to {commands} from {sorted(set(ranks) - set(got))}")
-            got[rank] = tuple(rest)
+                pass
+        if len(got) < len(commands):
+            alive = {r: self.procs[r].is_alive() for r in commands if r not in got}
+            pytest.fail(f"no answer to {commands} from {alive} (member: alive) within 120 s; answers: {got}")
         return got
 
     def wait_formed(self, ranks, round_: int) -> int:
@@ -491,6 +517,26 @@ def test_a_member_stalled_past_the_timeout_is_taken_back_without_a_restart(tmp_p
         # The members moved the generation on themselves (no daemon restarted anyone)
         # and form again, all three.
         assert m.wait_formed(ranks, 12) == first + 1 == m.rendezvous.generation
+        assert m.ask(("round", 14), ranks) == {r: (True, 1.0) for r in ranks}
+    finally:
+        m.close()
+    assert all(not p.is_alive() for p in m.procs.values())
+
+
+def test_a_member_silent_in_its_group_costs_the_others_one_collective_timeout(tmp_path):
+    # Forming may wait an hour here; a collective only 2 s. A member alive but silent
+    # (it never comes to the round's collective) costs the others that collective's
+    # timeout, not the forming's, and the group re-forms with it afterwards.
+    m = Members(tmp_path / "job", 3, timeout_s=2.0, form_timeout_s=3600.0)
+    try:
+        for r in range(3):
+            m.start(r)
+        ranks = [0, 1, 2]
+        m.wait_formed(ranks, 8)
+        assert m.ask(("round", 10), ranks) == {r: (True, 1.0) for r in ranks}
+        assert m.ask(("round", 11), [0, 1]) == {0: (False, 0.0), 1: (False, 1.0)}  # 2 is alive, and silent
+        assert m.ask(("round", 11), [2]) == {2: (False, 2.0)}
+        m.wait_formed(ranks, 12)  # the first to notice moved the generation on
         assert m.ask(("round", 14), ranks) == {r: (True, 1.0) for r in ranks}
     finally:
         m.close()
