@@ -11,6 +11,7 @@ and the group re-formed under a new generation.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing
 import os
 import queue
@@ -458,15 +459,27 @@ class Members:
             q.cancel_join_thread()
 
 
-def test_kill_9_of_a_member_falls_back_then_the_new_generation_re_forms(tmp_path):
-    m = Members(tmp_path / "job", 3)
-    try:
-        for r in range(3):
-            m.start(r)
-        ranks = [0, 1, 2]
-        first = m.wait_formed(ranks, 8)  # formed while in round 8: used from round 10
-        assert m.ask(("round", 10), ranks) == {r: (True, 1.0) for r in ranks}  # mean of 0, 1, 2
+RANKS = [0, 1, 2]
 
+
+@contextlib.contextmanager
+def formed_group(directory, **timeouts):
+    """Three members, formed and averaged once (round 10: the mean of 0, 1 and 2);
+    yields them and the generation they formed. Every process is gone after."""
+    m = Members(directory, 3, **timeouts)
+    try:
+        for r in RANKS:
+            m.start(r)
+        first = m.wait_formed(RANKS, 8)  # formed while in round 8: used from round 10
+        assert m.ask(("round", 10), RANKS) == {r: (True, 1.0) for r in RANKS}
+        yield m, first
+    finally:
+        m.close()
+    assert all(not p.is_alive() for p in m.procs.values())
+
+
+def test_kill_9_of_a_member_falls_back_then_the_new_generation_re_forms(tmp_path):
+    with formed_group(tmp_path / "job") as (m, first):
         os.kill(m.procs[2].pid, signal.SIGKILL)
         m.procs[2].join(10)
         # The survivors' collective fails (reset or timeout): both fall back, values untouched.
@@ -475,72 +488,41 @@ def test_kill_9_of_a_member_falls_back_then_the_new_generation_re_forms(tmp_path
         assert m.ask(("round", 12), [0, 1]) == {0: (False, 0.0), 1: (False, 1.0)}
 
         m.start(2)  # the daemon restarts it under a new generation
-        second = m.wait_formed(ranks, 12)
+        second = m.wait_formed(RANKS, 12)
         assert second > first
-        assert m.ask(("round", 14), ranks) == {r: (True, 1.0) for r in ranks}
-    finally:
-        m.close()
-    assert all(not p.is_alive() for p in m.procs.values())
+        assert m.ask(("round", 14), RANKS) == {r: (True, 1.0) for r in RANKS}
 
 
 def test_a_member_that_leaves_the_group_alive_lets_the_others_fall_back_at_once(tmp_path):
     # Timeouts the test would never see the end of (ask_each gives up after 120 s):
     # the others must fall back because the member left, not time out.
-    m = Members(tmp_path / "job", 3, timeout_s=3600.0, form_timeout_s=3600.0)
-    try:
-        for r in range(3):
-            m.start(r)
-        ranks = [0, 1, 2]
-        m.wait_formed(ranks, 8)
-        assert m.ask(("round", 10), ranks) == {r: (True, 1.0) for r in ranks}
+    with formed_group(tmp_path / "job", timeout_s=3600.0, form_timeout_s=3600.0) as (m, _):
         assert m.ask(("leave", 0), [2]) == {2: ()}  # its process stays up, as in the end consensus
         assert m.ask(("round", 11), [0, 1]) == {0: (False, 0.0), 1: (False, 1.0)}
         assert m.procs[2].is_alive()
-    finally:
-        m.close()
-    assert all(not p.is_alive() for p in m.procs.values())
 
 
 def test_a_member_stalled_past_the_timeout_is_taken_back_without_a_restart(tmp_path):
-    m = Members(tmp_path / "job", 3)
-    try:
-        for r in range(3):
-            m.start(r)
-        ranks = [0, 1, 2]
-        first = m.wait_formed(ranks, 8)
-        assert m.ask(("round", 10), ranks) == {r: (True, 1.0) for r in ranks}
-
+    with formed_group(tmp_path / "job") as (m, first):
         # Member 2 comes to round 11 after the collective timeout (5 s): every member
         # falls back for the round, each keeping its own values; nobody crashes.
         got = m.ask_each({0: ("round", 11), 1: ("round", 11), 2: ("round", 11, 8.0)})
         assert got == {0: (False, 0.0), 1: (False, 1.0), 2: (False, 2.0)}
         # The members moved the generation on themselves (no daemon restarted anyone)
         # and form again, all three.
-        assert m.wait_formed(ranks, 12) == first + 1 == m.rendezvous.generation
-        assert m.ask(("round", 14), ranks) == {r: (True, 1.0) for r in ranks}
-    finally:
-        m.close()
-    assert all(not p.is_alive() for p in m.procs.values())
+        assert m.wait_formed(RANKS, 12) == first + 1 == m.rendezvous.generation
+        assert m.ask(("round", 14), RANKS) == {r: (True, 1.0) for r in RANKS}
 
 
 def test_a_member_silent_in_its_group_costs_the_others_one_collective_timeout(tmp_path):
     # Forming may wait an hour here; a collective only 2 s. A member alive but silent
     # (it never comes to the round's collective) costs the others that collective's
     # timeout, not the forming's, and the group re-forms with it afterwards.
-    m = Members(tmp_path / "job", 3, timeout_s=2.0, form_timeout_s=3600.0)
-    try:
-        for r in range(3):
-            m.start(r)
-        ranks = [0, 1, 2]
-        m.wait_formed(ranks, 8)
-        assert m.ask(("round", 10), ranks) == {r: (True, 1.0) for r in ranks}
+    with formed_group(tmp_path / "job", timeout_s=2.0, form_timeout_s=3600.0) as (m, _):
         assert m.ask(("round", 11), [0, 1]) == {0: (False, 0.0), 1: (False, 1.0)}  # 2 is alive, and silent
         assert m.ask(("round", 11), [2]) == {2: (False, 2.0)}
-        m.wait_formed(ranks, 12)  # the first to notice moved the generation on
-        assert m.ask(("round", 14), ranks) == {r: (True, 1.0) for r in ranks}
-    finally:
-        m.close()
-    assert all(not p.is_alive() for p in m.procs.values())
+        m.wait_formed(RANKS, 12)  # the first to notice moved the generation on
+        assert m.ask(("round", 14), RANKS) == {r: (True, 1.0) for r in RANKS}
 
 
 def test_a_broken_group_moves_the_generation_on_a_bounded_number_of_times():
