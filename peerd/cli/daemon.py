@@ -7,7 +7,7 @@
 
 Environment: PEERD_CONFIG (the config file when --config is not given), and
 PEERD_PEER_ID, PEERD_HOST, PEERD_LOCALITY, PEERD_METRICS_PORT, PEERD_SEEDS
-(comma-separated host:port), which override the file.
+(comma-separated host:port) and PEERD_DATA_ROOT, which override the file.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="peerd daemon: finds other peers on the LAN and trains the jobs this machine joined "
                     "(peerctl join JOB.toml). With no command, runs the daemon.",
         epilog="Environment: PEERD_CONFIG names the config file when --config is absent; PEERD_PEER_ID, "
-               "PEERD_HOST, PEERD_LOCALITY, PEERD_METRICS_PORT and PEERD_SEEDS (comma-separated host:port) "
-               "override the file's values.",
+               "PEERD_HOST, PEERD_LOCALITY, PEERD_METRICS_PORT, PEERD_SEEDS (comma-separated host:port) and "
+               "PEERD_DATA_ROOT override the file's values.",
     )
     parser.add_argument("--config", type=Path, default=None,
                         help=f"daemon config (default: $PEERD_CONFIG, else {DEFAULT_PATH} if present, "
