@@ -221,6 +221,24 @@ async def test_a_request_without_valid_proof_is_refused(who):
             await client.aclose()
 
 
+async def test_a_wait_that_is_not_a_number_is_refused_and_the_lane_serves_on():
+    # gRPC refuses a non-finite wait_s; the lane must too, not hand NaN to the
+    # server's timeout (uvloop raises on it, and the connection would end unanswered).
+    async with SecretLane(Authenticator(SECRET)) as lane:
+        client = BulkClient(auth=Authenticator(SECRET))
+        try:
+            out = torch.full((lane.layout[0].size,), -1.0)
+            with pytest.raises(PeerUnavailable, match="wait_s is not finite"):
+                await client.fetch("127.0.0.1", lane.port, _request(1, 0, wait_s=float("nan")), out, 5.0,
+                                   audience="127.0.0.1:1")
+            assert bool((out == -1.0).all()) and lane.rejections.counts == {"bad_request": 1}
+            await lane.store.publish(1, lane.vector)
+            await client.fetch("127.0.0.1", lane.port, _request(1, 0), out, 5.0, audience="127.0.0.1:1")
+            assert torch.equal(out, lane.segment(0))
+        finally:
+            await client.aclose()
+
+
 class _Forger:
     """A server that takes any request and answers with a key it made up: it
     cannot know the secret, so its replies cannot carry a valid proof."""

@@ -27,6 +27,7 @@ import asyncio
 import enum
 import hmac
 import logging
+import math
 import socket
 import ssl
 import struct
@@ -35,7 +36,7 @@ from contextlib import aclosing
 from google.protobuf.message import DecodeError
 
 from peerd.auth import Authenticator, ReplyMac
-from peerd.errors import JobMismatch, PeerdError, PeerUnavailable, RoundMismatch, Unauthenticated
+from peerd.errors import InvalidMessage, JobMismatch, PeerdError, PeerUnavailable, RoundMismatch, Unauthenticated
 from peerd.proto.v1 import peer_pb2
 from peerd.rejections import Rejections
 from peerd.worker.wire.bulk_tls import HandshakeFailed, Stream, handshake
@@ -208,12 +209,15 @@ class BulkServer:
 
     async def _answer(self, loop: asyncio.AbstractEventLoop, conn: Stream, request,
                       reply: ReplyMac | None) -> None:
-        wait_s = min(max(float(request.wait_s), 0.0), MAX_WAIT_S)  # NaN → 0
-        chunks = self._segments.segment(
-            request.job, request.fingerprint, request.round, request.segment, wait_s, request.stage,
-            chunk_elems=1 << 62)  # the whole segment in one piece: one send
         started = False
         try:
+            if not math.isfinite(request.wait_s):  # refused as gRPC refuses it (server.py)
+                self._reject(conn, "bad_request", "wait_s is not finite")
+                raise InvalidMessage("wait_s is not finite", "bad_request")
+            wait_s = min(max(request.wait_s, 0.0), MAX_WAIT_S)
+            chunks = self._segments.segment(
+                request.job, request.fingerprint, request.round, request.segment, wait_s, request.stage,
+                chunk_elems=1 << 62)  # the whole segment in one piece: one send
             async with aclosing(chunks):
                 async for _, total, data in chunks:
                     await conn.sendall(loop, OK_HEADER.pack(0, total))
