@@ -124,7 +124,7 @@ class JobSpec:
     min_local_batch: int = 1
     max_local_batch: int = 0  # largest batch in one forward pass, above it gradients accumulate; 0: no limit
     rebalance_rounds: int = 10  # re-evaluate the batches every this many rounds
-    rebalance_threshold: float = 0.1  # ... and change them only if one moves by more than this (relative)
+    rebalance_threshold: float = 0.1  # ... and change them only if the round gets faster by more than this (relative)
     # DBS's step model: "affine", t_i(b) = a_i + c_i·b with each peer's fixed cost
     # a_i; "proportional", t_i(b) = b / v_i (the plan before fixed costs were measured).
     step_model: str = "affine"

@@ -6,7 +6,7 @@ until n members hold it, so that no peer trains alone on the union's
 epochs. A waiting worker serves (its address is in the job's view) but
 publishes no speed and no progress; once any member has trained, the job has
 started and the worker joins it as any later peer does, taking the running
-peers' state. The engine asks `start_action` at every heartbeat and carries the
+peers' state. `Join._wait_for_peers` asks `StartGate.action` at every heartbeat and carries the
 answer out.
 """
 

@@ -1,8 +1,8 @@
-"""Joining a job by name (docs/operations.md, "Joining by name" and "A job's code
-travels"): its spec from a peer that runs it; its code from the operator's
-directory, the daemon's store, or a peer that proves the job secret (checked
-against the hash the spec names); and code that came from a peer runs only once
-the operator confirmed its hash."""
+"""Joining a job by name (docs/operations.md, "A job's code travels"): its spec
+from a peer that runs it; its code from the operator's directory, the daemon's
+store, or a peer that proves the job secret (checked against the hash the spec
+names); and code that came from a peer runs only once the operator confirmed its
+hash."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The int8 wire: blockwise absmax quantisation of a segment (docs/algorithms.md,
-"Wire precision"; the bytes: docs/protocol.md). Pure functions on tensors and
-buffers: no I/O, no state.
+"The int8 wire and error feedback"; the bytes: docs/protocol.md). Pure functions
+on tensors and buffers: no I/O, no state.
 
 A segment's values are cut into blocks of BLOCK from the segment's start; each
 block is sent as one record: its scale (float32, little-endian), then its
@@ -29,7 +29,7 @@ from peerd.errors import InvalidMessage, PeerUnavailable
 
 # 256 values a scale: the scale costs 4/256 = 1.6 % more bytes (3.94× fewer than
 # fp32), and a block as small as a few rows of a layer keeps one large weight
-# from coarsening many others (docs/algorithms.md, "Wire precision").
+# from coarsening many others (docs/algorithms.md, "The int8 wire and error feedback").
 BLOCK = 256
 RECORD = BLOCK + 4
 LEVELS = 127
