@@ -6,7 +6,10 @@ serves, unless its own checkpoint is further along. A pull that fails while
 peers run is tried again until a deadline; a worker without a checkpoint then
 gives up (a crash: restarted with backoff) rather than start from scratch
 beside a running job, which would train an untrained model as the job's.
-With no peer serving: its newest valid checkpoint, else the initial model.
+With no peer serving: its newest valid checkpoint, else the initial model,
+unless members already finished the job: then there is nothing left to train,
+and a fresh start would train the whole job alone and hand back a second, lone
+model as the job's (with a checkpoint, the worker ends with it at once).
 
 The engine asks `resume_action` before each move and carries the answer out.
 """
@@ -34,6 +37,7 @@ class Resume(enum.StrEnum):
     WAIT = "wait"  # a heartbeat, then look at the view again
     GIVE_UP = "give_up"  # peers run, their state would not come, and no checkpoint: fail
     FRESH = "fresh"  # nobody serves and no checkpoint: the initial model
+    ENDED = "ended"  # nobody serves, no checkpoint, and members finished the job: end, nothing to train
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,7 @@ class Attempt:
     serving: bool  # some peer serves the job's state (there are donors)
     checkpoint: Position | None  # this worker's newest valid checkpoint
     taken: Position | None = None  # the peers' state the last pull took (tried == TOOK)
+    ended: bool = False  # other members finished the job (WorkerView.finished)
 
 
 def resume_action(attempt: Attempt, now: float, deadline: float) -> Resume:
@@ -58,7 +63,9 @@ def resume_action(attempt: Attempt, now: float, deadline: float) -> Resume:
         return Resume.GIVE_UP if checkpoint is None else Resume.CHECKPOINT
     if attempt.serving:
         return Resume.PULL
-    return Resume.FRESH if checkpoint is None else Resume.CHECKPOINT
+    if checkpoint is not None:
+        return Resume.CHECKPOINT
+    return Resume.ENDED if attempt.ended else Resume.FRESH
 
 
 def trained(speeds: Mapping[str, float], progresses: Mapping[str, float]) -> set[str]:

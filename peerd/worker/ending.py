@@ -21,6 +21,7 @@ from peerd.worker.state.finalmodel import FinalModel
 from peerd.worker.round.crossover import RoundResult
 from peerd.worker.link import SupervisorLink
 from peerd.worker.state.modelfile import save_model
+from peerd.worker.state.pull import StateBoard
 from peerd.worker.round.rounds import Rounds
 from peerd.worker.wire.stores import FinalStore, Identity, SnapshotStore
 from peerd.worker.wire.traffic import Traffic
@@ -52,6 +53,7 @@ class Ending(Protocol):
     state: TrainState
     rounds: Rounds
     store: SnapshotStore
+    board: StateBoard
     final: FinalStore
     traffic: Traffic
     phase: str
@@ -118,7 +120,13 @@ class JobEnd:
         if e.evaluate is not None:
             metrics = {**metrics, **await asyncio.to_thread(e.evaluate)}
         patience = end_patience_s(self.consensus_limit_s())
-        metrics = await asyncio.wait_for(self._conclude(metrics, patience), patience + CLOSE_TIMEOUT_S)
+        c = await asyncio.wait_for(self._conclude(patience), patience + CLOSE_TIMEOUT_S)
+        # Evaluated outside that limit: the wait for the others may have used it all,
+        # and an evaluation's length is the job's own (a large validation set).
+        theirs = metrics
+        if not c.plan.alone:
+            theirs = await asyncio.to_thread(e.evaluate) if e.evaluate is not None else {}
+        metrics = {**metrics, **{f"consensus_{k}": v for k, v in theirs.items()}, "consensus_peers": float(c.plan.size)}
         path = await asyncio.to_thread(self._write_model, metrics)
         await asyncio.wait_for(self._finish(metrics, path), self.consensus_limit_s() + CLOSE_TIMEOUT_S)
 
@@ -132,16 +140,15 @@ class JobEnd:
         others = len(e.link.view.keys() - {e.me})
         return consensus_timeout(e.spec.gossip.deadline_ceiling_s, e.rounds.deadline.deadline(), others)
 
-    async def _conclude(self, metrics: dict[str, float], patience_s: float) -> dict[str, float]:
+    async def _conclude(self, patience_s: float) -> Consensus:
         """The job is done here: average the final models of the members still in
         it (waiting up to `patience_s` for those still training while their
-        daemons list them), take the average as this peer's model, and return
-        `metrics` (of its own model) with the average's beside them, as
-        consensus_<name>."""
+        daemons list them) and take the average as this peer's model."""
         e = self.engine
         e.enter(Stage.CONCLUDING)
         e.phase = "consensus"
         e.report()
+        await e.board.finish()  # a newcomer now must not take a copy from before the end
         await e.rounds.leave_group()
         await e.store.finish()  # partners asking for a later round are answered at once
         await e.rounds.stages.finish()
@@ -154,11 +161,9 @@ class JobEnd:
                                                    e.transport, self.consensus_limit_s(), patience)
         log.info("consensus at the end over %s: digest %s, own model %.3g%% from it, %.2fs", c.describe(),
                  c.digest, 100 * c.own_gap, c.seconds)
-        theirs = metrics
         if not c.plan.alone:
             model.adopt(c.vector)
-            theirs = await asyncio.to_thread(e.evaluate) if e.evaluate is not None else {}
-        return {**metrics, **{f"consensus_{k}": v for k, v in theirs.items()}, "consensus_peers": float(c.plan.size)}
+        return c
 
     def _write_model(self, metrics: dict[str, float]) -> Path | None:
         """model.pt, unless nobody's steps are in this model: it would hand back

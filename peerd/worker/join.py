@@ -67,7 +67,8 @@ class Join:
         await e.link.beat()
         await self._settle()
         checkpoint = await e.checkpoints.load_newest()
-        if checkpoint is None and self._ended_elsewhere():
+        if checkpoint is None and self._ended_by() and not self.donors():
+            self._end_here("before this worker came")
             return
         if checkpoint is None and e.spec.min_peers > 1:  # a fresh start: the job wants its peers first
             if await self._wait_for_peers(address) == Start.BEGIN:
@@ -122,19 +123,19 @@ class Join:
         finally:
             e.phase = "joining"
 
-    def _ended_elsewhere(self) -> bool:
+    def _ended_by(self) -> list[str]:
+        """The other members that finished the job."""
+        return sorted(self.engine.link.finished - {self.engine.me})
+
+    def _end_here(self, when: str) -> None:
         """The job ended on its members before this worker came and nobody serves
         it now: there is nothing left to train, and training it alone from the
         initial model would hand back a second, lone model as the job's. The
         worker ends at once with no model (peerd.worker.ending writes none)."""
         e = self.engine
-        ended_by = sorted(e.link.finished - {e.me})
-        if not ended_by or self.donors():
-            return False
-        log.warning("the job finished on %s before this worker came: nothing left to train here; "
-                    "its model is theirs (to train it again, join it under a new name)", ", ".join(ended_by))
+        log.warning("the job finished on %s %s: nothing left to train here; its model is theirs (to train "
+                    "it again, join it under a new name)", ", ".join(self._ended_by()), when)
         e.source.adopt_state(e.state.vector(), e.state.extra(), 0, float(e.spec.epochs))
-        return True
 
     def donors(self) -> dict[str, str]:
         """The serving members that have trained: those whose state is worth taking."""
@@ -149,7 +150,8 @@ class Join:
         position = (checkpoint.meta.round, checkpoint.meta.step) if checkpoint is not None else None
         tried, taken = Tried.NOTHING, None
         while True:
-            action = resume_action(Attempt(tried, bool(serving), position, taken), time.monotonic(), deadline)
+            attempt = Attempt(tried, bool(serving), position, taken, ended=bool(self._ended_by()))
+            action = resume_action(attempt, time.monotonic(), deadline)
             if action == Resume.PULL:
                 ok = await self.take_state(serving, "joining")
                 tried, taken = (Tried.TOOK, (e.round, e.source.step_count)) if ok else (Tried.FAILED, None)
@@ -157,6 +159,9 @@ class Join:
                 await asyncio.sleep(HEARTBEAT_S)
                 await e.link.beat()
                 serving, tried = self.donors(), Tried.WAITED
+            elif action == Resume.ENDED:  # they finished while this one waited for their state
+                self._end_here("while this worker waited for their state")
+                return
             elif action == Resume.GIVE_UP:
                 raise PeerdError(f"could not take the job's state from the running peers "
                                  f"({', '.join(sorted(serving))}) within {JOIN_RETRY_S:g} s; not starting "

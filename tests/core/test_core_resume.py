@@ -12,8 +12,8 @@ FAST = settings(max_examples=200, deadline=None)
 DEADLINE = 30.0
 
 
-def act(tried=Tried.NOTHING, serving=True, checkpoint=None, taken=None, now=0.0) -> Resume:
-    return resume_action(Attempt(tried, serving, checkpoint, taken), now, DEADLINE)
+def act(tried=Tried.NOTHING, serving=True, checkpoint=None, taken=None, now=0.0, ended=False) -> Resume:
+    return resume_action(Attempt(tried, serving, checkpoint, taken, ended), now, DEADLINE)
 
 
 def test_a_worker_beside_serving_peers_takes_their_state():
@@ -52,6 +52,15 @@ def test_peers_that_stopped_serving_while_it_waited_leave_it_its_checkpoint_or_a
     assert act(Tried.WAITED, serving=False) == Resume.FRESH
 
 
+def test_once_members_finished_and_nobody_serves_a_worker_without_a_checkpoint_ends_instead_of_starting_over():
+    # A newcomer that waited for the state of peers in their end consensus: they
+    # finished and left meanwhile. Starting fresh would train the job alone.
+    assert act(Tried.WAITED, serving=False, ended=True) == Resume.ENDED
+    assert act(serving=False, ended=True) == Resume.ENDED
+    assert act(Tried.WAITED, serving=False, checkpoint=(3, 30), ended=True) == Resume.CHECKPOINT
+    assert act(Tried.WAITED, serving=True, ended=True) == Resume.PULL  # others still run it
+
+
 def test_donors_are_the_serving_members_that_trained_else_every_serving_member():
     view = {"a": "A", "b": "B", "c": "C"}
     assert donors(view, "a", trained({"b": 3.0, "c": 0.0}, {})) == {"b": "B"}
@@ -61,7 +70,7 @@ def test_donors_are_the_serving_members_that_trained_else_every_serving_member()
 
 
 positions = st.none() | st.tuples(st.integers(0, 20), st.integers(0, 200))
-attempts = st.builds(Attempt, st.sampled_from(list(Tried)), st.booleans(), positions, positions)
+attempts = st.builds(Attempt, st.sampled_from(list(Tried)), st.booleans(), positions, positions, st.booleans())
 
 
 @FAST
@@ -82,7 +91,14 @@ def test_it_gives_up_only_after_a_failed_pull_at_the_deadline(attempt, now):
 @given(attempts, st.floats(0, 2 * DEADLINE))
 def test_it_starts_fresh_only_when_nobody_serves_and_never_right_after_a_failed_pull(attempt, now):
     if resume_action(attempt, now, DEADLINE) == Resume.FRESH:
-        assert not attempt.serving and attempt.tried != Tried.FAILED
+        assert not attempt.serving and attempt.tried != Tried.FAILED and not attempt.ended
+
+
+@FAST
+@given(attempts, st.floats(0, 2 * DEADLINE))
+def test_it_ends_without_training_only_when_the_job_ended_elsewhere_and_nothing_of_it_is_here(attempt, now):
+    if resume_action(attempt, now, DEADLINE) == Resume.ENDED:
+        assert attempt.ended and not attempt.serving and attempt.checkpoint is None
 
 
 @FAST

@@ -197,6 +197,29 @@ async def test_a_donor_whose_capture_never_comes_holds_up_no_range():
     assert not slow.board.wanted  # its pending request was cancelled, not left waiting
 
 
+async def test_a_donor_whose_part_in_the_job_is_over_hands_on_no_state_not_even_an_old_copy():
+    # A peer in the end consensus still holds the copy it took for an earlier
+    # joiner, rounds behind the job. A newcomer that took it would train the
+    # rest of the job alone once the others finish: it must get nothing.
+    gen = torch.Generator().manual_seed(8)
+    ending, running = Peer("ending", torch.randn(NUMEL, generator=gen)), Peer("running", torch.randn(NUMEL, generator=gen))
+    await ending.store.publish(4, ending.vector)
+    await ending.board.capture([ending.vector, torch.zeros(NUMEL)], StateMeta(4, 40, 0.5))
+    await ending.store.publish(90, ending.vector)  # its last round, far past that copy
+    await ending.store.finish()
+    await ending.board.finish()  # what its end does first
+    transport = MemoryTransport(Identity("job", "fp", "j"), {}, {"mem-e": ending.state, "mem-r": running.state})
+    with pytest.raises(PeerUnavailable, match="hands on no state"):
+        await asyncio.wait_for(pull_state(transport, {"ending": "mem-e"}, 2 * NUMEL, 10.0), 20.0)
+    # Beside a donor still training, the pull takes that one's state only.
+    task = await donate(running, 90, 900, 1.9)
+    vector, meta, used = await asyncio.wait_for(
+        pull_state(transport, {"ending": "mem-e", "running": "mem-r"}, 2 * NUMEL, 10.0), 20.0)
+    await task
+    assert used == ["running"] and meta.round == 90
+    torch.testing.assert_close(vector[:NUMEL], running.vector)
+
+
 class LyingAfterFirstServer(StateServer):
     """Serves its first range honestly, then ranges that fail their checksum."""
 

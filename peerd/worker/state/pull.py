@@ -132,6 +132,8 @@ class StateBoard:
                     await wait_until(self._changed, lambda: fresh() or self.finished, wait_s)
                 finally:
                     self._waiting -= 1
+            if self.finished:  # its last copy may be far behind the job: never handed on
+                raise PeerUnavailable("this worker's part in the job is over: it hands on no state")
             capture = self._capture
             if capture.meta is None:
                 raise PeerUnavailable("no state captured yet")
