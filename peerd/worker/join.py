@@ -128,10 +128,11 @@ class Join:
         return sorted(self.engine.link.finished - {self.engine.me})
 
     def _end_here(self, when: str) -> None:
-        """The job ended on its members before this worker came and nobody serves
-        it now: there is nothing left to train, and training it alone from the
-        initial model would hand back a second, lone model as the job's. The
-        worker ends at once with no model (peerd.worker.ending writes none)."""
+        """The job ended on its members (`when`: before this worker came, or while
+        it waited for their state) and nobody serves it now: there is nothing left
+        to train, and training it alone from the initial model would hand back a
+        second, lone model as the job's. The worker ends at once with no model
+        (peerd.worker.ending writes none)."""
         e = self.engine
         log.warning("the job finished on %s %s: nothing left to train here; its model is theirs (to train "
                     "it again, join it under a new name)", ", ".join(self._ended_by()), when)
