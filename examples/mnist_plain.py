@@ -23,6 +23,7 @@ def train_step(model, optimizer, x, y) -> float:
     loss = nn.functional.cross_entropy(model(x), y)
     optimizer.zero_grad()
     loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 3.0)
     optimizer.step()
     return loss.item()
 

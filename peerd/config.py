@@ -73,7 +73,7 @@ class DaemonConfig:
     crash_window_s: float = 600.0
     # Security (docs/operations.md). Without secrets the services are open to the LAN.
     realm_secret_file: Path | None = None  # proof of it on every daemon-to-daemon call
-    job_secret_file: Path | None = None  # for jobs whose spec names no secret_file
+    job_secret_file: Path | None = None  # jobs whose spec names no secret_file, or (joined by name) one not here
     tls: TlsSettings | None = None  # mutual TLS for every connection between machines
     slowdown: float = 1.0  # testing only: workers sleep (slowdown − 1) × each step's time ...
     slowdown_clock: str = "wall"  # ... its wall time, or "cpu": its CPU time (peerd.core.slowdown)

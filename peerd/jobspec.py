@@ -110,6 +110,9 @@ class JobSpec:
     data: str = ""  # "module:callable" returning (train, test) datasets
     metric: str = "accuracy"  # the key of evaluate()'s result that progress shows
     metric_mode: str = "max"  # "max": higher is better; "min": lower (losses)
+    # The metric of a model that learned nothing (0.1: accuracy over 10 classes);
+    # None: unknown. The collapse watch's metric rule (peerd.core.health) needs it.
+    chance: float | None = None
     seed: int = 0
     init: str = "shared"  # "shared": every peer starts from the same model; "per-peer": each from its own
     # "shared": every peer can read the whole data set and peerd splits it; "local":
@@ -163,7 +166,7 @@ class JobSpec:
     def fingerprint(self) -> str:
         """sha256 of the canonical spec: two peers train together only if equal.
         The secret's path, the checkpoint settings, data loading and logging are
-        each peer's own business and are left out."""
+        each peer's own business and are left out, and so is the chance level."""
         fields = asdict(self)
         del fields["secret_file"]
         del fields["checkpoint"]
@@ -171,6 +174,7 @@ class JobSpec:
         del fields["log"]
         del fields["min_peers"]
         del fields["start_timeout_s"]
+        del fields["chance"]  # what is watched, not what is trained
         if self.data_mode == "shared":  # fingerprints of shared-data jobs as before local mode
             del fields["weighting"]
         if self.step_model == "affine":  # ... and of jobs as before the step model was a choice
@@ -198,6 +202,19 @@ class JobSpec:
                 f"job {self.name!r}: secret_file {self.secret_file!r} is relative, and this job came "
                 "without a job file to resolve it from; join with the job file, or use an absolute path")
         return Path(spec_dir) / path
+
+    def secret_here(self, spec_dir: str, default: Path | None, by_name: bool = False) -> Path | None:
+        """The job secret file this machine uses: the job's secret_file, else
+        `default` (the daemon's [auth] job_secret_file). Joined by name the job file
+        is a peer's, so its secret_file may not be here: then the daemon's stands
+        in (docs/operations.md, "A job's code travels")."""
+        if by_name and default is not None:
+            try:
+                own = self.secret_path(spec_dir)
+            except ConfigError:  # relative, and no --dir to take it from
+                return default
+            return own if own is not None and own.exists() else default
+        return self.secret_path(spec_dir) or default
 
     def tensorboard_dir(self, spec_dir: str) -> Path | None:
         """The job's own [log] tensorboard, a relative path taken from the job

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from peerd.core.bundle import MAX_BUNDLE_FILES, BundleRefused, check_name, valid_hash
@@ -161,6 +162,8 @@ def job_table(job: Table) -> dict[str, object]:
         metric=metric,
         metric_mode=job.get("metric_mode", str, _metric_mode(metric), check=lambda v: v in METRIC_MODES,
                             expect="'max' (higher is better) or 'min' (lower is better)"),
+        chance=job.get("chance", float, None, check=lambda v: math.isfinite(v) and v != 0,
+                       expect="a finite number other than 0: the metric of a model that learned nothing"),
         seed=job.get("seed", int, 0),
         init=job.get("init", str, "shared", check=lambda v: v in ("shared", "per-peer"),
                      expect="'shared' or 'per-peer'"),

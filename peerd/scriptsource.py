@@ -9,6 +9,7 @@ import math
 
 import torch
 
+from peerd.core.health import Health
 from peerd.core.meter import StepMeter
 from peerd.jobspec import JobSpec
 from peerd.worker.train.data import DataCursor, PeerSampler
@@ -50,6 +51,7 @@ class ScriptSource:
         self.progress = 0.0
         self.share = self.lr = math.nan
         self.meter = StepMeter()
+        self.health = Health(spec.metric, spec.metric_mode == "max", spec.chance)  # the collapse watch
         self.local_batch = spec.local_batch  # of the last step
         self.compute_s = 0.0
         self._epoch: int | None = None  # the job epoch of the last step's batch
@@ -122,3 +124,5 @@ class ScriptSource:
         self.compute_s += seconds
         self.lr = self.lr_control.lr
         self.meter.observe(size, seconds, math.nan if loss is None else loss)
+        if loss is not None:  # a script that passes no loss has only the metric rule
+            self.health.loss(loss, self.step_count)

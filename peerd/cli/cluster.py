@@ -53,7 +53,8 @@ in OUT/job.secret for every local-data job (a job's own secret_file wins).
 
 It ends with the job's metric of the model the peers saved (model.pt: the
 consensus, the average of their final models), with each peer's own model's
-beside it.
+beside it, and says so when a peer's training collapsed (model.json's
+collapse_reason); then it exits 1.
 """
 
 
@@ -135,7 +136,7 @@ def _poll(cluster: LocalCluster, job: str, elapsed: float) -> list[dict]:
     for peer in cluster.peers:
         row = {"t": round(elapsed, 2), "peer": peer.peer_id, "state": "down", "epoch": 0, "step": 0, "round": 0,
                "loss": math.nan, "samples_per_s": math.nan, "partners": "-", "disagreement": math.nan,
-               "metric": math.nan, "consensus": math.nan, "dir": ""}
+               "metric": math.nan, "consensus": math.nan, "dir": "", "collapse": ""}
         try:
             with cluster.client(peer) as c:
                 jobs = {j.name: j for j in c.status().jobs}
@@ -155,13 +156,15 @@ def _poll(cluster: LocalCluster, job: str, elapsed: float) -> list[dict]:
                          "disagreement": p.disagreement, "metric": p.metric,
                          "consensus": p.metrics.get(f"consensus_{p.metric_name}", math.nan),
                          # where its log, and at the end model.pt and model.json, are (not in history.csv)
-                         "dir": str(Path(log_path).parent) if log_path else ""})
+                         "dir": str(Path(log_path).parent) if log_path else "",
+                         "collapse": p.collapse_reason})  # why its training collapsed (not in history.csv)
     return rows
 
 
 def _write_history(history: list[dict], path: Path) -> None:
     with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=[k for k in history[0] if k != "dir"], extrasaction="ignore")
+        writer = csv.DictWriter(f, fieldnames=[k for k in history[0] if k not in ("dir", "collapse")],
+                                extrasaction="ignore")
         writer.writeheader()
         writer.writerows(history)
 
@@ -308,12 +311,13 @@ class Saved:
     consensus: float
     digest: str = ""  # "" when its model.json could not be read
     members: tuple[str, ...] = ()
+    collapse: str = ""  # why its training collapsed (model.json's collapse_reason); "" when it did not
 
 
 def _saved(row: dict, metric: str) -> Saved:
     """From the worker's model.json (docs/operations.md, "Try it on one machine"); the
     last progress report's values when it cannot be read."""
-    fallback = Saved(row["peer"], row["metric"], row["consensus"])
+    fallback = Saved(row["peer"], row["metric"], row["consensus"], collapse=row.get("collapse", ""))
     try:
         info = json.loads((Path(row["dir"]) / "model.json").read_text()) if row["dir"] else None
     except (OSError, ValueError):
@@ -323,7 +327,8 @@ def _saved(row: dict, metric: str) -> Saved:
     metrics = info.get("metrics") or {}
     own = float(metrics.get(metric, fallback.own))
     return Saved(row["peer"], own, float(metrics.get(f"consensus_{metric}", own)),
-                 str(info.get("consensus_digest") or ""), tuple(info.get("consensus") or ()))
+                 str(info.get("consensus_digest") or ""), tuple(info.get("consensus") or ()),
+                 str(info.get("collapse_reason") or fallback.collapse))
 
 
 def _headline(saved: list[Saved], spec, elapsed: float) -> tuple[str, bool]:
@@ -363,11 +368,23 @@ def _summary(rows: list[dict], out: Path, elapsed: float, console: Console, spec
     for r in rows:
         consensus = f" (own model), {_num(r['consensus'])} (saved model, the consensus)" \
             if not math.isnan(r["consensus"]) else ""
-        console.print(escape(f"{r['peer']}: {r['state']}, {r['step']} steps, {label} {_num(r['metric'])}{consensus}"))
+        state = f"{r['state']}, collapsed ({r['collapse']})" if r.get("collapse") else r["state"]
+        console.print(escape(f"{r['peer']}: {state}, {r['step']} steps, {label} {_num(r['metric'])}{consensus}"))
     console.print(escape(f"history: {out / 'history.csv'}; plot: {out / 'progress.png'}"))
     if not finished or len(finished) < len(rows):
         console.print(f"[red]not every peer finished ({len(finished)}/{len(rows)}); see the logs in {escape(str(out))}")
         return 1
-    line, same = _headline([_saved(r, spec.metric) for r in finished], spec, elapsed)
-    console.print(f"[bold {'green' if same else 'yellow'}]{escape(line)}")
+    saved = [_saved(r, spec.metric) for r in finished]
+    line, same = _headline(saved, spec, elapsed)
+    collapsed = [s for s in saved if s.collapse]
+    console.print(f"[bold {'red' if collapsed else 'green' if same else 'yellow'}]{escape(line)}")
+    if collapsed:  # the job ended, but its model is no trained result (docs/operations.md)
+        console.print(f"[bold red]{escape(_collapse_line(collapsed))}")
+        return 1
     return 0
+
+
+def _collapse_line(collapsed: list[Saved]) -> str:
+    why = "; ".join(f"{s.peer}: {s.collapse}" for s in collapsed)
+    return (f"training collapsed ({why}); the saved model is marked collapsed in model.json: change the job "
+            "(e.g. a lower [optimizer] lr) and run it again")

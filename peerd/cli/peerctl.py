@@ -37,7 +37,8 @@ def _progress_rows(job) -> list[list[object]]:
     rows = []
     for w in workers:
         p = w.progress if w else job.progress
-        head = [job.name, w.member if w else "-", w.device if w else "-", w.state if w else job.state]
+        state = (w.state if w else job.state) + (", collapsed" if p.collapsed else "")  # the note says why
+        head = [job.name, w.member if w else "-", w.device if w else "-", state]
         rows.append(head + [p.phase or "-", p.step, p.round, p.epoch, p.loss, p.lr, p.global_batch,
                             p.local_batch or "-", _percent(p.share), p.samples_per_s, _busy(p),
                             f"{p.partners_reached}/{p.partners_planned}", _metric(p),
@@ -59,6 +60,8 @@ def cmd_status(client: ControlClient, args) -> tuple[object, str]:
              for j in s.jobs for w in j.workers if w.message]
     notes += [f"{j.name}/{w.member}: intra-host group: {w.progress.intrahost}" for j in s.jobs for w in j.workers
               if w.progress.intrahost]
+    notes += [f"{j.name}/{w.member}: {w.progress.collapse_reason}" for j in s.jobs for w in j.workers
+              if w.progress.collapsed]
     notes = "".join("\n" + n for n in notes)
     return s, head + ("\n\n" + table + ("\n" + notes if notes else "") if s.jobs
                       else "\n\nno jobs (peerctl join JOB.toml)")
@@ -72,8 +75,9 @@ def cmd_peers(client: ControlClient, args) -> tuple[object, str]:
     for p in reply.peers:
         head = [p.peer_id, p.state, p.address, p.locality or "-", p.last_seen_s]
         for j in p.job_states or [None]:  # one row per worker and job: a daemon may run several
-            job = [j.name, j.member or p.peer_id, j.device or "-", j.state, j.phase or "-", j.round, j.lr,
-                   j.global_batch or "-", j.samples_per_s, j.local_batch or "-", _percent(j.share)] if j else ["-"] * 11
+            job = [j.name, j.member or p.peer_id, j.device or "-", j.state + (", collapsed" if j.collapsed else ""),
+                   j.phase or "-", j.round, j.lr, j.global_batch or "-", j.samples_per_s, j.local_batch or "-",
+                   _percent(j.share)] if j else ["-"] * 11
             rows.append(head + job)
     table = render(["peer", "state", "address", "locality", "seen (s)", "job", "worker", "device",
                     "job state", "phase", "round", "lr", "global batch", "samples/s", "batch", "share"], rows)
@@ -250,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.json:
         data = reply if isinstance(reply, dict) else message_json(reply)
-        print(json.dumps(data, indent=2))
+        print(json.dumps(data, indent=2, allow_nan=False))  # strict JSON: docs/operations.md, "JSON output"
     else:
         print(text)
     return 0

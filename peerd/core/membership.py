@@ -41,6 +41,7 @@ class JobEntry:
     disagreement: float = float("nan")
     segment_misses: int = 0
     rejected: int = 0
+    collapsed: bool = False  # its worker's training collapsed (peerd.core.health)
 
     @property
     def serving(self) -> bool:

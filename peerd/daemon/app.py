@@ -270,7 +270,7 @@ class Daemon:
         try:
             joined = json.loads((job_dir / JOINED).read_text())
             spec = await self.join((job_dir / "job.toml").read_text(), joined.get("spec_dir", ""),
-                                   bool(joined.get("fetched")))
+                                   bool(joined.get("fetched")), bool(joined.get("by_name")))
             log.info("%s job %s", how, spec.name)
         except (OSError, ValueError, PeerdError) as exc:
             log.error("could not join the job in %s again: %s", job_dir, exc)
@@ -305,8 +305,9 @@ class Daemon:
     async def fetch_code(self, name: str, spec_dir: str) -> control_pb2.FetchCodeReply:
         return await self.by_name.fetch_code(name, spec_dir)
 
-    async def join(self, spec_toml: str, spec_dir: str, fetched: bool = False) -> JobSpec:
-        return self.registry.join(spec_toml, spec_dir, start=self.availability.training, fetched=fetched)
+    async def join(self, spec_toml: str, spec_dir: str, fetched: bool = False, by_name: bool = False) -> JobSpec:
+        return self.registry.join(spec_toml, spec_dir, start=self.availability.training, fetched=fetched,
+                                  by_name=by_name)
 
     async def export(self, name: str, path: str) -> control_pb2.ExportReply:
         return await self.registry.export(name, path, EXPORT_TIMEOUT_S)
@@ -359,7 +360,7 @@ class Daemon:
                                                 member=j.member or r.peer_id, device=j.device,
                                                 epochs=j.progress, loss=j.loss, metric=j.metric,
                                                 disagreement=j.disagreement, segment_misses=j.segment_misses,
-                                                rejected=j.rejected) for j in r.jobs],
+                                                rejected=j.rejected, collapsed=j.collapsed) for j in r.jobs],
             )
             for r in self.membership.peers()
         ])

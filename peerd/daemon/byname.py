@@ -41,7 +41,7 @@ class Found:
 
 class ByName:
     def __init__(self, config: DaemonConfig, membership: Membership, hello: HelloClient, store: CodeStore,
-                 join: Callable[[str, str, bool], Awaitable[JobSpec]]) -> None:
+                 join: Callable[[str, str, bool, bool], Awaitable[JobSpec]]) -> None:
         self.config, self.membership, self.hello, self.store = config, membership, hello, store
         self._join = join
 
@@ -77,7 +77,7 @@ class ByName:
             return Found(text, spec, "local", files=tuple(sorted(files)), size=len(pack(files)))
         if self.store.has(spec.code):
             return self._found(text, spec, "stored", self.store.files(spec.code), self.store.origin(spec.code))
-        secret = spec.secret_path(spec_dir) or self.config.job_secret_file
+        secret = spec.secret_here(spec_dir, self.config.job_secret_file, by_name=True)
         if secret is None or not secret.exists():
             raise ConfigError(
                 f"job {name!r}: {why}. This machine holds no job secret{f' (no file {secret})' if secret else ''}, "
@@ -112,7 +112,7 @@ class ByName:
                                   "before it runs (--yes to confirm at once)")
             raise JobMismatch(f"job {name!r} runs code bundle {code}, not the {accept_code} confirmed: refused, "
                               "nothing runs")
-        return await self._join(found.text, spec_dir, found.source in FROM_PEERS)
+        return await self._join(found.text, spec_dir, found.source in FROM_PEERS, True)
 
     async def fetch(self, spec: JobSpec, peers: list[str], auth: Authenticator) -> tuple[dict, dict[str, str]]:
         refusals, mismatch = [], False

@@ -20,7 +20,7 @@ def entry_of(ad: peer_pb2.JobAd) -> JobEntry:
                     ad.global_batch, ad.samples_per_s, ad.local_batch, ad.share, ad.member, ad.device,
                     ad.data_samples, ad.progress, fixed_s=ad.fixed_s, per_sample_s=ad.per_sample_s,
                     epochs_read=ad.epochs_read, loss=ad.loss, metric=ad.metric, disagreement=ad.disagreement,
-                    segment_misses=ad.segment_misses, rejected=ad.rejected)
+                    segment_misses=ad.segment_misses, rejected=ad.rejected, collapsed=ad.collapsed)
 
 
 def record_of(state: peer_pb2.PeerState, seen: float) -> PeerRecord:

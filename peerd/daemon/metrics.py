@@ -79,6 +79,8 @@ _GAUGES = (
     ("peerd_metric", "The job's metric (job.metric, e.g. test accuracy) at the last evaluation.", "metric"),
     ("peerd_disagreement", "Relative distance to partners' segments in the last round.", "disagreement"),
     ("peerd_checkpoint_round", "Round of the last checkpoint written or resumed from.", "checkpoint_round"),
+    ("peerd_collapsed", "1 once the worker's training collapsed (a non-finite or risen loss, the metric back "
+     "at chance: docs/algorithms.md), and from then on; else 0.", "collapsed"),
 )
 
 

@@ -73,12 +73,15 @@ class JobRegistry:
                                   "no_secret")
         return load_secret(job.first.launch.secret_file)
 
-    def join(self, spec_toml: str, spec_dir: str, start: bool = True, fetched: bool = False) -> JobSpec:
+    def join(self, spec_toml: str, spec_dir: str, start: bool = True, fetched: bool = False,
+             by_name: bool = False) -> JobSpec:
         """`start` False: the job is kept, held, its workers not started: the
         machine is not free for it now (peerd.daemon.availability). `fetched`: its
-        code came from a peer and runs from the store; else from `spec_dir`."""
+        code came from a peer and runs from the store; else from `spec_dir`.
+        `by_name`: the job file is a peer's (peerctl join NAME)."""
         spec = parse_job(spec_toml, "job spec")
-        secret_file = spec.secret_path(spec_dir) or self.config.job_secret_file
+        by_name = by_name or fetched
+        secret_file = spec.secret_here(spec_dir, self.config.job_secret_file, by_name)
         spec_toml, spec, code_dir, bundle = self._code(spec_toml, spec, spec_dir, secret_file, fetched)
         self._check_joinable(spec, secret_file)
         data_root = check_local_job(spec, spec_dir, secret_file, self.config.data_root)
@@ -89,7 +92,8 @@ class JobRegistry:
         job_dir.mkdir(parents=True, exist_ok=True)
         spec_path = job_dir / "job.toml"
         write_atomic(spec_path, spec_toml)
-        write_atomic(job_dir / JOINED, json.dumps({"spec_dir": spec_dir, "fetched": fetched}) + "\n")
+        joined = {"spec_dir": spec_dir, "fetched": fetched, "by_name": by_name}
+        write_atomic(job_dir / JOINED, json.dumps(joined) + "\n")
         (job_dir / ENDED).unlink(missing_ok=True)
         # The workers of one daemon average their group stage on torch.distributed
         # (gloo on CPUs, NCCL on GPUs), re-formed when one of them restarts.
@@ -275,6 +279,7 @@ class JobRegistry:
             local_batch=p.local_batch, share=p.share, device=w.device, data_samples=p.data_samples,
             progress=p.job_progress, epochs_read=p.epochs_read, loss=p.loss, metric=p.metric,
             disagreement=p.disagreement, segment_misses=p.segment_misses, rejected=sum(p.rejected.values()),
+            collapsed=p.collapsed,
             member=w.member if w.member != self.peer_id else "",  # a single worker's ad is as before
         )
 

@@ -61,6 +61,11 @@ class Ending(Protocol):
     metrics: dict[str, float]
     evaluate: Callable[[], dict[str, float]] | None
     tblog: TensorBoardLog
+    collapsed: str
+
+    def watch_health(self, metrics: dict[str, float] | None = None, ended: bool = False) -> None: ...
+
+    def collapse_info(self) -> dict[str, object]: ...
 
     def enter(self, stage: Stage) -> bool: ...
 
@@ -119,6 +124,8 @@ class JobEnd:
         await asyncio.wait_for(self._settle(), CLOSE_TIMEOUT_S)
         if e.evaluate is not None:
             metrics = {**metrics, **await asyncio.to_thread(e.evaluate)}
+        # The end's evaluation (a script's report was watched as it came), and the end itself.
+        e.watch_health(metrics if e.evaluate is not None else None, ended=True)
         patience = end_patience_s(self.consensus_limit_s())
         c = await asyncio.wait_for(self._conclude(patience), patience + CLOSE_TIMEOUT_S)
         # Evaluated outside that limit: the wait for the others may have used it all,
@@ -176,7 +183,8 @@ class JobEnd:
         path = e.out_dir / "model.pt"
         save_model(e.state.model, path, job=e.spec.name, step=e.source.step_count,
                    progress=e.source.progress, round=e.round, metric=e.spec.metric, metrics=metrics,
-                   fingerprint=e.identity.fingerprint, consensus=list(c.plan.members), consensus_digest=c.digest)
+                   fingerprint=e.identity.fingerprint, consensus=list(c.plan.members), consensus_digest=c.digest,
+                   **e.collapse_info())
         return path
 
     async def _finish(self, metrics: dict[str, float], model_path: Path | None) -> None:
@@ -188,10 +196,12 @@ class JobEnd:
         e.report(finished=True)
         e.tblog.finished(e.link.progress)
         name = e.spec.metric
-        log.info("finished: %d steps, %d rounds, %s %.4f (own model), %.4f (consensus of %d); model saved to %s",
-                 e.source.step_count, e.round, name, metrics.get(name, math.nan),
-                 metrics.get(f"consensus_{name}", math.nan), int(metrics.get("consensus_peers", 1)),
-                 model_path or "nowhere (no trained model)")
+        # A collapsed job ends all the same (its epochs are done), said beside it (docs/operations.md).
+        say, collapsed = (log.warning, f", collapsed ({e.collapsed})") if e.collapsed else (log.info, "")
+        say("finished%s: %d steps, %d rounds, %s %.4f (own model), %.4f (consensus of %d); model saved to %s",
+            collapsed, e.source.step_count, e.round, name, metrics.get(name, math.nan),
+            metrics.get(f"consensus_{name}", math.nan), int(metrics.get("consensus_peers", 1)),
+            model_path or "nowhere (no trained model)")
         if self.consensus is not None and not self.consensus.plan.alone:
             reads = (self.consensus.plan.size - 1) * self._final_segments
             if not await e.final.wait_served(reads, self.consensus_limit_s()):

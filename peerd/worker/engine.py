@@ -24,9 +24,11 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from peerd.core.catchup import step_up
+from peerd.core.health import describe
 from peerd.core.lifecycle import Outcome, Stage, outcome_of
 from peerd.core.shares import BatchPlan, Rebalancer, published_costs
 from peerd.core.stepplan import StepPlan, members_of, own_view, step_plan
@@ -109,6 +111,7 @@ class Engine:
         self._round_steps = spec.gossip.period_steps  # local steps in the last round (end_round)
         self.metrics: dict[str, float] = {}  # the last evaluation
         self.evaluate = None  # a callable returning metrics every eval_every_rounds (peerd's own loop)
+        self.collapsed = ""  # why training collapsed, once the watch saw it (peerd.core.health); sticky
         self.rebalancer = rebalancer_of(spec)
         self._server = None
         self._beats: asyncio.Task | None = None
@@ -241,9 +244,11 @@ class Engine:
             if self.checkpoints.due(self.round):
                 await self.checkpoint("periodic")
             started = self.time.add("checkpoint", started)
-            if self.round % self.spec.eval_every_rounds == 0 and self.evaluate is not None:
+            evaluated = self.round % self.spec.eval_every_rounds == 0 and self.evaluate is not None
+            if evaluated:
                 self.metrics = await asyncio.to_thread(self.evaluate)
             self.time.add("evaluate", started)
+            self.watch_health(self.metrics if evaluated else None)
             self.report(result)
             self.tblog.round(self.link.progress, self.metrics)
             return self._next_plan()
@@ -260,13 +265,33 @@ class Engine:
             await asyncio.to_thread(write_model, state, Path(path), job=self.spec.name, round=self.round,
                                     step=self.source.step_count, progress=self.source.progress,
                                     metric=self.spec.metric, metrics=self.metrics, consensus=list(mean.plan.members),
-                                    fingerprint=self.identity.fingerprint)
+                                    fingerprint=self.identity.fingerprint, **self.collapse_info())
         except OSError as exc:
             log.error("export to %s failed: %s", path, exc)
             return
         self.exported, self.exported_round = path, self.round
         log.info("round %d: the average of round %d's models over %s exported to %s", self.round, self.round,
                  mean.describe(), path)
+
+    def watch_health(self, metrics: Mapping[str, float] | None = None, ended: bool = False) -> None:
+        """An evaluation (`metrics`, this worker's own model's) to the collapse watch,
+        which the training side feeds each step's loss, and the job's end (`ended`);
+        once it sees a collapse, say so once, at the round it shows (docs/algorithms.md,
+        "When training collapses")."""
+        health = self.source.health
+        if metrics is not None and self.spec.metric in metrics:
+            health.metric(metrics[self.spec.metric], self.source.step_count)
+        if ended:
+            health.end(self.source.step_count)
+        if health.collapse is None or self.collapsed:
+            return
+        self.collapsed = describe(health.collapse, self.round)
+        log.warning("%s; its model will be marked collapsed (the job runs to its end): the same job would "
+                    "collapse again, so change it (e.g. a lower [optimizer] lr) and start it again", self.collapsed)
+
+    def collapse_info(self) -> dict[str, object]:
+        """What a model file says of the collapse watch (model.json)."""
+        return {"collapsed": bool(self.collapsed), "collapse_reason": self.collapsed}
 
     def _meta(self) -> StateMeta:
         """Where this worker stands, with the state that is not the vector."""
@@ -351,5 +376,6 @@ class Engine:
         rounds = self.rounds
         figures = EngineFigures(self.round, self.phase, self.metrics, self.checkpoints.last,
                                 (self.exported, self.exported_round), rounds.misses, rounds.exchange_times,
-                                rounds.intrahost_status, self.rejections.counts, self.traffic, self.time)
+                                rounds.intrahost_status, self.rejections.counts, self.traffic, self.time,
+                                self.collapsed)
         self.link.progress = progress_of(self.source, figures, self.spec, result, self.link.progress, finished)

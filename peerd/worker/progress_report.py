@@ -53,6 +53,7 @@ class EngineFigures:
     rejected: Mapping[str, int]
     traffic: Traffic
     time: TimeSpent
+    collapsed: str = ""  # why training collapsed (peerd.core.health); empty while it has not
 
 
 def progress_of(t: Source, engine: EngineFigures, spec: JobSpec, result: RoundResult | None,
@@ -77,6 +78,7 @@ def progress_of(t: Source, engine: EngineFigures, spec: JobSpec, result: RoundRe
         data_samples=getattr(t, "data_samples", 0), data_mode=spec.data_mode,
         job_progress=getattr(t, "progress", 0.0), epochs_read=getattr(t, "epochs_read", 0.0),
         training_s=engine.time.training_s, waited_s=engine.time.waited,
+        collapsed=bool(engine.collapsed), collapse_reason=engine.collapsed,
     )
     if result is not None:
         p.partners_reached = len(result.reached)

@@ -4,12 +4,14 @@ ranges, and refusals for another secret, a job held without one, another code.""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 import pytest
 
 from peerd.auth import Authenticator, load_secret, new_secret_file
+from peerd.cli import peerctl
 from peerd.core.bundle import Limits, digest, unpack
 from peerd.core.codes import WorkerState
 from peerd.errors import ConfigError, PeerUnavailable, Unauthenticated
@@ -90,7 +92,8 @@ async def test_a_job_whose_code_came_from_peers_resumes_from_the_store_checked_a
     (mine / "job.secret").chmod(0o600)
     await b.join(text, str(mine), fetched=True)
     job_dir = b.registry.jobs["held"].job_dir
-    assert json.loads((job_dir / "joined.json").read_text()) == {"spec_dir": str(mine), "fetched": True}
+    assert json.loads((job_dir / "joined.json").read_text()) == {"spec_dir": str(mine), "fetched": True,
+                                                                  "by_name": True}
     run_dir = b.registry.code.dir(spec.code)
     assert b.registry.jobs["held"].first.launch.spec_dir == str(run_dir)
     # Changed in the store after the check: the resume writes the bundle's files again.
@@ -148,3 +151,32 @@ async def test_a_peer_that_left_the_view_is_skipped_when_the_spec_is_asked(daemo
     b.membership.jobs = lambda: {key: ["gone", *peers]}  # listed, then gone before it is asked
     text, spec, _ = await b.by_name.spec("held")
     assert spec.name == "held"
+
+
+async def test_a_job_joined_by_name_takes_the_daemon_s_job_secret(daemons, lab, tmp_path, capsys):
+    # The job names secret_file = "job.secret", relative: not in --dir here, so
+    # the daemon's [auth] job_secret_file stands in (docs/operations.md, "A job's
+    # code travels"), to fetch the code and for the workers, on a resume too.
+    daemon_secret = tmp_path / "beta.secret"
+    daemon_secret.write_bytes((lab / "job.secret").read_bytes())
+    daemon_secret.chmod(0o600)
+    a = await daemons("alpha")
+    b = await daemons("beta", seeds=(a.peer_address,), job_secret_file=daemon_secret)
+    a.registry.join(job_text("held", secret=True), str(lab), start=False)
+    a.registry.jobs["held"].first.state = WorkerState.RUNNING  # advertised as running; no process started
+    await until(lambda: any(n == "held" for n, _ in b.membership.jobs()), "beta to see alpha's job")
+    await b.pause(0)  # the owner's pause: the job is held, no worker starts
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    argv = ["--socket", str(b.config.control_socket), "join", "held", "--dir", str(mine), "--yes"]
+    code = await asyncio.to_thread(peerctl.main, argv)  # the sync client in a thread: b answers on this loop
+    out, err = capsys.readouterr()
+    assert code == 0 and out.startswith("joined held"), err
+    assert "fetched just now" in err and "holds no job secret" not in err
+    job = b.registry.jobs["held"]
+    assert job.first.launch.secret_file == daemon_secret
+    assert json.loads((job.job_dir / "joined.json").read_text()) == {"spec_dir": str(mine), "fetched": True,
+                                                                      "by_name": True}
+    del b.registry.jobs["held"]
+    await b._rejoin(job.job_dir, "resumed")
+    assert b.registry.jobs["held"].first.launch.secret_file == daemon_secret

@@ -47,6 +47,7 @@ def test_mnist_example_is_valid():
     assert spec == JobSpec(
         name="mnist-example",
         module="peerd.examples.mnist",
+        chance=0.1,
         seed=0,
         init="shared",
         data_mode="shared",
@@ -55,6 +56,7 @@ def test_mnist_example_is_valid():
         eval_every_rounds=40,
         optimizer=OptimizerSpec(name="sgd", lr=0.05, schedule="cosine", reference_batch=96, ramp_steps=8,
                                 options=(("momentum", 0.9), ("weight_decay", 0.0001))),
+        train=TrainSpec(grad_clip_norm=3.0),
         gossip=GossipSpec(period_steps=1, segments=6, chunk_kib=1024,
                           deadline_floor_s=0.5, deadline_ceiling_s=10.0),
     )
@@ -147,7 +149,7 @@ CHANGES = [
     ("optimizer", "scaling", "linear"),
     ("optimizer", "max_scale", 4.0),
     ("train", "precision", "bf16"),
-    ("train", "grad_clip_norm", 1.0),
+    ("train", "grad_clip_norm", 1.0),  # the example's is 3.0
     ("gossip", "average_buffers", True),
     ("gossip", "overlap", True),
     ("gossip", "average_optimizer_state", True),
@@ -215,11 +217,21 @@ def test_every_field_is_covered_by_changes():
     fields |= {f"gossip.{k}" for k in GossipSpec.__dataclass_fields__}
     fields |= {f"train.{k}" for k in TrainSpec.__dataclass_fields__}
     covered = {f"{t}.{k}" for t, k, _ in CHANGES} | {"optimizer.options"}  # momentum, nesterov, ...
-    # weighting is local mode's (test below); secret_file, min_peers and
-    # start_timeout_s are left out of the fingerprint on purpose (tests below);
-    # script and args exclude a job module (test below).
+    # weighting is local mode's (test below); secret_file, min_peers,
+    # start_timeout_s and chance are left out of the fingerprint on purpose (tests
+    # below); script and args exclude a job module (test below).
     assert fields - covered == {"job.weighting", "job.secret_file", "job.script", "job.args", "job.min_peers",
-                                "job.start_timeout_s"}
+                                "job.start_timeout_s", "job.chance"}
+
+
+def test_the_chance_level_is_watched_not_trained_and_not_in_the_fingerprint():
+    """[job] chance only arms the collapse watch's metric rule (peerd.core.health)."""
+    base = parse_job(without("job", "chance"), SRC)
+    assert base.chance is None
+    for value in (0.1, 4.564, -1.0):
+        spec = parse_job(changed("job", "chance", value), SRC)
+        assert spec.chance == value and spec.fingerprint == base.fingerprint
+    assert parse_job(MNIST_TEXT, SRC).fingerprint == base.fingerprint
 
 
 def test_the_start_gate_is_each_peers_own_and_not_in_the_fingerprint():
@@ -245,11 +257,11 @@ def test_local_mode_weighting_is_in_the_fingerprint_and_shared_fingerprints_are_
     assert local.weighting == "samples" and uniform.weighting == "uniform"
     assert len({shared.fingerprint, local.fingerprint, uniform.fingerprint}) == 3
     # A shared-data job's canonical form has no weighting, nor the default step_model,
-    # nor empty files and code: peers of before local mode, of before the step model
-    # was a choice, and of before code travelled, still match.
+    # nor empty files and code, nor the chance level: peers of before local mode, of
+    # before the step model was a choice, and of before code travelled, still match.
     fields = dataclasses.asdict(shared)
     for key in ("secret_file", "checkpoint", "data_loading", "weighting", "step_model", "min_peers",
-                "start_timeout_s", "log", "files", "code"):
+                "start_timeout_s", "log", "files", "code", "chance"):
         del fields[key]
     canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     assert shared.fingerprint == hashlib.sha256(canonical.encode()).hexdigest()[:32]
@@ -327,6 +339,18 @@ def test_secret_file_is_not_in_the_fingerprint_and_resolves_next_to_the_job_file
         spec.secret_path("")
     with pytest.raises(ConfigError, match="secret_file"):
         parse_job(changed("job", "secret_file", ""), SRC)
+
+
+def test_the_daemon_s_job_secret_stands_in_for_a_missing_one_only_when_joined_by_name(tmp_path):
+    spec = parse_job(changed("job", "secret_file", "job.secret"), SRC)
+    daemon = tmp_path / "daemon.secret"
+    assert spec.secret_here(str(tmp_path), daemon) == tmp_path / "job.secret"  # a job file's: refused at join
+    assert spec.secret_here(str(tmp_path), daemon, by_name=True) == daemon
+    assert spec.secret_here("", daemon, by_name=True) == daemon
+    assert spec.secret_here(str(tmp_path), None, by_name=True) == tmp_path / "job.secret"
+    (tmp_path / "job.secret").write_text("x")
+    assert spec.secret_here(str(tmp_path), daemon, by_name=True) == tmp_path / "job.secret"  # the job's own wins
+    assert parse_job(MNIST_TEXT, SRC).secret_here(str(tmp_path), daemon) == daemon
 
 
 def test_checkpoint_settings_are_read_and_left_out_of_the_fingerprint():
@@ -484,6 +508,10 @@ BAD = [
     ("job", "epoch_chunks", 0),
     ("job", "epoch_chunks", 65537),
     ("job", "epoch_chunks", 2.0),
+    ("job", "chance", 0),
+    ("job", "chance", float("nan")),
+    ("job", "chance", float("inf")),
+    ("job", "chance", "0.1"),
     # wrong types
     ("job", "seed", "0"),
     ("job", "seed", 1.5),

@@ -98,3 +98,11 @@ def test_several_workers_have_a_series_each(tmp_path):
     assert got[("peerd_worker_restarts_total", (("job", "m"), ("worker", "me.0")))] == 0
     assert got[("peerd_worker_restarts_total", (("job", "m"), ("worker", "me.1")))] == 3
     assert got[("peerd_membership_size", (("job", "m"),))] == 2
+
+
+def test_a_collapsed_worker_is_a_1_in_peerd_collapsed(tmp_path):
+    daemon = Daemon(DaemonConfig(state_dir=tmp_path, peer_id="me", control_socket=tmp_path / "s.sock"))
+    daemon.jobs["m"] = j = job(tmp_path)
+    assert samples(daemon)[("peerd_collapsed", (("job", "m"),))] == 0
+    j.first.progress.collapsed, j.first.progress.collapse_reason = True, "training collapsed at round 50 (…)"
+    assert samples(daemon)[("peerd_collapsed", (("job", "m"),))] == 1

@@ -261,6 +261,26 @@ def test_status_shows_the_consensus_models_metric_beside_the_own_one():
     assert peerctl._metric(p) == "accuracy 0.9000, consensus of 3 0.9500"
 
 
+def test_status_shows_a_collapse_beside_the_state_and_its_reason_under_the_table():
+    from types import SimpleNamespace
+
+    from peerd.progress import empty_progress
+    from peerd.proto.v1 import control_pb2
+
+    def status(why: str) -> str:
+        p = empty_progress()
+        p.collapsed, p.collapse_reason = bool(why), why
+        worker = control_pb2.LocalWorker(member="peer-0", device="cpu", state="finished", progress=p)
+        reply = control_pb2.StatusReply(peer_id="peer-0", jobs=[control_pb2.LocalJob(
+            name="diverge", state="finished", progress=p, workers=[worker])])
+        return peerctl.cmd_status(SimpleNamespace(status=lambda: reply), None)[1]
+
+    why = "training collapsed at round 50 (loss blow-up): loss 76.2 (first step 2.3) over the last 50 steps"
+    text = status(why)
+    assert "finished, collapsed" in text and text.endswith(f"\ndiverge/peer-0: {why}")
+    assert "collapsed" not in status("")
+
+
 def test_busy_is_compute_over_training_time_with_the_largest_wait():
     from peerd.progress import empty_progress
 

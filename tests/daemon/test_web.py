@@ -136,6 +136,22 @@ def test_a_hello_carries_what_the_page_plots_of_a_remote_member(tmp_path):
     assert (j.round, j.epochs, j.loss, j.metric, j.segment_misses, j.rejected) == (41, 1.25, 0.5, 0.9, 3, 2)
 
 
+def test_a_collapse_shows_with_its_reason_here_and_as_a_flag_through_a_hello(tmp_path):
+    sender = daemon_with_job(tmp_path / "a", "j")
+    why = "training collapsed at round 50 (loss blow-up): loss 76.2 (first step 2.3) over the last 50 steps"
+    p = sender.jobs["j"].first.progress
+    p.collapsed, p.collapse_reason = True, why
+    [job] = page_status(sender, time.monotonic())["view"]
+    [me] = job["members"]
+    assert me["collapsed"] is True and me["collapse_reason"] == why
+    receiver = Daemon(DaemonConfig(state_dir=tmp_path / "b", peer_id="peer-9", control_socket=tmp_path / "b.sock"))
+    receiver.hello._observe(peer_pb2.HelloReply.FromString(sender.hello_reply().SerializeToString()), "127.0.0.1:1")
+    assert receiver.list_peers().peers[0].job_states[0].collapsed
+    [job] = page_status(receiver, time.monotonic())["view"]
+    [them] = job["members"]
+    assert them["collapsed"] is True and them["collapse_reason"] == ""  # the reason stays on its own daemon's page
+
+
 def test_members_sort_naturally():
     assert sorted(["peer-10", "peer-2", "peer-1.1", "peer-1.0"], key=natural_key) == \
         ["peer-1.0", "peer-1.1", "peer-2", "peer-10"]

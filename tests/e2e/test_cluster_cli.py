@@ -239,6 +239,39 @@ def test_the_headline_is_the_saved_models_metric(tmp_path):
                                  "1.5000; in 5s")
 
 
+def test_a_collapsed_run_says_so_at_the_end_and_exits_1(tmp_path):
+    """From model.json's collapse_reason (docs/operations.md, "When training collapses"):
+    each peer's last line, a line after the headline, and exit code 1."""
+    import io
+
+    from rich.console import Console
+
+    from peerd.cli.cluster import _summary
+    from peerd.jobspec import parse_job
+
+    why = "training collapsed at round 50 (loss blow-up): loss 76.2 (first step 2.3) over the last 50 steps"
+
+    def run(collapsed: bool) -> tuple[int, str]:
+        rows = []
+        for peer in ("peer-0", "peer-1"):
+            folder = tmp_path / f"{peer}-{collapsed}"
+            folder.mkdir()
+            (folder / "model.json").write_text(json.dumps({
+                "consensus": ["peer-0", "peer-1"], "consensus_digest": "d1", "metrics": {"accuracy": 0.089},
+                "collapsed": collapsed, "collapse_reason": why if collapsed else ""}))
+            rows.append({"peer": peer, "state": "finished", "step": 125, "metric": 0.089, "consensus": 0.089,
+                         "dir": str(folder), "collapse": why if collapsed else ""})
+        out = io.StringIO()
+        code = _summary(rows, tmp_path, 14.0, Console(file=out, width=1000), parse_job(example_job(), "job"))
+        return code, out.getvalue()
+
+    code, text = run(collapsed=True)
+    assert code == 1 and f"peer-0: finished, collapsed ({why}), 125 steps" in text
+    assert f"training collapsed (peer-0: {why}; peer-1: {why}); the saved model is marked collapsed" in text
+    code, text = run(collapsed=False)
+    assert code == 0 and "collapsed (" not in text and "training collapsed" not in text
+
+
 def cluster_cli(capsys, *args: str) -> tuple[int, str]:
     """`peerd cluster ARGS` in this process, for the refusals that start nothing:
     the exit code and what it printed, whitespace made single spaces."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import sys
 import textwrap
+import types
 import warnings
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import peerd
+from peerd.core.health import NONFINITE
 from peerd.core.stepplan import StepPlan
 from peerd.errors import ConfigError
 from peerd.jobspec import parse_job
@@ -212,6 +214,25 @@ def test_peer_step_takes_the_loss_tensor_without_a_warning():
         _loss_value(torch.ones(2))
     with pytest.raises(ConfigError, match="a number or a one-element tensor"):
         _loss_value("low")
+
+
+def test_a_scripts_losses_and_reports_go_to_the_collapse_watch():
+    """peer.step(loss=...) gives the watch each step's loss (a step without one, nothing);
+    peer.report gives the engine's watch each evaluation (docs/algorithms.md, "When
+    training collapses")."""
+    peer = script_peer()
+    for _ in range(5):
+        counted_step(peer)
+    counted_step(peer, loss=float("nan"))
+    counted_step(peer)  # no loss: the non-finite ones still count as in a row
+    assert peer.source.health.collapse is None
+    counted_step(peer, loss=torch.tensor(float("inf")))
+    counted_step(peer, loss=float("nan"))
+    assert peer.source.health.collapse.rule == NONFINITE and peer.source.health.collapse.step == 9
+    seen = []
+    peer._engine = types.SimpleNamespace(metrics={}, watch_health=seen.append)
+    peer.report({"accuracy": 0.5})
+    assert seen == [{"accuracy": 0.5}] and peer._engine.metrics == {"accuracy": 0.5}
 
 
 def test_the_lr_law_sees_the_planned_global_batch_not_a_short_step(caplog):

@@ -62,3 +62,11 @@ def test_the_time_spent_waiting_is_added_by_cause():
     spent.start()
     now = spent.add("round", spent.since - 2.0)
     assert now >= spent.since and spent.waited["round"] >= 2.0 and spent.training_s >= 0.0
+
+
+def test_a_collapse_is_reported_with_its_reason_and_none_as_healthy():
+    healthy = progress_of(source(), figures(), SPEC, None, empty_progress())
+    assert not healthy.collapsed and healthy.collapse_reason == ""
+    why = "training collapsed at round 50 (loss blow-up): loss 76.2 (first step 2.3) over the last 50 steps"
+    p = progress_of(source(), figures(collapsed=why), SPEC, None, empty_progress(), finished=True)
+    assert p.collapsed and p.collapse_reason == why and p.finished

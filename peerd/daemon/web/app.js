@@ -16,7 +16,8 @@ const CURVES = [
 ];
 const TEXT_COLUMNS = 4; // the first ones are words, the rest numbers
 const MEMBER_COLUMNS = [
-  ["member", (m) => m.member], ["daemon", (m) => m.daemon || "-"], ["state", (m) => m.state],
+  ["member", (m) => m.member], ["daemon", (m) => m.daemon || "-"],
+  ["state", (m) => m.state + (m.collapsed ? " · collapsed" : "")], // collapsed: docs/operations.md
   ["why not training", (m) => m.why], ["round", (m) => m.round], ["epoch", (m) => fmt(m.epochs, 3)],
   ["loss", (m) => fmt(m.loss)], ["metric", (m) => fmt(m.metric)], ["lr", (m) => fmt(m.lr)],
   ["global batch", (m) => m.global_batch || "-"], ["batch", (m) => m.local_batch || "-"],
@@ -29,7 +30,7 @@ const MEMBER_COLUMNS = [
 
 let lastOk = 0;
 
-// proto3 JSON gives 64-bit integers and NaN as strings: everything through here.
+// Values are numbers, or null when not known (docs/operations.md, "JSON output"): null is NaN here.
 function num(v) {
   if (typeof v === "number") return v;
   if (typeof v === "string" && v !== "") return Number(v);
@@ -211,7 +212,7 @@ function memberRow(m) {
   MEMBER_COLUMNS.forEach(([h, get], k) => {
     const cell = el("td", { class: k < TEXT_COLUMNS ? "text" : "" }, String(get(m)));
     if (k === 0) cell.prepend(el("span", { class: "swatch" }));
-    if (h === "state") cell.classList.add("state", "state-" + m.state);
+    if (h === "state") cell.classList.add("state", "state-" + m.state, ...(m.collapsed ? ["state-collapsed"] : []));
     if (h === "why not training") { cell.classList.add("why"); if (m.message) cell.title = m.message; }
     row.append(cell);
   });
@@ -224,6 +225,8 @@ function updateJob(part, job, history) {
   const bits = [`round ${job.round}`, `epoch ${fmt(job.epochs, 3)}`, `global batch ${job.global_batch || "-"}`,
     `${job.members.length} members, ${training} training`, job.here ? `here: ${job.state}` : "not run here"];
   if (job.consensus !== null) bits.push(`consensus ${job.metric_name} ${fmt(job.consensus)} of ${job.consensus_peers}`);
+  const collapsed = job.members.filter((m) => m.collapsed).map((m) => m.member);
+  if (collapsed.length) bits.push(`training collapsed: ${collapsed.join(", ")}`);
   part.summary.textContent = bits.join(" · ");
   part.summary.dataset.round = job.round;
   part.metricHead.textContent = job.metric_name;
@@ -233,8 +236,9 @@ function updateJob(part, job, history) {
   });
   drawBatches(part.batches.svg, job.members);
   part.tbody.replaceChildren(...job.members.map(memberRow));
-  part.messages.replaceChildren(...job.members.filter((m) => m.message).map((m) =>
-    el("pre", { class: "message" }, `${m.member}: ${m.state}: ${m.message}`)));
+  part.messages.replaceChildren(...job.members.filter((m) => m.message || m.collapse_reason).map((m) =>
+    el("pre", { class: "message" }, [m.message && `${m.member}: ${m.state}: ${m.message}`,
+      m.collapse_reason && `${m.member}: ${m.collapse_reason}`].filter(Boolean).join("\n"))));
 }
 
 const jobParts = new Map();

@@ -80,6 +80,7 @@ def _local_member(peer_id: str, w: control_pb2.LocalWorker) -> dict:
         "samples_per_s": _num(p.samples_per_s), "disagreement": _num(p.disagreement),
         "segment_misses": p.segment_misses, "rejected": sum(p.rejected.values()), "restarts": w.restarts,
         "pid": w.pid, "seen_s": 0.0, "suspected": False,
+        "collapsed": p.collapsed, "collapse_reason": p.collapse_reason,
     }
 
 
@@ -92,6 +93,7 @@ def _remote_member(peer: control_pb2.PeerInfo, j: control_pb2.PeerJob) -> dict:
         "samples_per_s": _num(j.samples_per_s), "disagreement": _num(j.disagreement),
         "segment_misses": j.segment_misses, "rejected": j.rejected, "restarts": None, "pid": None,
         "seen_s": round(peer.last_seen_s, 2), "suspected": peer.state == "suspected",
+        "collapsed": j.collapsed, "collapse_reason": "",  # the reason is on its own daemon's page
     }
 
 
@@ -103,7 +105,7 @@ def _left_member(member: str, age_s: float, last) -> dict:
         "loss": _num(last.loss), "metric": _num(last.metric), "lr": _num(last.lr), "global_batch": 0,
         "local_batch": int(last.local_batch) if math.isfinite(last.local_batch) else 0, "share": None,
         "samples_per_s": None, "disagreement": None, "segment_misses": 0, "rejected": 0, "restarts": None,
-        "pid": None, "seen_s": round(age_s, 1), "suspected": False,
+        "pid": None, "seen_s": round(age_s, 1), "suspected": False, "collapsed": False, "collapse_reason": "",
     }
 
 

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Progress(_message.Message):
-    __slots__ = ("step", "round", "epoch", "loss", "samples_per_s", "partners_reached", "partners_planned", "metric", "disagreement", "samples", "segment_misses", "finished", "exchange_s", "lr", "phase", "global_batch", "rejected", "local_batch", "share", "compute_s", "metric_name", "metric_higher_better", "metrics", "skipped_steps", "exported", "exported_round", "intrahost", "data_samples", "data_mode", "job_progress", "fixed_s", "per_sample_s", "training_s", "waited_s", "epochs_read", "rounds_done", "bytes_sent", "bytes_received", "exchange_buckets", "exchange_sum_s", "exchange_count", "checkpoint_round", "checkpoints_written")
+    __slots__ = ("step", "round", "epoch", "loss", "samples_per_s", "partners_reached", "partners_planned", "metric", "disagreement", "samples", "segment_misses", "finished", "exchange_s", "lr", "phase", "global_batch", "rejected", "local_batch", "share", "compute_s", "metric_name", "metric_higher_better", "metrics", "skipped_steps", "exported", "exported_round", "intrahost", "data_samples", "data_mode", "job_progress", "fixed_s", "per_sample_s", "training_s", "waited_s", "epochs_read", "rounds_done", "bytes_sent", "bytes_received", "exchange_buckets", "exchange_sum_s", "exchange_count", "checkpoint_round", "checkpoints_written", "collapsed", "collapse_reason")
     class RejectedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +72,8 @@ class Progress(_message.Message):
     EXCHANGE_COUNT_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_ROUND_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINTS_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    COLLAPSED_FIELD_NUMBER: _ClassVar[int]
+    COLLAPSE_REASON_FIELD_NUMBER: _ClassVar[int]
     step: int
     round: int
     epoch: int
@@ -115,7 +117,9 @@ class Progress(_message.Message):
     exchange_count: int
     checkpoint_round: int
     checkpoints_written: int
-    def __init__(self, step: _Optional[int] = ..., round: _Optional[int] = ..., epoch: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., partners_reached: _Optional[int] = ..., partners_planned: _Optional[int] = ..., metric: _Optional[float] = ..., disagreement: _Optional[float] = ..., samples: _Optional[int] = ..., segment_misses: _Optional[int] = ..., finished: _Optional[bool] = ..., exchange_s: _Optional[float] = ..., lr: _Optional[float] = ..., phase: _Optional[str] = ..., global_batch: _Optional[int] = ..., rejected: _Optional[_Mapping[str, int]] = ..., local_batch: _Optional[int] = ..., share: _Optional[float] = ..., compute_s: _Optional[float] = ..., metric_name: _Optional[str] = ..., metric_higher_better: _Optional[bool] = ..., metrics: _Optional[_Mapping[str, float]] = ..., skipped_steps: _Optional[int] = ..., exported: _Optional[str] = ..., exported_round: _Optional[int] = ..., intrahost: _Optional[str] = ..., data_samples: _Optional[int] = ..., data_mode: _Optional[str] = ..., job_progress: _Optional[float] = ..., fixed_s: _Optional[float] = ..., per_sample_s: _Optional[float] = ..., training_s: _Optional[float] = ..., waited_s: _Optional[_Mapping[str, float]] = ..., epochs_read: _Optional[float] = ..., rounds_done: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., exchange_buckets: _Optional[_Iterable[int]] = ..., exchange_sum_s: _Optional[float] = ..., exchange_count: _Optional[int] = ..., checkpoint_round: _Optional[int] = ..., checkpoints_written: _Optional[int] = ...) -> None: ...
+    collapsed: bool
+    collapse_reason: str
+    def __init__(self, step: _Optional[int] = ..., round: _Optional[int] = ..., epoch: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., partners_reached: _Optional[int] = ..., partners_planned: _Optional[int] = ..., metric: _Optional[float] = ..., disagreement: _Optional[float] = ..., samples: _Optional[int] = ..., segment_misses: _Optional[int] = ..., finished: _Optional[bool] = ..., exchange_s: _Optional[float] = ..., lr: _Optional[float] = ..., phase: _Optional[str] = ..., global_batch: _Optional[int] = ..., rejected: _Optional[_Mapping[str, int]] = ..., local_batch: _Optional[int] = ..., share: _Optional[float] = ..., compute_s: _Optional[float] = ..., metric_name: _Optional[str] = ..., metric_higher_better: _Optional[bool] = ..., metrics: _Optional[_Mapping[str, float]] = ..., skipped_steps: _Optional[int] = ..., exported: _Optional[str] = ..., exported_round: _Optional[int] = ..., intrahost: _Optional[str] = ..., data_samples: _Optional[int] = ..., data_mode: _Optional[str] = ..., job_progress: _Optional[float] = ..., fixed_s: _Optional[float] = ..., per_sample_s: _Optional[float] = ..., training_s: _Optional[float] = ..., waited_s: _Optional[_Mapping[str, float]] = ..., epochs_read: _Optional[float] = ..., rounds_done: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., exchange_buckets: _Optional[_Iterable[int]] = ..., exchange_sum_s: _Optional[float] = ..., exchange_count: _Optional[int] = ..., checkpoint_round: _Optional[int] = ..., checkpoints_written: _Optional[int] = ..., collapsed: _Optional[bool] = ..., collapse_reason: _Optional[str] = ...) -> None: ...
 
 class WorkerReport(_message.Message):
     __slots__ = ("job", "pid", "address", "fingerprint", "progress", "member")
@@ -280,7 +284,7 @@ class PeerInfo(_message.Message):
     def __init__(self, peer_id: _Optional[str] = ..., address: _Optional[str] = ..., locality: _Optional[str] = ..., version: _Optional[str] = ..., jobs: _Optional[_Iterable[str]] = ..., last_seen_s: _Optional[float] = ..., state: _Optional[str] = ..., job_states: _Optional[_Iterable[_Union[PeerJob, _Mapping]]] = ..., not_training: _Optional[str] = ...) -> None: ...
 
 class PeerJob(_message.Message):
-    __slots__ = ("name", "state", "phase", "round", "lr", "global_batch", "samples_per_s", "local_batch", "share", "member", "device", "epochs", "loss", "metric", "disagreement", "segment_misses", "rejected")
+    __slots__ = ("name", "state", "phase", "round", "lr", "global_batch", "samples_per_s", "local_batch", "share", "member", "device", "epochs", "loss", "metric", "disagreement", "segment_misses", "rejected", "collapsed")
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
@@ -298,6 +302,7 @@ class PeerJob(_message.Message):
     DISAGREEMENT_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_MISSES_FIELD_NUMBER: _ClassVar[int]
     REJECTED_FIELD_NUMBER: _ClassVar[int]
+    COLLAPSED_FIELD_NUMBER: _ClassVar[int]
     name: str
     state: str
     phase: str
@@ -315,7 +320,8 @@ class PeerJob(_message.Message):
     disagreement: float
     segment_misses: int
     rejected: int
-    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., phase: _Optional[str] = ..., round: _Optional[int] = ..., lr: _Optional[float] = ..., global_batch: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., local_batch: _Optional[int] = ..., share: _Optional[float] = ..., member: _Optional[str] = ..., device: _Optional[str] = ..., epochs: _Optional[float] = ..., loss: _Optional[float] = ..., metric: _Optional[float] = ..., disagreement: _Optional[float] = ..., segment_misses: _Optional[int] = ..., rejected: _Optional[int] = ...) -> None: ...
+    collapsed: bool
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., phase: _Optional[str] = ..., round: _Optional[int] = ..., lr: _Optional[float] = ..., global_batch: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., local_batch: _Optional[int] = ..., share: _Optional[float] = ..., member: _Optional[str] = ..., device: _Optional[str] = ..., epochs: _Optional[float] = ..., loss: _Optional[float] = ..., metric: _Optional[float] = ..., disagreement: _Optional[float] = ..., segment_misses: _Optional[int] = ..., rejected: _Optional[int] = ..., collapsed: _Optional[bool] = ...) -> None: ...
 
 class ListPeersReply(_message.Message):
     __slots__ = ("peers",)

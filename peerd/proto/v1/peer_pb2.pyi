@@ -65,7 +65,7 @@ class HelloRequest(_message.Message):
     def __init__(self, peer_id: _Optional[str] = ..., address: _Optional[str] = ..., version: _Optional[str] = ..., realm: _Optional[str] = ..., changed: _Optional[bool] = ..., incarnation: _Optional[int] = ..., state_version: _Optional[int] = ..., gossip: _Optional[bool] = ...) -> None: ...
 
 class JobAd(_message.Message):
-    __slots__ = ("name", "spec_fingerprint", "worker_address", "round", "state", "phase", "lr", "global_batch", "samples_per_s", "local_batch", "share", "member", "device", "data_samples", "progress", "fixed_s", "per_sample_s", "epochs_read", "loss", "metric", "disagreement", "segment_misses", "rejected")
+    __slots__ = ("name", "spec_fingerprint", "worker_address", "round", "state", "phase", "lr", "global_batch", "samples_per_s", "local_batch", "share", "member", "device", "data_samples", "progress", "fixed_s", "per_sample_s", "epochs_read", "loss", "metric", "disagreement", "segment_misses", "rejected", "collapsed")
     NAME_FIELD_NUMBER: _ClassVar[int]
     SPEC_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     WORKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -89,6 +89,7 @@ class JobAd(_message.Message):
     DISAGREEMENT_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_MISSES_FIELD_NUMBER: _ClassVar[int]
     REJECTED_FIELD_NUMBER: _ClassVar[int]
+    COLLAPSED_FIELD_NUMBER: _ClassVar[int]
     name: str
     spec_fingerprint: str
     worker_address: str
@@ -112,7 +113,8 @@ class JobAd(_message.Message):
     disagreement: float
     segment_misses: int
     rejected: int
-    def __init__(self, name: _Optional[str] = ..., spec_fingerprint: _Optional[str] = ..., worker_address: _Optional[str] = ..., round: _Optional[int] = ..., state: _Optional[str] = ..., phase: _Optional[str] = ..., lr: _Optional[float] = ..., global_batch: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., local_batch: _Optional[int] = ..., share: _Optional[float] = ..., member: _Optional[str] = ..., device: _Optional[str] = ..., data_samples: _Optional[int] = ..., progress: _Optional[float] = ..., fixed_s: _Optional[float] = ..., per_sample_s: _Optional[float] = ..., epochs_read: _Optional[float] = ..., loss: _Optional[float] = ..., metric: _Optional[float] = ..., disagreement: _Optional[float] = ..., segment_misses: _Optional[int] = ..., rejected: _Optional[int] = ...) -> None: ...
+    collapsed: bool
+    def __init__(self, name: _Optional[str] = ..., spec_fingerprint: _Optional[str] = ..., worker_address: _Optional[str] = ..., round: _Optional[int] = ..., state: _Optional[str] = ..., phase: _Optional[str] = ..., lr: _Optional[float] = ..., global_batch: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., local_batch: _Optional[int] = ..., share: _Optional[float] = ..., member: _Optional[str] = ..., device: _Optional[str] = ..., data_samples: _Optional[int] = ..., progress: _Optional[float] = ..., fixed_s: _Optional[float] = ..., per_sample_s: _Optional[float] = ..., epochs_read: _Optional[float] = ..., loss: _Optional[float] = ..., metric: _Optional[float] = ..., disagreement: _Optional[float] = ..., segment_misses: _Optional[int] = ..., rejected: _Optional[int] = ..., collapsed: _Optional[bool] = ...) -> None: ...
 
 class HelloReply(_message.Message):
     __slots__ = ("peer_id", "version", "locality", "jobs", "realm", "not_training", "known", "incarnation", "state_version", "peers")

@@ -7,6 +7,7 @@ from typing import Protocol
 
 import torch
 
+from peerd.core.health import Health
 from peerd.core.meter import StepMeter
 from peerd.worker.state.trainstate import TrainState
 
@@ -22,6 +23,7 @@ class Source(Protocol):
     loss_ema: float
     speed_ema: float  # samples/s of compute, no network wait (DBS)
     meter: StepMeter  # the same speed, and the step's fixed and per-sample costs when timed apart (DBS)
+    health: Health  # the collapse watch, fed each step's loss (peerd.core.health)
     local_batch: int
     share: float
     compute_s: float

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from peerd.core.health import Health
 from peerd.core.meter import StepMeter
 from peerd.core.rng import derive_seed
 from peerd.core.schedule import schedule_factor
@@ -103,6 +104,7 @@ class Trainer:
         self.skipped_steps = 0  # non-finite loss or overflowing gradients: not applied
         self.extras: dict[str, float] = {}  # the loss function's extra scalars, last step
         self.meter = StepMeter()  # loss, speed and fixed cost (with the slowdown's sleep), no network wait
+        self.health = Health(spec.metric, spec.metric_mode == "max", spec.chance)  # the collapse watch
         self._fixed_work = math.nan  # the last step's optimizer update etc., timed apart (NaN: not this step)
         self.local_batch = spec.local_batch  # of the last step
         self.share = math.nan  # this peer's part of the current chunk's data (DBS), NaN when equal
@@ -253,6 +255,7 @@ class Trainer:
         self.samples += size
         self.local_batch = size
         self.meter.observe(size, elapsed, value, fixed)
+        self.health.loss(value, self.step_count)  # NaN: a non-finite loss (a step with data)
         return value
 
     def _accumulate(self, global_batch: int, plan: BatchPlan | None) -> tuple[float, int]:
