@@ -228,12 +228,12 @@ def run_local_adam(plan: Plan, args, curve: Curve) -> Result:
 
 
 def run_peerd(plan: Plan, args, curve: Curve, wire: str = "") -> Result:
-    """--peers real daemons on 127.0.0.1 (peerd.cluster.LocalCluster), each joined to
+    """--peers real daemons on 127.0.0.1 (peerd.cli.localcluster.LocalCluster), each joined to
     the job file: what `peerd cluster --job charlm` runs. The clock starts when the
     last peer has joined; the result is the mean of the peers' final val_loss.
     `wire`, if given, replaces the job's [gossip] wire."""
-    from peerd.cluster import job_with
-    from peerd.jobspec import load_job
+    from peerd.cli.localcluster import job_with
+    from peerd.settings.jobspec import load_job
 
     _, text = load_job(args.job)
     if wire:

@@ -2,7 +2,7 @@
 """The control plane at lab size: N idle daemons on this machine (127.0.0.1,
 zeroconf on loopback), each mode in turn in one invocation.
 
-For each N and mode it starts N real daemons with no jobs (peerd.cluster.LocalCluster)
+For each N and mode it starts N real daemons with no jobs (peerd.cli.localcluster.LocalCluster)
 and measures: seconds from the last daemon answering its control socket until every
 daemon's view holds the other N - 1; each daemon's CPU (% of one core, from
 /proc/PID/stat), RSS and Hellos sent and answered a second (its /metrics) over a
@@ -38,7 +38,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from harness.cluster import FIRST_STEP, job_status, join_by_name, poll_until, stamp_of, wait_job_seen
 from harness.output import md_row, md_table, write_json
 from harness.script import arg_parser, names, numbers, run_dir, run_main
-from peerd.cluster import LocalCluster, default_job, job_with
+from peerd.cli.localcluster import LocalCluster, default_job, job_with
 from peerd.errors import PeerdError
 
 MODES = {"mesh": {"full_mesh_max": 100_000}, "gossip": {}}
@@ -167,7 +167,7 @@ def paper(n: int, fanout: int, repeats: int = 20) -> dict:
     """The per-Hello work that grows with N, timed in this process on the real
     code: a gossiping reply of a view of n - 1 idle peers (one JobAd each) built and
     serialized (the callee), parsed and merged with nothing new (the caller)."""
-    from peerd.config import DaemonConfig
+    from peerd.settings.config import DaemonConfig
     from peerd.core.membership import Membership, PeerRecord
     from peerd.daemon.gossip import state_of_reply
     from peerd.daemon.hello import HelloClient

@@ -290,7 +290,7 @@ def run_sync(args, v: Variant, clock: str, out: Path) -> dict:
 # ---- peerd variants: real daemons ------------------------------------------------
 
 def job_text(args, v: Variant) -> str:
-    from peerd.cluster import default_job, job_with
+    from peerd.cli.localcluster import default_job, job_with
 
     n = len(args.slowdown_list)
     return job_with(
@@ -308,7 +308,7 @@ def job_text(args, v: Variant) -> str:
 def run_peerd(args, v: Variant, clock: str, out: Path) -> dict:
     """`fixed` or `dbs` on real daemons; the peers' models are snapshotted by
     bench/_dbs_job.py and scored afterwards."""
-    from peerd.cluster import LocalCluster
+    from peerd.cli.localcluster import LocalCluster
 
     snaps = out / "snapshots"
     os.environ[SNAPSHOTS_ENV] = str(snaps)  # the daemons, and so their workers, inherit it

@@ -68,8 +68,8 @@ from pathlib import Path
 from harness.cluster import DOWN, Watch, job_statuses, join_all, took_state, wait_discovery, wait_job_seen
 from harness.output import pyplot, read_csv, write_csv, write_json
 from harness.script import arg_parser, names, run_dir, run_main
-from peerd.client import ControlClient
-from peerd.cluster import LocalCluster, default_job, job_with
+from peerd.control.client import ControlClient
+from peerd.cli.localcluster import LocalCluster, default_job, job_with
 from peerd.errors import PeerdError
 
 # One job name for every variant: the data order (my_shard) and the gossip

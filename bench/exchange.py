@@ -78,9 +78,9 @@ def _verify(vector, expected, atol: float = 0.0) -> dict:
 
 def _peerd(method: str, cfg: dict, me: Rank) -> dict:
     """One rank of a peerd method: `cfg`'s path through the worker's round."""
-    from peerd.auth import Authenticator
+    from peerd.security.auth import Authenticator
     from peerd.core.topology import plan_round
-    from peerd.tls import load_tls
+    from peerd.security.tls import load_tls
     from peerd.worker.round.crossover import gossip_round
     from peerd.worker.round.pair import pair_round
 

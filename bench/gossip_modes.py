@@ -66,7 +66,7 @@ from harness.cluster import (
 )
 from harness.output import pyplot, read_csv, save_figure, write_csv, write_json
 from harness.script import arg_parser, names, run_dir, run_main
-from peerd.cluster import LocalCluster, default_job, job_with
+from peerd.cli.localcluster import LocalCluster, default_job, job_with
 
 JOB = "gossip-modes"
 # name -> [gossip] keys that differ from the example job's

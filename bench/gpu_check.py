@@ -4,7 +4,7 @@
   tests     the CUDA tests: `pytest -m cuda tests/e2e/test_cuda.py` (training on cuda,
             devices = "auto", state CPU<->GPU, a GPU checkpoint read on a CPU, bf16,
             fp16 GradScaler, the pinned-copy round, a daemon with one worker per GPU)
-  cluster   a 2-peer local cluster of real daemons (peerd.cluster.LocalCluster):
+  cluster   a 2-peer local cluster of real daemons (peerd.cli.localcluster.LocalCluster):
             peer-0 trains on cuda, peer-1 on the CPU, one epoch of the MNIST example
   train     training throughput on the device: the MNIST example through the real
             Trainer (fp32, bf16), and a 64 MiB MLP (fp32, bf16) step by step
@@ -94,7 +94,7 @@ def run_tests(device: str, budget_s: float) -> Part:
 
 def run_cluster(device: str, budget_s: float, out: Path) -> Part:
     """Two real daemons on 127.0.0.1: peer-0 on cuda (when there is one), peer-1 on the CPU."""
-    from peerd.cluster import LocalCluster, default_job, job_with
+    from peerd.cli.localcluster import LocalCluster, default_job, job_with
     from peerd.errors import PeerdError
 
     part = Part("cluster")
@@ -151,8 +151,8 @@ def run_train(device: str, seconds: float) -> Part:
 
 
 def _trainer_rate(device: str, precision: str, seconds: float) -> str:
-    from peerd.cluster import default_job
-    from peerd.jobspec import parse_job
+    from peerd.cli.localcluster import default_job
+    from peerd.settings.jobspec import parse_job
     from peerd.worker.train.trainer import Trainer
 
     spec = parse_job(default_job().read_text() + f'\n[train]\nprecision = "{precision}"\n', "mnist")

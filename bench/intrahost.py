@@ -93,7 +93,7 @@ def _intrahost(cfg: dict, me: Rank) -> dict:
 
 def run_intrahost(cfg: dict) -> dict:
     """N processes with the daemon's rendezvous."""
-    from peerd.rendezvous import Rendezvous
+    from peerd.control.rendezvous import Rendezvous
 
     rendezvous = Rendezvous(Path(cfg["tmp"]) / f"job-{cfg['procs']}", cfg["procs"])
     rendezvous.bump()  # as the daemon does before it starts the workers

@@ -24,7 +24,7 @@ from harness.cluster import (
     join_all, join_by_name, job_status, poll_until, pulled, stamp_of, wait_discovery, wait_job_seen,
 )
 from harness.script import arg_parser, run_main
-from peerd.cluster import LocalCluster
+from peerd.cli.localcluster import LocalCluster
 from peerd.errors import PeerdError
 
 JOBS = Path(__file__).resolve().parent / "jobs"

@@ -20,7 +20,7 @@ import torch
 
 from harness.output import md_table
 from harness.script import arg_parser, run_main
-from peerd.jobspec import parse_job
+from peerd.settings.jobspec import parse_job
 from peerd.worker.train.trainer import Trainer
 
 HERE = Path(__file__).resolve().parent

@@ -27,7 +27,7 @@ from pathlib import Path
 from harness.cluster import job_status, join_all, poll_until, wait_finished
 from harness.output import md_table
 from harness.script import arg_parser, run_dir, run_main
-from peerd.cluster import LocalCluster, default_job, job_with
+from peerd.cli.localcluster import LocalCluster, default_job, job_with
 
 VARIANTS = {
     "default": {},

@@ -38,10 +38,10 @@ import numpy as np
 from harness.cluster import job_status, join_all, wait_discovery
 from harness.output import pyplot, save_figure, write_csv, write_json
 from harness.script import arg_parser, run_dir, run_main
-from peerd.auth import create_secret_file
-from peerd.cluster import LocalCluster, builtin_job
+from peerd.security.auth import create_secret_file
+from peerd.cli.localcluster import LocalCluster, builtin_job
 from peerd.examples.noniid import TEST_SIZE, bundled, classes_of, write_split
-from peerd.jobspec import load_job
+from peerd.settings.jobspec import load_job
 
 POLL_S = 0.5
 GOAL = 0.93  # every peer's test accuracy with gossip

@@ -30,7 +30,7 @@ from harness.output import md_table
 from harness.script import arg_parser, run_main
 from peerd.core.rng import derive_seed
 from peerd.core.topology import derangement
-from peerd.jobspec import parse_job
+from peerd.settings.jobspec import parse_job
 from peerd.worker.train.trainer import Trainer
 
 HERE = Path(__file__).resolve().parent

@@ -33,7 +33,7 @@ from harness.cluster import job_status, join_all, poll_until, wait_discovery
 from harness.output import md_table, write_json
 from harness.script import arg_parser, run_dir, run_main
 
-from peerd.cluster import LocalCluster, default_job, job_with
+from peerd.cli.localcluster import LocalCluster, default_job, job_with
 
 JOB = "pause-cost"
 PAUSED = 2  # the peer whose owner comes

@@ -26,7 +26,7 @@ from harness import ROOT
 from harness.cluster import train_job
 from harness.output import md_table
 from harness.script import arg_parser, run_dir, run_main
-from peerd.cluster import default_job, job_with
+from peerd.cli.localcluster import default_job, job_with
 
 SCRIPT_JOB = ROOT / "examples" / "mnist_script.toml"
 

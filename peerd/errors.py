@@ -29,7 +29,7 @@ class PeerUnavailable(PeerdError):
 
 
 class Unauthenticated(PeerUnavailable):
-    """A request or reply without valid proof of the shared secret (peerd.auth).
+    """A request or reply without valid proof of the shared secret (peerd.security.auth).
     A peer that keeps failing it is suspected like one that does not answer."""
 
     def __init__(self, message: str, reason: str) -> None:

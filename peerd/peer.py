@@ -38,7 +38,7 @@ the first. The engine (peerd.worker.engine) then runs in a background thread:
 it serves partners while the script computes and takes the gossip round when
 peer.step() says the round's local steps are done. peerd's own training loop
 (peerd.worker.main) is a client of this same class. How the daemon started the
-worker is in peerd.launch; a script's counters are peerd.scriptsource.
+worker is in peerd.control.launch; a script's counters are peerd.worker.train.scriptsource.
 """
 
 from __future__ import annotations
@@ -58,9 +58,9 @@ from peerd.core.lr import ScaleRamp
 from peerd.core.slowdown import Slowdown
 from peerd.core.stepplan import StepPlan
 from peerd.errors import ConfigError
-from peerd.launch import Launch, current_launch, set_launch
-from peerd.scriptsource import ScriptSource
-from peerd.scriptsource import total_steps as _total_steps
+from peerd.control.launch import Launch, current_launch, set_launch
+from peerd.worker.train.scriptsource import ScriptSource
+from peerd.worker.train.scriptsource import total_steps as _total_steps
 from peerd.worker.train.data import PeerSampler, View, default_loader
 from peerd.worker.train.device import resolve_device
 from peerd.worker.ending import CLOSE_TIMEOUT_S

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from peerd.tls import TlsMaterial, TlsSettings, load_tls
+from peerd.security.tls import TlsMaterial, TlsSettings, load_tls
 
 needs_openssl = pytest.mark.skipif(shutil.which("openssl") is None, reason="the openssl tool is not installed")
 

@@ -18,8 +18,8 @@ import pytest
 from hypothesis import settings as hypothesis_settings
 from pytest_asyncio import is_async_test
 
-from peerd.cluster import LocalCluster, default_job, job_with
-from peerd.config import DaemonConfig
+from peerd.cli.localcluster import LocalCluster, default_job, job_with
+from peerd.settings.config import DaemonConfig
 from peerd.daemon.app import Daemon
 from peerd.soak.netns import made_here
 

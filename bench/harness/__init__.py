@@ -1,7 +1,7 @@
 """The one harness under every bench script: what each would otherwise repeat.
 
   script    arguments, the run folder, timing, the __main__ wrapper
-  cluster   local daemons (peerd.cluster.LocalCluster): waits, joins, status, worker logs
+  cluster   local daemons (peerd.cli.localcluster.LocalCluster): waits, joins, status, worker logs
   ranks     spawned rank processes: start, collect, reap, timed repeats; gloo groups
   exchange  one worker's exchange pieces, wired as the engine wires them
   output    tables, CSV, JSON, figures, quantiles

@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from peerd.tls import TlsSettings
+from peerd.security.tls import TlsSettings
 
 
 def _openssl(*args: str, cwd: Path) -> None:

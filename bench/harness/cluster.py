@@ -1,4 +1,4 @@
-"""Local daemons for a bench run (peerd.cluster.LocalCluster, or soak peers):
+"""Local daemons for a bench run (peerd.cli.localcluster.LocalCluster, or soak peers):
 bounded waits, joins, the status of a job on each daemon, following a run, and
 what a worker's log says about its start."""
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from peerd.cluster import LocalCluster
+from peerd.cli.localcluster import LocalCluster
 from peerd.errors import DaemonNotRunning, PeerdError
 
 TOOK_STATE = "joining: took the state of round"  # a worker's log line when it started from its peers' state

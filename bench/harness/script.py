@@ -12,7 +12,7 @@ from pathlib import Path
 
 from harness import ROOT
 from peerd.errors import PeerdError
-from peerd.interrupts import sigterm_interrupts
+from peerd.cli.interrupts import sigterm_interrupts
 
 
 def arg_parser(doc: str, *, defaults: bool = False, raw: bool = False, **kwargs) -> argparse.ArgumentParser:

@@ -1,4 +1,4 @@
-"""`peerd cluster`: the command line around peerd.cluster.LocalCluster. Starts
+"""`peerd cluster`: the command line around peerd.cli.localcluster.LocalCluster. Starts
 N daemons on 127.0.0.1, joins each to one job, shows their progress (a live
 table on a terminal, a line every 5 s elsewhere), writes history.csv and
 progress.png (and TensorBoard's event files in OUT/tensorboard), and stops them
@@ -24,12 +24,12 @@ from rich.markup import escape
 from rich.table import Table
 
 from peerd.cli.plot import metric_label, plot_progress
-from peerd.cluster import (BUILTIN_JOBS, POLL_S, LocalCluster, LocalDaemon, Settings, builtin_job, cluster_job_text,
+from peerd.cli.localcluster import (BUILTIN_JOBS, POLL_S, LocalCluster, LocalDaemon, Settings, builtin_job, cluster_job_text,
                            data_roots, default_job, local_data_settings)
 from peerd.core.codes import ENDED_STATES, ExitCode
 from peerd.errors import PeerdError
-from peerd.interrupts import raise_interrupt
-from peerd.jobspec import load_job
+from peerd.cli.interrupts import raise_interrupt
+from peerd.settings.jobspec import load_job
 
 
 def _job_file(text: str) -> Path:

@@ -20,7 +20,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from peerd.config import DEFAULT_PATH, config_path, load_config, resolve_host
+from peerd.settings.config import DEFAULT_PATH, config_path, load_config, resolve_host
 from peerd.core.codes import ExitCode
 from peerd.errors import ConfigError, PeerdError
 from peerd.logs import setup_logging
@@ -70,8 +70,8 @@ async def _run_daemon(config) -> None:
 
 def _check_files(config) -> None:
     """Read the secret and TLS files the config names, as the daemon will at start."""
-    from peerd.auth import load_secret
-    from peerd.tls import load_tls
+    from peerd.security.auth import load_secret
+    from peerd.security.tls import load_tls
 
     for path in (config.realm_secret_file, config.job_secret_file):
         if path is not None:

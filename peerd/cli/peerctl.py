@@ -8,13 +8,13 @@ import os
 import sys
 from pathlib import Path
 
-from peerd.auth import create_secret_file
+from peerd.security.auth import create_secret_file
 from peerd.cli.table import render
-from peerd.client import ControlClient
+from peerd.control.client import ControlClient
 from peerd.core.availability import parse_duration
 from peerd.errors import ConfigError, PeerdError
-from peerd.jobspec import load_job
-from peerd.jsonform import message_json
+from peerd.settings.jobspec import load_job
+from peerd.control.jsonform import message_json
 
 DEFAULT_SOCKET = "/run/peerd/control.sock"
 

@@ -3,7 +3,7 @@
 The default route's source address when there is a default route; else the one
 IPv4 address this machine has besides loopback; else no answer, and the
 operator must name the address. The caller looks up the route and the
-addresses (peerd.config.resolve_host); this module only decides.
+addresses (peerd.settings.config.resolve_host); this module only decides.
 """
 
 from __future__ import annotations

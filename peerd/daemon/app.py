@@ -19,8 +19,8 @@ from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
 
 from peerd import __version__
-from peerd.auth import Authenticator, load_secret
-from peerd.config import DaemonConfig, resolve_host
+from peerd.security.auth import Authenticator, load_secret
+from peerd.settings.config import DaemonConfig, resolve_host
 from peerd.core.codes import ACTIVE_STATES
 from peerd.core.gossip import settle_s, suspect_after
 from peerd.core.membership import Membership, liveness
@@ -40,9 +40,9 @@ from peerd.daemon.services import ControlServicer, PeerServicer, SupervisorServi
 from peerd.daemon.standby import Standby
 from peerd.daemon.web import page_routes
 from peerd.errors import ConfigError, PeerdError
-from peerd.jobspec import JobSpec
+from peerd.settings.jobspec import JobSpec
 from peerd.proto.v1 import control_pb2, control_pb2_grpc, peer_pb2
-from peerd.tls import load_tls
+from peerd.security.tls import load_tls
 
 log = logging.getLogger("peerd")
 EXPORT_TIMEOUT_S = 120.0  # a worker writes an export at its next round boundary

@@ -11,15 +11,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from peerd.auth import Authenticator, load_secret
-from peerd.config import DaemonConfig
+from peerd.security.auth import Authenticator, load_secret
+from peerd.settings.config import DaemonConfig
 from peerd.core.bundle import BundleRefused, digest, mib, pack
 from peerd.core.membership import Membership
 from peerd.daemon.codestore import CodeStore, collect
 from peerd.daemon.hello import HelloClient
 from peerd.daemon.registry import check_code
 from peerd.errors import ConfigError, JobMismatch, PeerdError, PeerUnavailable, UnknownJob
-from peerd.jobspec import JobSpec, parse_job
+from peerd.settings.jobspec import JobSpec, parse_job
 from peerd.proto.v1 import control_pb2, peer_pb2
 
 log = logging.getLogger("peerd")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from peerd.core.bundle import BundleRefused, Limits, check_name, digest, mib, pack, unpack
 from peerd.errors import ConfigError
-from peerd.jobspec import JobSpec
+from peerd.settings.jobspec import JobSpec
 
 CHUNK_BYTES = 1 << 20  # of a bundle per GetJobCode reply
 _SKIP_DIRS = {"__pycache__", ".git"}

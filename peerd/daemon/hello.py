@@ -15,8 +15,8 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 
-from peerd.auth import Authenticator
-from peerd.config import DaemonConfig
+from peerd.security.auth import Authenticator
+from peerd.settings.config import DaemonConfig
 from peerd.core.directory import HELLO, ZEROCONF, PeerDirectory
 from peerd.core.gossip import gossiping, hello_targets, view_timeout
 from peerd.core.membership import Membership, PeerRecord
@@ -24,8 +24,8 @@ from peerd.daemon.gossip import Gossip, entry_of, record_of, state_of_reply
 from peerd.daemon.services import GET_JOB_CODE, GET_JOB_SPEC, HELLO as HELLO_METHOD, PeerClient, hello_request
 from peerd.errors import PeerdError, PeerUnavailable
 from peerd.proto.v1 import peer_pb2
-from peerd.rejections import Rejections
-from peerd.tls import TlsMaterial, handshake_refusal
+from peerd.security.rejections import Rejections
+from peerd.security.tls import TlsMaterial, handshake_refusal
 
 log = logging.getLogger("peerd")
 HELLO_TIMEOUT_S = 2.0

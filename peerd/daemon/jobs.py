@@ -25,12 +25,12 @@ from peerd.core.codes import ACTIVE_STATES, WorkerState
 from peerd.core.intrahost import IntraHostSlot
 from peerd.core.restarts import NO_LIMIT, Backoff, CrashLimit, ExitAction, RestartHistory, after_exit
 from peerd.daemon.process import RELAY_LINE_LIMIT, exit_name
-from peerd.lifeline import parent_env
+from peerd.control.lifeline import parent_env
 from peerd.daemon.standby import Standby
-from peerd.jobspec import JobSpec
-from peerd.progress import empty_progress
+from peerd.settings.jobspec import JobSpec
+from peerd.control.progress import empty_progress
 from peerd.proto.v1 import control_pb2
-from peerd.tls import TlsSettings
+from peerd.security.tls import TlsSettings
 
 log = logging.getLogger("peerd.jobs")
 JOINED = "joined.json"  # in the job's directory while this peer is in the job: resumed on restart

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from peerd.errors import ConfigError
-from peerd.jobspec import JobSpec
+from peerd.settings.jobspec import JobSpec
 
 
 def check_local_job(spec: JobSpec, spec_dir: str, secret_file: Path | None, daemon_root: Path | None) -> str:

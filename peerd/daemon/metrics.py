@@ -32,7 +32,7 @@ from prometheus_client.core import (
 from peerd import __version__
 from peerd.core.names import join_host_port
 from peerd.errors import ConfigError
-from peerd.progress import EXCHANGE_BUCKETS_S
+from peerd.control.progress import EXCHANGE_BUCKETS_S
 from peerd.proto.v1 import control_pb2
 
 if TYPE_CHECKING:

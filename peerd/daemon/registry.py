@@ -13,22 +13,22 @@ import sys
 import time
 from pathlib import Path
 
-from peerd.auth import load_secret
-from peerd.config import DaemonConfig
+from peerd.security.auth import load_secret
+from peerd.settings.config import DaemonConfig
 from peerd.core.bundle import digest
 from peerd.core.codes import ACTIVE_STATES, ENDED_STATES, WorkerState
 from peerd.core.membership import Membership
 from peerd.core.restarts import CrashLimit
 from peerd.core.workers import split_threads
 from peerd.core.intrahost import wanted
-from peerd.rendezvous import Rendezvous
+from peerd.control.rendezvous import Rendezvous
 from peerd.daemon.process import descends_from
 from peerd.daemon.jobs import ENDED, JOINED, LocalJob, RestartPolicy, WorkerLaunch, WorkerProcess
 from peerd.daemon.localdata import check_local_job
 from peerd.daemon.standby import Standby
 from peerd.daemon.codestore import CodeStore
 from peerd.errors import ConfigError, JobMismatch, PeerUnavailable, Unauthenticated, UnknownJob
-from peerd.jobspec import JobSpec, parse_job, with_code
+from peerd.settings.jobspec import JobSpec, parse_job, with_code
 from peerd.proto.v1 import control_pb2, peer_pb2
 
 log = logging.getLogger("peerd")

@@ -16,13 +16,13 @@ from grpc_health.v1 import health_pb2_grpc
 
 from peerd import __version__
 from peerd.core.names import PEER_ID_RULE, join_host_port, valid_address, valid_peer_id
-from peerd.auth import AUTH_KEY, REPLY_KEY, Authenticator, ReplyMac, metadata_value
+from peerd.security.auth import AUTH_KEY, REPLY_KEY, Authenticator, ReplyMac, metadata_value
 from peerd.errors import ConfigError, JobMismatch, PeerdError, PeerUnavailable, Unauthenticated, UnknownJob
 from peerd.daemon.codestore import CodeStore
-from peerd.jobspec import JobSpec
+from peerd.settings.jobspec import JobSpec
 from peerd.proto.v1 import control_pb2, control_pb2_grpc, peer_pb2
-from peerd.rejections import Rejections
-from peerd.tls import TlsMaterial, add_port, open_channel
+from peerd.security.rejections import Rejections
+from peerd.security.tls import TlsMaterial, add_port, open_channel
 
 _CODES = {
     ConfigError: grpc.StatusCode.INVALID_ARGUMENT,
@@ -79,7 +79,7 @@ class JobSpecs(Protocol):
 
 class PeerServicer:
     """Daemon-to-daemon calls. Requests arrive as raw bytes: with a realm secret
-    they must carry proof of it (peerd.auth), and replies carry proof back.
+    they must carry proof of it (peerd.security.auth), and replies carry proof back.
 
     A Hello of this `realm` goes to `book`; every Hello is answered with
     `hello_reply(gossip)` (the peers' records too when the caller gossips), a

@@ -17,7 +17,7 @@ import logging
 import sys
 
 from peerd.daemon.process import RELAY_LINE_LIMIT
-from peerd.lifeline import parent_env
+from peerd.control.lifeline import parent_env
 
 log = logging.getLogger("peerd.standby")
 STANDBY_FLAG = "--standby"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from peerd.core.codes import ExitCode
 from peerd.errors import ConfigError
-from peerd.interrupts import sigterm_interrupts
+from peerd.cli.interrupts import sigterm_interrupts
 from peerd.soak.schedule import KINDS
 
 DESCRIPTION = """\
@@ -105,7 +105,7 @@ def settings_from(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from peerd.cluster import default_job
+    from peerd.cli.localcluster import default_job
     from peerd.soak.checks import FAIL, Goal, run_checks
     from peerd.soak.report import summary, write_report
     from peerd.soak.runner import run_soak

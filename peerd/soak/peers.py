@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from peerd.client import ControlClient
-from peerd.config import parse_config
+from peerd.control.client import ControlClient
+from peerd.settings.config import parse_config
 from peerd.errors import ConfigError, PeerdError
 from peerd.core.codes import ACTIVE_STATES
 from peerd.soak.checks import Sample

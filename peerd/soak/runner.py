@@ -27,7 +27,7 @@ import tomli_w
 
 from peerd.cli.plot import metric_label
 from peerd.errors import PeerdError
-from peerd.jobspec import JobSpec, parse_job
+from peerd.settings.jobspec import JobSpec, parse_job
 from peerd.soak import schedule as sch
 from peerd.soak.checks import EventRecord, Sample, converged_at
 from peerd.soak.events import EVENT_SLACK_S, Running, carry_out
@@ -159,7 +159,7 @@ class Soak:
         if spec.module != "peerd.examples.digits_local":
             raise PeerdError(f"job {spec.name!r} keeps its data on each peer; the soak prepares such data "
                              "only for the built-in digits job (--job peerd/examples/digits-noniid.toml)")
-        from peerd.auth import create_secret_file
+        from peerd.security.auth import create_secret_file
         from peerd.examples.noniid import CLASSES, write_split
 
         out = self.out.resolve()  # the daemons' configs live elsewhere: absolute paths

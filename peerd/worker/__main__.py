@@ -4,7 +4,7 @@ import os
 import sys
 import threading
 
-from peerd.lifeline import die_with_parent
+from peerd.control.lifeline import die_with_parent
 
 
 def exit_now(code: int) -> None:

@@ -15,7 +15,7 @@ from typing import Protocol
 
 from peerd.core.consensus import consensus_timeout, end_patience_s
 from peerd.core.lifecycle import Stage
-from peerd.jobspec import JobSpec
+from peerd.settings.jobspec import JobSpec
 from peerd.worker.state.consensus import Consensus, Patience, final_consensus
 from peerd.worker.state.finalmodel import FinalModel
 from peerd.worker.round.crossover import RoundResult

@@ -33,9 +33,9 @@ from peerd.core.lifecycle import Outcome, Stage, outcome_of
 from peerd.core.shares import BatchPlan, Rebalancer, published_costs
 from peerd.core.stepplan import StepPlan, members_of, own_view, step_plan
 from peerd.errors import PeerdError
-from peerd.jobspec import JobSpec
-from peerd.launch import Launch
-from peerd.rejections import Rejections
+from peerd.settings.jobspec import JobSpec
+from peerd.control.launch import Launch
+from peerd.security.rejections import Rejections
 from peerd.worker.state.checkpoint import CheckpointDir
 from peerd.worker.state.checkpointer import Checkpointer
 from peerd.worker.state.consensus import round_consensus, state_with

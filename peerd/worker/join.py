@@ -15,7 +15,7 @@ from typing import Protocol
 from peerd.core.resume import Attempt, Resume, Tried, donors, resume_action, trained
 from peerd.core.startgate import Start, StartGate
 from peerd.errors import ConfigError, PeerdError
-from peerd.jobspec import JobSpec
+from peerd.settings.jobspec import JobSpec
 from peerd.worker.state.checkpoint import Checkpoint
 from peerd.worker.state.checkpointer import Checkpointer
 from peerd.worker.link import SupervisorLink

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import grpc
 
-from peerd.progress import empty_progress
+from peerd.control.progress import empty_progress
 from peerd.proto.v1 import control_pb2, control_pb2_grpc
 
 log = logging.getLogger("peerd.worker")

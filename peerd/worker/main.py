@@ -20,16 +20,16 @@ from pathlib import Path
 
 import torch
 
-from peerd.auth import Authenticator, load_secret
+from peerd.security.auth import Authenticator, load_secret
 from peerd.core.codes import ExitCode
 from peerd.core.lifecycle import Outcome
 from peerd.core.slowdown import CLOCKS
 from peerd.errors import ConfigError, PeerdError
-from peerd.jobspec import parse_job
+from peerd.settings.jobspec import parse_job
 from peerd.logs import setup_logging
 from peerd.peer import Launch, Peer, last_attached, set_launch
-from peerd.security import Security
-from peerd.tls import TlsSettings, load_tls
+from peerd.security.handover import Security
+from peerd.security.tls import TlsSettings, load_tls
 from peerd.worker.intrahost import group as intrahost
 from peerd.worker.train.device import resolve_device
 from peerd.worker.train.trainer import Trainer

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from peerd.core.checkpoints import LastCheckpoint
-from peerd.jobspec import JobSpec
+from peerd.settings.jobspec import JobSpec
 from peerd.proto.v1 import control_pb2
 from peerd.worker.round.crossover import RoundResult
 from peerd.worker.train.source import Source

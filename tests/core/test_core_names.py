@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from peerd.config import DaemonConfig, parse_config
+from peerd.settings.config import DaemonConfig, parse_config
 from peerd.core.names import host_of, join_host_port, peer_id_from_hostname, split_host_port, valid_address, valid_peer_id
 from peerd.daemon import app
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from peerd.auth import Authenticator, load_secret, new_secret_file
+from peerd.security.auth import Authenticator, load_secret, new_secret_file
 from peerd.cli import peerctl
 from peerd.core.bundle import Limits, digest, unpack
 from peerd.core.codes import WorkerState

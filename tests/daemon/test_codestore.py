@@ -9,11 +9,11 @@ import tracemalloc
 
 import pytest
 
-from peerd.auth import new_secret_file
+from peerd.security.auth import new_secret_file
 from peerd.core.bundle import Limits, digest, pack
 from peerd.daemon.codestore import CodeStore, collect
 from peerd.errors import ConfigError
-from peerd.jobspec import parse_job
+from peerd.settings.jobspec import parse_job
 
 
 def job(**keys) -> str:

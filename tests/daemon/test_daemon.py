@@ -87,7 +87,7 @@ async def test_bad_join_and_unknown_leave_are_clear_errors(daemons):
 
 def test_the_control_plane_does_not_import_torch():
     code = (
-        "import sys, peerd.daemon.app, peerd.cli.daemon, peerd.cli.peerctl, peerd.client\n"
+        "import sys, peerd.daemon.app, peerd.cli.daemon, peerd.cli.peerctl, peerd.control.client\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -159,7 +159,7 @@ async def test_a_worker_that_starts_or_stops_serving_reaches_the_others_before_t
     the daemon Hellos everyone at once with `changed`, and they ask it back
     at once. With a 60 s interval, the others can only have learnt it that way."""
     from peerd.daemon.jobs import LocalJob, RestartPolicy, WorkerLaunch
-    from peerd.jobspec import parse_job
+    from peerd.settings.jobspec import parse_job
     from peerd.proto.v1 import control_pb2
 
     from conftest import example_job

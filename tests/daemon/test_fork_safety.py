@@ -8,7 +8,7 @@ import subprocess
 import sys
 import textwrap
 
-from peerd.lifeline import parent_env
+from peerd.control.lifeline import parent_env
 
 BUSY_SERVER_FORKING = textwrap.dedent("""
     import asyncio, sys

@@ -44,7 +44,7 @@ async def test_a_record_reaches_a_daemon_second_hand_and_a_dead_daemon_leaves_ev
     """alpha advertises a job and dies without a goodbye (no zeroconf) before gamma
     starts: gamma can only have its record from beta's gossip. Then both drop it."""
     from peerd.daemon.jobs import LocalJob, RestartPolicy, WorkerLaunch
-    from peerd.jobspec import parse_job
+    from peerd.settings.jobspec import parse_job
     from peerd.proto.v1 import control_pb2
 
     from conftest import example_job

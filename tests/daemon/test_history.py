@@ -7,7 +7,7 @@ import math
 
 from peerd.core.membership import JobEntry
 from peerd.daemon.history import CURVES, FIELDS, History, Point, Series, point_of_entry, point_of_progress, thin
-from peerd.progress import empty_progress
+from peerd.control.progress import empty_progress
 from peerd.proto.v1 import control_pb2
 
 NAN = math.nan

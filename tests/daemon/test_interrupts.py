@@ -1,4 +1,4 @@
-"""SIGTERM as Ctrl+C for the commands that start processes (peerd.interrupts)."""
+"""SIGTERM as Ctrl+C for the commands that start processes (peerd.cli.interrupts)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from peerd.interrupts import sigterm_interrupts
+from peerd.cli.interrupts import sigterm_interrupts
 
 
 def test_sigterm_raises_keyboard_interrupt_inside_and_the_old_handler_comes_back():

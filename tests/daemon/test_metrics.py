@@ -9,12 +9,12 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from peerd.config import DaemonConfig
+from peerd.settings.config import DaemonConfig
 from peerd.daemon.app import Daemon
 from peerd.daemon.jobs import LocalJob, RestartPolicy, WorkerLaunch
 from peerd.daemon.metrics import make_registry
-from peerd.jobspec import parse_job
-from peerd.progress import EXCHANGE_BUCKETS_S, empty_progress
+from peerd.settings.jobspec import parse_job
+from peerd.control.progress import EXCHANGE_BUCKETS_S, empty_progress
 from peerd.proto.v1 import control_pb2
 
 from conftest import example_job

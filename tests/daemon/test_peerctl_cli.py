@@ -264,7 +264,7 @@ def test_status_shows_the_consensus_models_metric_beside_the_own_one():
 def test_status_shows_a_collapse_beside_the_state_and_its_reason_under_the_table():
     from types import SimpleNamespace
 
-    from peerd.progress import empty_progress
+    from peerd.control.progress import empty_progress
     from peerd.proto.v1 import control_pb2
 
     def status(why: str) -> str:
@@ -282,7 +282,7 @@ def test_status_shows_a_collapse_beside_the_state_and_its_reason_under_the_table
 
 
 def test_busy_is_compute_over_training_time_with_the_largest_wait():
-    from peerd.progress import empty_progress
+    from peerd.control.progress import empty_progress
 
     p = empty_progress()
     assert peerctl._busy(p) == "-"  # no report yet

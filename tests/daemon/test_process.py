@@ -14,7 +14,7 @@ from peerd.daemon.app import Daemon
 from peerd.daemon.jobs import LocalJob, RestartPolicy, WorkerLaunch
 from peerd.daemon.process import descends_from
 from peerd.errors import UnknownJob
-from peerd.jobspec import parse_job
+from peerd.settings.jobspec import parse_job
 from peerd.proto.v1 import control_pb2
 
 from conftest import daemon_config, example_job

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import grpc
 import pytest
 
-from peerd.auth import REPLY_KEY, Authenticator, metadata_value
+from peerd.security.auth import REPLY_KEY, Authenticator, metadata_value
 from peerd.daemon.services import HELLO, ControlServicer, PeerServicer, SupervisorServicer, hello_request
 from peerd.errors import JobMismatch, UnknownJob
 from peerd.proto.v1 import control_pb2, peer_pb2

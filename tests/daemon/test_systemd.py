@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from peerd.config import load_config
+from peerd.settings.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -12,16 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from peerd.config import DaemonConfig
+from peerd.settings.config import DaemonConfig
 from peerd.core.membership import JobEntry, PeerRecord
 from peerd.daemon.app import Daemon
 from peerd.daemon.history import CAPACITY, Point
 from peerd.daemon.jobs import LocalJob, RestartPolicy, WorkerLaunch
 from peerd.daemon.web import STATIC, page_routes, status_route
 from peerd.daemon.web.status import BUDGET, job_views, natural_key, page_status, why
-from peerd.jobspec import parse_job
-from peerd.jsonform import message_json
-from peerd.progress import empty_progress
+from peerd.settings.jobspec import parse_job
+from peerd.control.jsonform import message_json
+from peerd.control.progress import empty_progress
 from peerd.proto.v1 import control_pb2, peer_pb2
 
 from conftest import example_job, free_port

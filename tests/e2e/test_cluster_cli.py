@@ -204,7 +204,7 @@ def test_the_headline_is_the_saved_models_metric(tmp_path):
     """From each worker's model.json: one model (one consensus_digest) or several,
     in the job's metric and its direction."""
     from peerd.cli.cluster import _headline, _saved
-    from peerd.jobspec import parse_job
+    from peerd.settings.jobspec import parse_job
 
     def row(peer: str, own: float, consensus: float, digest: str) -> dict:
         folder = tmp_path / peer
@@ -247,7 +247,7 @@ def test_a_collapsed_run_says_so_at_the_end_and_exits_1(tmp_path):
     from rich.console import Console
 
     from peerd.cli.cluster import _summary
-    from peerd.jobspec import parse_job
+    from peerd.settings.jobspec import parse_job
 
     why = "training collapsed at round 50 (loss blow-up): loss 76.2 (first step 2.3) over the last 50 steps"
 
@@ -316,8 +316,8 @@ def test_peerd_cluster_refuses_data_roots_that_do_not_fit_the_peers(tmp_path, ca
 
 
 def test_peerd_cluster_keeps_the_jobs_own_min_peers_and_refuses_one_it_cannot_reach(tmp_path, capsys):
-    from peerd.cluster import cluster_job_text
-    from peerd.jobspec import load_job
+    from peerd.cli.localcluster import cluster_job_text
+    from peerd.settings.jobspec import load_job
 
     job = lsq_job(tmp_path, min_peers=2)
     spec, text = load_job(job)
@@ -337,8 +337,8 @@ def test_peerd_cluster_keeps_the_jobs_own_min_peers_and_refuses_one_it_cannot_re
 
 
 def test_data_roots_given_once_per_peer_go_to_the_peers_in_order(tmp_path, monkeypatch):
-    from peerd.cluster import LocalDaemon, data_roots, local_data_settings
-    from peerd.jobspec import load_job
+    from peerd.cli.localcluster import LocalDaemon, data_roots, local_data_settings
+    from peerd.settings.jobspec import load_job
 
     spec, _ = load_job(lsq_job(tmp_path))
     for name in ("b", "a", "c"):
@@ -359,7 +359,7 @@ def test_the_tensorboard_line_names_the_runs_folder_or_the_jobs_own_or_says_the_
     import importlib.util
 
     from peerd.cli.cluster import _tensorboard_note
-    from peerd.jobspec import parse_job
+    from peerd.settings.jobspec import parse_job
 
     job, ours = tmp_path / "job.toml", tmp_path / "run" / "tensorboard"
     plain = parse_job('[job]\nname = "a"\nmodule = "m"\n', str(job))

@@ -26,8 +26,8 @@ import torch
 from conftest import example_job, wait_for
 from peerd.core.workers import member_ids, worker_devices
 from peerd.daemon.devices import local_gpus
-from peerd.jobspec import parse_job
-from peerd.launch import Launch
+from peerd.settings.jobspec import parse_job
+from peerd.control.launch import Launch
 from peerd.worker.state.checkpoint import CheckpointDir
 from peerd.worker.engine import Engine
 from peerd.worker.wire.stores import SegmentServer
@@ -234,7 +234,7 @@ def test_a_checkpoint_and_model_file_from_a_trainer_load_on_a_machine_without_a_
 import sys, torch
 sys.path.insert(0, {JOBCODE!r})
 assert not torch.cuda.is_available()
-from peerd.jobspec import parse_job
+from peerd.settings.jobspec import parse_job
 from peerd.worker.state.checkpoint import CheckpointDir
 from peerd.worker.train.trainer import Trainer
 text = {job(train='precision = "fp16"' if device == "cuda" else "")!r}

@@ -10,7 +10,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ import torch
 
 from peerd.errors import JobMismatch
 from peerd.examples.mnist import make_model
-from peerd.jobspec import parse_job
+from peerd.settings.jobspec import parse_job
 from peerd.worker.train.trainer import init_seed
 
 from conftest import all_finished, example_job, first_jobs, peerctl, round_of, wait_for
@@ -97,8 +96,10 @@ def test_three_daemons_discover_each_other_and_train_together(local_cluster):
         # An accuracy a peer alone does not reach in the same steps: each took ~125
         # steps of 32; one peer alone for 125 steps (1 epoch) reaches 0.933
         # (`peerd cluster --peers 1` on this job with epochs = 1), the three 0.957.
-        assert json.loads((Path(job.log_path).parent / "model.json").read_text())["metrics"][
-            "consensus_accuracy"] > 0.945, job
+        info = json.loads((Path(job.log_path).parent / "model.json").read_text())
+        assert info["metrics"]["consensus_accuracy"] > 0.945, job
+        # Healthy training (the example job sets [job] chance) is not taken for a collapse.
+        assert not job.progress.collapsed and info["collapsed"] is False, job.progress.collapse_reason
 
 
 def own_gap(log_path: str) -> float:
@@ -290,22 +291,27 @@ def test_a_daemon_killed_and_restarted_resumes_its_job_from_the_peers(local_clus
     assert log.count("joining: took the state of round") >= 1, log[-3000:]
     assert job.progress.step > 30  # from the peer's state, not from scratch
 
-    # A job left on purpose is not resumed by the next restart.
+    # A job left on purpose is not resumed by the next restart; one still joined
+    # is, once the resume delay has passed. The daemon resumes its jobs in the order
+    # of their names, so by the time "reboot-kept" is back, "reboot" would be too.
+    # (min_peers 3 of 2 daemons: its worker waits at the start gate, training nothing.)
+    cluster.client(victim).join(example_job(job={"name": "reboot-kept", "min_peers": 3}))
     cluster.client(victim).leave("reboot")
     victim.process.terminate()
     victim.process.wait()
     cluster.start(victim)
     cluster.wait_ready()
-    time.sleep(5)  # past the resume delay
-    assert cluster.client(victim).status().jobs == []
+    resumed_names = wait_for(lambda: [j.name for j in cluster.client(victim).status().jobs], 60,
+                             "the job still joined to be resumed")
+    assert resumed_names == ["reboot-kept"], resumed_names
 
 
 def test_hierarchical_crossover_across_two_racks_reaches_consensus(local_cluster):
     cluster = local_cluster(4, localities=["rack-a", "rack-a", "rack-b", "rack-b"])
     wait_for(lambda: all(cluster.client(p).status().peers_known == 3 for p in cluster.peers),
              30, "every daemon to see the other three")
-    # 8 epochs: the first worker must not finish before the others have started.
-    text = example_job(job={"name": "hier", "epochs": 8, "eval_every_rounds": 20},
+    # The four start together (min_peers): none can finish before the others have started.
+    text = example_job(job={"name": "hier", "epochs": 4, "eval_every_rounds": 20, "min_peers": 4},
                        gossip={"mode": "hierarchical", "group_size": 2, "wire": "bf16"})
     job_file = cluster.out / "job.toml"
     job_file.write_text(text)

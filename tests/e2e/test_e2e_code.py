@@ -17,9 +17,9 @@ import textwrap
 
 import pytest
 
-from peerd.auth import new_secret_file
+from peerd.security.auth import new_secret_file
 from peerd.core.bundle import digest
-from peerd.jobspec import parse_job
+from peerd.settings.jobspec import parse_job
 
 from conftest import all_finished, wait_for
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import tomli_w
 
-from peerd.auth import new_secret_file
-from peerd.client import ControlClient
+from peerd.security.auth import new_secret_file
+from peerd.control.client import ControlClient
 from peerd.errors import PeerdError
 from peerd.soak.netns import Namespaces, namespaces_unavailable
 

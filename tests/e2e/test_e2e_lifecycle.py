@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from peerd.auth import create_secret_file
+from peerd.security.auth import create_secret_file
 
 from conftest import all_finished, first_jobs, wait_for
 
@@ -92,6 +92,10 @@ def test_every_sample_is_read_once_per_epoch_across_a_join_and_a_leave(local_clu
     wait_for(lambda: progress(second) >= 1.0, 300, "epoch 1")
     cluster.client(third).join(text, JOBCODE)
     wait_for(lambda: progress(third) >= 1.0, 300, "the third peer to train")
+    # The join is one change, and over in every view before the leave is another:
+    # each worker's global batch is local_batch (2) per serving member it sees.
+    wait_for(lambda: all(cluster.client(p).status().jobs[0].progress.global_batch == 3 * 2 for p in cluster.peers),
+             60, "every worker to see the three")
     at_join = progress(third)
     wait_for(lambda: progress(third) >= at_join + 2.0, 300, "two more epochs with three peers")
     assert at_join < epochs - 3, "the job ran out before the leave: make it longer"

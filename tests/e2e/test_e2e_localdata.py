@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from peerd.auth import create_secret_file
+from peerd.security.auth import create_secret_file
 from peerd.errors import ConfigError
 from peerd.soak.netns import namespaces_unavailable
 

@@ -51,7 +51,8 @@ def test_a_script_job_joined_by_name_killed_drained_and_joined_late(local_cluste
              "the four daemons to discover each other")
     # A relative path: each daemon takes it from the directory it was given (the job
     # file's, or `peerctl join --dir` joining by name).
-    job = script_job("byo", Path("script_train.py"))
+    # 400 epochs: the kill, the late join and the drain are over by about a quarter of them.
+    job = script_job("byo", Path("script_train.py"), epochs=400)
     cluster.client(first).join(job, str(JOBCODE))
     # Each daemon hears of the job on its own schedule: join by name only once it has.
     wait_for(lambda: all(any(j.name == "byo" for j in cluster.client(p).jobs().jobs) for p in (second, third, late)),

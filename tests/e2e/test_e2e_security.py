@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from peerd.auth import new_secret_file
+from peerd.security.auth import new_secret_file
 from peerd.examples.mnist import make_model
-from peerd.jobspec import parse_job
+from peerd.settings.jobspec import parse_job
 from peerd.worker.train.trainer import init_seed
 
 import pytest
@@ -28,7 +28,7 @@ def test_peers_with_the_job_secret_train_together_and_never_average_with_a_wrong
     # The secret path is relative: each peer's file sits next to its job file.
     # The three start together (min_peers: the outsider is ready as any member is),
     # so the two sides meet however quick the machine is.
-    text = example_job(job={"name": "guarded", "epochs": 8, "eval_every_rounds": 20, "init": "per-peer",
+    text = example_job(job={"name": "guarded", "epochs": 3, "eval_every_rounds": 20, "init": "per-peer",
                             "secret_file": "job.secret", "min_peers": 3})
     spec = parse_job(text, "guarded job")
     for peer, holder in zip(cluster.peers, ("lab", "lab", "outsider")):
@@ -69,3 +69,7 @@ def test_peers_with_the_job_secret_train_together_and_never_average_with_a_wrong
     apart = min(rel_distance(trained[0], trained[2]), rel_distance(trained[1], trained[2]))
     assert together < 0.2 * start, (start, together)
     assert apart > 5 * together, (together, apart)
+    # The end does not wait for a member it cannot authenticate with: no proof, no model, at once.
+    for peer in cluster.peers:
+        log = (peer.dir / "state" / "jobs" / "guarded" / "worker.log").read_text()
+        assert "the end: waiting for" not in log, peer.peer_id

@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -66,12 +67,22 @@ def start_training(cluster, text: str) -> None:
         cluster.client(peer).join(text)
 
 
+def in_one_view(cluster, text: str) -> bool:
+    """Every worker's view holds every member, as a leave's "the view changed:
+    left" needs: the global batch a worker trains for is the job's local batch
+    per serving member in its view (these jobs plan no DBS batches)."""
+    full = len(cluster.peers) * tomllib.loads(text)["job"]["local_batch"]
+    return all(cluster.client(p).status().jobs[0].progress.global_batch == full for p in cluster.peers)
+
+
 def test_a_paused_machine_leaves_its_job_gracefully_and_comes_back_by_itself(local_cluster):
     cluster = local_cluster(3)
-    start_training(cluster, example_job(job={"name": "shared", "epochs": 200, "min_peers": 3}))
+    text = example_job(job={"name": "shared", "epochs": 200, "min_peers": 3})
+    start_training(cluster, text)
     first, second, owned = cluster.peers
     pid = wait_for(lambda: all(training(cluster, p) for p in cluster.peers) and training(cluster, owned), 180,
                    "the three to train")
+    wait_for(lambda: in_one_view(cluster, text), 60, "every worker to see the three")
 
     out = peerctl(owned, "pause", "--for", "20s")
     ends = time.monotonic() + 20.0  # at the latest: it answers once the workers have left
@@ -89,6 +100,7 @@ def test_a_paused_machine_leaves_its_job_gracefully_and_comes_back_by_itself(loc
     back_s = time.monotonic() - ends
     assert again != pid
     assert cluster.client(owned).status().not_training == ""
+    wait_for(lambda: in_one_view(cluster, text), 60, "every worker to see the three again")
 
     # Without --for the pause lasts until `peerctl resume`, which ends it early.
     out = peerctl(owned, "pause")
@@ -113,8 +125,12 @@ def test_the_owner_arriving_makes_the_worker_leave_and_it_returns_after_the_hold
     # (0.2 of a core seen), and `commands` keeps everything else out.
     cluster = local_cluster(2, settings=lambda peer: owned_settings if peer.index == 1 else {})
     first, owned = cluster.peers
-    start_training(cluster, example_job(job={"name": "shared", "epochs": 200}))
+    text = example_job(job={"name": "shared", "epochs": 200})
+    start_training(cluster, text)
     pid = wait_for(lambda: training(cluster, first) and training(cluster, owned), 180, "both to train")
+    # The owned worker may join by taking the state and train at once; the other's
+    # view holds it a Hello later. Its leave is seen as one only from then on.
+    wait_for(lambda: in_one_view(cluster, text), 60, "each worker to see the other")
 
     script = tmp_path / "load.py"
     script.write_text(LOAD)

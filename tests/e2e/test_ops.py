@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from peerd.errors import PeerdError
-from peerd.jobspec import parse_job
+from peerd.settings.jobspec import parse_job
 from peerd.worker.state.checkpoint import CheckpointDir
 from peerd.worker.train.trainer import Trainer
 

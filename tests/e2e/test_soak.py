@@ -292,7 +292,7 @@ def test_target_option_and_its_old_name():
 
 
 def test_report_and_live_line_name_the_jobs_metric(tmp_path):
-    from peerd.jobspec import parse_job
+    from peerd.settings.jobspec import parse_job
     from peerd.soak.report import write_report
     from peerd.soak.runner import Run, SoakSettings, _line
 
@@ -377,7 +377,7 @@ def _soak_namespaces() -> set[str]:
 # same churn: kills, a restart, a partition, a leave and a join.
 @pytest.mark.parametrize("discovery", [{}, {"full_mesh_max": 1, "fanout": 2}], ids=["full-mesh", "gossip"])
 def test_short_soak_passes_every_check(tmp_path, discovery):
-    from peerd.cluster import default_job
+    from peerd.cli.localcluster import default_job
     from peerd.soak.report import summary, write_report
     from peerd.soak.runner import SoakSettings, run_soak
 

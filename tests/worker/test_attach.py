@@ -20,10 +20,10 @@ import peerd
 from peerd.core.health import NONFINITE
 from peerd.core.stepplan import StepPlan
 from peerd.errors import ConfigError
-from peerd.jobspec import parse_job
-from peerd.launch import Launch, set_launch
+from peerd.settings.jobspec import parse_job
+from peerd.control.launch import Launch, set_launch
 from peerd.peer import Peer, _loss_value, _script_evaluation
-from peerd.scriptsource import ScriptSource
+from peerd.worker.train.scriptsource import ScriptSource
 from peerd.worker.train.lrcontrol import LrControl
 from peerd.worker.main import run_script
 from peerd.worker.state.trainstate import TrainState

@@ -1,4 +1,4 @@
-"""Job and realm secrets (peerd.auth) and mutual TLS (peerd.tls): the pure
+"""Job and realm secrets (peerd.security.auth) and mutual TLS (peerd.security.tls): the pure
 checks, then over real gRPC channels on 127.0.0.1."""
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ import grpc
 import pytest
 import torch
 
-from peerd.auth import AUTH_KEY, Authenticator, NonceCache, load_secret, new_secret_file
+from peerd.security.auth import AUTH_KEY, Authenticator, NonceCache, load_secret, new_secret_file
 from peerd.daemon.app import Daemon
 from peerd.daemon.services import HELLO, PeerClient
 from peerd.errors import ConfigError, PeerUnavailable, Unauthenticated
 from peerd.proto.v1 import peer_pb2
-from peerd.rejections import Rejections
-from peerd.tls import TlsSettings, handshake_refusal
+from peerd.security.rejections import Rejections
+from peerd.security.tls import TlsSettings, handshake_refusal
 from peerd.worker.wire.stores import Identity
 from peerd.worker.state.pull import StateMeta
 from peerd.worker.wire.server import start_exchange_server
@@ -365,7 +365,7 @@ def test_a_daemon_with_an_unreadable_secret_does_not_start(tmp_path):
 
 
 def test_auth_and_tls_config_tables(tmp_path):
-    from peerd.config import parse_config
+    from peerd.settings.config import parse_config
 
     source = str(tmp_path / "peerd.toml")
     config = parse_config({"auth": {"realm_secret_file": "realm.secret", "job_secret_file": "/etc/j"},

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from peerd.core.segments import split_even
-from peerd.auth import Authenticator, ReplyMac
+from peerd.security.auth import Authenticator, ReplyMac
 from peerd.errors import PeerUnavailable, RoundMismatch, Unauthenticated
 from peerd.proto.v1 import peer_pb2
-from peerd.rejections import Rejections
+from peerd.security.rejections import Rejections
 from peerd.worker.wire import bulk_client
 from peerd.worker.wire.bulk import BulkServer
 from peerd.worker.wire.bulk_client import BulkClient

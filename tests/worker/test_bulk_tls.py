@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from peerd.auth import Authenticator
+from peerd.security.auth import Authenticator
 from peerd.core.segments import split_even
 from peerd.errors import PeerUnavailable
 from peerd.worker.wire.bulk import BulkServer

@@ -17,9 +17,9 @@ import math
 import pytest
 import torch
 
-from peerd.cluster import default_job
+from peerd.cli.localcluster import default_job
 from peerd.examples.mnist import make_datasets, make_model
-from peerd.jobspec import parse_job
+from peerd.settings.jobspec import parse_job
 from peerd.worker.train.optim import build_optimizer
 from peerd.worker.train.precision import Precision
 

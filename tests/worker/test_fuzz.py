@@ -31,8 +31,8 @@ from grpc_health.v1.health import aio as health_aio
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from peerd.auth import Authenticator
-from peerd.config import DaemonConfig
+from peerd.security.auth import Authenticator
+from peerd.settings.config import DaemonConfig
 from peerd.daemon.app import Daemon
 from peerd.daemon.services import GET_JOB_CODE, GET_JOB_SPEC, HELLO, PeerClient, PeerServicer, start_peer_server
 from peerd.core.names import valid_address

@@ -41,7 +41,7 @@ from peerd.core.intrahost import (
     wanted,
 )
 from peerd.core.segments import split_even
-from peerd.rendezvous import Rendezvous, advance
+from peerd.control.rendezvous import Rendezvous, advance
 from peerd.worker.round.hierarchy import hierarchical_round
 from peerd.worker.intrahost.group import IntraHostGroup
 from peerd.worker.intrahost.round import intrahost_round

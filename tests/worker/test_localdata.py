@@ -20,7 +20,7 @@ from peerd.core.shares import BatchPlan
 from peerd.core.topology import plan_round
 from peerd.core.weighting import Weights, union_epochs, weigh
 from peerd.errors import ConfigError
-from peerd.jobspec import parse_job
+from peerd.settings.jobspec import parse_job
 from peerd.worker.train.trainer import Trainer
 
 JOBCODE = str(Path(__file__).parents[1] / "jobcode")
@@ -269,7 +269,7 @@ def test_peerctl_writes_a_secret_only_its_owner_can_read(tmp_path, capsys):
     import os
     import stat
 
-    from peerd.auth import load_secret
+    from peerd.security.auth import load_secret
     from peerd.cli import peerctl
 
     path = tmp_path / "job.secret"
@@ -303,9 +303,9 @@ def test_the_digits_split_by_label_gives_every_class_to_exactly_one_peer(peers):
 def test_peerd_cluster_writes_each_peers_digits_and_a_secret(tmp_path):
     import numpy as np
 
-    from peerd.cluster import builtin_job, local_data_settings
+    from peerd.cli.localcluster import builtin_job, local_data_settings
     from peerd.errors import PeerdError
-    from peerd.jobspec import load_job
+    from peerd.settings.jobspec import load_job
 
     spec, _ = load_job(builtin_job("digits-noniid"))
     settings = local_data_settings(spec, tmp_path, 3)

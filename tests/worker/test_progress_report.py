@@ -8,8 +8,8 @@ import types
 
 from peerd.core.checkpoints import LastCheckpoint
 from peerd.core.meter import StepMeter
-from peerd.jobspec import parse_job
-from peerd.progress import empty_progress
+from peerd.settings.jobspec import parse_job
+from peerd.control.progress import empty_progress
 from peerd.worker.round.crossover import RoundResult
 from peerd.worker.progress_report import EngineFigures, TimeSpent, progress_of
 from peerd.worker.wire.traffic import ExchangeTimes, Traffic

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from peerd.errors import ConfigError
-from peerd.jobspec import parse_job
+from peerd.settings.jobspec import parse_job
 from peerd.worker.state.checkpoint import CheckpointDir
 from peerd.worker.train.optim import build_optimizer, init_state
 from peerd.worker.state.pull import StateMeta

@@ -10,7 +10,7 @@ import torch
 
 from conftest import example_job
 from peerd.core.partition import chunk_bounds, epoch_permutation, part_bounds
-from peerd.jobspec import parse_job
+from peerd.settings.jobspec import parse_job
 from peerd.worker.train.trainer import Trainer
 
 N, CHUNKS = 4000, 8

@@ -76,7 +76,7 @@ def test_the_cpu_clock_is_the_threads_own_with_one_torch_thread():
 
 
 def test_the_daemon_passes_the_clock_to_its_workers(tmp_path):
-    from peerd.config import parse_config
+    from peerd.settings.config import parse_config
     from peerd.daemon.jobs import WorkerLaunch
     from peerd.worker.main import parse_args
 

@@ -13,7 +13,7 @@ import pytest
 from peerd.core.meter import StepMeter
 from peerd.core.shares import plan_batches, published_costs
 from peerd.core.slowdown import Slowdown
-from peerd.jobspec import parse_job
+from peerd.settings.jobspec import parse_job
 
 JOBCODE = str(Path(__file__).parents[1] / "jobcode")
 
@@ -100,7 +100,7 @@ def test_the_shell_counts_the_factors_stretch_and_the_overhead_as_fixed():
 
 
 def test_the_daemon_passes_the_overhead_to_its_workers(tmp_path):
-    from peerd.config import parse_config
+    from peerd.settings.config import parse_config
     from peerd.daemon.jobs import WorkerLaunch
     from peerd.errors import ConfigError
     from peerd.worker.main import parse_args

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from peerd.progress import empty_progress
+from peerd.control.progress import empty_progress
 from peerd.worker.tblog import INSTALL_HINT, TensorBoardLog
 
 pytest.importorskip("tensorboard")  # the dev install has it (the `tensorboard` extra)

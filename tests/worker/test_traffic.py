@@ -7,7 +7,7 @@ import torch
 
 from peerd.core.segments import Span
 from peerd.errors import JobMismatch
-from peerd.progress import EXCHANGE_BUCKETS_S
+from peerd.control.progress import EXCHANGE_BUCKETS_S
 from peerd.worker.wire.stores import Identity, SegmentServer, SnapshotStore
 from peerd.worker.state.pull import StateBoard, StateMeta, StateServer
 from peerd.worker.wire.traffic import (

@@ -11,7 +11,7 @@ import torch
 
 from peerd.core.shares import BatchPlan
 from peerd.errors import ConfigError
-from peerd.jobspec import parse_job
+from peerd.settings.jobspec import parse_job
 from peerd.worker.train.trainer import Trainer
 
 JOBCODE = str(Path(__file__).parents[1] / "jobcode")

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-from peerd.auth import Authenticator
+from peerd.security.auth import Authenticator
 from peerd.errors import InvalidMessage, RoundMismatch, Unauthenticated
 from peerd.proto.v1 import peer_pb2
-from peerd.rejections import LOG_EVERY_S, Rejections
+from peerd.security.rejections import LOG_EVERY_S, Rejections
 from peerd.worker.wire.codec import encode_segment_chunk
 from peerd.worker.wire.stores import Identity
 from peerd.worker.wire.server import start_exchange_server

@@ -14,7 +14,7 @@ import re
 from typing import Protocol
 
 from peerd.daemon.history import History
-from peerd.jsonform import message_json
+from peerd.control.jsonform import message_json
 from peerd.proto.v1 import control_pb2
 
 DEFAULT_POINTS = 200  # per member and curve; the page thins them further to its width

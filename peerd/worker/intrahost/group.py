@@ -37,7 +37,7 @@ from peerd.core.intrahost import (
     store_name,
 )
 from peerd.errors import PeerdError
-from peerd.rendezvous import advance, current_generation
+from peerd.control.rendezvous import advance, current_generation
 
 log = logging.getLogger("peerd.worker.intrahost.group")
 

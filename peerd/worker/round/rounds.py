@@ -21,7 +21,7 @@ from peerd.core.robust import PullClipper
 from peerd.core.segments import split_even
 from peerd.core.suspicion import Suspicion
 from peerd.core.topology import plan_round
-from peerd.jobspec import JobSpec
+from peerd.settings.jobspec import JobSpec
 from peerd.worker.round.dispatch import run_round
 from peerd.worker.round.crossover import RoundResult
 from peerd.worker.intrahost.group import IntraHostGroup

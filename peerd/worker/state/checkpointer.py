@@ -10,7 +10,7 @@ import time
 import torch
 
 from peerd.core.checkpoints import LastCheckpoint, checkpoint_due
-from peerd.jobspec import CheckpointSpec
+from peerd.settings.jobspec import CheckpointSpec
 from peerd.worker.state.checkpoint import Checkpoint, CheckpointDir
 from peerd.worker.state.pull import StateMeta
 

@@ -25,7 +25,7 @@ from torch import nn
 
 from peerd.core.consensus import ConsensusPlan, describe, plan_consensus
 from peerd.core.segments import Span
-from peerd.errors import InvalidMessage, PeerdError
+from peerd.errors import InvalidMessage, PeerdError, Unauthenticated
 from peerd.worker.wire.codec import finite_by_sum
 from peerd.worker.state.finalmodel import FinalModel, largest_ints
 from peerd.worker.state.modelfile import model_state
@@ -94,6 +94,8 @@ async def gather_models(
             try:
                 await asyncio.wait_for(whole(peer), timeout)
                 break
+            except Unauthenticated:
+                raise  # no proof of the job secret between the two: asking again cannot help
             except (PeerdError, TimeoutError):
                 if patience is None or not patience.present(peer):
                     raise

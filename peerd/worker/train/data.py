@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
 
 from peerd.core.partition import chunk_at, chunk_bounds, epoch_permutation, part_bounds
 from peerd.core.shares import BatchPlan
-from peerd.jobspec import JobSpec
+from peerd.settings.jobspec import JobSpec
 
 
 class DataCursor:

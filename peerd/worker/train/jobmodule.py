@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from peerd.errors import ConfigError
-from peerd.jobspec import JobSpec
+from peerd.settings.jobspec import JobSpec
 
 CALLABLES = ("make_model", "make_datasets", "make_loader", "loss", "evaluate", "make_optimizer")
 

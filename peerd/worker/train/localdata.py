@@ -19,7 +19,7 @@ from peerd.core.partition import epoch_permutation
 from peerd.core.shares import BatchPlan
 from peerd.core.unionclock import UnionClock
 from peerd.core.weighting import weigh
-from peerd.jobspec import JobSpec
+from peerd.settings.jobspec import JobSpec
 
 log = logging.getLogger("peerd.worker")
 

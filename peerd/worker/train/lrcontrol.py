@@ -16,7 +16,7 @@ import math
 import torch
 
 from peerd.core.lr import ScaleRamp
-from peerd.jobspec import OptimizerSpec
+from peerd.settings.jobspec import OptimizerSpec
 
 log = logging.getLogger("peerd.worker")
 

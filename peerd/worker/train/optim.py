@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 import torch
 
 from peerd.errors import ConfigError
-from peerd.jobspec import OptimizerSpec
+from peerd.settings.jobspec import OptimizerSpec
 
 # Keywords peerd sets itself (the LR follows its schedule, scaling and ramp).
 _OWN = {"params", "lr"}

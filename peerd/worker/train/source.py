@@ -1,5 +1,5 @@
 """The training side as the engine sees it: peerd's own Trainer, or a script's
-ScriptSource (peerd.scriptsource)."""
+ScriptSource (peerd.worker.train.scriptsource)."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ from peerd.core.schedule import schedule_factor
 from peerd.core.shares import BatchPlan
 from peerd.core.slowdown import Slowdown
 from peerd.errors import ConfigError
-from peerd.jobspec import JobSpec
+from peerd.settings.jobspec import JobSpec
 from peerd.worker.train.data import DataCursor, PeerSampler, View, default_loader, eval_loader
 from peerd.worker.train.device import resolve_device
 from peerd.worker.train.jobmodule import JobCode, JobContext

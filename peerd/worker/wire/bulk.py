@@ -35,10 +35,10 @@ from contextlib import aclosing
 
 from google.protobuf.message import DecodeError
 
-from peerd.auth import Authenticator, ReplyMac
+from peerd.security.auth import Authenticator, ReplyMac
 from peerd.errors import InvalidMessage, JobMismatch, PeerdError, PeerUnavailable, RoundMismatch, Unauthenticated
 from peerd.proto.v1 import peer_pb2
-from peerd.rejections import Rejections
+from peerd.security.rejections import Rejections
 from peerd.worker.wire.bulk_tls import HandshakeFailed, Stream, handshake
 from peerd.worker.wire.stores import SegmentServer
 

@@ -15,10 +15,10 @@ import time
 
 import torch
 
-from peerd.auth import Authenticator, ReplyMac
+from peerd.security.auth import Authenticator, ReplyMac
 from peerd.core.names import join_host_port
 from peerd.errors import InvalidMessage, JobMismatch, PeerUnavailable, RoundMismatch, Unauthenticated
-from peerd.rejections import Rejections
+from peerd.security.rejections import Rejections
 from peerd.worker.wire.bulk import (
     BULK_METHOD, ERROR_HEADER, LENGTH, MAC_BYTES, OK_HEADER, BulkError, mac_ok, reply_fields,
 )

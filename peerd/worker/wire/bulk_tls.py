@@ -1,7 +1,7 @@
 """The bulk lane's sockets, plain or under mutual TLS (docs/protocol.md, "Bulk lane").
 
 Under TLS the lane takes the same certificates, CA and checks as gRPC's channels
-(peerd.tls): a server accepts only clients with a certificate of the lab's CA, a
+(peerd.security.tls): a server accepts only clients with a certificate of the lab's CA, a
 client checks the server's certificate against the host it dialled (or
 `[tls] server_name`). TLS 1.3 only: its ciphers are all AEADs, and OpenSSL picks
 AES-GCM first, which AES-NI makes cheap.
@@ -21,7 +21,7 @@ import socket
 import ssl
 import tempfile
 
-from peerd.tls import TlsMaterial
+from peerd.security.tls import TlsMaterial
 
 HANDSHAKE_TIMEOUT_S = 10.0  # a silent client cannot hold a server task longer
 SEND_PIECE = 1 << 20  # bytes per SSL_write: the loop is free again between pieces

@@ -12,12 +12,12 @@ from contextlib import aclosing
 import grpc
 from google.protobuf.message import DecodeError
 
-from peerd.auth import AUTH_KEY, REPLY_KEY, Authenticator, ReplyMac, metadata_value
+from peerd.security.auth import AUTH_KEY, REPLY_KEY, Authenticator, ReplyMac, metadata_value
 from peerd.core.names import join_host_port
 from peerd.errors import InvalidMessage, JobMismatch, PeerdError, PeerUnavailable, RoundMismatch, Unauthenticated
 from peerd.proto.v1 import peer_pb2
-from peerd.rejections import Rejections
-from peerd.tls import TlsMaterial, add_port
+from peerd.security.rejections import Rejections
+from peerd.security.tls import TlsMaterial, add_port
 from peerd.worker.wire.bulk import BulkServer
 from peerd.worker.wire.bulk_tls import server_context
 from peerd.worker.wire.codec import encode_segment_chunk

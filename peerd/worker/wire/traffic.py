@@ -15,7 +15,7 @@ from contextlib import aclosing
 import torch
 
 from peerd.core.segments import Span
-from peerd.progress import EXCHANGE_BUCKETS_S
+from peerd.control.progress import EXCHANGE_BUCKETS_S
 from peerd.worker.state.pull import StatePart
 from peerd.worker.wire.values import stage_wire, wire_nbytes
 

@@ -18,13 +18,13 @@ import torch
 
 from google.protobuf.message import DecodeError
 
-from peerd.auth import REPLY_KEY, Authenticator, ReplyMac, metadata_value
+from peerd.security.auth import REPLY_KEY, Authenticator, ReplyMac, metadata_value
 from peerd.core.names import host_of
 from peerd.core.segments import Span
 from peerd.errors import InvalidMessage, JobMismatch, PeerUnavailable, RoundMismatch, Unauthenticated
 from peerd.proto.v1 import peer_pb2
-from peerd.rejections import Rejections
-from peerd.tls import TlsMaterial, open_channel
+from peerd.security.rejections import Rejections
+from peerd.security.tls import TlsMaterial, open_channel
 from peerd.worker.wire.bulk_client import BulkClient
 from peerd.worker.wire.bulk_tls import client_context
 from peerd.worker.wire.codec import ROUND_CHECKED_STAGES, ChunkView, decode_segment_chunk, fill_values
@@ -121,7 +121,7 @@ def _decode_segment_chunk(raw: bytes, round_: int, segment: int) -> ChunkView:
 class GrpcTransport:
     """The client side. Segments go over the partner's bulk lane when it has one
     (peerd.worker.wire.bulk), else over gRPC. With `auth`, every request carries a
-    proof of the job secret and every reply must carry one back (peerd.auth);
+    proof of the job secret and every reply must carry one back (peerd.security.auth);
     with `tls`, every connection is mutual TLS. The bulk lane carries the same
     proofs under the same TLS."""
 

@@ -14,8 +14,8 @@ from google.protobuf import wrappers_pb2
 
 from peerd.cli import peerctl
 from peerd.core.codes import WorkerState
-from peerd.jsonform import _float_json, message_json
-from peerd.progress import empty_progress
+from peerd.control.jsonform import _float_json, message_json
+from peerd.control.progress import empty_progress
 from peerd.proto.v1 import control_pb2
 
 from conftest import example_job, free_port, until

@@ -18,7 +18,7 @@ import pytest
 import tomli_w
 
 from peerd.errors import ConfigError
-from peerd.jobspec import TrainSpec, GossipSpec, JobSpec, OptimizerSpec, load_job, parse_job, with_code
+from peerd.settings.jobspec import TrainSpec, GossipSpec, JobSpec, OptimizerSpec, load_job, parse_job, with_code
 
 REPO = Path(__file__).resolve().parents[2]
 MNIST = Path(resources.files("peerd") / "examples" / "mnist.toml")
@@ -93,7 +93,7 @@ def test_fingerprint_equal_for_same_text_and_ignores_source_and_comments():
 def test_fingerprint_is_stable_across_processes():
     """No dependence on hash randomisation or process state: peers compare these over the wire."""
     here = parse_job(MNIST_TEXT, SRC).fingerprint
-    code = ("import sys; from peerd.jobspec import parse_job; "
+    code = ("import sys; from peerd.settings.jobspec import parse_job; "
             "print(parse_job(open(sys.argv[1]).read(), 'x').fingerprint)")
     env = dict(os.environ, PYTHONHASHSEED="12345")
     out = subprocess.run([sys.executable, "-c", code, str(MNIST)], cwd=REPO, env=env,

@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from peerd.jobspec import JobSpec
-from peerd.security import Security
+from peerd.settings.jobspec import JobSpec
+from peerd.security.handover import Security
 
 
 @dataclass(frozen=True)

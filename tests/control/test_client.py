@@ -7,7 +7,7 @@ from concurrent import futures
 import grpc
 import pytest
 
-from peerd.client import ControlClient
+from peerd.control.client import ControlClient
 from peerd.errors import DaemonNotRunning
 from peerd.proto.v1 import control_pb2, control_pb2_grpc
 

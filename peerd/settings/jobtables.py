@@ -1,5 +1,5 @@
 """The tables of a job file (JOB.toml), read key by key: each function takes one
-[table] and returns the checked keyword arguments of its spec in peerd.jobspec
+[table] and returns the checked keyword arguments of its spec in peerd.settings.jobspec
 (a wrong type or value is a ConfigError naming the key and what it expects).
 """
 
@@ -11,7 +11,7 @@ import re
 from peerd.core.bundle import MAX_BUNDLE_FILES, BundleRefused, check_name, valid_hash
 from peerd.core.lr import DEFAULT_LAW, DEFAULT_MAX_SCALE, DEFAULT_RAMP_STEPS, LAWS
 from peerd.errors import ConfigError
-from peerd.tomlconf import Table
+from peerd.settings.tomlconf import Table
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _ENTRY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")

@@ -16,8 +16,8 @@ from peerd.core.names import PEER_ID_RULE, valid_address, valid_peer_id
 from peerd.core.slowdown import CLOCKS
 from peerd.core.windows import WINDOW_RULE, parse_window
 from peerd.errors import ConfigError
-from peerd.tls import TlsSettings
-from peerd.tomlconf import Table, read_toml_file
+from peerd.security.tls import TlsSettings
+from peerd.settings.tomlconf import Table, read_toml_file
 
 DEFAULT_PATH = Path("/etc/peerd/peerd.toml")
 LOG_FORMATS = ("text", "json")

@@ -1,7 +1,7 @@
 """The job spec (JOB.toml): identical on every peer, checked by fingerprint.
 
 Parsed once, at the edge, into a frozen `JobSpec`; nothing below takes raw dicts.
-Each table's keys are read and checked in peerd.jobtables; the rules that span
+Each table's keys are read and checked in peerd.settings.jobtables; the rules that span
 keys are here.
 """
 
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import tomli_w
 
-from peerd import jobtables
+from peerd.settings import jobtables
 from peerd.core.lr import DEFAULT_LAW, DEFAULT_MAX_SCALE, DEFAULT_RAMP_STEPS
 from peerd.errors import ConfigError
-from peerd.tomlconf import Table, load_toml
+from peerd.settings.tomlconf import Table, load_toml
 
 
 @dataclass(frozen=True)

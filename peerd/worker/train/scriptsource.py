@@ -11,7 +11,7 @@ import torch
 
 from peerd.core.health import Health
 from peerd.core.meter import StepMeter
-from peerd.jobspec import JobSpec
+from peerd.settings.jobspec import JobSpec
 from peerd.worker.train.data import DataCursor, PeerSampler
 from peerd.worker.train.lrcontrol import LrControl
 from peerd.worker.state.trainstate import TrainState

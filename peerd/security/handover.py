@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from peerd.auth import Authenticator
-from peerd.tls import TlsMaterial
+from peerd.security.auth import Authenticator
+from peerd.security.tls import TlsMaterial
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from pathlib import Path
 import tomli_w
 from rich.console import Console
 
-from peerd.client import ControlClient
+from peerd.control.client import ControlClient
 from peerd.errors import PeerdError
 
 POLL_S = 0.5
@@ -288,7 +288,7 @@ def local_data_settings(spec, out: Path, peers: int, workers: int = 1,
                          "--data-root DIR once per peer; only the built-in digits-noniid job's data peerd cluster "
                          "splits itself" + (" (the job's [data] root would be one directory for all of them)"
                                             if spec.data_loading.root else ""))
-    from peerd.auth import create_secret_file
+    from peerd.security.auth import create_secret_file
 
     secret = out / "job.secret"
     create_secret_file(secret, overwrite=True)

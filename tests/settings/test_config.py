@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-import peerd.config as config_mod
-from peerd.config import DaemonConfig, load_config, parse_config
+import peerd.settings.config as config_mod
+from peerd.settings.config import DaemonConfig, load_config, parse_config
 from peerd.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
