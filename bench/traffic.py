@@ -34,8 +34,9 @@ from harness.output import md_row, md_table
 from harness.script import arg_parser, numbers, run_main
 from peerd.core.groups import plan_hierarchical
 from peerd.core.topology import plan_round
-from peerd.worker.round.crossover import RoundResult, gossip_round
+from peerd.worker.round.crossover import gossip_round
 from peerd.worker.round.hierarchy import hierarchical_round
+from peerd.worker.round.shared import RoundResult
 from peerd.worker.wire.traffic import CountingTransport, Traffic
 from peerd.worker.wire.transport import GrpcTransport, MemoryTransport
 

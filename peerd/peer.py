@@ -77,6 +77,7 @@ __all__ = ["Launch", "Peer", "ScriptSource", "attach", "last_attached", "set_lau
 log = logging.getLogger("peerd.worker")
 
 NO_STEP_WARNING_S = 120.0  # a script that has not called peer.step() by then is told so in its log
+NO_STEP_PHASE = "waiting for peer.step()"  # its phase meanwhile
 
 _attached: list[Peer] = []
 
@@ -316,7 +317,7 @@ class Peer:
         if self._script:
             elapsed = self._slowed.finish()  # the testing knob's sleep (a slower device) included
             self.source.record(batch_size, _loss_value(loss), elapsed)
-        self._steps += 1
+        self._count_step()
         self._since_round += 1
         if self._since_round >= self._plan.round_steps(self.peer_id, self.spec.gossip.period_steps) \
                 and not self._left:
@@ -334,6 +335,14 @@ class Peer:
             self._advance_scheduler()
             self._update_lr()
         self._slowed.start()
+
+    def _count_step(self) -> None:
+        """One more step; a first step that came after the no-step warning puts
+        the phase back, or a SIGTERM would stop the worker at once, as before
+        training began (checked at every step: the warning may land meanwhile)."""
+        self._steps += 1
+        if self._engine.phase == NO_STEP_PHASE:
+            self._engine.phase = "training"
 
     def report(self, metrics: dict[str, float]) -> None:
         """The script's evaluation: shown by peerctl status and the metrics
@@ -394,7 +403,7 @@ class Peer:
         if self._steps == 0 and not self.closed:
             log.warning("no peer.step() in %.0f s since peerd.attach(): call it after every optimizer step, "
                         "or the job never averages", NO_STEP_WARNING_S)
-            self._engine.phase = "waiting for peer.step()"
+            self._engine.phase = NO_STEP_PHASE
 
     def _install_signals(self) -> None:
         """SIGTERM/SIGINT: leave after the round under way, with a checkpoint; a

@@ -11,7 +11,7 @@ import torch
 from harness.ranks import Rank, RepeatClock
 from peerd.core.segments import split_even
 from peerd.worker.round.context import RoundBuffers, RoundContext, RoundInputs
-from peerd.worker.round.crossover import RoundResult
+from peerd.worker.round.shared import RoundResult
 from peerd.worker.state.pull import StateBoard, StateServer
 from peerd.worker.wire.server import start_exchange_server
 from peerd.worker.wire.stores import Identity, SegmentServer, SnapshotStore, StageStore

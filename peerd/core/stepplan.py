@@ -14,7 +14,7 @@ class StepPlan:
     """What the next local steps train with: decided by the engine at a round."""
 
     members: list[str]  # the peers that serve the job, this one included: the data split
-    trainers: int  # peers serving now: the global batch the LR is scaled for
+    trainers: int  # how many peers the global batch the LR is scaled for counts: len(members)
     plan: BatchPlan | None  # DBS: each member's batch
     stop: bool = False  # leave now: drained, signalled, or the daemon is gone
     # local data: the serving peers' published data set sizes (0: not known yet), for the weights

@@ -55,8 +55,11 @@ _COUNTERS = (
     ("peerd_bytes_sent", "Payload bytes (segments and state) the worker served to partners.", "bytes_sent"),
     ("peerd_bytes_received", "Payload bytes (segments and state) the worker fetched from partners.",
      "bytes_received"),
-    ("peerd_deadline_misses", "Segments skipped because a partner missed the exchange deadline.",
-     "segment_misses"),
+    ("peerd_segment_failures", "Segments that kept the worker's own values: the fetch failed, missed the "
+     "deadline, was refused or brought non-finite values.", "segment_misses"),
+    # The same count under its old name, kept for existing dashboards (docs/operations.md, "Metrics").
+    ("peerd_deadline_misses", "Deprecated: peerd_segment_failures under its old name (it counts every failure, "
+     "not only deadline misses).", "segment_misses"),
     ("peerd_samples", "Training samples processed.", "samples"),
     ("peerd_steps", "Optimizer steps taken (the job's step count).", "step"),
     ("peerd_checkpoints_written", "Checkpoints the worker wrote.", "checkpoints_written"),

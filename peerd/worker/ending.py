@@ -18,7 +18,7 @@ from peerd.core.lifecycle import Stage
 from peerd.settings.jobspec import JobSpec
 from peerd.worker.state.consensus import Consensus, Patience, final_consensus
 from peerd.worker.state.finalmodel import FinalModel
-from peerd.worker.round.crossover import RoundResult
+from peerd.worker.round.shared import RoundResult
 from peerd.worker.link import SupervisorLink
 from peerd.worker.state.modelfile import save_model
 from peerd.worker.state.pull import StateBoard
@@ -71,7 +71,7 @@ class Ending(Protocol):
 
     def report(self, result: RoundResult | None = None, finished: bool = False) -> None: ...
 
-    async def round_done(self, result: RoundResult | None) -> None: ...
+    async def finish_in_flight(self) -> RoundResult | None: ...
 
     async def checkpoint(self, why: str) -> None: ...
 
@@ -87,7 +87,7 @@ class JobEnd:
         e = self.engine
         if not e.enter(Stage.LEFT):
             return
-        await e.round_done(await e.rounds.finish_pending())  # the round in flight is this peer's last
+        await e.finish_in_flight()  # the round in flight is this peer's last
         await e.rounds.leave_group()
         e.phase = "draining"
         why = (e.link.stop_reason or "the operator asked") if e.link.stop else "stopped by signal"
@@ -121,7 +121,7 @@ class JobEnd:
         (overlapped mode), evaluate, average with the members still in the
         job, write the model file, report, serve the final model to the others."""
         e = self.engine
-        await asyncio.wait_for(self._settle(), CLOSE_TIMEOUT_S)
+        await asyncio.wait_for(self._last_round_in(), CLOSE_TIMEOUT_S)
         if e.evaluate is not None:
             metrics = {**metrics, **await asyncio.to_thread(e.evaluate)}
         # The end's evaluation (a script's report was watched as it came), and the end itself.
@@ -137,8 +137,10 @@ class JobEnd:
         path = await asyncio.to_thread(self._write_model, metrics)
         await asyncio.wait_for(self._finish(metrics, path), self.consensus_limit_s() + CLOSE_TIMEOUT_S)
 
-    async def _settle(self) -> None:
-        await self.engine.round_done(await self.engine.rounds.finish_pending())
+    async def _last_round_in(self) -> None:
+        """The rounds' last effects in the model: the round in flight applied,
+        the int8 wire's residual given back."""
+        await self.engine.finish_in_flight()
         self.engine.rounds.settle_feedback()  # the end consensus averages the models alone, in fp32
 
     def consensus_limit_s(self) -> float:

@@ -27,7 +27,6 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from peerd.core.catchup import step_up
 from peerd.core.health import describe
 from peerd.core.lifecycle import Outcome, Stage, outcome_of
 from peerd.core.shares import BatchPlan, Rebalancer, published_costs
@@ -40,7 +39,7 @@ from peerd.worker.state.checkpoint import CheckpointDir
 from peerd.worker.state.checkpointer import Checkpointer
 from peerd.worker.state.consensus import round_consensus, state_with
 from peerd.worker.ending import CLOSE_TIMEOUT_S, JobEnd
-from peerd.worker.round.crossover import RoundResult
+from peerd.worker.round.shared import RoundResult
 from peerd.worker.join import HEARTBEAT_S, Join
 from peerd.worker.link import SupervisorLink
 from peerd.worker.progress_report import EngineFigures, TimeSpent, progress_of
@@ -97,7 +96,7 @@ class Engine:
         self.transport = CountingTransport(
             GrpcTransport(self.identity, security.auth, security.tls, self.rejections, wire=spec.gossip.wire),
             self.traffic, spec.gossip.wire)
-        self.rounds = Rounds(spec, self.me, self.state, link, self.transport, launch.intrahost)
+        self.rounds = Rounds(spec, self.me, self.state, link, self.transport, self.rejections, launch.intrahost)
         self.store = self.rounds.store
         self.final = FinalStore()  # this peer's final model, for the consensus at the end
         self.checkpoints = Checkpointer(
@@ -106,7 +105,6 @@ class Engine:
         self.stop_signal = False  # SIGTERM/SIGINT: finish the round, checkpoint, exit
         self.stage = Stage.JOINING  # peerd.core.lifecycle
         self.phase = "joining"  # what a status shows: the stage, or what it waits for within it
-        self.round = 0
         self._view: dict[str, str] = {}  # the serving members this round was planned with
         self._round_steps = spec.gossip.period_steps  # local steps in the last round (end_round)
         self.metrics: dict[str, float] = {}  # the last evaluation
@@ -120,6 +118,15 @@ class Engine:
         self.tblog = TensorBoardLog(launch.tensorboard)  # each round's Progress, when asked for
         self.join = Join(self)
         self.ending = JobEnd(self)
+
+    @property
+    def round(self) -> int:
+        """The round this worker is in: Rounds keeps it (counts it up, steps it up)."""
+        return self.rounds.round
+
+    @round.setter
+    def round(self, round_: int) -> None:  # a resume: the round of the state taken
+        self.rounds.round = round_
 
     async def start(self) -> StepPlan:
         """Serve, join; then the plan of the first steps."""
@@ -234,10 +241,7 @@ class Engine:
         try:
             started = time.monotonic()
             await self.capture_if_wanted()  # asked during the last step: at once, not after the exchange
-            self.round += 1
-            run = self.rounds.run_overlapped if self.rounds.overlap is not None else self.rounds.run
-            result = await run(self.round, self._view, self.capture_if_wanted)
-            await self.round_done(result)
+            result = await self.rounds.next_round(self._view, self.capture_if_wanted)
             started = self.time.add("round", started)
             if self.link.export_path and self.link.export_path != self.exported:
                 await self._export(self.link.export_path)
@@ -348,22 +352,9 @@ class Engine:
         self._captures.add(task)
         task.add_done_callback(self._captures.discard)
 
-    async def round_done(self, result: RoundResult | None) -> None:
-        """A round's result: count the values it refused, step up to a partner ahead."""
-        if result is not None:
-            for source, why in result.non_finite.items():
-                self.rejections.record(self._view.get(source, source), "non_finite", why)
-        self._catch_up(result)
-
-    def _catch_up(self, result: RoundResult | None) -> None:
-        """A partner is rounds ahead: step up to its round, keeping this model (peerd.core.catchup)."""
-        up = step_up(self.round, result.ahead_round) if result is not None else None
-        if up is None:
-            return
-        if up.logged:
-            log.info("round %d: %s is in round %d; stepping up to it", self.round, result.ahead_peer,
-                     result.ahead_round)
-        self.round = up.round
+    async def finish_in_flight(self) -> RoundResult | None:
+        """The overlapped round in flight applied and processed (a leave, the job's end)."""
+        return await self.rounds.finish_in_flight(self._view)
 
     def _refresh(self) -> None:
         """Before each heartbeat while training: the counters as they are now (step,

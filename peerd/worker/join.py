@@ -65,7 +65,7 @@ class Join:
         # in it: partners do not wait for a worker that is still taking the state.
         e.report()  # ... and what the others need of it from the start (local data: its n_i)
         await e.link.beat()
-        await self._settle()
+        await self._wait_for_daemon_to_settle()
         checkpoint = await e.checkpoints.load_newest()
         if checkpoint is None and self._ended_by() and not self.donors():
             self._end_here("before this worker came")
@@ -75,7 +75,7 @@ class Join:
                 return  # every member ready holds the same initial state
         await self._resume(checkpoint)
 
-    async def _settle(self) -> None:
+    async def _wait_for_daemon_to_settle(self) -> None:
         """A daemon that just (re)started has not heard from its peers yet: an empty
         view then would start the job over from scratch beside the running one."""
         link, me = self.engine.link, self.engine.me

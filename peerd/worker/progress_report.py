@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from peerd.core.checkpoints import LastCheckpoint
 from peerd.settings.jobspec import JobSpec
 from peerd.proto.v1 import control_pb2
-from peerd.worker.round.crossover import RoundResult
+from peerd.worker.round.shared import RoundResult
 from peerd.worker.train.source import Source
 from peerd.worker.wire.traffic import ExchangeTimes, Traffic
 

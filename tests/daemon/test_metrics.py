@@ -52,9 +52,9 @@ def test_every_job_metric_comes_from_the_workers_progress(tmp_path):
     m = (("job", "m"),)
     expected = {
         "peerd_rounds_total": 100, "peerd_bytes_sent_total": 4000, "peerd_bytes_received_total": 5000,
-        "peerd_deadline_misses_total": 3, "peerd_samples_total": 3840, "peerd_steps_total": 120,
-        "peerd_checkpoints_written_total": 4, "peerd_worker_restarts_total": 2, "peerd_round": 130,
-        "peerd_epoch": 1, "peerd_local_batch": 32, "peerd_global_batch": 64, "peerd_learning_rate": 0.05,
+        "peerd_segment_failures_total": 3, "peerd_deadline_misses_total": 3,  # the old name, deprecated
+        "peerd_samples_total": 3840, "peerd_steps_total": 120, "peerd_checkpoints_written_total": 4,
+        "peerd_worker_restarts_total": 2, "peerd_round": 130, "peerd_epoch": 1, "peerd_local_batch": 32, "peerd_global_batch": 64, "peerd_learning_rate": 0.05,
         "peerd_loss": 0.25, "peerd_samples_per_second": 900.0, "peerd_metric": 0.9,
         "peerd_disagreement": 0.01, "peerd_checkpoint_round": 120, "peerd_membership_size": 1,
         "peerd_exchange_seconds_count": 100, "peerd_exchange_seconds_sum": 2.0,

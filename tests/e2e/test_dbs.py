@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import example_job, wait_for
-from test_e2e import peerctl
+from conftest import example_job, peerctl, wait_for
 
 pytestmark = pytest.mark.e2e
 

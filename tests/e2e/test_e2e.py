@@ -21,18 +21,11 @@ from peerd.settings.jobspec import parse_job
 from peerd.worker.train.trainer import init_seed
 
 from conftest import all_finished, example_job, first_jobs, peerctl, round_of, wait_for
+from e2e_helpers import flat_params, rel_distance
 
 pytestmark = pytest.mark.e2e
 
 CHANCE_LOSS = math.log(10)  # cross-entropy of a uniform guess over the 10 classes
-
-
-def flat_params(state_dict: dict) -> torch.Tensor:
-    return torch.cat([v.reshape(-1).float() for v in state_dict.values()])
-
-
-def rel_distance(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).norm() / ((a.norm() + b.norm()) / 2))
 
 
 def test_three_daemons_discover_each_other_and_train_together(local_cluster):

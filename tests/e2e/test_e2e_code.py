@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
@@ -22,78 +19,9 @@ from peerd.core.bundle import digest
 from peerd.settings.jobspec import parse_job
 
 from conftest import all_finished, wait_for
+from e2e_helpers import JOB, JOB_MODULE, peerctl, secret_dir
 
 pytestmark = pytest.mark.e2e
-
-JOB_MODULE = '''
-import json
-from pathlib import Path
-
-import torch
-from torch import nn
-from torch.utils.data import TensorDataset
-
-# The settings travel with the code ([job] files): without them the job cannot load.
-SETTINGS = json.loads((Path(__file__).parents[1] / "settings.json").read_text())
-print(f"codejob loaded from {__file__}", flush=True)
-
-
-def make_model():
-    return nn.Linear(4, 1)
-
-
-def make_datasets(ctx):
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(SETTINGS["samples"], 4, generator=gen)
-    y = x @ torch.tensor(SETTINGS["weights"])
-    return TensorDataset(x, y), TensorDataset(x[:64], y[:64])
-
-
-def loss(model, batch):
-    x, y = batch
-    return 0.5 * ((model(x).squeeze(1) - y) ** 2).mean()
-
-
-def evaluate(model, batches):
-    total = seen = 0.0
-    for x, y in batches:
-        total += float(0.5 * ((model(x).squeeze(1) - y) ** 2).sum())
-        seen += len(y)
-    return {"loss": total / seen}
-'''
-
-JOB = textwrap.dedent('''
-    [job]
-    name = "travel"
-    module = "codejob"
-    files = ["settings.json"]
-    secret_file = "job.secret"
-    metric = "loss"
-    local_batch = 8
-    epochs = 12
-    min_peers = 2
-    eval_every_rounds = 50
-    [optimizer]
-    lr = 0.05
-    momentum = 0.0
-    schedule = "constant"
-''')
-
-
-def peerctl(peer, *args: str, answer: str = "") -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "peerd.cli.peerctl", "--socket", str(peer.socket), *args],
-                          input=answer, capture_output=True, text=True, timeout=330)
-
-
-def secret_dir(path, secret=None):
-    """A directory of the operator's that holds the job secret (a copy, or a new one) and no code."""
-    path.mkdir()
-    if secret is None:
-        new_secret_file(path / "job.secret")
-    else:
-        shutil.copy(secret, path / "job.secret")
-    return path
-
 
 def stored(peer) -> list[str]:
     store = peer.dir / "state" / "code"

@@ -25,7 +25,7 @@ from peerd.errors import PeerdError
 from peerd.soak.netns import Namespaces, namespaces_unavailable
 
 from conftest import REPO, all_finished, wait_for
-from test_e2e_code import JOB, JOB_MODULE, peerctl, secret_dir
+from e2e_helpers import JOB, JOB_MODULE, peerctl, secret_dir
 
 NO_NETNS = namespaces_unavailable()
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(bool(NO_NETNS), reason=f"a lab in namespaces: {NO_NETNS}")]

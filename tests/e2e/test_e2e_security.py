@@ -16,8 +16,8 @@ from peerd.worker.train.trainer import init_seed
 
 import pytest
 
-from conftest import all_finished, example_job, first_jobs, wait_for
-from test_e2e import flat_params, peerctl, rel_distance
+from conftest import all_finished, example_job, first_jobs, peerctl, wait_for
+from e2e_helpers import flat_params, rel_distance
 
 pytestmark = pytest.mark.e2e
 

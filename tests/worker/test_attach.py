@@ -22,7 +22,7 @@ from peerd.core.stepplan import StepPlan
 from peerd.errors import ConfigError
 from peerd.settings.jobspec import parse_job
 from peerd.control.launch import Launch, set_launch
-from peerd.peer import Peer, _loss_value, _script_evaluation
+from peerd.peer import NO_STEP_PHASE, Peer, _loss_value, _script_evaluation
 from peerd.worker.train.scriptsource import ScriptSource
 from peerd.worker.train.lrcontrol import LrControl
 from peerd.worker.main import run_script
@@ -93,6 +93,7 @@ def script_peer(epochs: float = 2, local_batch: int = 8, members: tuple[str, ...
     peer.spec, peer.source, peer.state = spec, ScriptSource(state, spec, me, lr), state
     peer._script, peer._left, peer._steps = True, False, 0
     peer._plan = StepPlan(list(members), len(members), None)
+    peer._engine = types.SimpleNamespace(phase="training", metrics={}, watch_health=lambda metrics: None)
     return peer
 
 
@@ -103,7 +104,7 @@ def counted_step(peer: Peer, loss=None, own_scheduler_step: bool = False) -> Non
     if own_scheduler_step:
         peer.state.objects["scheduler"].step()  # raises past a OneCycleLR's end
     peer.source.record(None, _loss_value(loss), 0.0)
-    peer._steps += 1
+    peer._count_step()
     peer._advance_scheduler()
     peer._update_lr()
 
@@ -200,6 +201,18 @@ def test_a_job_done_before_the_first_loader_gives_an_empty_one():
     peer = script_peer(epochs=2)
     peer.source.adopt_state(peer.state.vector(), peer.state.extra(), 30, 2.0)
     assert list(peer.loader(samples(50))) == [] and peer.epoch == 1
+
+
+def test_a_first_step_after_the_no_step_warning_puts_the_phase_back():
+    """A slow first step (long data preparation) must not leave the worker in a
+    phase where SIGTERM stops it at once, without its end-of-round checkpoint."""
+    peer = script_peer()
+    peer._engine.phase = NO_STEP_PHASE  # what the watch sets after NO_STEP_WARNING_S without a step
+    counted_step(peer)
+    assert peer._engine.phase == "training"
+    peer._engine.phase = "draining"  # any other phase is the engine's own
+    counted_step(peer)
+    assert peer._engine.phase == "draining"
 
 
 def test_peer_step_takes_the_loss_tensor_without_a_warning():

@@ -26,7 +26,7 @@ from peerd.worker.wire.server import start_exchange_server
 from peerd.worker.wire.transport import FETCH_SEGMENT, GrpcTransport
 
 from certs import make_ca, material, needs_openssl, settings
-from test_exchange import NUMEL, SEGMENTS, Peer, two_peers
+from exchange_helpers import NUMEL, SEGMENTS, Peer, two_peers
 
 from conftest import daemon_config, until
 

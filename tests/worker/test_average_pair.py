@@ -1,4 +1,4 @@
-"""One pass over received values (peerd.worker.round.crossover.average_pair): the
+"""One pass over received values (peerd.worker.round.shared.average_pair): the
 average is checked instead of the input, and a bad input leaves the own values."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import torch
 from peerd.core.segments import split_even
 from peerd.core.topology import plan_round
 from peerd.worker.wire.codec import fill_values, finite_by_sum
-from peerd.worker.round.crossover import average_pair, gossip_round
+from peerd.worker.round.crossover import gossip_round
 from peerd.worker.round.context import RoundBuffers, RoundContext, RoundInputs
+from peerd.worker.round.shared import average_pair
 from peerd.worker.wire.stores import StageStore
 
 

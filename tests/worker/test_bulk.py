@@ -13,46 +13,14 @@ import torch
 from peerd.core.segments import split_even
 from peerd.security.auth import Authenticator, ReplyMac
 from peerd.errors import PeerUnavailable, RoundMismatch, Unauthenticated
-from peerd.proto.v1 import peer_pb2
 from peerd.security.rejections import Rejections
 from peerd.worker.wire import bulk_client
 from peerd.worker.wire.bulk import BulkServer
 from peerd.worker.wire.bulk_client import BulkClient
-
-from conftest import until
 from peerd.worker.wire.stores import Identity, SegmentServer, SnapshotStore
 
-NUMEL = 40_003
-SEGMENTS = 8
-
-
-def _request(round_: int, segment: int, wait_s: float = 5.0, stage: int = 0):
-    return peer_pb2.SegmentRequest(job="job", fingerprint="fp", round=round_, segment=segment,
-                                   peer_id="client", wait_s=wait_s, stage=stage)
-
-
-class Lane:
-    """A SegmentServer behind a BulkServer, counting the connections it accepts."""
-
-    def __init__(self) -> None:
-        self.store = SnapshotStore(NUMEL)
-        self.server = BulkServer(SegmentServer(Identity("job", "fp", "srv"), self.store, SEGMENTS, 1000))
-        self.layout = split_even(NUMEL, SEGMENTS)
-        self.vector = torch.randn(NUMEL, generator=torch.Generator().manual_seed(3))
-
-    async def __aenter__(self) -> Lane:
-        self.port = await self.server.start("127.0.0.1")
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.server.close()
-
-    def connections(self) -> int:
-        return len(self.server._connections)
-
-    def segment(self, s: int) -> torch.Tensor:
-        span = self.layout[s]
-        return self.vector[span.start : span.stop]
+from bulk_helpers import NUMEL, SEGMENTS, Lane, cancel_twice_mid_segment, segment_request
+from conftest import until
 
 
 def _reader_threads() -> int:
@@ -65,14 +33,14 @@ async def test_all_segments_from_one_partner_share_one_connection_and_arrive_int
         try:
             await lane.store.publish(1, lane.vector)
             outs = [torch.empty(span.size) for span in lane.layout]
-            await asyncio.gather(*(client.fetch("127.0.0.1", lane.port, _request(1, s), outs[s], 5.0)
+            await asyncio.gather(*(client.fetch("127.0.0.1", lane.port, segment_request(1, s), outs[s], 5.0)
                                    for s in range(SEGMENTS)))
             for s in range(SEGMENTS):
                 assert torch.equal(outs[s], lane.segment(s))
             assert lane.connections() == 1
             # A later round reuses the connection (and its reader thread).
             await lane.store.publish(2, lane.vector * 2)
-            await asyncio.gather(*(client.fetch("127.0.0.1", lane.port, _request(2, s), outs[s], 5.0)
+            await asyncio.gather(*(client.fetch("127.0.0.1", lane.port, segment_request(2, s), outs[s], 5.0)
                                    for s in range(SEGMENTS)))
             assert torch.equal(outs[3], lane.segment(3) * 2)
             assert lane.connections() == 1
@@ -89,7 +57,7 @@ async def test_requests_queued_behind_a_waiting_one_are_answered_in_order():
         client = BulkClient()
         try:
             outs = [torch.empty(span.size) for span in lane.layout]
-            fetches = asyncio.gather(*(client.fetch("127.0.0.1", lane.port, _request(1, s), outs[s], 5.0)
+            fetches = asyncio.gather(*(client.fetch("127.0.0.1", lane.port, segment_request(1, s), outs[s], 5.0)
                                        for s in range(SEGMENTS)))
             await asyncio.sleep(0.2)
             assert not fetches.done()
@@ -106,14 +74,14 @@ async def test_a_deadline_fails_the_pipe_and_the_next_fetch_reconnects():
         try:
             outs = [torch.full((span.size,), -1.0) for span in lane.layout]
             results = await asyncio.gather(
-                *(client.fetch("127.0.0.1", lane.port, _request(1, s), outs[s], 0.3) for s in range(3)),
+                *(client.fetch("127.0.0.1", lane.port, segment_request(1, s), outs[s], 0.3) for s in range(3)),
                 return_exceptions=True)
             assert all(isinstance(r, PeerUnavailable) for r in results), results
             # Nothing is written into a caller's buffer after its fetch has failed.
             await lane.store.publish(1, lane.vector)
             await asyncio.sleep(0.2)
             assert all(bool((out == -1.0).all()) for out in outs)
-            await client.fetch("127.0.0.1", lane.port, _request(1, 4), outs[4], 5.0)
+            await client.fetch("127.0.0.1", lane.port, segment_request(1, 4), outs[4], 5.0)
             assert torch.equal(outs[4], lane.segment(4))
         finally:
             await client.aclose()
@@ -127,11 +95,11 @@ async def test_an_idle_connection_is_closed_and_its_thread_ends(monkeypatch):
             before = _reader_threads()
             await lane.store.publish(1, lane.vector)
             out = torch.empty(lane.layout[0].size)
-            await client.fetch("127.0.0.1", lane.port, _request(1, 0), out, 5.0)
+            await client.fetch("127.0.0.1", lane.port, segment_request(1, 0), out, 5.0)
             assert _reader_threads() == before + 1
             await until(lambda: _reader_threads() == before, "the idle connection's reader thread to end")
             out1 = torch.empty(lane.layout[1].size)
-            await client.fetch("127.0.0.1", lane.port, _request(1, 1), out1, 5.0)  # a fresh connection
+            await client.fetch("127.0.0.1", lane.port, segment_request(1, 1), out1, 5.0)  # a fresh connection
             assert torch.equal(out1, lane.segment(1))
         finally:
             await client.aclose()
@@ -142,7 +110,7 @@ async def test_a_partner_that_dies_mid_pipe_fails_every_queued_fetch():
         client = BulkClient()
         try:
             outs = [torch.empty(span.size) for span in lane.layout]
-            fetches = [asyncio.ensure_future(client.fetch("127.0.0.1", lane.port, _request(1, s), outs[s], 5.0))
+            fetches = [asyncio.ensure_future(client.fetch("127.0.0.1", lane.port, segment_request(1, s), outs[s], 5.0))
                        for s in range(SEGMENTS)]
             await asyncio.sleep(0.2)  # all asked; the server waits for round 1
             await lane.server.close()
@@ -164,7 +132,7 @@ async def test_narrow_wire_values_are_widened_in_the_reader(wire):
         await store.publish(1, vector)
         span = split_even(NUMEL, SEGMENTS)[2]
         out = torch.empty(span.size)
-        await client.fetch("127.0.0.1", port, _request(1, 2), out, 5.0)
+        await client.fetch("127.0.0.1", port, segment_request(1, 2), out, 5.0)
         dtype = torch.float16 if wire == "fp16" else torch.bfloat16
         assert torch.equal(out, vector[span.start : span.stop].to(dtype).float())
     finally:
@@ -192,12 +160,12 @@ async def test_with_the_secret_segments_travel_with_proofs():
         try:
             await lane.store.publish(1, lane.vector)
             outs = [torch.empty(span.size) for span in lane.layout]
-            await asyncio.gather(*(client.fetch("127.0.0.1", lane.port, _request(1, s), outs[s], 5.0,
+            await asyncio.gather(*(client.fetch("127.0.0.1", lane.port, segment_request(1, s), outs[s], 5.0,
                                                 audience="127.0.0.1:1") for s in range(SEGMENTS)))
             assert all(torch.equal(outs[s], lane.segment(s)) for s in range(SEGMENTS))
             # A refusal is proved too, and still carries the round.
             with pytest.raises(RoundMismatch):
-                await client.fetch("127.0.0.1", lane.port, _request(0, 0), outs[0], 5.0, audience="127.0.0.1:1")
+                await client.fetch("127.0.0.1", lane.port, segment_request(0, 0), outs[0], 5.0, audience="127.0.0.1:1")
             assert lane.connections() == 1 and not lane.rejections.counts
         finally:
             await client.aclose()
@@ -213,7 +181,7 @@ async def test_a_request_without_valid_proof_is_refused(who):
             await lane.store.publish(1, lane.vector)
             out = torch.full((lane.layout[0].size,), -1.0)
             with pytest.raises(PeerUnavailable):  # Unauthenticated; without a secret, no answer at all
-                await client.fetch("127.0.0.1", lane.port, _request(1, 0), out, 1.0, audience=audience)
+                await client.fetch("127.0.0.1", lane.port, segment_request(1, 0), out, 1.0, audience=audience)
             assert bool((out == -1.0).all())
             if who != "no secret":  # (that one never sent a proof's length: the lane still waits for it)
                 assert lane.rejections.counts.get("bad_mac") == 1, lane.rejections.counts
@@ -229,11 +197,11 @@ async def test_a_wait_that_is_not_a_number_is_refused_and_the_lane_serves_on():
         try:
             out = torch.full((lane.layout[0].size,), -1.0)
             with pytest.raises(PeerUnavailable, match="wait_s is not finite"):
-                await client.fetch("127.0.0.1", lane.port, _request(1, 0, wait_s=float("nan")), out, 5.0,
+                await client.fetch("127.0.0.1", lane.port, segment_request(1, 0, wait_s=float("nan")), out, 5.0,
                                    audience="127.0.0.1:1")
             assert bool((out == -1.0).all()) and lane.rejections.counts == {"bad_request": 1}
             await lane.store.publish(1, lane.vector)
-            await client.fetch("127.0.0.1", lane.port, _request(1, 0), out, 5.0, audience="127.0.0.1:1")
+            await client.fetch("127.0.0.1", lane.port, segment_request(1, 0), out, 5.0, audience="127.0.0.1:1")
             assert torch.equal(out, lane.segment(0))
         finally:
             await client.aclose()
@@ -253,10 +221,10 @@ async def test_a_reply_without_valid_proof_is_not_believed():
         try:
             await lane.store.publish(1, lane.vector)
             with pytest.raises(Unauthenticated) as info:
-                await client.fetch("127.0.0.1", lane.port, _request(1, 0), torch.empty(lane.layout[0].size), 5.0)
+                await client.fetch("127.0.0.1", lane.port, segment_request(1, 0), torch.empty(lane.layout[0].size), 5.0)
             assert info.value.reason == "reply_bad_mac"
             with pytest.raises(Unauthenticated):  # a refusal's proof is checked as well
-                await client.fetch("127.0.0.1", lane.port, _request(0, 0), torch.empty(lane.layout[0].size), 5.0)
+                await client.fetch("127.0.0.1", lane.port, segment_request(0, 0), torch.empty(lane.layout[0].size), 5.0)
         finally:
             await client.aclose()
 
@@ -276,21 +244,3 @@ async def test_a_fetch_cancelled_twice_still_stops_its_reader_before_returning()
     finally:
         await client.aclose()
         await server.close()
-
-
-async def cancel_twice_mid_segment(client, port: int, numel: int, times: int) -> None:
-    """Fetch segment 0 of round 1 (all ones) and cancel it twice while its
-    reader is filling the buffer; then check nothing is written after the
-    fetch has returned."""
-    for _ in range(times):
-        out = torch.full((numel,), -1.0)
-        task = asyncio.ensure_future(client.fetch("127.0.0.1", port, _request(1, 0), out, 30.0))
-        while out[0] != 1.0 and not task.done():  # the reader is filling it
-            await asyncio.sleep(0)
-        task.cancel()
-        await asyncio.sleep(0)
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        seen = out.clone()
-        await asyncio.sleep(0.2)
-        assert torch.equal(out, seen), "the reader wrote into the buffer after the fetch returned"

@@ -20,9 +20,9 @@ from peerd.worker.wire.bulk_client import BulkClient
 from peerd.worker.wire.bulk_tls import client_context, server_context
 from peerd.worker.wire.stores import Identity, SegmentServer, SnapshotStore
 
+from bulk_helpers import NUMEL, SEGMENTS, Lane, cancel_twice_mid_segment, segment_request
 from certs import make_ca, material, needs_openssl
 from conftest import until
-from test_bulk import NUMEL, SEGMENTS, Lane, _request, cancel_twice_mid_segment
 
 pytestmark = needs_openssl
 BIG = 1_500_003  # 6 MB: a segment of 3 MB is several TLS send pieces and ~200 records
@@ -41,7 +41,7 @@ def pki(tmp_path_factory):
 
 
 class TlsLane(Lane):
-    """test_bulk's Lane over `numel` values in `segments`, under TLS with `tls`
+    """A Lane over `numel` values in `segments`, under TLS with `tls`
     (None: plain), with proofs with `auth`."""
 
     def __init__(self, tls, numel: int = NUMEL, segments: int = SEGMENTS, auth=None) -> None:
@@ -100,7 +100,7 @@ async def test_segments_cross_the_lane_intact_and_under_tls_unreadable_on_the_pa
         try:
             await lane.store.publish(1, lane.vector)
             outs = [torch.empty(span.size) for span in lane.layout]
-            await asyncio.gather(*(client.fetch("127.0.0.1", port, _request(1, s), outs[s], 10.0)
+            await asyncio.gather(*(client.fetch("127.0.0.1", port, segment_request(1, s), outs[s], 10.0)
                                    for s in range(2)))
             assert all(torch.equal(outs[s], lane.segment(s)) for s in range(2))
             probe = lane.vector[1000:1016].numpy().tobytes()  # 64 bytes of values
@@ -118,7 +118,7 @@ async def test_under_tls_the_lane_speaks_tls_1_3_with_an_aead_and_proofs_still_w
         try:
             await lane.store.publish(1, lane.vector)
             outs = [torch.empty(span.size) for span in lane.layout]
-            await asyncio.gather(*(client.fetch("127.0.0.1", lane.port, _request(1, s), outs[s], 5.0,
+            await asyncio.gather(*(client.fetch("127.0.0.1", lane.port, segment_request(1, s), outs[s], 5.0,
                                                 audience="127.0.0.1:1") for s in range(SEGMENTS)))
             assert all(torch.equal(outs[s], lane.segment(s)) for s in range(SEGMENTS))
             sock = next(iter(client._pipes.values()))._sender.sock
@@ -154,7 +154,7 @@ async def test_a_client_without_a_certificate_of_the_lab_is_refused_and_logged_o
                       "no TLS": BulkClient}[who]()
             try:
                 with pytest.raises(PeerUnavailable):
-                    await client.fetch("127.0.0.1", lane.port, _request(1, 0), out, 3.0)
+                    await client.fetch("127.0.0.1", lane.port, segment_request(1, 0), out, 3.0)
             finally:
                 await client.aclose()
         assert bool((out == -1.0).all())
@@ -181,11 +181,11 @@ async def test_the_client_checks_the_lanes_certificate_as_grpc_does(pki, caplog,
         client = client_for(pki["client"], server_name=name)
         try:
             if refused is None:
-                await client.fetch("127.0.0.1", lane.port, _request(1, 0), out, 3.0)
+                await client.fetch("127.0.0.1", lane.port, segment_request(1, 0), out, 3.0)
                 assert torch.equal(out, lane.segment(0))
                 return
             with pytest.raises(PeerUnavailable, match="TLS handshake failed"):
-                await client.fetch("127.0.0.1", lane.port, _request(1, 0), out, 3.0)
+                await client.fetch("127.0.0.1", lane.port, segment_request(1, 0), out, 3.0)
             assert bool((out == -1.0).all())
             assert client.tls_refusals.counts == {"tls": 1}
             line, = [r.getMessage() for r in caplog.records if "TLS handshake failed" in r.getMessage()]
@@ -202,7 +202,7 @@ async def test_a_refused_handshake_is_counted_once_however_many_fetches_waited_f
         client = client_for(pki["client"])
         try:
             outs = [torch.empty(lane.layout[s].size) for s in range(4)]
-            results = await asyncio.gather(*(client.fetch("127.0.0.1", lane.port, _request(1, s), outs[s], 3.0)
+            results = await asyncio.gather(*(client.fetch("127.0.0.1", lane.port, segment_request(1, s), outs[s], 3.0)
                                              for s in range(4)), return_exceptions=True)
             assert all(isinstance(r, PeerUnavailable) for r in results), results
             assert client.tls_refusals.counts == {"tls": 1}
@@ -218,7 +218,7 @@ async def test_under_tls_requests_queued_behind_a_waiting_one_all_arrive_on_one_
         client = client_for(pki["client"])
         try:
             outs = [torch.empty(span.size) for span in lane.layout]
-            fetches = asyncio.gather(*(client.fetch("127.0.0.1", lane.port, _request(1, s), outs[s], 5.0)
+            fetches = asyncio.gather(*(client.fetch("127.0.0.1", lane.port, segment_request(1, s), outs[s], 5.0)
                                        for s in range(SEGMENTS)))
             await asyncio.sleep(0.2)
             assert not fetches.done()  # round 1 is not published yet: all wait on the lane
@@ -236,13 +236,13 @@ async def test_under_tls_a_deadline_fails_the_pipe_and_the_next_fetch_reconnects
         try:
             outs = [torch.full((span.size,), -1.0) for span in lane.layout]
             results = await asyncio.gather(
-                *(client.fetch("127.0.0.1", lane.port, _request(1, s), outs[s], 0.3) for s in range(3)),
+                *(client.fetch("127.0.0.1", lane.port, segment_request(1, s), outs[s], 0.3) for s in range(3)),
                 return_exceptions=True)
             assert all(isinstance(r, PeerUnavailable) for r in results), results
             await lane.store.publish(1, lane.vector)
             await asyncio.sleep(0.2)
             assert all(bool((out == -1.0).all()) for out in outs)  # nothing written after the failure
-            await client.fetch("127.0.0.1", lane.port, _request(1, 4), outs[4], 5.0)
+            await client.fetch("127.0.0.1", lane.port, segment_request(1, 4), outs[4], 5.0)
             assert torch.equal(outs[4], lane.segment(4))
         finally:
             await client.aclose()

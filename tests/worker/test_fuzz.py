@@ -42,7 +42,7 @@ from peerd.worker.state.pull import StateMeta
 from peerd.worker.wire.server import start_exchange_server
 from peerd.worker.wire.transport import FETCH_SEGMENT, FETCH_STATE, GrpcTransport
 
-from test_exchange import NUMEL, SEGMENTS, Peer
+from exchange_helpers import NUMEL, SEGMENTS, Peer
 
 MESSAGES = int(os.environ.get("PEERD_FUZZ_MESSAGES", "500"))
 SEED = int(os.environ.get("PEERD_FUZZ_SEED", "0"))

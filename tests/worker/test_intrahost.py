@@ -562,7 +562,7 @@ def test_the_worker_takes_its_slot_from_the_command_line_the_daemon_writes(tmp_p
 async def test_a_poisoned_stage_1_from_the_partner_host_is_refused_by_the_group_owner(tmp_path):
     """The transport leaves stage 1 to the round (ROUND_CHECKED_STAGES): the
     cross-host mix on the group checks it, and keeps the group mean."""
-    from test_nonfinite import PoisonedStages
+    from hierarchy_helpers import PoisonedStages
 
     tiered = members(VIEW)
     for p in ("hb.0", "hb.1"):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-from contextlib import asynccontextmanager
 
 import pytest
 import torch
@@ -19,34 +18,17 @@ from peerd.core.topology import plan_round
 from peerd.errors import InvalidMessage
 from peerd.worker.wire.bulk import BulkServer
 from peerd.worker.wire.bulk_client import BulkClient
-from peerd.worker.wire.server import start_exchange_server
 from peerd.worker.round.crossover import gossip_round
 from peerd.worker.wire.stores import Identity, SegmentServer, SnapshotStore, StageStore
-from peerd.worker.state.pull import StateBoard, StateServer
-from peerd.worker.wire.transport import GrpcTransport
 
-from test_bulk import _request
-from test_hierarchy import NUMEL, VIEW, Peer, make_peers
+from bulk_helpers import segment_request
+from hierarchy_helpers import NUMEL, VIEW, PoisonedStages, make_peers, served
 
 
 def _poison(vector: torch.Tensor, layout) -> None:
     """An infinity in every segment (the NaN cases poison other stages)."""
     for span in layout:
         vector[span.start + span.size // 2] = math.inf
-
-
-class PoisonedStages(StageStore):
-    """Serves a NaN in every value it publishes for `stage`; keeps its own copy clean."""
-
-    def __init__(self, stage: int) -> None:
-        super().__init__()
-        self.bad = stage
-
-    async def put(self, round_: int, stage: int, segment: int, value: torch.Tensor) -> None:
-        if stage == self.bad:
-            value = value.clone()
-            value[0] = math.nan
-        await super().put(round_, stage, segment, value)
 
 
 @pytest.mark.parametrize("wire", ["fp32", "bf16"])
@@ -66,31 +48,13 @@ async def test_the_lane_leaves_stages_0_and_1_to_the_round_and_refuses_stage_2(w
         await stages.put(1, 2, 2, vector[layout[2].start : layout[2].stop].clone())
         out = torch.empty(layout[2].size)
         for stage in (0, 1):  # passed through: the round's average will be non-finite
-            await client.fetch("127.0.0.1", port, _request(1, 2, stage=stage), out, 5.0)
+            await client.fetch("127.0.0.1", port, segment_request(1, 2, stage=stage), out, 5.0)
             assert not torch.isfinite(out).all()
         with pytest.raises(InvalidMessage, match="non-finite"):
-            await client.fetch("127.0.0.1", port, _request(1, 2, stage=2), out, 5.0)
+            await client.fetch("127.0.0.1", port, segment_request(1, 2, stage=2), out, 5.0)
     finally:
         await client.aclose()
         await server.close()
-
-
-@asynccontextmanager
-async def served(peers: dict[str, Peer]):
-    """Every peer behind its own exchange server (bulk lane on), and a transport each."""
-    servers, addresses = [], {}
-    try:
-        for p, peer in peers.items():
-            state = StateServer(peer.identity, StateBoard(2 * NUMEL, NUMEL), peer.store, 1000)
-            server, address = await start_exchange_server(peer.server, state, "127.0.0.1")
-            assert server.bulk is not None
-            servers.append(server)
-            addresses[p] = address
-        transports = {p: GrpcTransport(peers[p].identity) for p in peers}
-        yield addresses, transports
-        await asyncio.gather(*(t.aclose() for t in transports.values()))
-    finally:
-        await asyncio.gather(*(s.stop(None) for s in servers))
 
 
 @pytest.mark.parametrize("hand_over", [False, True])

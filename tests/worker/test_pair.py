@@ -18,8 +18,7 @@ from peerd.worker.round.crossover import gossip_round
 from peerd.worker.round.pair import fits, owned_by, pair_round
 from peerd.worker.wire.transport import MemoryTransport
 
-from test_hierarchy import make_peers
-from test_nonfinite import PoisonedStages, served
+from hierarchy_helpers import PoisonedStages, make_peers, served
 
 PAIR = {"a": (), "b": ()}
 

@@ -10,7 +10,7 @@ from peerd.core.checkpoints import LastCheckpoint
 from peerd.core.meter import StepMeter
 from peerd.settings.jobspec import parse_job
 from peerd.control.progress import empty_progress
-from peerd.worker.round.crossover import RoundResult
+from peerd.worker.round.shared import RoundResult
 from peerd.worker.progress_report import EngineFigures, TimeSpent, progress_of
 from peerd.worker.wire.traffic import ExchangeTimes, Traffic
 

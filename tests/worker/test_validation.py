@@ -26,7 +26,7 @@ from peerd.worker.wire.transport import (
     EXCHANGE_SERVICE, FETCH_SEGMENT, FETCH_STATE, MAX_CHUNK_BYTES, MAX_REQUEST_BYTES, GrpcTransport,
 )
 
-from test_exchange import NUMEL, SEGMENTS, Peer, two_peers
+from exchange_helpers import NUMEL, SEGMENTS, Peer, two_peers
 
 SECRET = b"0123456789abcdef-the-job-secret"
 

@@ -28,7 +28,7 @@ import torch
 from peerd.core.intrahost import NOT_COVERING, covers, round_key
 from peerd.errors import NonFiniteAverage, PeerdError, PeerUnavailable
 from peerd.worker.wire.codec import finite_by_sum
-from peerd.worker.round.crossover import RoundResult, clip_pull, record_failure, relative_gap
+from peerd.worker.round.shared import RoundResult, clip_pull, record_failure, segment_gap
 from peerd.worker.intrahost.group import IntraHostError
 from peerd.worker.round.context import RoundContext, RoundInputs
 
@@ -60,7 +60,7 @@ async def intrahost_round(ctx: RoundContext, inputs: RoundInputs) -> RoundResult
     if len(plan.groups) > 1:
         await _cross_hosts(ctx, inputs, work, result, started)
     group.rounds += 1
-    gaps = [relative_gap(b.vector[s.start : s.stop], work[s.start : s.stop]) for s in ctx.layout]
+    gaps = [segment_gap(b.vector[s.start : s.stop], work[s.start : s.stop]) for s in ctx.layout]
     result.disagreement = sum(gaps) / len(gaps)
     if b.out is None:
         b.vector.copy_(work)

@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 from peerd.core.groups import GroupPlan
-from peerd.worker.round.crossover import RoundResult, gossip_round
+from peerd.worker.round.crossover import gossip_round
 from peerd.worker.round.hierarchy import hierarchical_round
 from peerd.worker.intrahost.round import intrahost_round
 from peerd.worker.round.pair import fits as pair_fits
 from peerd.worker.round.pair import pair_round
 from peerd.worker.round.context import RoundContext, RoundInputs
+from peerd.worker.round.shared import RoundResult
 
 
 async def run_round(ctx: RoundContext, inputs: RoundInputs) -> RoundResult:

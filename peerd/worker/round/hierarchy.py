@@ -32,7 +32,7 @@ import torch
 
 from peerd.core.groups import GroupPlan
 from peerd.errors import NonFiniteAverage, PeerdError, PeerUnavailable
-from peerd.worker.round.crossover import RoundResult, clip_pull, keep_own, record_failure, relative_gap
+from peerd.worker.round.shared import RoundResult, clip_pull, keep_own, record_failure, segment_gap
 from peerd.worker.round.reduce import mix_groups, reduce_group, round_to_wire_
 from peerd.worker.round.context import RoundContext, RoundInputs
 
@@ -197,7 +197,7 @@ class _Round:
         if not await self._fetch(owner, s, theirs, 2, 1.0):
             return
         mine = self.vector[span.start : span.stop]
-        self.gaps.append(relative_gap(mine, theirs))
+        self.gaps.append(segment_gap(mine, theirs))
         self._clip(mine, theirs)
         if self.out is None:
             mine.copy_(theirs)

@@ -36,7 +36,7 @@ from peerd.core.topology import RoundPlan
 from peerd.errors import PeerdError
 from peerd.worker.round.correction import PendingRound
 from peerd.worker.round.dispatch import run_round
-from peerd.worker.round.crossover import RoundResult
+from peerd.worker.round.shared import RoundResult
 from peerd.worker.round.context import RoundBuffers, RoundContext, RoundInputs
 from peerd.worker.wire.stores import SnapshotStore
 

@@ -2,8 +2,8 @@
 
 With two peers in the view every segment's source is the other peer, and flat
 crossover has both compute the same average of every segment (the operands in
-id order: gossip.average_pair gives the two the same bits). Doing it on both
-sides averages the whole vector twice. Here the pair splits the work as gloo's
+id order: peerd.worker.round.shared's average_pair gives the two the same
+bits). Doing it on both sides averages the whole vector twice. Here the pair splits the work as gloo's
 ring all-reduce does: the owner of segment s (the ids sorted, s mod 2)
 fetches the other's snapshot of s and averages it into its new state (stage 0),
 and the other takes that average from the owner (stage 2). The values are the
@@ -33,7 +33,7 @@ import torch
 
 from peerd.core.robust import PullClipper
 from peerd.errors import NonFiniteAverage
-from peerd.worker.round.crossover import RoundResult, average_pair, keep_own, record_failure, relative_gap
+from peerd.worker.round.shared import RoundResult, average_pair, keep_own, record_failure, segment_gap
 from peerd.worker.round.context import RoundContext, RoundInputs
 
 STAGE_SNAPSHOT, STAGE_AVERAGE = 0, 2
@@ -122,7 +122,7 @@ class _Pair:
         except Exception:  # a partner's failure: the other is told at once (a cancel: reclaim tells it)
             await self.stages.refuse(self.plan.round, STAGE_AVERAGE, s)
             raise
-        gap = relative_gap(own, theirs)
+        gap = segment_gap(own, theirs)
         if not average_pair(own, theirs, into, self.plan.me < self.partner):
             await self.stages.refuse(self.plan.round, STAGE_AVERAGE, s)
             raise NonFiniteAverage(f"{self.partner} sent non-finite values in segment {s}")
@@ -137,7 +137,7 @@ class _Pair:
         average = (self.recv if self.out is None else self.out)[span.start : span.stop]
         await self.transport.fetch_segment(self.address, self.plan.round, s, average, self.deadline_s,
                                            STAGE_AVERAGE)
-        gap = 2 * relative_gap(own, average)  # own − average is half of own − theirs
+        gap = 2 * segment_gap(own, average)  # own − average is half of own − theirs
         if self.out is None:
             own.copy_(average)
         self._done(s, gap)

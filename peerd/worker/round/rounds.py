@@ -1,9 +1,10 @@
-"""The exchange of each round: its plan, its run (now, or in the background
-with `[gossip] overlap`), and what its outcome teaches (deadlines, suspicion).
+"""The rounds of a worker: the round number, each round's plan, its run (now,
+or in the background with `[gossip] overlap`), and what its outcome teaches
+(deadlines, suspicion, refused values, a partner ahead to step up to).
 
-The engine decides when a round happens and what surrounds it (the round
-number, captures for newcomers, checkpoints, catch-up); this class carries the
-exchange out on the registered state's gossiped vector.
+The engine decides when a round happens and what surrounds it (captures for
+newcomers, checkpoints, evaluations); `next_round` runs the exchange on the
+registered state's gossiped vector and returns the round it finished, processed.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import replace
 
 import torch
 
+from peerd.core.catchup import step_up
 from peerd.core.deadline import DeadlineEstimator
 from peerd.core.names import host_of
 from peerd.core.groups import plan_hierarchical
@@ -21,9 +23,10 @@ from peerd.core.robust import PullClipper
 from peerd.core.segments import split_even
 from peerd.core.suspicion import Suspicion
 from peerd.core.topology import plan_round
+from peerd.security.rejections import Rejections
 from peerd.settings.jobspec import JobSpec
 from peerd.worker.round.dispatch import run_round
-from peerd.worker.round.crossover import RoundResult
+from peerd.worker.round.shared import RoundResult
 from peerd.worker.intrahost.group import IntraHostGroup
 from peerd.worker.link import SupervisorLink
 from peerd.worker.round.overlap import OverlapRunner, RoundExchange, round_exchange
@@ -41,8 +44,9 @@ GROUP_LOG_ROUNDS = 100
 
 class Rounds:
     def __init__(self, spec: JobSpec, me: str, state: TrainState, link: SupervisorLink, transport,
-                 intrahost: IntraHostGroup | None = None) -> None:
+                 rejections: Rejections, intrahost: IntraHostGroup | None = None) -> None:
         self.spec = spec
+        self.rejections = rejections  # the engine's: a round's refused values count there
         self.intrahost = intrahost  # the group stage on torch.distributed, with the daemon's other workers
         self.me = me
         self.state = state
@@ -72,8 +76,10 @@ class Rounds:
         self._group_logged: tuple[tuple[str, ...], frozenset[str], int] = ((), frozenset(), 0)
         # [gossip] overlap: rounds run in the background (peerd.worker.round.overlap)
         self.overlap = OverlapRunner(self.store, numel) if spec.gossip.overlap else None
-        self._in_flight: tuple[int, dict[str, str], float] = (0, {}, 0.0)  # round, view, start of the one in flight
-        self.round = 0  # the round being run (for plans and logs)
+        self._in_flight: tuple[dict[str, str], float] = ({}, 0.0)  # view and start of the round in flight
+        # The round this worker is in: counted up by next_round, stepped up to a
+        # partner ahead, set by a resume. Engine.round reads and sets this one.
+        self.round = 0
 
     @property
     def transport(self):
@@ -84,10 +90,29 @@ class Rounds:
     def transport(self, transport) -> None:
         self.context = replace(self.context, transport=transport)
 
-    async def run(self, round_: int, view: dict[str, str], capture) -> RoundResult | None:
+    async def next_round(self, view: dict[str, str], capture) -> RoundResult | None:
+        """The next round over `view` (the serving members, this worker
+        included): run now, or started in the background with the one in flight
+        applied (`[gossip] overlap`); `capture()` copies the state for newcomers
+        between steps. Returns the round that finished (None: none did), its
+        outcome processed: misses, deadline, suspicion, refused values, catch-up."""
+        self.round += 1
+        run = self._run_overlapped if self.overlap is not None else self._run_now
+        result = await run(view, capture)
+        self._process_outcome(result, view)
+        return result
+
+    async def finish_in_flight(self, view: dict[str, str]) -> RoundResult | None:
+        """Apply the overlapped round in flight, if any (before a leave or the
+        final model), its outcome processed as next_round's; `view`: the members
+        of now, for the names in the log."""
+        result = await self._finish_pending()
+        self._process_outcome(result, view)
+        return result
+
+    async def _run_now(self, view: dict[str, str], capture) -> RoundResult | None:
         """One round, now: publish, let `capture()` copy the state for newcomers
         (between steps), exchange."""
-        self.round = round_
         self._quantise()
         into = await self._publish()
         await capture()
@@ -174,30 +199,29 @@ class Rounds:
         plan, addresses, deadline = planned
         return round_exchange(self.context, plan, addresses), deadline
 
-    async def run_overlapped(self, round_: int, view: dict[str, str], capture) -> RoundResult | None:
+    async def _run_overlapped(self, view: dict[str, str], capture) -> RoundResult | None:
         """docs/algorithms.md §1.10: apply the correction of the round in flight (one round
         stale: x ← x + mix(x_r) − x_r), let `capture()` copy the state (nothing in
         flight: no correction is missing from the copy), then start the exchange
-        of round `round_` on a snapshot of the model of now; it runs while the
+        of this round on a snapshot of the model of now; it runs while the
         next steps compute. Returns the finished round's result."""
-        result = await self.finish_pending()
-        self.round = round_
+        result = await self._finish_pending()
         await capture()
         now = time.monotonic()
         exchange, deadline = self._exchange(view, now)
         self._quantise()
-        await self.overlap.start(round_, self.state.flat.vector, exchange, deadline)
-        self._in_flight = (round_, view, now)
+        await self.overlap.start(self.round, self.state.flat.vector, exchange, deadline)
+        self._in_flight = (view, now)
         return result
 
-    async def finish_pending(self) -> RoundResult | None:
+    async def _finish_pending(self) -> RoundResult | None:
         """Apply the overlapped round in flight, if any (before a leave, the final
         model, or the next round)."""
         if self.overlap is None or self.overlap.pending is None:
             return None
         result = await self.overlap.finish(self.state.flat.vector)
         if result is not None:
-            self.round, view, started = self._in_flight
+            view, started = self._in_flight
             await self._after_round(result, view, started)
         return result
 
@@ -225,22 +249,39 @@ class Rounds:
         await self.stages.finish()
 
     async def _after_round(self, result: RoundResult, view: dict[str, str], now: float) -> None:
-        """A round's outcome: misses, deadlines, suspicion (the engine catches up)."""
+        """A round's outcome as it ends: misses, deadlines, suspicion. Logged with
+        its own round: an overlapped one ends in the round after it."""
         self.misses += result.misses
         self.exchange_times.observe(result.seconds)
         if result.clipped:
             self.clipped += result.clipped
             log.warning("round %d: clipped %d oversized pull(s) (%d so far; gossip.clip_factor = %g)",
-                        self.round, result.clipped, self.clipped, self.spec.gossip.clip_factor)
+                        result.round, result.clipped, self.clipped, self.spec.gossip.clip_factor)
         if result.misses == 0:
             self.deadline.observe(result.seconds)
         elif result.errors:
-            log.debug("round %d: %d segment(s) missed: %s", self.round, result.misses,
+            log.debug("round %d: %d segment(s) missed: %s", result.round, result.misses,
                       "; ".join(f"{p}: {e}" for p, e in sorted(result.errors.items())))
         for partner in result.planned:
             if self.suspicion.record(partner, partner not in result.unreachable, now):
-                log.info("round %d: suspecting %s (no answer in %d rounds): %s", self.round, partner,
+                log.info("round %d: suspecting %s (no answer in %d rounds): %s", result.round, partner,
                          self.suspicion.threshold, result.errors.get(partner, ""))
+
+    def _process_outcome(self, result: RoundResult | None, view: dict[str, str]) -> None:
+        """The rest of a finished round's outcome, once this round has started:
+        count the values it refused, step up to a partner ahead (peerd.core.catchup),
+        keeping this model."""
+        if result is None:
+            return
+        for source, why in result.non_finite.items():
+            self.rejections.record(view.get(source, source), "non_finite", why)
+        up = step_up(self.round, result.ahead_round)
+        if up is None:
+            return
+        if up.logged:
+            log.info("round %d: %s is in round %d; stepping up to it", self.round, result.ahead_peer,
+                     result.ahead_round)
+        self.round = up.round
 
     def _log_group(self, group: tuple[str, ...], groups: int, view: frozenset[str]) -> None:
         """Hierarchical mode: say which group this worker is in when the view

@@ -44,7 +44,9 @@ class Checkpointer:
         self.last = LastCheckpoint(round_, time.monotonic(), self.last.written)
 
     async def write(self, meta: StateMeta, vector: torch.Tensor, why: str) -> None:
-        """`vector`: a copy on the CPU (the model may live on a GPU), so training goes on meanwhile."""
+        """`vector`: a copy on the CPU (the model may live on a GPU). Written in a
+        thread, so the event loop serves partners meanwhile; the training side
+        waits for it, as Engine.end_round awaits the write."""
         path = await asyncio.to_thread(self.directory.save, meta, vector)
         self.last = LastCheckpoint(meta.round, time.monotonic(), self.last.written + 1)
         log.info("checkpoint of round %d written (%s): %s", meta.round, why, path.name)

@@ -94,10 +94,9 @@ async def gather_models(
             try:
                 await asyncio.wait_for(whole(peer), timeout)
                 break
-            except Unauthenticated:
-                raise  # no proof of the job secret between the two: asking again cannot help
-            except (PeerdError, TimeoutError):
-                if patience is None or not patience.present(peer):
+            except (PeerdError, TimeoutError) as exc:
+                # Without proof of the job secret between the two, asking again cannot help.
+                if isinstance(exc, Unauthenticated) or patience is None or not patience.present(peer):
                     raise
                 if tries == 1:
                     log.info("the end: waiting for %s's final model (its worker still serves the job: "
@@ -175,10 +174,11 @@ async def average_models(
     vector = own.clone() if plan.alone else exact_average(plan, models)
     if int_tail and not plan.alone:
         vector[-int_tail:] = largest_ints([models[p][-int_tail:] for p in plan.members])
-    return Consensus(plan, vector, left_out, time.monotonic() - started, relative_gap(own, vector, int_tail))
+    return Consensus(plan, vector, left_out, time.monotonic() - started,
+                     distance_from_consensus(own, vector, int_tail))
 
 
-def relative_gap(own: torch.Tensor, mean: torch.Tensor, int_tail: int = 0) -> float:
+def distance_from_consensus(own: torch.Tensor, mean: torch.Tensor, int_tail: int = 0) -> float:
     """How far a peer's own model was from the average, relative to the
     average's norm (integer buffers left out): what gossip left to the final
     exchange. Near 0 when the peers trained together."""

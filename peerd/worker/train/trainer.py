@@ -225,11 +225,12 @@ class Trainer:
         """One optimizer step on the next local batch; returns the loss (NaN
         when the data is done or the step was skipped).
 
-        Without a plan: `members` (every peer in the job) split each chunk of the
+        Without a plan: `members` (the peers that serve the job, this one
+        included; one still starting is not among them) split each chunk of the
         epoch equally (as seen when this peer starts the chunk), every peer takes
-        `local_batch` samples, and `trainers` (the peers that train now, default:
-        the members) make the global batch the LR is scaled for: a peer that is
-        still starting adds no samples yet.
+        `local_batch` samples, and `trainers` peers make the global batch the LR
+        is scaled for (default, and what the engine's StepPlan gives: the
+        number of members).
 
         With a DBS plan (over the members): this peer takes its planned batch b_i,
         chunks are split in proportion to the plan's shares, the global batch is

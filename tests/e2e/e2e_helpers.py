@@ -1,0 +1,93 @@
+"""Helpers shared by end-to-end test modules: comparing saved models, and the
+job whose code travels to a daemon that joins it by name."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import torch
+
+from peerd.security.auth import new_secret_file
+
+
+def flat_params(state_dict: dict) -> torch.Tensor:
+    return torch.cat([v.reshape(-1).float() for v in state_dict.values()])
+
+
+def rel_distance(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / ((a.norm() + b.norm()) / 2))
+
+
+JOB_MODULE = '''
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+# The settings travel with the code ([job] files): without them the job cannot load.
+SETTINGS = json.loads((Path(__file__).parents[1] / "settings.json").read_text())
+print(f"codejob loaded from {__file__}", flush=True)
+
+
+def make_model():
+    return nn.Linear(4, 1)
+
+
+def make_datasets(ctx):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(SETTINGS["samples"], 4, generator=gen)
+    y = x @ torch.tensor(SETTINGS["weights"])
+    return TensorDataset(x, y), TensorDataset(x[:64], y[:64])
+
+
+def loss(model, batch):
+    x, y = batch
+    return 0.5 * ((model(x).squeeze(1) - y) ** 2).mean()
+
+
+def evaluate(model, batches):
+    total = seen = 0.0
+    for x, y in batches:
+        total += float(0.5 * ((model(x).squeeze(1) - y) ** 2).sum())
+        seen += len(y)
+    return {"loss": total / seen}
+'''
+
+JOB = textwrap.dedent('''
+    [job]
+    name = "travel"
+    module = "codejob"
+    files = ["settings.json"]
+    secret_file = "job.secret"
+    metric = "loss"
+    local_batch = 8
+    epochs = 12
+    min_peers = 2
+    eval_every_rounds = 50
+    [optimizer]
+    lr = 0.05
+    momentum = 0.0
+    schedule = "constant"
+''')
+
+
+def peerctl(peer, *args: str, answer: str = "") -> subprocess.CompletedProcess:
+    """conftest's peerctl with `answer` on its stdin (the confirmation prompt) and
+    the time a join takes to fetch the job's code."""
+    return subprocess.run([sys.executable, "-m", "peerd.cli.peerctl", "--socket", str(peer.socket), *args],
+                          input=answer, capture_output=True, text=True, timeout=330)
+
+
+def secret_dir(path, secret=None):
+    """A directory of the operator's that holds the job secret (a copy, or a new one) and no code."""
+    path.mkdir()
+    if secret is None:
+        new_secret_file(path / "job.secret")
+    else:
+        shutil.copy(secret, path / "job.secret")
+    return path
