@@ -130,6 +130,8 @@ def test_a_crashed_worker_is_restarted_and_the_daemon_survives(local_cluster):
 
 
 def test_a_worker_does_not_outlive_its_daemon(local_cluster):
+    """By the parent-death signal or, failing it, the heartbeat (the signal alone:
+    tests/control/test_lifeline.py)."""
     cluster = local_cluster(1)
     peer = cluster.peers[0]
     cluster.client(peer).join(example_job(job={"name": "orphan", "epochs": 50}))
