@@ -142,15 +142,18 @@ def total_steps(dataset: Dataset | int, batch_size: int | None = None, epochs: f
 
 def _script_evaluation(model: nn.Module, evaluate: Callable[[], Mapping[str, float]]):
     """The script's evaluate(), safe to call between its steps: without gradients,
-    the model's mode as it was after, and its result checked."""
+    every module's mode as it was after (model.train(flag) would set them all, and
+    put a backbone the script froze in eval mode back in train mode), and its
+    result checked."""
 
     def run() -> dict[str, float]:
-        training = model.training
+        modes = [(module, module.training) for module in model.modules()]
         try:
             with torch.no_grad():
                 metrics = evaluate()
         finally:
-            model.train(training)
+            for module, training in modes:  # parents first: each ends with its own flag
+                module.train(training)
         try:
             return {str(k): float(v) for k, v in dict(metrics).items()}
         except (TypeError, ValueError) as exc:

@@ -46,6 +46,24 @@ def test_the_scripts_evaluate_runs_without_gradients_and_keeps_the_models_mode()
     assert not model.training
 
 
+def test_the_scripts_evaluate_gives_back_each_modules_own_mode():
+    """Fine-tuning: a frozen backbone's BatchNorm in eval mode under a model in
+    train mode stays so after peerd's evaluation, or its statistics would drift."""
+    backbone = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Dropout(0.5))
+    model = nn.Sequential(backbone, nn.Linear(4, 2), nn.Dropout(0.1))
+    model.train()
+    backbone.eval()
+    before = [m.training for m in model.modules()]
+
+    def evaluate():
+        model.eval()
+        return {"accuracy": 1.0}
+
+    _script_evaluation(model, evaluate)()
+    assert [m.training for m in model.modules()] == before
+    assert model.training and not backbone.training and not backbone[1].training and model[2].training
+
+
 @pytest.mark.parametrize("result", [None, 0.5, {"accuracy": "high"}, [("a", 1, 2)]])
 def test_an_evaluate_that_returns_no_dict_of_numbers_is_named(result):
     with pytest.raises(ConfigError, match=r"evaluate\(\) must return a dict of numbers"):
