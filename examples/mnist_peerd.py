@@ -42,7 +42,8 @@ def main() -> None:
     train_set, test_set = make_datasets()
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9, weight_decay=1e-4)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=EPOCHS * len(train_set) // BATCH)
-    peer = peerd.attach(model, optimizer, scheduler=scheduler, evaluate=lambda: {"accuracy": evaluate(model, test_set)})
+    peer = peerd.attach(model, optimizer, scheduler=scheduler, scheduler_interval="step",
+                        evaluate=lambda: {"accuracy": evaluate(model, test_set)})
     for x, y in peer.loader(train_set, batch_size=BATCH):
         loss = train_step(model, optimizer, x, y)
         scheduler.step()

@@ -1,11 +1,11 @@
 """`peerd.attach`: a training script joins its peerd job with a handful of lines.
 
     import peerd
-    peer = peerd.attach(model, optimizer, scheduler=sched, scaler=scaler,
+    peer = peerd.attach(model, optimizer, scheduler=sched, scheduler_interval="step", scaler=scaler,
                         evaluate=lambda: {"val_loss": evaluate(model)})
     for batch in peer.loader(train_set, batch_size=32):
         loss = compute_loss(model, batch); loss.backward()
-        optimizer.step(); optimizer.zero_grad()
+        optimizer.step(); optimizer.zero_grad(); sched.step()
         peer.step(batch_size=len(batch[0]), loss=loss)
         if peer.should_stop:
             break
@@ -17,15 +17,15 @@ end and the later passes get no batch; peer.epoch is the job's epoch of the
 batch in hand, for per-epoch logs:
 
     sched = OneCycleLR(optimizer, max_lr=0.1, total_steps=peerd.total_steps(train_set, 32))
-    peer = peerd.attach(model, optimizer, scheduler=sched)
+    peer = peerd.attach(model, optimizer, scheduler=sched, scheduler_interval="step")
     for epoch in range(EPOCHS):
         for x, y in peer.loader(train_set, batch_size=32):
             ...; sched.step()
             peer.step(loss=loss)
         print(f"trained to epoch {peer.epoch}")
 
-A scheduler given to attach() follows the job's position (see
-Peer._advance_scheduler): written for one process, it ends with the job;
+A scheduler given to attach() follows the job's position in the unit declared
+(peerd.worker.train.scriptschedule): written for one process, it ends with the job;
 peerd.total_steps() is the length a per-batch schedule (OneCycleLR's
 total_steps) must have. The script runs in its worker's own directory (the
 job's per-worker directory, where model.pt goes), so its relative writes stay
@@ -59,6 +59,7 @@ from peerd.core.slowdown import Slowdown
 from peerd.core.stepplan import StepPlan
 from peerd.errors import ConfigError
 from peerd.control.launch import Launch, current_launch, set_launch
+from peerd.worker.train.scriptschedule import ScriptScheduler, check_scheduler
 from peerd.worker.train.scriptsource import ScriptSource
 from peerd.worker.train.scriptsource import total_steps as _total_steps
 from peerd.worker.train.data import PeerSampler, View, default_loader
@@ -83,15 +84,16 @@ _attached: list[Peer] = []
 
 
 def attach(model: nn.Module, optimizer: torch.optim.Optimizer, *, scheduler: Stateful | None = None,
-           scaler: Stateful | None = None, state: dict[str, Stateful] | None = None,
-           evaluate: Callable[[], Mapping[str, float]] | None = None) -> Peer:
+           scheduler_interval: str | None = None, scaler: Stateful | None = None,
+           state: dict[str, Stateful] | None = None, evaluate: Callable[[], Mapping[str, float]] | None = None) -> Peer:
     """Join this script's peerd job with `model` and `optimizer` (and whatever
     else a newcomer must receive); returns once this peer holds the job's state.
 
     `evaluate()`, if given, returns the job's metrics of `model` as it is now;
     peerd calls it every `eval_every_rounds` rounds and at the end, on this
     peer's own model and on the members' average that becomes the final model
-    (reported as consensus_<name>), with the model's train/eval mode restored."""
+    (reported as consensus_<name>), with the model's train/eval mode restored.
+    A `scheduler` needs its `scheduler_interval`, "step" or "epoch" (peerd.worker.train.scriptschedule)."""
     launch = current_launch()
     if launch is None:
         raise ConfigError("peerd.attach(): this script was not started by peerd; run it as a script job "
@@ -102,6 +104,8 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, *, scheduler: Sta
     if any(p.dtype != torch.float32 for p in model.parameters() if p.requires_grad):
         raise ConfigError("peerd.attach(): peerd averages fp32 parameters; keep the model in fp32 and use "
                           "autocast (bf16/fp16) for speed")
+    if scheduler is not None:
+        check_scheduler(scheduler, scheduler_interval)
     objects = {k: v for k, v in (("scheduler", scheduler), ("scaler", scaler)) if v is not None}
     objects.update(state or {})
     init_state(optimizer)
@@ -112,6 +116,8 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, *, scheduler: Sta
     lr.install(optimizer)
     peer = Peer(launch, ScriptSource(train_state, spec, launch.peer_id, lr),
                 evaluate=_script_evaluation(model, evaluate) if evaluate is not None else None)
+    if scheduler is not None:  # at the job's position now
+        peer.source.schedule = ScriptScheduler(scheduler, scheduler_interval, spec.epochs)
     _attached.append(peer)
     return peer
 
@@ -295,6 +301,8 @@ class Peer:
             return plan.plan.batch(self.peer_id) if plan.plan is not None else size
 
         source.sampler = PeerSampler(cursor, view, batch, 0)
+        if source.schedule is not None:
+            source.sampler.on_hand = source.schedule.at_batch
         source.local_batch = size
         source.samples_per_epoch = len(dataset)
         source.steps_per_epoch = len(dataset) / size
@@ -370,20 +378,14 @@ class Peer:
     # -- inside -----------------------------------------------------------------------------
 
     def _advance_scheduler(self) -> None:
-        """A registered scheduler follows the job's position: as many steps as a
-        single process at the script's batch size would have taken to get here
-        (its own calls count too). With n peers that is about n per local
-        step, so a schedule written for one process (T_max = epochs × steps per
-        epoch) ends with the job, whatever joins or leaves."""
-        scheduler = self.state.objects.get("scheduler")
+        """A registered scheduler follows the job's position in its own unit
+        (peerd.worker.train.scriptschedule), never past the schedule's end:
+        peerd.total_steps(), or a OneCycleLR's own."""
         source: ScriptSource = self.source
-        if scheduler is None or source.sampler is None or not hasattr(scheduler, "last_epoch"):
+        if source.schedule is None or source.sampler is None:
             return
-        # Never past the schedule's end: peerd.total_steps(), or a OneCycleLR's own.
-        end = min(source.total_steps, getattr(scheduler, "total_steps", source.total_steps))
-        target = min(int(source.progress * source.steps_per_epoch), end)
-        while scheduler.last_epoch < target:
-            scheduler.step()
+        end = min(source.total_steps, getattr(source.schedule.scheduler, "total_steps", source.total_steps))
+        source.schedule.at_step(source.progress, source.steps_per_epoch, end, source.sampler.handed)
 
     def _update_lr(self, fresh: bool = False) -> None:
         """The multiplier for the script's next optimizer step: from the global

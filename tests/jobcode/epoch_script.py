@@ -40,7 +40,8 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9, weight_decay=5e-4)
     total = peerd.total_steps(train_set)  # the job's epochs at its local_batch
     scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=LR, total_steps=total)
-    peer = peerd.attach(model, optimizer, scheduler=scheduler, evaluate=lambda: {"accuracy": evaluate(model, test_set)})
+    peer = peerd.attach(model, optimizer, scheduler=scheduler, scheduler_interval="step",
+                        evaluate=lambda: {"accuracy": evaluate(model, test_set)})
     passes, steps, epochs_seen = 0, 0, []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

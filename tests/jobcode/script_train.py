@@ -30,7 +30,7 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.05)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=10_000)
     counter = Counter()
-    peer = peerd.attach(model, optimizer, scheduler=scheduler, state={"counter": counter})
+    peer = peerd.attach(model, optimizer, scheduler=scheduler, scheduler_interval="step", state={"counter": counter})
     print(f"attached: step {peer.source.step_count} counter {counter.steps} "
           f"last_epoch {scheduler.last_epoch} lr {optimizer.param_groups[0]['lr']:.6g}", flush=True)
     for x, y in peer.loader(train_set):
@@ -39,6 +39,7 @@ def main() -> None:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        scheduler.step()
         counter.steps += 1
         peer.step(batch_size=len(x), loss=loss.item())
         if peer.should_stop:

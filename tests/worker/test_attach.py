@@ -23,6 +23,7 @@ from peerd.errors import ConfigError
 from peerd.settings.jobspec import parse_job
 from peerd.control.launch import Launch, set_launch
 from peerd.peer import NO_STEP_PHASE, Peer, _loss_value, _script_evaluation
+from peerd.worker.train.scriptschedule import ScriptScheduler, check_scheduler
 from peerd.worker.train.scriptsource import ScriptSource
 from peerd.worker.train.lrcontrol import LrControl
 from peerd.worker.main import run_script
@@ -85,7 +86,7 @@ def test_the_mode_comes_back_when_evaluate_raises():
 # --- a script's epochs, schedule, loss and LR law, on a Peer without its engine -----------------
 
 def script_peer(epochs: float = 2, local_batch: int = 8, members: tuple[str, ...] = ("a",), me: str = "a",
-                reference_batch: int = 0, scheduler=None) -> Peer:
+                reference_batch: int = 0, scheduler=None, interval: str = "step") -> Peer:
     """A script's Peer as attach() makes it, without the engine: loader(), the
     counters, _advance_scheduler and _update_lr work; step() does not."""
     spec = parse_job(textwrap.dedent(f"""
@@ -112,6 +113,8 @@ def script_peer(epochs: float = 2, local_batch: int = 8, members: tuple[str, ...
     peer._script, peer._left, peer._steps = True, False, 0
     peer._plan = StepPlan(list(members), len(members), None)
     peer._engine = types.SimpleNamespace(phase="training", metrics={}, watch_health=lambda metrics: None)
+    if scheduler is not None:
+        peer.source.schedule = ScriptScheduler(scheduler, interval, spec.epochs)
     return peer
 
 
@@ -168,14 +171,51 @@ def test_a_schedule_of_epochs_times_the_full_batches_overflows_alone():
             counted_step(peer, own_scheduler_step=True)
 
 
-def test_peerd_advances_a_registered_onecycle_to_its_end_but_not_past_it():
-    """peer.step()'s catching-up alone (a script that never steps its scheduler)
-    stops at the schedule's end, also at a OneCycleLR shorter than total_steps."""
-    peer = script_peer(2, 10, scheduler=lambda opt: torch.optim.lr_scheduler.OneCycleLR(
-        opt, max_lr=0.1, total_steps=15))
+@pytest.mark.parametrize("scheduler, interval, expect", [
+    (lambda opt: torch.optim.lr_scheduler.StepLR(opt, 3), None, r'scheduler_interval="step" .* or "epoch"'),
+    (lambda opt: torch.optim.lr_scheduler.StepLR(opt, 3), "batch", r"got 'batch'"),
+    (lambda opt: torch.optim.lr_scheduler.ReduceLROnPlateau(opt), "epoch", r"state=\{\"reducelronplateau\""),
+])
+def test_a_scheduler_is_refused_at_attach_without_a_unit_peerd_can_follow(scheduler, interval, expect):
+    optimizer = torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=0.1)
+    with pytest.raises(ConfigError, match=expect):
+        check_scheduler(scheduler(optimizer), interval)
+
+
+def test_a_per_step_scheduler_the_script_never_steps_stops_it_before_the_lr_moves():
+    """A per-epoch StepLR(step_size=3) declared "step": stepped by peerd at every
+    local step it would divide the LR by 10 every 3 steps (1e-283 at the end)."""
+    peer = script_peer(3, 10, scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 3, gamma=0.1))
+    with pytest.raises(ConfigError, match='does not call scheduler.step\\(\\) .* scheduler_interval="epoch"'):
+        for _ in peer.loader(samples(100), batch_size=10):
+            counted_step(peer)
+    assert peer.state.objects["scheduler"].last_epoch == 0
+    assert peer.state.optimizer.param_groups[0]["lr"] == pytest.approx(0.1)
+
+
+def test_a_per_epoch_scheduler_the_script_steps_every_batch_is_stopped():
+    peer = script_peer(3, 10, scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 3, gamma=0.1),
+                       interval="epoch")
+    with pytest.raises(ConfigError, match='calls scheduler.step\\(\\) between its steps.* scheduler_interval="step"'):
+        for _ in peer.loader(samples(100), batch_size=10):
+            counted_step(peer, own_scheduler_step=True)
+
+
+@pytest.mark.parametrize("members", [("a",), ("a", "b", "c")])
+def test_a_per_epoch_scheduler_follows_the_jobs_epochs_whatever_the_peers(members):
+    """StepLR(step_size=2, gamma=0.1) stepped after each epoch, as the script does
+    alone: each batch trains at 0.1 × 0.1^(job epoch // 2), with one peer or three."""
+    peer = script_peer(6, 10, members=members, scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(
+        opt, 2, gamma=0.1), interval="epoch")
+    seen = set()
     for _ in peer.loader(samples(100), batch_size=10):
+        epoch = peer.epoch
+        assert peer.state.objects["scheduler"].last_epoch == epoch
+        assert peer.state.optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * 0.1 ** (epoch // 2))
+        seen.add(epoch)
         counted_step(peer)
-    assert peer.state.objects["scheduler"].last_epoch == 15
+    assert seen == set(range(6))
+    assert peer.state.objects["scheduler"].last_epoch <= 6
 
 
 def test_after_the_jobs_end_a_loader_yields_nothing_and_a_second_loader_goes_on_where_the_first_stopped():

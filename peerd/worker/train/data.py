@@ -121,6 +121,7 @@ class PeerSampler(Sampler[list[int]]):
         self.batch_size = batch_size
         self.micro = micro  # 0: a step is one forward pass
         self.handed: deque[Micro] = deque()
+        self.on_hand: Callable[[deque[Micro]], None] | None = None  # told of each batch handed out
 
     def __len__(self) -> int:
         """The batches still to come, estimated from the members and batch of
@@ -143,6 +144,8 @@ class PeerSampler(Sampler[list[int]]):
                 c = self.cursor
                 self.handed.append(Micro(part, len(indices), start + step >= len(indices),
                                          c.progress, c.epoch, c.share))
+                if self.on_hand is not None:
+                    self.on_hand(self.handed)
                 yield part
 
 

@@ -14,6 +14,7 @@ from peerd.core.meter import StepMeter
 from peerd.settings.jobspec import JobSpec
 from peerd.worker.train.data import DataCursor, PeerSampler
 from peerd.worker.train.lrcontrol import LrControl
+from peerd.worker.train.scriptschedule import ScriptScheduler
 from peerd.worker.state.trainstate import TrainState
 
 
@@ -39,6 +40,7 @@ class ScriptSource:
         self.spec = spec
         self.peer_id = peer_id
         self.lr_control = lr
+        self.schedule: ScriptScheduler | None = None  # the registered scheduler, in its unit
         self.cursor: DataCursor | None = None
         self.sampler: PeerSampler | None = None
         self.steps_per_epoch = 0.0  # a single process's steps per epoch at the script's batch size
