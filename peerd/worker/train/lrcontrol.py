@@ -31,11 +31,23 @@ class LrControl:
 
     def update(self, global_batch: int, step: int, batch_scale: float = 1.0) -> float:
         """The multiplier for the step about to be taken (`step` counts the ones done)."""
+        first = self.ramp.batch == 0
         if self.ramp.set_batch(global_batch, step):
-            log.info("global batch now %d: LR scale ramps to %.3f", self.ramp.batch,
-                     self.ramp.target(self.ramp.batch))
+            log.info("global batch now %d: LR scale ramps to %.3f (%s)", self.ramp.batch,
+                     self.ramp.target(self.ramp.batch), self.law())
+        elif first:  # what is in force, said once: a copied job file carries its reference along
+            log.info("LR: %s; global batch %d: LR scale %.3f", self.law(), global_batch,
+                     self.ramp.target(global_batch))
         self.multiplier = self.ramp.scale(step) * batch_scale
         return self.multiplier
+
+    def law(self) -> str:
+        """The scaling in force, in words ([optimizer] reference_batch, scaling, max_scale)."""
+        ramp = self.ramp
+        if ramp.reference_batch == 0:
+            return "no scaling with the global batch ([optimizer] reference_batch = 0)"
+        cap = "no cap" if math.isinf(ramp.max_scale) else f"cap {ramp.max_scale:g}"
+        return f"{ramp.law} law against the reference batch {ramp.reference_batch}, {cap}"
 
     def install(self, optimizer: torch.optim.Optimizer) -> None:
         optimizer.register_step_pre_hook(self._pre)
