@@ -307,7 +307,7 @@ class Peer:
         source.samples_per_epoch = len(dataset)
         source.steps_per_epoch = len(dataset) / size
         source.total_steps = _total_steps(self.spec.epochs, len(dataset), size)
-        if size != source.planned_batch:
+        if size != source.planned_batch or self._steps == 0:  # the first step's LR has the law's factor too
             source.planned_batch = size
             self._update_lr(fresh=self._steps == 0)
         if not options:
@@ -325,6 +325,7 @@ class Peer:
         GradScaler skipped the step): the gossip round when one is due.
         `batch_size` defaults to the loader's batch just trained on; `loss` is
         a number or the loss tensor (detached here)."""
+        planned = self.source.planned_batch if self._script else 0
         if self._script:
             elapsed = self._slowed.finish()  # the testing knob's sleep (a slower device) included
             self.source.record(batch_size, _loss_value(loss), elapsed)
@@ -344,7 +345,8 @@ class Peer:
             self._loop.call(self._engine.capture_if_wanted())
         if self._script:
             self._advance_scheduler()
-            self._update_lr()
+            # The first step showed accumulation (a step of several loader batches): no ramp from the guess.
+            self._update_lr(fresh=self._steps == 1 and self.source.planned_batch != planned)
         self._slowed.start()
 
     def _count_step(self) -> None:

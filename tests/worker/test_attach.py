@@ -321,6 +321,29 @@ def test_the_lr_law_sees_the_planned_global_batch_not_a_short_step(caplog):
     assert ramp.scale(0) == ramp.target(24)
 
 
+def test_with_accumulation_the_lr_law_counts_the_samples_of_an_optimizer_step(caplog):
+    """Micro-batches of 8 from the loader, optimizer.step() every 4 and
+    peer.step(batch_size=32): 3 trainers × 32 is the reference 96, so the script's
+    LR is used as it is from the second step on (the loader's 8 × 3 gave 24 and
+    the √ law's floor halved it). The first step is taken before peerd can know:
+    the log says the factor each used."""
+    peer = script_peer(epochs=2, local_batch=8, members=("a", "b", "c"), reference_batch=96)
+    caplog.set_level(logging.INFO, logger="peerd.worker")
+    used = []
+    peer.state.optimizer.register_step_pre_hook(lambda opt, args, kwargs: used.append(opt.param_groups[0]["lr"]))
+    for micro, _ in enumerate(peer.loader(samples(384), batch_size=8), 1):
+        if micro % 4:
+            continue  # the script's backward() on a micro-batch
+        peer.state.optimizer.step()
+        peer.source.record(32, None, 0.0)
+        peer._count_step()
+        peer._update_lr(fresh=peer._steps == 1)  # what peer.step() does after its first step changed the plan
+    assert peer.source.lr_control.ramp.batch == 96 and len(used) == 8
+    assert used[0] == pytest.approx(0.05) and used[1:] == [pytest.approx(0.1)] * 7
+    assert "LR: sqrt law against the reference batch 96, cap 2; global batch 24: LR scale 0.500" in caplog.text
+    assert "LR: sqrt law against the reference batch 96, cap 2; global batch 96: LR scale 1.000" in caplog.text
+
+
 def test_a_script_runs_in_its_workers_directory_with_its_own_paths(tmp_path, monkeypatch):
     """Relative writes land in the worker's directory (--out-dir); the script's
     own directory stays importable; relative paths given to the worker still hold."""

@@ -112,13 +112,17 @@ class ScriptSource:
     def record(self, batch_size: int | None, loss: float | None, seconds: float) -> None:
         """One step of the script: its samples (from the loader's record when not
         given), loss and compute time."""
-        taken = 0
+        taken = consumed = 0
         while self.sampler is not None and self.sampler.handed and (batch_size is None or taken < batch_size):
             micro = self.sampler.handed.popleft()
-            taken += len(micro.indices)
+            taken, consumed = taken + len(micro.indices), consumed + 1
             self.progress, self.share, self._epoch = micro.progress, micro.share, micro.epoch
             if micro.last and batch_size is None:
                 break
+        if batch_size is not None and consumed > 1 and taken == batch_size:
+            # Accumulation: one optimizer step over several of the loader's batches.
+            # The global batch (the LR law, DBS) counts the samples of an optimizer step.
+            self.planned_batch = batch_size
         size = batch_size if batch_size is not None else taken
         self.step_count += 1
         self.samples += size
