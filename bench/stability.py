@@ -58,10 +58,6 @@ def parse_args(argv: list[str] | None = None):
     return args
 
 
-def _flat(model: torch.nn.Module) -> torch.Tensor:
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-
-
 def _load(model: torch.nn.Module, vector: torch.Tensor) -> None:
     torch.nn.utils.vector_to_parameters(vector, model.parameters())
 
@@ -135,7 +131,7 @@ def _average(models: list[torch.nn.Module], wire: str) -> None:
     """The hierarchical round's result on every member (all reached in time)."""
     racks = [[i for i in rack if i < len(models)] for rack in RACKS]
     racks = [rack for rack in racks if rack]
-    means = [torch.stack([_flat(models[i]) for i in rack]).mean(0) for rack in racks]
+    means = [torch.stack([torch.nn.utils.parameters_to_vector(models[i].parameters()).detach() for i in rack]).mean(0) for rack in racks]
     if len(racks) == 2:
         small = min(map(len, racks))
         means = [mix_groups(means[g], means[1 - g], 0.5 * small / len(racks[g])) for g in range(2)]

@@ -48,10 +48,9 @@ def check_scheduler(scheduler, interval: str | None) -> None:
 
 class ScriptScheduler:
     """Made once this peer holds the job's state (a newcomer's scheduler is at
-    the job's position then)."""
+    the job's position then), of a scheduler and unit check_scheduler passed."""
 
     def __init__(self, scheduler, interval: str, epochs: float) -> None:
-        check_scheduler(scheduler, interval)
         self.scheduler, self.interval = scheduler, interval
         self.last = math.ceil(epochs)  # "epoch": never past the job's epochs
         self._seen = scheduler.last_epoch  # after peerd's last move: what the script's calls add to
