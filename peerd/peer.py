@@ -54,13 +54,16 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from peerd.core.lifecycle import Stage
 from peerd.core.lr import ScaleRamp
 from peerd.core.slowdown import Slowdown
 from peerd.core.stepplan import StepPlan
 from peerd.errors import ConfigError
 from peerd.control.launch import Launch, current_launch, set_launch
 from peerd.worker.train.scriptschedule import ScriptScheduler, check_scheduler
-from peerd.worker.train.scriptsource import ScriptSource
+from peerd.worker.train.modes import script_evaluation as _script_evaluation
+from peerd.worker.train.scriptsource import ScriptLoader, ScriptSource
+from peerd.worker.train.scriptsource import loss_value as _loss_value
 from peerd.worker.train.scriptsource import total_steps as _total_steps
 from peerd.worker.train.data import PeerSampler, View, default_loader
 from peerd.worker.train.device import resolve_device
@@ -77,7 +80,6 @@ __all__ = ["Launch", "Peer", "ScriptSource", "attach", "last_attached", "set_lau
 
 log = logging.getLogger("peerd.worker")
 
-NO_STEP_WARNING_S = 120.0  # a script that has not called peer.step() by then is told so in its log
 NO_STEP_PHASE = "waiting for peer.step()"  # its phase meanwhile
 
 _attached: list[Peer] = []
@@ -112,10 +114,11 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, *, scheduler: Sta
     spec = launch.spec
     train_state = TrainState(model, optimizer, average_buffers=spec.gossip.average_buffers,
                              average_optimizer_state=spec.gossip.average_optimizer_state, objects=objects)
-    lr = LrControl(spec.optimizer)
+    lr = LrControl(spec.optimizer, lr_of="the script's")
     lr.install(optimizer)
     peer = Peer(launch, ScriptSource(train_state, spec, launch.peer_id, lr),
                 evaluate=_script_evaluation(model, evaluate) if evaluate is not None else None)
+    lr.before_step = peer._before_optimizer_step
     if scheduler is not None:  # at the job's position now
         peer.source.schedule = ScriptScheduler(scheduler, scheduler_interval, spec.epochs)
     _attached.append(peer)
@@ -144,45 +147,6 @@ def total_steps(dataset: Dataset | int, batch_size: int | None = None, epochs: f
         batch_size = batch_size or launch.spec.local_batch
     samples = dataset if isinstance(dataset, int) else len(dataset)
     return _total_steps(epochs, samples, batch_size)
-
-
-def _script_evaluation(model: nn.Module, evaluate: Callable[[], Mapping[str, float]]):
-    """The script's evaluate(), safe to call between its steps: without gradients,
-    every module's mode as it was after (model.train(flag) would set them all, and
-    put a backbone the script froze in eval mode back in train mode), and its
-    result checked."""
-
-    def run() -> dict[str, float]:
-        modes = [(module, module.training) for module in model.modules()]
-        try:
-            with torch.no_grad():
-                metrics = evaluate()
-        finally:
-            for module, training in modes:  # parents first: each ends with its own flag
-                module.train(training)
-        try:
-            return {str(k): float(v) for k, v in dict(metrics).items()}
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"peerd.attach(evaluate=...): evaluate() must return a dict of numbers, "
-                              f"got {metrics!r}") from exc
-
-    return run
-
-
-def _loss_value(loss) -> float | None:
-    """peer.step(loss=...) as a float: a number, or a one-element tensor taken
-    without its graph."""
-    if loss is None:
-        return None
-    if isinstance(loss, torch.Tensor):
-        if loss.numel() != 1:
-            raise ConfigError(f"peer.step(loss=...): a number or a one-element tensor, got a tensor of shape "
-                              f"{tuple(loss.shape)}")
-        return float(loss.detach())
-    try:
-        return float(loss)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"peer.step(loss=...): a number or a one-element tensor, got {loss!r}") from exc
 
 
 class Peer:
@@ -305,15 +269,16 @@ class Peer:
             source.sampler.on_hand = source.schedule.at_batch
         source.local_batch = size
         source.samples_per_epoch = len(dataset)
-        source.steps_per_epoch = len(dataset) / size
-        source.total_steps = _total_steps(self.spec.epochs, len(dataset), size)
         if size != source.planned_batch or self._steps == 0:  # the first step's LR has the law's factor too
             source.planned_batch = size
             self._update_lr(fresh=self._steps == 0)
         if not options:
             d = self.spec.data_loading
-            return default_loader(dataset, source.sampler, d.loader_workers, False, d.prefetch_factor)
-        return DataLoader(dataset, batch_sampler=source.sampler, **options)
+            loader = default_loader(dataset, source.sampler, d.loader_workers, False, d.prefetch_factor, ScriptLoader)
+        else:
+            loader = ScriptLoader(dataset, batch_sampler=source.sampler, **options)
+        loader.source = source  # counts the batches the script takes: its accumulation
+        return loader
 
     def total_steps(self, dataset: Dataset | int, batch_size: int | None = None) -> int:
         """peerd.total_steps() for this job: the steps a per-batch schedule over
@@ -323,12 +288,13 @@ class Peer:
     def step(self, batch_size: int | None = None, loss: float | torch.Tensor | None = None) -> None:
         """A local step is done (call it after optimizer.step(), also when a
         GradScaler skipped the step): the gossip round when one is due.
-        `batch_size` defaults to the loader's batch just trained on; `loss` is
-        a number or the loss tensor (detached here)."""
-        planned = self.source.planned_batch if self._script else 0
+        `batch_size` (the samples of the optimizer step) defaults to the
+        loader's batches of the step; `loss` is a number or the loss tensor
+        (detached here)."""
+        changed = False
         if self._script:
             elapsed = self._slowed.finish()  # the testing knob's sleep (a slower device) included
-            self.source.record(batch_size, _loss_value(loss), elapsed)
+            changed = self.source.record(batch_size, _loss_value(loss), elapsed)
         self._count_step()
         self._since_round += 1
         if self._since_round >= self._plan.round_steps(self.peer_id, self.spec.gossip.period_steps) \
@@ -345,14 +311,13 @@ class Peer:
             self._loop.call(self._engine.capture_if_wanted())
         if self._script:
             self._advance_scheduler()
-            # The first step showed accumulation (a step of several loader batches): no ramp from the guess.
-            self._update_lr(fresh=self._steps == 1 and self.source.planned_batch != planned)
+            # A first step no optimizer hook saw (skipped) showed the accumulation: no ramp from the guess.
+            self._update_lr(fresh=self._steps == 1 and changed)
         self._slowed.start()
 
     def _count_step(self) -> None:
         """One more step; a first step that came after the no-step warning puts
-        the phase back, or a SIGTERM would stop the worker at once, as before
-        training began (checked at every step: the warning may land meanwhile)."""
+        the phase shown back (checked at every step: the warning may land meanwhile)."""
         self._steps += 1
         if self._engine.phase == NO_STEP_PHASE:
             self._engine.phase = "training"
@@ -389,11 +354,19 @@ class Peer:
         end = min(source.total_steps, getattr(source.schedule.scheduler, "total_steps", source.total_steps))
         source.schedule.at_step(source.progress, source.steps_per_epoch, end, source.sampler.handed)
 
+    def _before_optimizer_step(self) -> None:
+        """The script's optimizer is about to step: the first step of this
+        process shows its accumulation (ScriptSource.accumulation_at_step), so
+        that step too has the factor of an optimizer step's global batch."""
+        if self.source.accumulation_at_step():
+            self._update_lr(fresh=self._steps == 0)
+
     def _update_lr(self, fresh: bool = False) -> None:
         """The multiplier for the script's next optimizer step: from the global
-        batch planned (the DBS plan's, else the loader's batch × the trainers),
-        never from one step's actual size (the job's short last batch).
-        `fresh`: no step taken yet, so no ramp from the batch assumed before."""
+        batch planned (the DBS plan's, else the loader's batch × the trainers,
+        each times the script's accumulation), never from one step's actual
+        size (the job's short last batch). `fresh`: no step taken yet, so no
+        ramp from the batch assumed before."""
         source: ScriptSource = self.source
         plan = self._plan
         if fresh:
@@ -401,16 +374,18 @@ class Peer:
             source.lr_control.ramp = ScaleRamp(old.reference_batch, old.ramp_steps, old.law, old.max_scale)
         if plan.plan is not None:
             batch = plan.plan.batch(self.peer_id)
-            source.lr_control.update(plan.plan.total, source.step_count, batch / plan.plan.mean)
+            source.lr_control.update(plan.plan.total * source.accumulation, source.step_count,
+                                     batch / plan.plan.mean)
         else:
-            source.lr_control.update(source.planned_batch * plan.trainers, source.step_count)
+            source.lr_control.update(source.step_batch * plan.trainers, source.step_count)
 
     async def _watch_first_step(self) -> None:
-        await asyncio.sleep(NO_STEP_WARNING_S)
+        wait_s = self.spec.first_step_warning_s
+        await asyncio.sleep(wait_s)
         if self._steps == 0 and not self.closed:
-            log.warning("no peer.step() in %.0f s since peerd.attach(): call it after every optimizer step, "
-                        "or the job never averages", NO_STEP_WARNING_S)
-            self._engine.phase = NO_STEP_PHASE
+            log.warning("no peer.step() in %g s since peerd.attach(): call it after every optimizer step, "
+                        "or the job never averages", wait_s)
+            self._engine.phase = NO_STEP_PHASE  # shown only: what the worker does follows its stage
 
     def _install_signals(self) -> None:
         """SIGTERM/SIGINT: leave after the round under way, with a checkpoint; a
@@ -420,7 +395,7 @@ class Peer:
 
         def handle(signum, frame) -> None:
             self._signals += 1
-            if self._signals > 1 or self._engine.phase != "training":
+            if self._signals > 1 or self._engine.stage != Stage.TRAINING:
                 raise KeyboardInterrupt
             self._engine.stop_signal = True
 

@@ -54,7 +54,8 @@ in OUT/job.secret for every local-data job (a job's own secret_file wins).
 It ends with the job's metric of the model the peers saved (model.pt: the
 consensus, the average of their final models), with each peer's own model's
 beside it, and says so when a peer's training collapsed (model.json's
-collapse_reason); then it exits 1.
+collapse_reason); then it exits 1. A peer that did not finish shows why under
+its line: its last error line and the end of its traceback (as peerctl status).
 """
 
 
@@ -136,7 +137,7 @@ def _poll(cluster: LocalCluster, job: str, elapsed: float) -> list[dict]:
     for peer in cluster.peers:
         row = {"t": round(elapsed, 2), "peer": peer.peer_id, "state": "down", "epoch": 0, "step": 0, "round": 0,
                "loss": math.nan, "samples_per_s": math.nan, "partners": "-", "disagreement": math.nan,
-               "metric": math.nan, "consensus": math.nan, "dir": "", "collapse": ""}
+               "metric": math.nan, "consensus": math.nan, "dir": "", "collapse": "", "message": ""}
         try:
             with cluster.client(peer) as c:
                 jobs = {j.name: j for j in c.status().jobs}
@@ -147,9 +148,9 @@ def _poll(cluster: LocalCluster, job: str, elapsed: float) -> list[dict]:
         if j is None:
             rows.append(row)
             continue
-        workers = ([(w.member, w.state, w.progress, w.log_path) for w in j.workers]
-                   or [(peer.peer_id, j.state, j.progress, j.log_path)])
-        for member, state, p, log_path in workers:
+        workers = ([(w.member, w.state, w.progress, w.log_path, w.message) for w in j.workers]
+                   or [(peer.peer_id, j.state, j.progress, j.log_path, j.message)])
+        for member, state, p, log_path, message in workers:
             rows.append({**row, "peer": member or peer.peer_id, "state": state, "epoch": p.epoch, "step": p.step,
                          "round": p.round, "loss": p.loss, "samples_per_s": p.samples_per_s,
                          "partners": f"{p.partners_reached}/{p.partners_planned}",
@@ -157,13 +158,14 @@ def _poll(cluster: LocalCluster, job: str, elapsed: float) -> list[dict]:
                          "consensus": p.metrics.get(f"consensus_{p.metric_name}", math.nan),
                          # where its log, and at the end model.pt and model.json, are (not in history.csv)
                          "dir": str(Path(log_path).parent) if log_path else "",
-                         "collapse": p.collapse_reason})  # why its training collapsed (not in history.csv)
+                         "collapse": p.collapse_reason,  # why its training collapsed (not in history.csv)
+                         "message": message})  # why it crashed or failed: its error line, its traceback's end
     return rows
 
 
 def _write_history(history: list[dict], path: Path) -> None:
     with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=[k for k in history[0] if k not in ("dir", "collapse")],
+        writer = csv.DictWriter(f, fieldnames=[k for k in history[0] if k not in ("dir", "collapse", "message")],
                                 extrasaction="ignore")
         writer.writeheader()
         writer.writerows(history)
@@ -370,6 +372,8 @@ def _summary(rows: list[dict], out: Path, elapsed: float, console: Console, spec
             if not math.isnan(r["consensus"]) else ""
         state = f"{r['state']}, collapsed ({r['collapse']})" if r.get("collapse") else r["state"]
         console.print(escape(f"{r['peer']}: {state}, {r['step']} steps, {label} {_num(r['metric'])}{consensus}"))
+        for line in _why_lines(r.get("message", "")):
+            console.print(escape(line), soft_wrap=True)
     console.print(escape(f"history: {out / 'history.csv'}; plot: {out / 'progress.png'}"))
     if not finished or len(finished) < len(rows):
         console.print(f"[red]not every peer finished ({len(finished)}/{len(rows)}); see the logs in {escape(str(out))}")
@@ -382,6 +386,14 @@ def _summary(rows: list[dict], out: Path, elapsed: float, console: Console, spec
         console.print(f"[bold red]{escape(_collapse_line(collapsed))}")
         return 1
     return 0
+
+
+def _why_lines(message: str) -> list[str]:
+    """A worker's reason under its line, as peerctl status shows it: the error line,
+    then the last lines of its traceback, indented (each bounded by the daemon:
+    docs/operations.md, "When a worker crashes")."""
+    first, *traceback = message.splitlines() or [""]
+    return [f"  why: {first}", *(f"    {line}" for line in traceback)] if first else []
 
 
 def _collapse_line(collapsed: list[Saved]) -> str:

@@ -2,6 +2,7 @@
 
     peerd [--config FILE]              run the daemon (what systemd starts)
     peerd check-config [--config FILE] validate the config and exit
+    peerd check-config JOB.toml        validate a job file, say the LR law it puts in force
     peerd cluster [--peers N]          run a local cluster of N daemons on 127.0.0.1
     peerd soak [--peers N ...]         soak a cluster in network namespaces with churn; report
 
@@ -45,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check-config", help="validate the config file and exit (0: valid, 2: not)")
     # Also accepted after the command; SUPPRESS keeps a top-level --config when absent here.
     check.add_argument("--config", type=Path, default=argparse.SUPPRESS, help="config file to check")
+    check.add_argument("job", type=Path, nargs="?", default=None,
+                       help="a job file: check it and say the LR law it puts in force (the config too with --config)")
     cluster = sub.add_parser("cluster", help="run a local cluster of daemons on 127.0.0.1 training a job")
     from peerd.cli.cluster import add_arguments
 
@@ -137,6 +140,12 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_soak(args)
     try:
+        if args.command == "check-config" and args.job is not None:
+            from peerd.cli.jobcheck import job_lines
+
+            print("\n".join(job_lines(args.job)))
+            if args.config is None:
+                return 0
         config = load_config(args.config)
         if args.command == "check-config":
             _check_files(config)

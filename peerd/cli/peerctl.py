@@ -62,6 +62,11 @@ def cmd_status(client: ControlClient, args) -> tuple[object, str]:
               if w.progress.intrahost]
     notes += [f"{j.name}/{w.member}: {w.progress.collapse_reason}" for j in s.jobs for w in j.workers
               if w.progress.collapsed]
+    notes += [f"{j.name}/{w.member}: {_lr_law(w.progress)}" for j in s.jobs for w in j.workers
+              if w.progress.lr_law]
+    # Whose model model.pt is: "consensus of 3", "own", "the job's, from peer-0", "none: ...".
+    notes += [f"{j.name}/{w.member}: model: {w.progress.model_source}" for j in s.jobs for w in j.workers
+              if w.progress.model_source]
     notes = "".join("\n" + n for n in notes)
     return s, head + ("\n\n" + table + ("\n" + notes if notes else "") if s.jobs
                       else "\n\nno jobs (peerctl join JOB.toml)")
@@ -83,6 +88,15 @@ def cmd_peers(client: ControlClient, args) -> tuple[object, str]:
                     "job state", "phase", "round", "lr", "global batch", "samples/s", "batch", "share"], rows)
     notes = "".join(f"\n{p.peer_id}: not training: {p.not_training}" for p in reply.peers if p.not_training)
     return reply, table + ("\n" + notes if notes else "")
+
+
+def _lr_law(p) -> str:
+    """The LR law in force and its factor now: "LR: sqrt law against the reference
+    batch 96, cap 2: factor 1.155 at global batch 128"."""
+    text = f"LR: {p.lr_law}"
+    if p.lr_scale == p.lr_scale:  # NaN before the first step
+        text += f": factor {p.lr_scale:.3f} at global batch {p.global_batch}"
+    return text
 
 
 def _busy(p) -> str:

@@ -15,5 +15,5 @@ def empty_progress() -> control_pb2.Progress:
     nan = math.nan
     return control_pb2.Progress(
         loss=nan, samples_per_s=nan, metric=nan, disagreement=nan, exchange_s=nan, lr=nan, share=nan,
-        fixed_s=nan, per_sample_s=nan,
+        fixed_s=nan, per_sample_s=nan, lr_scale=nan,
     )

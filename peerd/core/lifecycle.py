@@ -1,21 +1,30 @@
-"""A worker's life in its job: its stages, and the one way it ends.
+"""A worker's life in its job: one transition table (stage × event → next
+stage, and whose model the worker ends with).
 
     JOINING     serve, hear from the daemon, the start gate, take the state
     TRAINING    rounds: each after the local steps of a round
-    LEFT        drained or signalled: at the end of its round, announced and checkpointed
+    LEFT        drained, signalled or without its daemon: at the end of its round, announced and checkpointed
     CONCLUDING  every epoch trained: the round in flight applied, the final consensus
-    FINISHED    the model file written, the last report sent, the final model served
+    TAKING      the job ended on its members while this worker was away: it trains
+                nothing and takes the model they saved (docs/operations.md,
+                "When a member comes back after the end")
+    FINISHED    the model file written (or none, said why), the last report sent
     CLOSED      serving nothing
 
-A stage is entered once, in this order; a worker may skip stages but never goes
-back, and one that left only closes. Whatever the outcome, a worker ends the
-one way its engine's `end` takes: FINISHED goes through CONCLUDING and
-FINISHED, LEFT has been entered at its round already, and every path ends CLOSED.
+Stages only move forward and each is entered once; every event has an outcome
+in every stage (`step`): a move, or "no move" for an event that does not apply
+there (a stop that comes during the end, say). A worker ends FINISHED with a
+model only through its job's agreed end (its consensus, `AGREED`), or with the
+job's model taken from a member that finished (`TAKEN`); a lone model that is
+not the job's is never one (tests/core/test_core_lifecycle.py walks every path).
+The engine (peerd.worker.engine) is the only one that moves its worker through
+this table; what a status shows (`phase`) is derived for display only.
 """
 
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 
 
 class Stage(enum.Enum):
@@ -23,19 +32,65 @@ class Stage(enum.Enum):
     TRAINING = "training"
     LEFT = "left"
     CONCLUDING = "concluding"
+    TAKING = "taking"
     FINISHED = "finished"
     CLOSED = "closed"
 
     def may_enter(self, stage: Stage) -> bool:
-        """Forward only, and each stage once."""
-        order = list(Stage)
-        return order.index(stage) > order.index(self) and not (self == Stage.LEFT and stage != Stage.CLOSED)
+        """Forward only, each stage once, and as the table allows."""
+        return any(t.to == stage for (s, _), t in TABLE.items() if s == self)
+
+
+class Event(enum.Enum):
+    BEGIN = "begin"  # the state to train from is held: train
+    ENDED_ELSEWHERE = "ended elsewhere"  # the job ended on its members meanwhile: nothing left to train
+    STOP = "stop"  # a signal, a drain, the owner, the daemon lost: leave at this round
+    TRAINED_OUT = "trained out"  # every epoch is trained here: the end
+    AGREED = "agreed"  # the end consensus is this worker's model (its own, when nobody else's arrived)
+    TAKEN = "taken"  # the job's model, from a member that finished first (verified)
+    NONE_TAKEN = "none taken"  # no member's daemon sent the job's model: no model here
+    NO_STEP = "no step"  # nothing trained here and nobody's model arrived: no model here
+    CLOSE = "close"  # stop serving (the end of every path, a failure's too)
+
+
+class Model(enum.Enum):
+    """What the worker's model.pt is when it finished."""
+
+    CONSENSUS = "consensus"  # its end: the average over its consensus set (its own alone)
+    JOBS = "job's"  # taken from a member that finished
+    NONE = "none"  # no model.pt, with a line that says where the job's is
+
+
+@dataclass(frozen=True)
+class Transition:
+    to: Stage
+    model: Model | None = None  # set on the moves into FINISHED
+
+
+_T = Transition
+TABLE: dict[tuple[Stage, Event], Transition] = {
+    (Stage.JOINING, Event.BEGIN): _T(Stage.TRAINING),
+    (Stage.JOINING, Event.ENDED_ELSEWHERE): _T(Stage.TAKING),
+    (Stage.TRAINING, Event.STOP): _T(Stage.LEFT),
+    (Stage.TRAINING, Event.TRAINED_OUT): _T(Stage.CONCLUDING),
+    (Stage.CONCLUDING, Event.AGREED): _T(Stage.FINISHED, Model.CONSENSUS),
+    (Stage.CONCLUDING, Event.TAKEN): _T(Stage.FINISHED, Model.JOBS),
+    (Stage.CONCLUDING, Event.NO_STEP): _T(Stage.FINISHED, Model.NONE),
+    (Stage.TAKING, Event.TAKEN): _T(Stage.FINISHED, Model.JOBS),
+    (Stage.TAKING, Event.NONE_TAKEN): _T(Stage.FINISHED, Model.NONE),
+    **{(s, Event.CLOSE): _T(Stage.CLOSED) for s in Stage if s != Stage.CLOSED},
+}
+
+
+def step(stage: Stage, event: Event) -> Transition | None:
+    """The move `event` makes in `stage`; None: it does not apply there, the worker stays."""
+    return TABLE.get((stage, event))
 
 
 class Outcome(enum.StrEnum):
     """How a worker's part in its job ended (the worker's exit code follows from it)."""
 
-    FINISHED = "finished"  # every epoch trained here: the final consensus and model.pt
+    FINISHED = "finished"  # every epoch trained here (or taken): the job's model, or none said why
     LEFT = "left"  # the operator asked (peerctl leave --drain)
     STOPPED = "stopped"  # a signal, or a failure
 

@@ -46,6 +46,17 @@ def check_law(law: str, max_scale: float) -> None:
         raise ValueError(f"max_scale must be ≥ 1 (inf for no cap), got {max_scale}")
 
 
+def describe(reference_batch: int, law: str, max_scale: float, lr_of: str = "the job's") -> str:
+    """The law in force, in words, as the worker's log, `peerctl status`, the
+    live page and `peerd check-config JOB.toml` say it; `lr_of` names whose LR
+    it multiplies ("the script's" for a script job)."""
+    if reference_batch == 0 or law == "none":
+        why = "reference_batch = 0" if reference_batch == 0 else 'scaling = "none"'
+        return f"no scaling: {lr_of} LR exactly ([optimizer] {why})"
+    cap = "no cap" if math.isinf(max_scale) else f"cap {max_scale:g}"
+    return f"{law} law against the reference batch {reference_batch}, {cap}"
+
+
 def scale_for(k: float, law: str = DEFAULT_LAW, max_scale: float = DEFAULT_MAX_SCALE) -> float:
     """The LR multiplier for a global batch k× the reference one, in [1/max_scale, max_scale]."""
     check_law(law, max_scale)

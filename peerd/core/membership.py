@@ -7,7 +7,7 @@ a job; each is a member of the job with its own id (JobEntry.member).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from peerd.core.codes import ACTIVE_STATES, WorkerState
@@ -221,6 +221,18 @@ class Membership:
         """Member ids of the other daemons' workers that finished `job` (reached its end)."""
         return [member for member, _, _ in
                 self._entries(job, spec_fingerprint, lambda e: e.state == WorkerState.FINISHED)]
+
+    def result_holders(self, job: str, spec_fingerprint: str) -> list[str]:
+        """The other daemons with a worker that finished `job` (each holds its model), sorted."""
+        return sorted({record.peer_id for _, record, _ in
+                       self._entries(job, spec_fingerprint, lambda e: e.state == WorkerState.FINISHED)})
+
+    def daemons_of(self, job: str, spec_fingerprint: str, members: Iterable[str]) -> list[str]:
+        """The daemons running these members of `job` (a member id that is a
+        daemon's own id stands for it, whatever that daemon advertises now)."""
+        wanted = set(members)
+        found = {record.peer_id for member, record, _ in self._entries(job, spec_fingerprint) if member in wanted}
+        return sorted(found | {m for m in wanted if m in self._peers})
 
     def jobs(self) -> dict[tuple[str, str], list[str]]:
         """(job name, spec fingerprint) -> ids of the peers running it."""

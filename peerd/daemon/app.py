@@ -36,10 +36,11 @@ from peerd.daemon.jobs import JOINED, LocalJob
 from peerd.daemon.metrics import MetricsServer, make_registry, metrics_route
 from peerd.daemon.notify import sd_notify, watchdog_interval_s
 from peerd.daemon.registry import SHUTDOWN_RESERVE_S, JobRegistry, write_atomic
+from peerd.daemon.results import take_result
 from peerd.daemon.services import ControlServicer, PeerServicer, SupervisorServicer, start_peer_server
 from peerd.daemon.standby import Standby
 from peerd.daemon.web import page_routes
-from peerd.errors import ConfigError, PeerdError
+from peerd.errors import ConfigError, PeerdError, UnknownJob
 from peerd.settings.jobspec import JobSpec
 from peerd.proto.v1 import control_pb2, control_pb2_grpc, peer_pb2
 from peerd.security.tls import load_tls
@@ -156,7 +157,7 @@ class Daemon:
             path.unlink()  # left by a daemon that died
         server = grpc.aio.server()
         control_pb2_grpc.add_ControlServicer_to_server(ControlServicer(self), server)
-        control_pb2_grpc.add_SupervisorServicer_to_server(SupervisorServicer(self.worker_heartbeat), server)
+        control_pb2_grpc.add_SupervisorServicer_to_server(SupervisorServicer(self.worker_heartbeat, self.take_result), server)
         if server.add_insecure_port(f"unix:{path}") == 0:
             raise ConfigError(f"cannot bind the control socket {path}")
         await server.start()
@@ -326,6 +327,21 @@ class Daemon:
         if serving_changed:  # joined or leaving: the others should know now, not in a second
             self.hello.worker_changed.set()
         return view
+
+    async def take_result(self, request: control_pb2.ResultRequest) -> control_pb2.ResultReply:
+        """A worker here is back after its job ended elsewhere: the job's model from
+        the daemons whose workers finished it (peerd.daemon.results)."""
+        job = self.registry.get(request.job)
+        worker = job.worker(request.member)
+        if worker is None:
+            raise UnknownJob(f"this peer runs no worker {request.member!r} of job {request.job!r}")
+        name, fingerprint = job.spec.name, job.spec.fingerprint
+        asked = self.membership.daemons_of(name, fingerprint, getattr(request, "from"))
+        holders = [*self.membership.result_holders(name, fingerprint), *asked]
+        holders = sorted(set(holders), key=holders.index)
+        auth = self.registry.result_auth(job.spec.name)
+        return await take_result(lambda peer, req: self.hello.job_result(peer, req, auth), job, worker, holders,
+                                 request)
 
     # ---- control API -------------------------------------------------------
 

@@ -21,7 +21,7 @@ from peerd.core.directory import HELLO, ZEROCONF, PeerDirectory
 from peerd.core.gossip import gossiping, hello_targets, view_timeout
 from peerd.core.membership import Membership, PeerRecord
 from peerd.daemon.gossip import Gossip, entry_of, record_of, state_of_reply
-from peerd.daemon.services import GET_JOB_CODE, GET_JOB_SPEC, HELLO as HELLO_METHOD, PeerClient, hello_request
+from peerd.daemon.services import GET_JOB_CODE, GET_JOB_RESULT, GET_JOB_SPEC, HELLO as HELLO_METHOD, PeerClient, hello_request
 from peerd.errors import PeerdError, PeerUnavailable
 from peerd.proto.v1 import peer_pb2
 from peerd.security.rejections import Rejections
@@ -224,6 +224,17 @@ class HelloClient:
             raise PeerUnavailable(f"peer {peer_id} left the view")
         return await self._peers.call(self._channel(record.address), GET_JOB_CODE, request, peer_pb2.JobCodeReply,
                                       CODE_TIMEOUT_S, job=(job_auth, record.address))
+
+    async def job_result(self, peer_id: str, request: peer_pb2.JobResultRequest,
+                         job_auth: Authenticator | None) -> peer_pb2.JobResultReply:
+        """A range of the model a finished job saved on `peer_id`, with proof of
+        the job secret both ways when the job has one."""
+        record = self.membership.get(peer_id)
+        if record is None:
+            raise PeerUnavailable(f"peer {peer_id} left the view")
+        job = (job_auth, record.address) if job_auth is not None else None
+        return await self._peers.call(self._channel(record.address), GET_JOB_RESULT, request,
+                                      peer_pb2.JobResultReply, CODE_TIMEOUT_S, job=job)
 
     async def aclose(self) -> None:
         await asyncio.gather(*self._background, *(c.close() for c in self._channels.values()),

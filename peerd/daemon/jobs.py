@@ -5,15 +5,14 @@ A worker that crashes is restarted with exponential backoff, until it crashed
 after finishing its epochs, or exits 2 because its job cannot load, is not
 restarted. The daemon never shares a process with torch, so a crashing job cannot
 take it down. Why a worker failed or crashed, its last error line and the last
-lines of its traceback, is kept for peerctl status (docs/operations.md).
+lines of its traceback (peerd.daemon.reason), is kept for peerctl status
+(docs/operations.md, "When a worker crashes").
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import re
 import signal
 import sys
 import time
@@ -25,6 +24,7 @@ from peerd.core.codes import ACTIVE_STATES, WorkerState
 from peerd.core.intrahost import IntraHostSlot
 from peerd.core.restarts import NO_LIMIT, Backoff, CrashLimit, ExitAction, RestartHistory, after_exit
 from peerd.daemon.process import RELAY_LINE_LIMIT, exit_name
+from peerd.daemon.reason import TracebackTail, error_line, keep, kept
 from peerd.control.lifeline import parent_env
 from peerd.daemon.standby import Standby
 from peerd.settings.jobspec import JobSpec
@@ -38,8 +38,6 @@ ENDED = "ended"  # the job finished or failed here: not resumed
 STOP_GRACE_S = 10.0
 DRAIN_TIMEOUT_S = 120.0
 GIVE_WAY_TIMEOUT_S = 30.0  # the owner waits for a drain this long at most, then the worker gets SIGTERM
-TRACEBACK_LINES = 10  # of a worker's last traceback, kept for peerctl status
-TRACEBACK_LINE_CHARS = 300
 
 
 @dataclass(frozen=True)
@@ -165,6 +163,9 @@ class WorkerProcess:
                 self._say_why(code)
             if not action.restarts:
                 self._log_end(action)
+            if not stopped:  # beside its log too: a resumed job shows it (LocalJob.carry_reasons)
+                keep(self.launch.log_path.parent, self.why)
+            if not action.restarts:
                 if action.state != WorkerState.STOPPED:
                     self.on_end()
                 return
@@ -185,11 +186,10 @@ class WorkerProcess:
                      self.progress.metric_name or "metric", self.progress.metric)
         elif action.gave_up:
             crashes, window_s = len(action.history.crashes), self.restart_policy.crash_limit.window_s
-            log.error("job %s: worker %s crashed %d times in %.0fs; not restarting it: the job failed here "
-                      "(last error: %s; see %s)", self.job, self.member, crashes, window_s,
+            log.error("job %s: worker %s crashed %s in %.0fs; not restarting it: the job failed here "
+                      "(last error: %s; see %s)", self.job, self.member, _times(crashes), window_s,
                       self.message, self.launch.log_path)
-            self.message = (f"crashed {crashes} times in {window_s:g}s, not restarted; "
-                            f"last: {self.message}")
+            self.message = f"crashed {_times(crashes)} in {window_s:g}s, not restarted; last: {self.message}"
         elif self.state == WorkerState.FAILED:
             log.error("job %s cannot run (see %s); not restarting: %s", self.job, self.launch.log_path,
                       self.message)
@@ -231,6 +231,7 @@ class WorkerProcess:
         if self.state == WorkerState.STARTING and report.address:
             self.state = WorkerState.RUNNING
             self.message, self.traceback, self._run_message = "", (), ""
+            keep(self.launch.log_path.parent, "")
 
     async def stop(self, drain: bool, drain_timeout_s: float = DRAIN_TIMEOUT_S,
                    reason: str = "the operator asked") -> None:
@@ -309,6 +310,16 @@ class LocalJob:
         for w in self.workers:
             w.start()
 
+    def carry_reasons(self, resumed: bool) -> None:
+        """A job whose state survived (resumed after a daemon restart, joined again
+        after a hold) shows why each worker's last run ended until it runs again;
+        a new join starts without (peerd.daemon.reason)."""
+        for w in self.workers:
+            if resumed:
+                w.message, w.traceback = kept(w.launch.log_path.parent)
+            else:
+                keep(w.launch.log_path.parent, "")
+
     def _worker_ended(self) -> None:
         # A daemon restarted later resumes only jobs that neither ended nor were left.
         if all(w.state in (WorkerState.FINISHED, WorkerState.FAILED) for w in self.workers):
@@ -323,102 +334,12 @@ class LocalJob:
         finished, its share handed on, as `peerctl leave --drain`); one that has
         not trained yet stops at once on SIGTERM, with nothing to hand on."""
         self.held = True
-        await asyncio.gather(*(w.stop(drain=w.progress.phase == "training", drain_timeout_s=GIVE_WAY_TIMEOUT_S,
+        await asyncio.gather(*(w.stop(drain=w.progress.training, drain_timeout_s=GIVE_WAY_TIMEOUT_S,
                                       reason=reason) for w in self.workers))
 
 
-_ERROR_MSG = re.compile(rb'level=error .*?msg="(.*)"\s*$')
-_EXCEPTION = re.compile(rb"^(\w+\.)*\w*(Error|Exception|Interrupt|Exit)\b.*$")
-_RECORD = re.compile(r"ts=\S+ level=\w+ ")  # a text record of peerd.logs
-_FIELD = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\S*)')
-_ESCAPE = re.compile(r"\\(.)")
-TRACEBACK_HEAD = "Traceback (most recent call last):"
-_CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
-
-
-def record_fields(line: bytes) -> dict[str, str] | None:
-    """The fields of one of a worker's log records (peerd.logs, text or JSON),
-    values unescaped; None for any other line."""
-    text = line.decode(errors="replace").strip()
-    if text.startswith("{"):
-        try:
-            record = json.loads(text)
-        except ValueError:
-            return None
-        if isinstance(record, dict) and "level" in record and "msg" in record:
-            return {str(k): str(v) for k, v in record.items()}
-        return None
-    if not _RECORD.match(text):
-        return None
-    return {key: _ESCAPE.sub(_unescape, value[1:-1]) if value.startswith('"') else value
-            for key, value in _FIELD.findall(text)}
-
-
-def _unescape(match: re.Match) -> str:
-    return {"n": "\n", "r": "\r"}.get(match.group(1), match.group(1))
-
-
-def error_line(line: bytes) -> str:
-    """The message of a worker's error record or the last line of a traceback
-    ("ModuleNotFoundError: No module named 'foo'"); "" for any other line."""
-    fields = record_fields(line)
-    if fields is not None:
-        text = fields.get("msg", "") if fields.get("level") == "error" else ""
-    else:
-        match = _ERROR_MSG.search(line) or _EXCEPTION.match(line.strip())
-        if not match:
-            return ""
-        text = (match.group(1) if match.re is _ERROR_MSG else match.group(0)).decode(errors="replace")
-        text = text.replace("\\n", " ")
-    return " ".join(text.splitlines()).strip()[:500]
-
-
-class TracebackTail:
-    """The last TRACEBACK_LINES lines of the newest traceback in a worker's
-    output: one a log record carries (a script's traceback; a record's exc) or
-    one Python printed (an uncaught exception), chained ones included."""
-
-    def __init__(self) -> None:
-        self.lines: tuple[str, ...] = ()
-        self._raw: list[str] | None = None  # a printed traceback being read
-        self._ended = False  # ... that reached its exception line: only a chained one may follow
-
-    def feed(self, line: bytes) -> bool:
-        """Take one line of output; True when `lines` changed."""
-        fields = record_fields(line)
-        if fields is not None:
-            self._raw = None
-            for key in ("exc", "msg"):
-                text = fields.get(key, "")
-                if TRACEBACK_HEAD in text:
-                    return self._set(text[text.index(TRACEBACK_HEAD):].splitlines())
-            return False
-        text = line.decode(errors="replace").rstrip()
-        if text.startswith(TRACEBACK_HEAD) and self._raw is None:
-            self._raw, self._ended = [], False
-        if self._raw is None:
-            return False
-        if text.startswith((TRACEBACK_HEAD, *_CHAINED)) or not text.strip():
-            self._ended = False
-        elif text[:1].isspace():  # a frame, its source line, carets
-            if self._ended:
-                self._raw = None
-                return False
-        elif self._ended:  # unindented after the exception line: the traceback is over
-            self._raw = None
-            return False
-        else:
-            self._ended = True  # the exception line
-        self._raw.append(text)
-        del self._raw[:-4 * TRACEBACK_LINES]  # blank lines are dropped from `lines`
-        return self._set(self._raw)
-
-    def _set(self, lines: list[str]) -> bool:
-        # Frames of frozen modules (runpy running a script) have no source line and say nothing.
-        lines = tuple(x.rstrip()[:TRACEBACK_LINE_CHARS] for x in lines
-                      if x.strip() and not x.lstrip().startswith('File "<frozen '))[-TRACEBACK_LINES:]
-        changed, self.lines = lines != self.lines, lines
-        return changed
+def _times(count: int) -> str:
+    return "once" if count == 1 else f"{count} times"
 
 
 async def _relay(stream: asyncio.StreamReader, out, on_line=lambda line: None) -> None:

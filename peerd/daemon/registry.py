@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from peerd.security.auth import load_secret
+from peerd.security.auth import Authenticator, load_secret
 from peerd.settings.config import DaemonConfig
 from peerd.core.bundle import digest
 from peerd.core.codes import ACTIVE_STATES, ENDED_STATES, WorkerState
@@ -27,6 +27,7 @@ from peerd.daemon.jobs import ENDED, JOINED, LocalJob, RestartPolicy, WorkerLaun
 from peerd.daemon.localdata import check_local_job
 from peerd.daemon.standby import Standby
 from peerd.daemon.codestore import CodeStore
+from peerd.daemon.results import Finished, ResultFiles, Saved, finished_job, saved_model
 from peerd.errors import ConfigError, JobMismatch, PeerUnavailable, Unauthenticated, UnknownJob
 from peerd.settings.jobspec import JobSpec, parse_job, with_code
 from peerd.proto.v1 import control_pb2, peer_pb2
@@ -42,6 +43,8 @@ class JobRegistry:
         self.membership, self.standby = membership, standby
         self.jobs: dict[str, LocalJob] = {}
         self.code = CodeStore(config.state_dir / "code")
+        self.results = ResultFiles()
+        self.finished = self._load_finished()  # by name: jobs finished before this daemon started
 
     def get(self, name: str) -> LocalJob:
         job = self.jobs.get(name)
@@ -73,6 +76,35 @@ class JobRegistry:
                                   "no_secret")
         return load_secret(job.first.launch.secret_file)
 
+    def _load_finished(self) -> dict[str, Finished]:
+        count, out = len(self.members), {}
+        for d in sorted((self.config.state_dir / "jobs").glob("*")):
+            candidates = [Saved(_worker_dir(d, k, count) / "model.pt", m) for k, m in enumerate(self.members)]
+            found = finished_job(d, candidates, self.config.job_secret_file)
+            if found is not None:
+                out[found.spec.name] = found
+        return out
+
+    def result(self, name: str, spec_fingerprint: str) -> tuple[Saved, bytes | None]:
+        """The model a worker here saved when job `name` finished (in this
+        daemon's life or an earlier one), and the job secret a peer must prove
+        to be sent it (None: the job has none)."""
+        job, kept = self.jobs.get(name), self.finished.get(name)
+        if job is not None:
+            spec, saved, secret = job.spec, saved_model(job), job.first.launch.secret_file
+        elif kept is not None:
+            spec, saved, secret = kept.spec, kept.saved, kept.secret_file
+        else:
+            raise UnknownJob(f"this peer does not hold job {name!r}")
+        if saved is None or spec.fingerprint != spec_fingerprint:
+            raise UnknownJob(f"this peer holds no finished model of job {name!r} with that spec")
+        return saved, load_secret(secret) if secret is not None else None
+
+    def result_auth(self, name: str) -> Authenticator | None:
+        """The job secret's authenticator for taking the job's model from a peer."""
+        secret = self.get(name).first.launch.secret_file
+        return Authenticator(load_secret(secret)) if secret is not None else None
+
     def join(self, spec_toml: str, spec_dir: str, start: bool = True, fetched: bool = False,
              by_name: bool = False) -> JobSpec:
         """`start` False: the job is kept, held, its workers not started: the
@@ -91,6 +123,7 @@ class JobRegistry:
         job_dir = self.config.state_dir / "jobs" / spec.name
         job_dir.mkdir(parents=True, exist_ok=True)
         spec_path = job_dir / "job.toml"
+        resumed = (job_dir / JOINED).exists() and not (job_dir / ENDED).exists()  # a restart or a hold
         write_atomic(spec_path, spec_toml)
         joined = {"spec_dir": spec_dir, "fetched": fetched, "by_name": by_name}
         write_atomic(job_dir / JOINED, json.dumps(joined) + "\n")
@@ -107,6 +140,7 @@ class JobRegistry:
         job = LocalJob.create(spec, job_dir, launches, restarts,
                               stop_grace_s=max(1.0, self.config.stop_timeout_s - SHUTDOWN_RESERVE_S),
                               standby=self.standby, on_restart=rendezvous.bump if rendezvous else lambda: None)
+        job.carry_reasons(resumed)
         self.jobs[spec.name] = job
         if start:
             job.start()
@@ -267,8 +301,12 @@ class JobRegistry:
         )
 
     def job_ads(self) -> list[peer_pb2.JobAd]:
-        """Each worker of each job, as a Hello reply tells the peers."""
-        return [self._job_ad(j, w) for j in self.jobs.values() for w in j.workers]
+        """Each worker of each job, as a Hello reply tells the peers; and the jobs
+        that finished here before this daemon started, whose model it keeps."""
+        kept = [peer_pb2.JobAd(name=f.spec.name, spec_fingerprint=f.spec.fingerprint, state=WorkerState.FINISHED,
+                               member=f.saved.member if f.saved.member != self.peer_id else "")
+                for name, f in self.finished.items() if name not in self.jobs]
+        return [self._job_ad(j, w) for j in self.jobs.values() for w in j.workers] + kept
 
     def _job_ad(self, job: LocalJob, w: WorkerProcess) -> peer_pb2.JobAd:
         p = w.progress

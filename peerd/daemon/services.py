@@ -5,9 +5,10 @@ peerd errors become status codes here and nowhere else.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import grpc
@@ -19,6 +20,7 @@ from peerd.core.names import PEER_ID_RULE, join_host_port, valid_address, valid_
 from peerd.security.auth import AUTH_KEY, REPLY_KEY, Authenticator, ReplyMac, metadata_value
 from peerd.errors import ConfigError, JobMismatch, PeerdError, PeerUnavailable, Unauthenticated, UnknownJob
 from peerd.daemon.codestore import CodeStore
+from peerd.daemon.results import ResultFiles, Saved
 from peerd.settings.jobspec import JobSpec
 from peerd.proto.v1 import control_pb2, control_pb2_grpc, peer_pb2
 from peerd.security.rejections import Rejections
@@ -42,6 +44,7 @@ PEER_SERVICE = "peerd.v1.Peer"
 HELLO = f"/{PEER_SERVICE}/Hello"
 GET_JOB_SPEC = f"/{PEER_SERVICE}/GetJobSpec"
 GET_JOB_CODE = f"/{PEER_SERVICE}/GetJobCode"
+GET_JOB_RESULT = f"/{PEER_SERVICE}/GetJobResult"
 # A job's code goes only to a caller that proves the job secret, beside any realm proof.
 JOB_AUTH_KEY, JOB_REPLY_KEY = "peerd-job-auth", "peerd-job-auth-reply"
 MAX_PEER_REQUEST_BYTES = 16 * 1024
@@ -74,7 +77,10 @@ class JobSpecs(Protocol):
 
     def code_secret(self, name: str, code: str) -> bytes: ...
 
+    def result(self, name: str, spec_fingerprint: str) -> tuple[Saved, bytes | None]: ...
+
     code: CodeStore
+    results: ResultFiles
 
 
 class PeerServicer:
@@ -155,16 +161,33 @@ class PeerServicer:
             await self._refuse(context, grpc.StatusCode.UNAUTHENTICATED, exc.reason, str(exc))
         except PeerdError as exc:
             await _abort(context, exc)
-        key = hashlib.sha256(secret).digest()
-        auth = self._job_auths.get(key) or self._job_auths.setdefault(key, Authenticator(secret))
-        try:
-            job_reply = auth.verify(GET_JOB_CODE, raw, metadata_value(context.invocation_metadata(), JOB_AUTH_KEY),
-                                    audience=self._address())
-        except Unauthenticated as exc:
-            await self._refuse(context, grpc.StatusCode.UNAUTHENTICATED, exc.reason, f"job secret: {exc}")
+        job_reply = await self._job_proof(GET_JOB_CODE, raw, secret, context)
         total, data = self._specs.code.chunk(request.code, request.offset)
         message = peer_pb2.JobCodeReply(code=request.code, total=total, offset=request.offset, data=data)
         return self._answer(context, reply, message, job_reply)
+
+    async def GetJobResult(self, raw: bytes, context) -> bytes:
+        request, reply = await self._admit(GET_JOB_RESULT, raw, peer_pb2.JobResultRequest, context)
+        try:
+            saved, secret = self._specs.result(request.name, request.spec_fingerprint)
+        except PeerdError as exc:
+            await _abort(context, exc)
+        job_reply = await self._job_proof(GET_JOB_RESULT, raw, secret, context) if secret is not None else None
+        try:
+            message = await asyncio.to_thread(self._specs.results.reply, saved, request.offset, request.record_only)
+        except (PeerdError, OSError) as exc:
+            await _abort(context, exc if isinstance(exc, PeerdError) else UnknownJob(f"the saved model: {exc}"))
+        return self._answer(context, reply, message, job_reply)
+
+    async def _job_proof(self, method: str, raw: bytes, secret: bytes, context) -> ReplyMac:
+        """The caller's proof of the job secret, checked; the proof back."""
+        key = hashlib.sha256(secret).digest()
+        auth = self._job_auths.get(key) or self._job_auths.setdefault(key, Authenticator(secret))
+        try:
+            return auth.verify(method, raw, metadata_value(context.invocation_metadata(), JOB_AUTH_KEY),
+                               audience=self._address())
+        except Unauthenticated as exc:
+            await self._refuse(context, grpc.StatusCode.UNAUTHENTICATED, exc.reason, f"job secret: {exc}")
 
 
 async def start_peer_server(
@@ -176,6 +199,7 @@ async def start_peer_server(
         "Hello": grpc.unary_unary_rpc_method_handler(servicer.Hello),
         "GetJobSpec": grpc.unary_unary_rpc_method_handler(servicer.GetJobSpec),
         "GetJobCode": grpc.unary_unary_rpc_method_handler(servicer.GetJobCode),
+        "GetJobResult": grpc.unary_unary_rpc_method_handler(servicer.GetJobResult),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(PEER_SERVICE, handlers),))
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
@@ -306,13 +330,24 @@ class ControlServicer(control_pb2_grpc.ControlServicer):
 WorkerHeartbeat = Callable[[control_pb2.WorkerReport], control_pb2.WorkerView]
 
 
+# A worker back after its job's end asks for the job's model (peerd.daemon.app.Daemon.take_result).
+TakeResult = Callable[[control_pb2.ResultRequest], Awaitable[control_pb2.ResultReply]]
+
+
 class SupervisorServicer(control_pb2_grpc.SupervisorServicer):
-    def __init__(self, heartbeat: WorkerHeartbeat) -> None:
+    def __init__(self, heartbeat: WorkerHeartbeat, take_result: TakeResult) -> None:
         self._heartbeat = heartbeat
+        self._take_result = take_result
 
     async def Heartbeat(self, request, context):
         try:
             return self._heartbeat(request)
+        except PeerdError as exc:
+            await _abort(context, exc)
+
+    async def TakeResult(self, request, context):
+        try:
+            return await self._take_result(request)
         except PeerdError as exc:
             await _abort(context, exc)
 

@@ -145,6 +145,9 @@ class JobSpec:
     # out of the fingerprint, like the checkpoint settings.
     min_peers: int = 1
     start_timeout_s: float = 600.0  # ... and give up (the worker fails, saying so) after this long
+    # A script that has not called peer.step() this long after attach() is told so
+    # in its log (its first step may just be slow: a compile, a large data load).
+    first_step_warning_s: float = 120.0
     optimizer: OptimizerSpec = OptimizerSpec()
     gossip: GossipSpec = GossipSpec()
     train: TrainSpec = TrainSpec()
@@ -174,6 +177,7 @@ class JobSpec:
         del fields["log"]
         del fields["min_peers"]
         del fields["start_timeout_s"]
+        del fields["first_step_warning_s"]
         del fields["chance"]  # what is watched, not what is trained
         if self.data_mode == "shared":  # fingerprints of shared-data jobs as before local mode
             del fields["weighting"]

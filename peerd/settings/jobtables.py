@@ -192,6 +192,8 @@ def job_table(job: Table) -> dict[str, object]:
                           expect="an integer in 1..4096 (1: the first peer starts at once)"),
         start_timeout_s=job.get("start_timeout_s", float, 600.0, check=lambda v: 0 < v <= 7 * 86400,
                                 expect="seconds in (0, 604800]"),
+        first_step_warning_s=job.get("first_step_warning_s", float, 120.0, check=lambda v: 0 < v <= 86400,
+                                     expect="seconds in (0, 86400]"),
         secret_file=job.get("secret_file", str, "", check=lambda v: 0 < len(v) <= 4096 and "\0" not in v,
                             expect="a path to a file holding the job secret"),
         files=tuple(job.get("files", list, [], check=lambda v: len(v) <= MAX_BUNDLE_FILES and all(map(_file_name, v)),

@@ -21,8 +21,8 @@ DEFAULT_TARGETS = {"accuracy": 0.9}
 
 @dataclass(frozen=True)
 class Sample:
-    """One peer at one poll: the harness's truth (expected_up, linked, in_job)
-    and what the peer's daemon answered."""
+    """One peer at one poll: the harness's truth (expected_up, linked, in_job,
+    frozen) and what the peer's daemon answered."""
 
     t: float
     peer: str
@@ -30,6 +30,7 @@ class Sample:
     up: bool  # its process is alive
     linked: bool  # its link is up
     in_job: bool  # the harness joined it and it has not left
+    frozen: bool = False  # the harness has stopped its daemon or worker (SIGSTOP) for a freeze
     state: str = "down"  # job state on this daemon ("" when it does not run the job)
     phase: str = ""
     step: int = 0
@@ -103,7 +104,8 @@ def daemons_alive(samples: list[Sample]) -> Check:
 
 def rounds_within_deadline(samples: list[Sample], ceiling_s: float, stall_s: float) -> Check:
     """No exchange took longer than the job's deadline ceiling (plus 1 s of slack),
-    and no connected, training peer's round stood still for longer than `stall_s`."""
+    and no connected, training peer's round stood still for longer than `stall_s`
+    (a frozen peer's stands still on purpose: not judged while frozen)."""
     name = "no round blocked past its deadline"
     limit = ceiling_s + 1.0
     late = [s for s in samples if not math.isnan(s.exchange_s) and s.exchange_s > limit]
@@ -112,11 +114,11 @@ def rounds_within_deadline(samples: list[Sample], ceiling_s: float, stall_s: flo
     for peer, rows in _by_peer(samples).items():
         since = last = None
         for s in [*rows, None]:  # None flushes the last stretch
-            moving = s is None or not (s.training and s.linked and s.in_job) or since is None or s.round != since.round
-            if moving:
+            judged = s is not None and s.training and s.linked and s.in_job and not s.frozen
+            if not judged or since is None or s.round != since.round:
                 if since is not None and last.t - since.t > stall_s:
                     stalls.append(f"{peer}: round {since.round} stood still from {since.t:.0f}s to {last.t:.0f}s")
-                since = s if s is not None and s.training and s.linked and s.in_job else None
+                since = s if judged else None
             last = s
     worst = max(exchanges, default=math.nan)
     evidence = (f"longest sampled exchange {worst:.2f}s (limit {limit:.1f}s) over {len(exchanges)} samples; "

@@ -10,14 +10,15 @@ from pathlib import Path
 from peerd.core.codes import ExitCode
 from peerd.errors import ConfigError
 from peerd.cli.interrupts import sigterm_interrupts
-from peerd.soak.schedule import KINDS
+from peerd.soak.schedule import KINDS, SEEDED_KINDS, kinds_from
 
 DESCRIPTION = """\
 Soak a heterogeneous peerd cluster: N real peerd daemons (each with its worker),
 each in its own network namespace on one bridge with a bandwidth cap (tc tbf) and,
 if this build supports it, a compute slowdown; discovery by zeroconf across the
 namespaces. A churn schedule kills workers and daemons, partitions and heals
-links, drains peers out, adds new peers and changes slowdowns, while every peer is
+links, drains peers out, adds new peers, changes slowdowns, pauses peers for their
+owner and (when asked for) freezes daemons or workers, while every peer is
 sampled. At the end: pass/fail checks with evidence, and a report directory
 (report.md, PNG plots, samples.csv, events.csv). Needs root for namespaces;
 without it every peer runs on 127.0.0.1 (no caps, no partitions) and it says so.
@@ -44,12 +45,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--settle", type=float, default=60.0,
                    help="no seeded event in the last SETTLE seconds, so peers can recover before the checks (default 60)")
     p.add_argument("--down", type=float, default=10.0,
-                   help="seconds a killed daemon stays down and a partitioned link stays cut (default 10)")
+                   help="seconds a killed daemon stays down, a partitioned link stays cut and a frozen "
+                        "process stays stopped (default 10)")
     p.add_argument("--seed", type=int, default=0, help="seed of the generated schedule (default 0)")
     p.add_argument("--schedule", type=Path, default=None,
                    help="churn schedule file instead of a seeded one: TOML with [[event]] tables or JSON "
                         '{"events": [...]}; each event has at (s), kind (' + ", ".join(KINDS) +
-                        "), peer (index; omit for a join of a new peer), down_s, factor (slowdown)")
+                        "), peer (index; omit for a join of a new peer), down_s, factor (slowdown), "
+                        "process (freeze: daemon or worker)")
+    p.add_argument("--kinds", default=",".join(SEEDED_KINDS), metavar="KIND,...",
+                   help="event kinds a seeded schedule draws from (default: " + ",".join(SEEDED_KINDS) +
+                        "; freeze, SIGSTOP of a peer's daemon or worker for --down seconds, only when named)")
     p.add_argument("--job", type=Path, default=None, help="job file (default: the built-in MNIST example)")
     p.add_argument("--epochs", type=float, default=1000.0,
                    help="the job's epochs are set to this, so it trains through the whole soak (default 1000)")
@@ -94,13 +100,14 @@ def settings_from(args: argparse.Namespace):
         raise ConfigError("--slowdowns factors must be ≥ 1")
     if args.full_mesh_max < 0 or args.fanout < 0:
         raise ConfigError("--full-mesh-max and --fanout must be ≥ 0 (0: the daemon's default)")
+    kinds = kinds_from(args.kinds)
     return SoakSettings(
         peers=args.peers, duration_s=args.duration, interval_s=args.interval, settle_s=args.settle,
         down_s=args.down, seed=args.seed, schedule=args.schedule, job=args.job, epochs=args.epochs,
         bandwidth_mbit=args.bandwidth, slowdowns=args.slowdowns, poll_s=args.poll,
         converge_s=args.converge_bound, stall_s=args.stall_bound, target=args.target,
         loopback=args.loopback, out=args.out or Path("runs") / time.strftime("soak-%Y%m%d-%H%M%S"),
-        full_mesh_max=args.full_mesh_max, fanout=args.fanout,
+        full_mesh_max=args.full_mesh_max, fanout=args.fanout, kinds=kinds,
     )
 
 

@@ -1,7 +1,8 @@
 """Carrying out one churn event of the schedule against a running soak: kill a
 worker or a daemon, cut a peer's link, drain it out, slow it down, pause it for
-its owner, or join a peer (new or again). Each event runs in a thread of its own (`Running`), so the
-soak goes on sampling every peer meanwhile.
+its owner, freeze its daemon or worker, or join a peer (new or again). Each
+event runs in a thread of its own (`Running`), so the soak goes on sampling
+every peer meanwhile.
 """
 
 from __future__ import annotations
@@ -72,6 +73,8 @@ def _act(soak: Soak, e: sch.Event) -> str:
         return "left after draining"
     if e.kind == sch.OWNER:
         return _owner_event(peer, e.down_s)
+    if e.kind == sch.FREEZE:
+        return _freeze_event(peer, e, job)
     if e.kind == sch.SLOWDOWN:
         if not soak.slowdown_key:
             raise Unsupported("this build's daemon config has no `slowdown`")
@@ -107,6 +110,18 @@ def _owner_event(peer: SoakPeer, down_s: float) -> str:
     freed = time.monotonic() - asked
     time.sleep(max(0.0, down_s - freed))
     return f"paused for its owner ({reply.not_training}): its workers left in {freed:.1f}s"
+
+
+def _freeze_event(peer: SoakPeer, e: sch.Event, job: str) -> str:
+    """SIGSTOP the peer's daemon or worker, SIGCONT it after down_s (or as soon
+    as the soak ends: a stopped process cannot end cleanly)."""
+    pid = peer.freeze(e.process, job)
+    stopped = time.monotonic()
+    try:
+        peer.stay_frozen(e.down_s)
+    finally:
+        peer.thaw()
+    return f"{e.process} pid {pid} stopped (SIGSTOP) for {time.monotonic() - stopped:.1f}s, then continued (SIGCONT)"
 
 
 def _sees_any(peer: SoakPeer) -> bool:

@@ -2,7 +2,8 @@
 peer's network namespace, with its own config, state directory and socket.
 
 Only processes started here are ever signalled, by PID; a worker PID is checked
-against /proc/PID/cmdline first, so a reused PID is never hit.
+against /proc/PID/cmdline first, so a reused PID is never hit. A frozen process
+(SIGSTOP) is continued (SIGCONT) before the peer is stopped, so it can end cleanly.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +54,8 @@ class SoakPeer:
     linked: bool = True
     in_job: bool = False
     worker_pids: set[int] = field(default_factory=set)
+    frozen_pid: int = 0  # its daemon or worker, stopped by `freeze` until `thaw`
+    _thawed: threading.Event = field(default_factory=threading.Event)
 
     @property
     def peer_id(self) -> str:
@@ -127,6 +131,7 @@ class SoakPeer:
 
     def terminate(self) -> None:
         self.expected_up = False
+        self.thaw()  # a stopped process would hold its SIGTERM until continued
         if self.alive:
             self.process.send_signal(signal.SIGTERM)
 
@@ -144,12 +149,48 @@ class SoakPeer:
 
     def kill_worker(self, job: str) -> int:
         """kill -9 this peer's worker of `job`; returns its PID."""
+        pid = self._worker_pid(job)
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+    def _worker_pid(self, job: str) -> int:
         with self.client() as c:
             pid = next((j.worker_pid for j in c.status().jobs if j.name == job), 0)
         if not pid or not self._is_my_worker(pid):
             raise PeerdError(f"{self.peer_id} has no worker of {job} running")
-        os.kill(pid, signal.SIGKILL)
         return pid
+
+    @property
+    def frozen(self) -> bool:
+        return bool(self.frozen_pid)
+
+    def freeze(self, process: str, job: str) -> int:
+        """SIGSTOP this peer's daemon ("daemon") or its worker of `job` ("worker")
+        until `thaw`; returns the PID."""
+        if process == "daemon":
+            if not self.alive:
+                raise PeerdError(f"{self.peer_id} has no daemon running")
+            pid = self.process.pid
+        else:
+            pid = self._worker_pid(job)
+        self._thawed.clear()
+        self.frozen_pid = pid
+        os.kill(pid, signal.SIGSTOP)
+        return pid
+
+    def stay_frozen(self, seconds: float) -> None:
+        """Wait `seconds`, or less when the peer is thawed meanwhile (the soak ends)."""
+        self._thawed.wait(seconds)
+
+    def thaw(self) -> None:
+        """SIGCONT the process `freeze` stopped, if any."""
+        pid, self.frozen_pid = self.frozen_pid, 0
+        self._thawed.set()
+        if pid:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:  # it died meanwhile (a kill -9 of the soak's teardown)
+                pass
 
     def _is_my_worker(self, pid: int) -> bool:
         """A peerd worker of this peer: its command line names this peer's directory,
@@ -167,7 +208,7 @@ class SoakPeer:
 
     def sample(self, t: float, job: str, counters: tuple[int, int] | None) -> Sample:
         truth = dict(t=t, peer=self.peer_id, expected_up=self.expected_up, up=self.alive,
-                     linked=self.linked, in_job=self.in_job)
+                     linked=self.linked, in_job=self.in_job, frozen=self.frozen)
         tx, rx = counters if counters else (math.nan, math.nan)
         if not truth["up"]:
             return Sample(**truth, tx_bytes=tx, rx_bytes=rx)

@@ -13,7 +13,7 @@ from peerd.soak.checks import FAIL, PASS, Check, Sample, convergence_times
 from peerd.soak.runner import Run
 
 COLORS = {"kill_worker": "tab:red", "kill_daemon": "darkred", "partition": "tab:purple", "leave": "tab:gray",
-          "join": "tab:green", "slowdown": "tab:orange", "owner": "tab:brown"}
+          "join": "tab:green", "slowdown": "tab:orange", "owner": "tab:brown", "freeze": "tab:cyan"}
 PLOTS = {
     "progress.png": "{metric} and loss per peer",
     "membership.png": "membership view size per peer",

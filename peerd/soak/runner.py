@@ -60,6 +60,7 @@ class SoakSettings:
     # (a realm above full_mesh_max gossips: docs/protocol.md, "Membership gossip")
     full_mesh_max: int = 0
     fanout: int = 0
+    kinds: tuple[str, ...] = sch.SEEDED_KINDS  # what a seeded schedule draws from (--kinds)
 
 
 @dataclass
@@ -315,10 +316,11 @@ def run_soak(settings: SoakSettings, job_path: Path, say=None) -> Run:
         say("slowdown: this build's daemon config has no `slowdown`; all peers run at full speed")
     say(f"network: {run.network}")
     try:
+        kinds = _kinds(soak) if not settings.schedule else ()  # before setup: a bad choice fails at once
         soak.setup()
         events = sch.load_schedule(settings.schedule) if settings.schedule else sch.seeded(
             settings.seed, settings.peers, settings.duration_s, settings.interval_s, settings.settle_s,
-            down_s=settings.down_s, kinds=_kinds(soak))
+            down_s=settings.down_s, kinds=kinds)
         say(f"all {settings.peers} peers training after {run.t_training:.0f}s; "
             f"{len(events)} events over {settings.duration_s:.0f}s")
         soak.execute(events)
@@ -349,6 +351,10 @@ def _signals_held():
 
 
 def _kinds(soak: Soak) -> tuple[str, ...]:
-    kinds = [k for k in sch.KINDS if (k != sch.SLOWDOWN or soak.slowdown_key) and
+    """The settings' kinds that this run can carry out."""
+    kinds = [k for k in soak.s.kinds if (k != sch.SLOWDOWN or soak.slowdown_key) and
              (k != sch.PARTITION or soak.net.partitions)]
+    if not kinds:
+        raise PeerdError(f"none of the event kinds {', '.join(soak.s.kinds)} can run here (slowdown needs a "
+                         "daemon config with `slowdown`, partition needs network namespaces)")
     return tuple(kinds)

@@ -21,10 +21,14 @@ LEAVE = "leave"  # peerctl leave --drain
 JOIN = "join"  # a new peer (or one that left) joins the running job
 SLOWDOWN = "slowdown"  # the peer's compute slowdown becomes `factor` (daemon restarted with it)
 OWNER = "owner"  # the machine's owner comes for down_s: peerctl pause --for down_s; back by itself
-KINDS = (KILL_WORKER, KILL_DAEMON, PARTITION, LEAVE, JOIN, SLOWDOWN, OWNER)
-# Events after which the peer's worker starts again and must resume from the job's state.
-RESTARTS = (KILL_WORKER, KILL_DAEMON, JOIN, SLOWDOWN, OWNER)
-OUTAGES = (KILL_DAEMON, PARTITION, OWNER)  # events that last down_s
+FREEZE = "freeze"  # SIGSTOP the peer's daemon or its worker (`process`) for down_s, then SIGCONT
+KINDS = (KILL_WORKER, KILL_DAEMON, PARTITION, LEAVE, JOIN, SLOWDOWN, OWNER, FREEZE)
+SEEDED_KINDS = tuple(k for k in KINDS if k != FREEZE)  # a seeded schedule's unless told (--kinds)
+FREEZE_PROCESSES = ("daemon", "worker")
+# Events after which the peer's worker trains again (started anew, or continued) and
+# must catch up with the job's state.
+RESTARTS = (KILL_WORKER, KILL_DAEMON, JOIN, SLOWDOWN, OWNER, FREEZE)
+OUTAGES = (KILL_DAEMON, PARTITION, OWNER, FREEZE)  # events that last down_s
 
 
 @dataclass(frozen=True)
@@ -32,18 +36,20 @@ class Event:
     at_s: float
     kind: str
     peer: int = -1  # peer index (peer-N); -1 for a join: a new peer
-    down_s: float = 0.0  # kill_daemon, partition, owner: how long the peer stays down
+    down_s: float = 0.0  # kill_daemon, partition, owner, freeze: how long the peer stays down
     factor: float = 1.0  # slowdown
+    process: str = ""  # freeze: "daemon" or "worker"
 
     def describe(self) -> str:
         who = f"peer-{self.peer}" if self.peer >= 0 else "a new peer"
-        extra = f" for {self.down_s:g}s" if self.kind in OUTAGES else ""
+        extra = f" {self.process}" if self.kind == FREEZE else ""
+        extra += f" for {self.down_s:g}s" if self.kind in OUTAGES else ""
         extra += f" to {self.factor:g}×" if self.kind == SLOWDOWN else ""
         return f"{self.kind} {who}{extra}"
 
 
 def seeded(seed: int, peers: int, duration_s: float, interval_s: float, settle_s: float,
-           kinds: tuple[str, ...] = KINDS, down_s: float = 10.0) -> list[Event]:
+           kinds: tuple[str, ...] = SEEDED_KINDS, down_s: float = 10.0) -> list[Event]:
     """One event every `interval_s` until `duration_s - settle_s`, kinds taken
     in shuffled rounds so that each appears; never fewer than max(2, peers // 2)
     peers stay in the job, a peer that left is the first to join again, and the
@@ -73,7 +79,8 @@ def seeded(seed: int, peers: int, duration_s: float, interval_s: float, settle_s
                 members.remove(peer)
                 left.append(peer)
             events.append(Event(t, kind, peer, down_s if kind in OUTAGES else 0.0,
-                                rng.choice((1.0, 1.5, 2.0, 3.0)) if kind == SLOWDOWN else 1.0))
+                                rng.choice((1.0, 1.5, 2.0, 3.0)) if kind == SLOWDOWN else 1.0,
+                                rng.choice(FREEZE_PROCESSES) if kind == FREEZE else ""))
         t += interval_s
     return events
 
@@ -105,10 +112,10 @@ def parse_schedule(text: str, source: str, json_format: bool = False) -> list[Ev
 def _event(item: object, where: str) -> Event:
     if not isinstance(item, dict):
         raise ConfigError(f"{where}: must be a table")
-    unknown = set(item) - {"at", "kind", "peer", "down_s", "factor"}
+    unknown = set(item) - {"at", "kind", "peer", "down_s", "factor", "process"}
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))} "
-                          "(known: at, kind, peer, down_s, factor)")
+                          "(known: at, kind, peer, down_s, factor, process)")
     kind = item.get("kind")
     _check_kinds((kind,), f"{where}: kind")
     at = _number(item, "at", where, None, lambda v: v >= 0, "seconds ≥ 0 from the start of training")
@@ -118,7 +125,31 @@ def _event(item: object, where: str) -> Event:
     down = _number(item, "down_s", where, 10.0 if kind in OUTAGES else 0.0,
                    lambda v: v >= 0, "seconds ≥ 0")
     factor = _number(item, "factor", where, 1.0 if kind != SLOWDOWN else None, lambda v: v >= 1, "a factor ≥ 1")
-    return Event(float(at), kind, peer, float(down), float(factor))
+    return Event(float(at), kind, peer, float(down), float(factor), _process(item, kind, where))
+
+
+def _process(item: dict, kind: str, where: str) -> str:
+    """Which of the peer's processes a freeze stops; no other kind takes one."""
+    process = item.get("process")
+    if kind != FREEZE:
+        if process is not None:
+            raise ConfigError(f"{where}: process is for a freeze only, not for {kind}")
+        return ""
+    expect = " or ".join(FREEZE_PROCESSES)
+    if process is None:
+        raise ConfigError(f"{where}: process is required for a freeze ({expect}: the peer's process to stop)")
+    if process not in FREEZE_PROCESSES:
+        raise ConfigError(f"{where}: process = {process!r}: expected {expect}")
+    return process
+
+
+def kinds_from(text: str) -> tuple[str, ...]:
+    """Event kinds from a comma-separated list (the soak's --kinds), each known."""
+    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+    if not kinds:
+        raise ConfigError(f"--kinds {text!r}: name at least one event kind (of {', '.join(KINDS)})")
+    _check_kinds(kinds, "--kinds")
+    return kinds
 
 
 def _number(item: dict, key: str, where: str, default, check, expect: str) -> float:

@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import Protocol
 
 from peerd.core.consensus import consensus_timeout, end_patience_s
-from peerd.core.lifecycle import Stage
+from peerd.core.lifecycle import Event
 from peerd.settings.jobspec import JobSpec
-from peerd.worker.state.consensus import Consensus, Patience, final_consensus
+from peerd.worker.state.consensus import Consensus, Patience
+from peerd.worker.state.endparts import final_consensus
 from peerd.worker.state.finalmodel import FinalModel
 from peerd.worker.round.shared import RoundResult
+from peerd.worker.jobresult import first_end, take_jobs_model
 from peerd.worker.link import SupervisorLink
 from peerd.worker.state.modelfile import save_model
 from peerd.worker.state.pull import StateBoard
@@ -67,7 +69,7 @@ class Ending(Protocol):
 
     def collapse_info(self) -> dict[str, object]: ...
 
-    def enter(self, stage: Stage) -> bool: ...
+    def on(self, event: Event) -> bool: ...
 
     def report(self, result: RoundResult | None = None, finished: bool = False) -> None: ...
 
@@ -80,17 +82,18 @@ class JobEnd:
     def __init__(self, engine: Ending) -> None:
         self.engine = engine
         self.consensus: Consensus | None = None
-        self._final_segments = 0  # segments of this peer's final model (conclude): the reads finish waits for
+        self._asked: set[str] = set()  # the members the end consensus asked for their final models
 
     async def leave(self) -> None:
         """Drained or signalled, at the end of a round: tell the others, keep a checkpoint."""
         e = self.engine
-        if not e.enter(Stage.LEFT):
+        if not e.on(Event.STOP):
             return
         await e.finish_in_flight()  # the round in flight is this peer's last
         await e.rounds.leave_group()
         e.phase = "draining"
-        why = (e.link.stop_reason or "the operator asked") if e.link.stop else "stopped by signal"
+        why = ((e.link.stop_reason or "the operator asked") if e.link.stop
+               else "lost the daemon" if e.link.orphaned else "stopped by signal")
         log.info("leaving at round %d: %s", e.round, why)
         await self._announce_leave()
         announced = time.monotonic()
@@ -128,6 +131,8 @@ class JobEnd:
         e.watch_health(metrics if e.evaluate is not None else None, ended=True)
         patience = end_patience_s(self.consensus_limit_s())
         c = await asyncio.wait_for(self._conclude(patience), patience + CLOSE_TIMEOUT_S)
+        if await self._first_end(c):
+            return
         # Evaluated outside that limit: the wait for the others may have used it all,
         # and an evaluation's length is the job's own (a large validation set).
         theirs = metrics
@@ -136,6 +141,33 @@ class JobEnd:
         metrics = {**metrics, **{f"consensus_{k}": v for k, v in theirs.items()}, "consensus_peers": float(c.plan.size)}
         path = await asyncio.to_thread(self._write_model, metrics)
         await asyncio.wait_for(self._finish(metrics, path), self.consensus_limit_s() + CLOSE_TIMEOUT_S)
+
+    async def _first_end(self, c: Consensus) -> bool:
+        """Members that ended before this one with another consensus (a frozen
+        daemon hid one side from the other): the first end is the job's, so this
+        worker takes that model rather than save its own average."""
+        if not self._asked:
+            return False
+        e = self.engine
+        taken = await first_end(e.link, e.identity.fingerprint, sorted(self._asked), c.digest, e.spec.metric)
+        if taken.taken:
+            e.on(Event.TAKEN)
+            e.metrics = taken.metrics
+            e.report(finished=True)
+            e.link.progress.model_source = taken.source
+        return taken.taken
+
+    async def take_jobs_model(self, ended_by: list[str]) -> None:
+        """The job ended on `ended_by` while this worker was away: it trained
+        nothing since, and ends with their model, or with none (peerd.worker.jobresult)."""
+        e = self.engine
+        e.phase = "taking the job's model"
+        e.report()
+        taken = await take_jobs_model(e.link, e.identity.fingerprint, ended_by, e.spec.name, e.spec.metric)
+        e.on(Event.TAKEN if taken.taken else Event.NONE_TAKEN)
+        e.metrics = taken.metrics
+        e.report(finished=True)
+        e.link.progress.model_source = taken.source
 
     async def _last_round_in(self) -> None:
         """The rounds' last effects in the model: the round in flight applied,
@@ -154,7 +186,7 @@ class JobEnd:
         it (waiting up to `patience_s` for those still training while their
         daemons list them) and take the average as this peer's model."""
         e = self.engine
-        e.enter(Stage.CONCLUDING)
+        e.on(Event.TRAINED_OUT)
         e.phase = "consensus"
         e.report()
         await e.board.finish()  # a newcomer now must not take a copy from before the end
@@ -162,8 +194,8 @@ class JobEnd:
         await e.store.finish()  # partners asking for a later round are answered at once
         await e.rounds.stages.finish()
         peers = {p: a for p, a in e.link.view.items() if p != e.me}
+        self._asked = set(peers)
         model = FinalModel(e.state)
-        self._final_segments = len(model.layout(e.rounds.layout))
         # Waited for while its worker still serves, unless this one was asked to leave meanwhile.
         patience = Patience(lambda peer: bool(e.link.view.get(peer)) and not e.link.stop, patience_s)
         self.consensus = c = await final_consensus(e.me, model, e.final, peers, e.rounds.layout,
@@ -193,9 +225,12 @@ class JobEnd:
         """The job is done: the last metrics and where the model went; then serve
         the final model until the others in the consensus have read it."""
         e = self.engine
-        e.enter(Stage.FINISHED)
+        e.on(Event.AGREED if model_path is not None else Event.NO_STEP)
         e.metrics = metrics
         e.report(finished=True)
+        c = self.consensus
+        e.link.progress.model_source = ("none: no step was taken here" if model_path is None
+                                        else "own" if c is None or c.plan.alone else f"consensus of {c.plan.size}")
         e.tblog.finished(e.link.progress)
         name = e.spec.metric
         # A collapsed job ends all the same (its epochs are done), said beside it (docs/operations.md).
@@ -205,6 +240,5 @@ class JobEnd:
             metrics.get(f"consensus_{name}", math.nan), int(metrics.get("consensus_peers", 1)),
             model_path or "nowhere (no trained model)")
         if self.consensus is not None and not self.consensus.plan.alone:
-            reads = (self.consensus.plan.size - 1) * self._final_segments
-            if not await e.final.wait_served(reads, self.consensus_limit_s()):
+            if not await e.final.wait_served(self.consensus.owed_reads, self.consensus_limit_s()):
                 log.info("not every peer of the consensus read this peer's final model in time")

@@ -28,10 +28,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from peerd.core.health import describe
-from peerd.core.lifecycle import Outcome, Stage, outcome_of
+from peerd.core.lifecycle import Event, Outcome, Stage, outcome_of, step
 from peerd.core.shares import BatchPlan, Rebalancer, published_costs
 from peerd.core.stepplan import StepPlan, members_of, own_view, step_plan
-from peerd.errors import PeerdError
 from peerd.settings.jobspec import JobSpec
 from peerd.control.launch import Launch
 from peerd.security.rejections import Rejections
@@ -152,21 +151,24 @@ class Engine:
 
     async def _begin(self, address: str) -> StepPlan:
         """Train from the state this worker holds now."""
-        self.enter(Stage.TRAINING)
+        self.on(Event.ENDED_ELSEWHERE if self.join.ended_by else Event.BEGIN)
         self.phase = "training"
         self.time.start()
-        log.info("training from round %d, step %d", self.round, self.source.step_count)
+        if not self.join.ended_by:  # else nothing is left to train: the job's model is taken at the end
+            log.info("training from round %d, step %d", self.round, self.source.step_count)
         await self.store.publish(self.round, self.state.flat.vector)
         self.link.address = address
         await self.link.beat()  # the view now decides the split of the first chunk
         self._beats = asyncio.create_task(self.link.run(HEARTBEAT_S, self._refresh))
         return self._next_plan()
 
-    def enter(self, stage: Stage) -> bool:
-        """Move on to `stage`; False when this worker is there or past it already."""
-        if not self.stage.may_enter(stage):
+    def on(self, event: Event) -> bool:
+        """Move this worker through its lifecycle (peerd.core.lifecycle); False when
+        `event` does not apply in its stage (a second stop, a stop during the end)."""
+        move = step(self.stage, event)
+        if move is None:
             return False
-        self.stage = stage
+        self.stage = move.to
         return True
 
     async def end(self, trained_out: bool, metrics: dict[str, float] | None = None) -> Outcome:
@@ -175,7 +177,9 @@ class Engine:
         the model file, `metrics` being the training side's last; then close.
         A failure on the way leaves the engine open: ending again closes it."""
         outcome = outcome_of(trained_out, self.stage == Stage.LEFT, self.link.stop)
-        if outcome == Outcome.FINISHED:
+        if outcome == Outcome.FINISHED and self.stage == Stage.TAKING:  # the job ended while it was away
+            await self.ending.take_jobs_model(self.join.ended_by)
+        elif outcome == Outcome.FINISHED:
             await self.ending.finish_job(metrics or {})
         try:
             await asyncio.wait_for(self._close(), CLOSE_TIMEOUT_S)
@@ -185,7 +189,7 @@ class Engine:
 
     async def _close(self) -> None:
         """Stop serving and say so to the daemon (once)."""
-        if not self.enter(Stage.CLOSED):
+        if not self.on(Event.CLOSE):
             return
         self.tblog.close()
         await self.rounds.aclose()
@@ -207,8 +211,12 @@ class Engine:
     def _next_plan(self) -> StepPlan:
         """The plan of the next local steps, from the view of now."""
         link = self.link
-        if link.orphaned:
-            raise PeerdError("lost the daemon: no heartbeat answer; stopping")
+        if link.orphaned and not self.stop_signal:
+            # The data plane trained on without the daemon this long; now leave at this
+            # round, checkpointed: a daemon that answers again restarts this worker.
+            log.warning("lost the daemon: no heartbeat answer for %.0f s; leaving at round %d with a checkpoint",
+                        link.silent_s, self.round)
+            self.stop_signal = True
         before, self._view = self._view, own_view(link.view, self.me, link.address)
         view = self._view
         if before and view.keys() != before.keys():
@@ -360,7 +368,7 @@ class Engine:
         """Before each heartbeat while training: the counters as they are now (step,
         loss, speed, where the time went), not as of the last round, which with
         many local steps a round may be minutes old; the last round's figures kept."""
-        if self.phase == "training" and self.stage == Stage.TRAINING:
+        if self.stage == Stage.TRAINING:
             self.report()
 
     def report(self, result: RoundResult | None = None, finished: bool = False) -> None:
@@ -370,3 +378,4 @@ class Engine:
                                 rounds.intrahost_status, self.rejections.counts, self.traffic, self.time,
                                 self.collapsed)
         self.link.progress = progress_of(self.source, figures, self.spec, result, self.link.progress, finished)
+        self.link.progress.training = self.stage == Stage.TRAINING  # what the daemon decides on, not `phase`

@@ -57,6 +57,9 @@ class Joining(Protocol):
 class Join:
     def __init__(self, engine: Joining) -> None:
         self.engine = engine
+        # The members that finished the job while this worker was away (or before it
+        # came): it trains nothing and ends with their model (JobEnd.take_jobs_model).
+        self.ended_by: list[str] = []
 
     async def run(self, address: str) -> None:
         """From serving (at `address`, not yet in the view) to holding the state to train from."""
@@ -128,14 +131,15 @@ class Join:
         return sorted(self.engine.link.finished - {self.engine.me})
 
     def _end_here(self, when: str) -> None:
-        """The job ended on its members (`when`: before this worker came, or while
-        it waited for their state) and nobody serves it now: there is nothing left
-        to train, and training it alone from the initial model would hand back a
-        second, lone model as the job's. The worker ends at once with no model
-        (peerd.worker.ending writes none)."""
+        """The job ended on its members (`when`: before this worker came, while it
+        waited for their state, or while it was away) and nobody serves it now:
+        there is nothing left to train. Training on alone, from the initial model
+        or from an old checkpoint, would hand back a lone model as the job's: the
+        worker trains nothing and ends with the members' model instead."""
         e = self.engine
-        log.warning("the job finished on %s %s: nothing left to train here; its model is theirs (to train "
-                    "it again, join it under a new name)", ", ".join(self._ended_by()), when)
+        self.ended_by = self._ended_by()
+        log.warning("the job finished on %s %s: nothing left to train here; ending with their model (to train "
+                    "it again, join it under a new name)", ", ".join(self.ended_by), when)
         e.source.adopt_state(e.state.vector(), e.state.extra(), 0, float(e.spec.epochs))
 
     def donors(self) -> dict[str, str]:
@@ -171,23 +175,19 @@ class Join:
                 if action == Resume.CHECKPOINT:
                     if tried == Tried.TOOK:
                         log.info("the checkpoint of round %d is ahead of the peers' state: using it", position[0])
-                    self._adopt_checkpoint(checkpoint)
+                    if self._ended_by() and tried != Tried.TOOK:
+                        self._end_here(f"while this worker was away (its checkpoint is of round {position[0]})")
+                    else:
+                        self._adopt_checkpoint(checkpoint)
                 return
 
     def _adopt_checkpoint(self, checkpoint: Checkpoint) -> None:
         e, meta = self.engine, checkpoint.meta
-        # Members that reached the job's end while this worker was away (it
-        # crashed and restarted, say) ended the job: train no more of it alone.
-        ended_by = sorted(e.link.finished - {e.me})
-        progress = max(meta.progress, float(e.spec.epochs)) if ended_by else meta.progress
-        e.source.adopt_state(checkpoint.vector, meta.extra, meta.step, progress)
+        e.source.adopt_state(checkpoint.vector, meta.extra, meta.step, meta.progress)
         e.round = meta.round
         e.checkpoints.resumed(meta.round)
         log.info("resumed from checkpoint %s: round %d, step %d, epoch %.2f",
                  checkpoint.path.name, meta.round, meta.step, meta.progress)
-        if ended_by:
-            log.info("the job finished on %s while this worker was away: ending with this checkpoint",
-                     ", ".join(ended_by))
 
     async def take_state(self, donors: dict[str, str], why: str) -> bool:
         """Pull the training state from `donors` in parallel and continue from it."""

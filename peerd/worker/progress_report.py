@@ -79,6 +79,7 @@ def progress_of(t: Source, engine: EngineFigures, spec: JobSpec, result: RoundRe
         job_progress=getattr(t, "progress", 0.0), epochs_read=getattr(t, "epochs_read", 0.0),
         training_s=engine.time.training_s, waited_s=engine.time.waited,
         collapsed=bool(engine.collapsed), collapse_reason=engine.collapsed,
+        lr_law=t.lr_control.law(), lr_scale=t.lr_control.scale,
     )
     if result is not None:
         p.partners_reached = len(result.reached)

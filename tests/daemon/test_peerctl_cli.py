@@ -291,3 +291,24 @@ def test_busy_is_compute_over_training_time_with_the_largest_wait():
     assert peerctl._busy(p) == "62% (round 30%)"
     p.waited_s.clear()
     assert peerctl._busy(p) == "62%"
+
+
+def test_status_says_the_lr_law_in_force_and_its_factor_under_the_table():
+    from types import SimpleNamespace
+
+    from peerd.control.progress import empty_progress
+    from peerd.proto.v1 import control_pb2
+
+    def status(law: str, scale: float) -> str:
+        p = empty_progress()
+        p.lr_law, p.lr_scale, p.global_batch = law, scale, 128
+        worker = control_pb2.LocalWorker(member="peer-0", device="cpu", state="running", progress=p)
+        reply = control_pb2.StatusReply(peer_id="peer-0", jobs=[control_pb2.LocalJob(
+            name="tuned", state="running", progress=p, workers=[worker])])
+        return peerctl.cmd_status(SimpleNamespace(status=lambda: reply), None)[1]
+
+    law = "sqrt law against the reference batch 96, cap 2"
+    assert status(law, 1.1547).endswith(f"\ntuned/peer-0: LR: {law}: factor 1.155 at global batch 128")
+    none = 'no scaling: the script\'s LR exactly ([optimizer] scaling = "none")'
+    assert status(none, float("nan")).endswith(f"\ntuned/peer-0: LR: {none}")  # before its first step
+    assert "LR: " not in status("", float("nan"))

@@ -181,10 +181,21 @@ async def test_supervisor_servicer_answers_a_heartbeat_with_the_view():
             raise JobMismatch("another spec")
         return control_pb2.WorkerView(members=[report.member], settled=True)
 
-    servicer = SupervisorServicer(heartbeat)
+    async def take_result(request: control_pb2.ResultRequest) -> control_pb2.ResultReply:
+        if request.job != "j":
+            raise UnknownJob(f"no job {request.job!r}")
+        return control_pb2.ResultReply(outcome="none", detail=",".join(getattr(request, "from")))
+
+    servicer = SupervisorServicer(heartbeat, take_result)
     view = await servicer.Heartbeat(control_pb2.WorkerReport(job="j", member="me.0", fingerprint="fp"), Context())
     assert list(view.members) == ["me.0"] and view.settled
     context = Context()
     with pytest.raises(Aborted):
         await servicer.Heartbeat(control_pb2.WorkerReport(job="j", fingerprint="old"), context)
     assert context.code == grpc.StatusCode.FAILED_PRECONDITION
+    taken = await servicer.TakeResult(control_pb2.ResultRequest(job="j", **{"from": ["a", "b"]}), Context())
+    assert taken.outcome == "none" and taken.detail == "a,b"
+    context = Context()
+    with pytest.raises(Aborted):
+        await servicer.TakeResult(control_pb2.ResultRequest(job="k"), context)
+    assert context.code == grpc.StatusCode.NOT_FOUND

@@ -99,6 +99,19 @@ def test_the_json_carries_the_control_replies_as_peerctl_prints_them(tmp_path):
     assert set(data["history"]["j"]) == {"peer-1", "peer-2"}
 
 
+def test_the_job_says_the_lr_law_in_force_and_each_worker_here_its_factor(tmp_path):
+    daemon = daemon_with_job(tmp_path, "j")
+    law = "sqrt law against the reference batch 1600, cap 2"
+    daemon.jobs["j"].first.progress.MergeFrom(progress(lr_law=law, lr_scale=2 ** 0.5))
+    add_peers(daemon, "j", 1, time.monotonic())
+    [job] = page_status(daemon, time.monotonic())["view"]
+    assert job["lr_law"] == law
+    assert [(m["member"], m["lr_scale"]) for m in job["members"]] == [("peer-0", 2 ** 0.5), ("peer-1", None)]
+    json.dumps(job, allow_nan=False)
+    daemon.jobs["j"].first.progress.lr_scale = NAN  # before the first step
+    assert page_status(daemon, time.monotonic())["view"][0]["members"][0]["lr_scale"] is None
+
+
 def test_a_member_known_only_to_the_curves_has_left_and_the_end_shows_the_consensus(tmp_path):
     daemon = daemon_with_job(tmp_path, "j")
     w = daemon.jobs["j"].first

@@ -15,7 +15,8 @@ import pytest
 from conftest import until
 from peerd.core.codes import WorkerState
 from peerd.core.restarts import CrashLimit
-from peerd.daemon.jobs import TRACEBACK_LINES, RestartPolicy, TracebackTail, WorkerLaunch, WorkerProcess, error_line
+from peerd.daemon.jobs import LocalJob, RestartPolicy, WorkerLaunch, WorkerProcess
+from peerd.daemon.reason import KEPT, TRACEBACK_LINE_CHARS, TRACEBACK_LINES, TracebackTail, error_line, kept
 from peerd.logs import OneLineFormatter
 
 
@@ -162,3 +163,62 @@ async def test_without_a_limit_a_crashing_worker_restarts_and_shows_why_meanwhil
     finally:
         await worker.stop(drain=False)
     assert worker.state == WorkerState.STOPPED and not ended
+
+
+def test_long_lines_are_cut_short_and_a_deep_traceback_keeps_its_end(tmp_path):
+    long = "x" * 5000
+    script = tmp_path / "deep.py"
+    script.write_text("def a(n):\n    return b(n - 1) if n else boom()\n\ndef b(n):\n    return a(n - 1)\n\n"
+                      f"def boom():\n    raise RuntimeError({long!r})\n\na(20)\n")
+    printed = subprocess.run([sys.executable, str(script)], capture_output=True, timeout=60).stderr
+    assert len(printed.splitlines()) > 40
+    tail = TracebackTail()
+    for line in printed.splitlines(keepends=True):
+        tail.feed(line)
+    assert len(tail.lines) == TRACEBACK_LINES and all(len(x) <= TRACEBACK_LINE_CHARS for x in tail.lines)
+    assert tail.lines[-1] == ("RuntimeError: " + long)[:TRACEBACK_LINE_CHARS]
+    assert tail.lines[-3] == f'  File "{script}", line 8, in boom'  # the innermost frame, not the outermost
+    assert error_line(printed.splitlines()[-1]) == ("RuntimeError: " + long)[:500]
+
+
+
+def test_caret_lines_under_the_source_are_left_out(tmp_path):
+    script = tmp_path / "carets.py"
+    script.write_text("def boom():\n    raise KeyError('k')\n\ntotal = 1 + boom()\n")
+    printed = subprocess.run([sys.executable, str(script)], capture_output=True, timeout=60).stderr
+    tail = TracebackTail()
+    for line in printed.splitlines(keepends=True):
+        tail.feed(line)
+    assert tail.lines == ("Traceback (most recent call last):", f'  File "{script}", line 4, in <module>',
+                          "    total = 1 + boom()", f'  File "{script}", line 2, in boom',
+                          "    raise KeyError('k')", "KeyError: 'k'")
+
+async def test_the_reason_is_kept_beside_the_log_for_a_resumed_job_and_cleared_once_it_runs(tmp_path):
+    from conftest import example_job
+    from peerd.proto.v1 import control_pb2
+    from peerd.settings.jobspec import parse_job
+
+    text = a_traceback(1)
+    crash = [*(line.encode() + b"\n" for line in text.splitlines())]
+    worker, ended = scripted(tmp_path, [(crash, 1)], CrashLimit(1, 60.0))
+    worker.start()
+    await until(lambda: worker.state == WorkerState.FAILED, "the worker to fail", 10)
+    await worker._task
+    first = 'crashed once in 60s, not restarted; last: ValueError: boom "quoted" \\ at step 3'
+    assert worker.why.splitlines()[0] == first
+    assert (tmp_path / KEPT).read_text() == worker.why + "\n"
+    assert kept(tmp_path) == (first, tuple(text.splitlines()[-TRACEBACK_LINES:]))
+
+    spec = parse_job(example_job(), "job")
+    # The daemon restarts and resumes the job: a new worker shows the kept reason until it runs.
+    again, _ = scripted(tmp_path, [([], 0)], CrashLimit(1, 60.0))
+    LocalJob(spec, tmp_path, [again]).carry_reasons(resumed=True)
+    assert again.why == worker.why
+    again.on_heartbeat(control_pb2.WorkerReport(job="job", member="peer-0", address="127.0.0.1:1"))
+    assert again.state == WorkerState.RUNNING and again.why == "" and not (tmp_path / KEPT).exists()
+
+    # A new join of the job (after a leave, or after it ended) starts without the old reason.
+    (tmp_path / KEPT).write_text(worker.why + "\n")
+    fresh, _ = scripted(tmp_path, [([], 0)], CrashLimit(1, 60.0))
+    LocalJob(spec, tmp_path, [fresh]).carry_reasons(resumed=False)
+    assert fresh.why == "" and not (tmp_path / KEPT).exists()

@@ -147,6 +147,10 @@ def test_the_page_in_a_browser_draws_the_curves_and_shows_a_killed_worker_restar
         wait_for(lambda: _summary(driver, "browsed")[0] >= first + 5, 120, "the round to move on on the page")
         wait_for(lambda: _lines(driver, "browsed", "metric") == 3, 180, "an evaluation of every member")
         assert all(_row(driver, "browsed", f"peer-{k}")["state"] == "running" for k in range(3))
+        # The LR law in force, and this daemon's worker's factor (DBS at 96, the reference: 1).
+        assert "LR: sqrt law against the reference batch 96, cap 2" in _summary(driver, "browsed")[1]
+        factors = [_row(driver, "browsed", f"peer-{k}")["LR factor"] for k in range(3)]
+        assert factors == ["1", "-", "-"]  # a peer's is on its own daemon's page
         if SCREENSHOT_COPY:  # for the docs: curves of a couple of minutes
             wait_for(lambda: all(min(c["t"]) <= -120 for c in page_json(url)["history"]["browsed"].values()), 300,
                      "two minutes of curves")

@@ -218,10 +218,11 @@ def test_every_field_is_covered_by_changes():
     fields |= {f"train.{k}" for k in TrainSpec.__dataclass_fields__}
     covered = {f"{t}.{k}" for t, k, _ in CHANGES} | {"optimizer.options"}  # momentum, nesterov, ...
     # weighting is local mode's (test below); secret_file, min_peers,
-    # start_timeout_s and chance are left out of the fingerprint on purpose (tests
-    # below); script and args exclude a job module (test below).
+    # start_timeout_s, chance and first_step_warning_s are left out of the
+    # fingerprint on purpose (tests below); script and args exclude a job module
+    # (test below).
     assert fields - covered == {"job.weighting", "job.secret_file", "job.script", "job.args", "job.min_peers",
-                                "job.start_timeout_s", "job.chance"}
+                                "job.start_timeout_s", "job.chance", "job.first_step_warning_s"}
 
 
 def test_the_chance_level_is_watched_not_trained_and_not_in_the_fingerprint():
@@ -232,6 +233,19 @@ def test_the_chance_level_is_watched_not_trained_and_not_in_the_fingerprint():
         spec = parse_job(changed("job", "chance", value), SRC)
         assert spec.chance == value and spec.fingerprint == base.fingerprint
     assert parse_job(MNIST_TEXT, SRC).fingerprint == base.fingerprint
+
+
+@pytest.mark.parametrize("value, ok", [(0.5, True), (86400, True), (0, False), (-1, False), (86401, False)])
+def test_the_first_step_warning_is_each_peers_own_and_bounded(value, ok):
+    """[job] first_step_warning_s only times a log line and the phase shown."""
+    base = parse_job(MNIST_TEXT, SRC)
+    assert base.first_step_warning_s == 120.0
+    if not ok:
+        with pytest.raises(ConfigError, match="first_step_warning_s"):
+            parse_job(changed("job", "first_step_warning_s", value), SRC)
+        return
+    spec = parse_job(changed("job", "first_step_warning_s", value), SRC)
+    assert spec.first_step_warning_s == value and spec.fingerprint == base.fingerprint
 
 
 def test_the_start_gate_is_each_peers_own_and_not_in_the_fingerprint():
@@ -261,7 +275,7 @@ def test_local_mode_weighting_is_in_the_fingerprint_and_shared_fingerprints_are_
     # before the step model was a choice, and of before code travelled, still match.
     fields = dataclasses.asdict(shared)
     for key in ("secret_file", "checkpoint", "data_loading", "weighting", "step_model", "min_peers",
-                "start_timeout_s", "log", "files", "code", "chance"):
+                "start_timeout_s", "log", "files", "code", "chance", "first_step_warning_s"):
         del fields[key]
     canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     assert shared.fingerprint == hashlib.sha256(canonical.encode()).hexdigest()[:32]

@@ -78,7 +78,7 @@ def test_seeded_schedule_is_reproducible_and_bounded():
     assert a == sch.seeded(7, 8, 600, 20, 60)
     assert a != sch.seeded(8, 8, 600, 20, 60)
     assert [e.at_s for e in a] == [20.0 * i for i in range(1, 28)]  # none in the last 60 s
-    assert {e.kind for e in a} == set(sch.KINDS)
+    assert {e.kind for e in a} == set(sch.SEEDED_KINDS) == set(sch.KINDS) - {sch.FREEZE}  # freeze when asked
     members = set(range(8))
     for e in a:
         if e.kind == sch.JOIN:
@@ -100,6 +100,68 @@ def test_seeded_schedule_only_given_kinds():
     assert sum(e.kind == sch.LEAVE for e in events) <= 1  # 3 peers: never fewer than 2 in the job
     with pytest.raises(ConfigError, match="unknown event kind"):
         sch.seeded(0, 3, 100, 10, 0, kinds=("nap",))
+
+
+def test_a_freeze_names_the_process_it_stops_and_lasts_down_s():
+    events = sch.parse_schedule(
+        """
+        [[event]]
+        at = 30
+        kind = "freeze"
+        peer = 1
+        process = "daemon"
+        down_s = 4
+        [[event]]
+        at = 50
+        kind = "freeze"
+        peer = 2
+        process = "worker"
+        """, "s.toml")
+    assert events == [sch.Event(30.0, sch.FREEZE, 1, 4.0, 1.0, "daemon"),
+                      sch.Event(50.0, sch.FREEZE, 2, 10.0, 1.0, "worker")]
+    assert [e.describe() for e in events] == ["freeze peer-1 daemon for 4s", "freeze peer-2 worker for 10s"]
+    assert sch.parse_schedule('{"events": [{"at": 5, "kind": "freeze", "peer": 0, "process": "worker", "down_s": 2}]}',
+                              "s.json", json_format=True) == [sch.Event(5.0, sch.FREEZE, 0, 2.0, 1.0, "worker")]
+    assert sch.FREEZE in sch.RESTARTS and sch.FREEZE in sch.OUTAGES  # judged like a restart, after down_s
+
+
+@pytest.mark.parametrize("text, message", [
+    ('[[event]]\nat = 1\nkind = "freeze"\npeer = 0', "process is required for a freeze (daemon or worker"),
+    ('[[event]]\nat = 1\nkind = "freeze"\npeer = 0\nprocess = "kernel"',
+     "process = 'kernel': expected daemon or worker"),
+    ('[[event]]\nat = 1\nkind = "freeze"\nprocess = "worker"', "peer must be a peer index"),
+    ('[[event]]\nat = 1\nkind = "freeze"\npeer = 0\nprocess = "worker"\ndown_s = -1', "down_s = -1"),
+    ('[[event]]\nat = 1\nkind = "kill_worker"\npeer = 0\nprocess = "worker"', "process is for a freeze only"),
+])
+def test_freeze_errors_name_the_problem(text, message):
+    with pytest.raises(ConfigError, match="s.toml: event 1") as info:
+        sch.parse_schedule(text, "s.toml")
+    assert message in str(info.value)
+
+
+def test_a_seeded_schedule_freezes_only_when_asked_for():
+    kinds = (sch.KILL_WORKER, sch.FREEZE)
+    events = sch.seeded(3, 4, 400, 10, 0, kinds=kinds, down_s=6.0)
+    assert events == sch.seeded(3, 4, 400, 10, 0, kinds=kinds, down_s=6.0)
+    freezes = [e for e in events if e.kind == sch.FREEZE]
+    assert len(freezes) == len(events) // 2  # shuffled rounds of the two kinds
+    assert {e.process for e in freezes} == {"daemon", "worker"} and all(e.down_s == 6.0 for e in freezes)
+    assert all(e.process == "" for e in events if e.kind != sch.FREEZE)
+    assert sch.FREEZE not in {e.kind for e in sch.seeded(3, 4, 400, 10, 0)}
+
+
+def test_kinds_option_defaults_to_every_kind_but_freeze():
+    import argparse
+
+    from peerd.soak.cli import add_arguments, settings_from
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert settings_from(parser.parse_args([])).kinds == sch.SEEDED_KINDS
+    assert settings_from(parser.parse_args(["--kinds", "freeze, kill_worker"])).kinds == (sch.FREEZE, sch.KILL_WORKER)
+    for bad, message in (("nap", "--kinds: unknown event kind 'nap'"), (",", "name at least one event kind")):
+        with pytest.raises(ConfigError, match=message):
+            settings_from(parser.parse_args(["--kinds", bad]))
 
 
 # ---- checks on synthetic runs ------------------------------------------------
@@ -169,6 +231,27 @@ def test_restarted_peer_must_resume_from_the_job_and_reach_its_loss():
     assert "not judged, the next event on it came 5s later" in cut.details[0]
     assert ck.restarted_resumed(run_of(10), []).verdict == "skip"
 
+
+def test_a_frozen_peer_is_judged_like_a_restarted_one():
+    def change(t, p):  # peer-1's worker frozen from 20 s to 30 s: its round stands still, then catches up
+        if p != "peer-1" or t < 20:
+            return {}
+        if t < 30:
+            return {"round": 201, "frozen": True}
+        return {"round": 300 + int(10 * (t - 30)), "loss": 0.03}
+    samples = run_of(60, change)
+    freeze = [EventRecord(20.0, 30.0, sch.FREEZE, "peer-1", "worker pid 7 stopped (SIGSTOP) for 10.0s")]
+    check = ck.restarted_resumed(samples, freeze)
+    assert check.verdict == "pass" and check.details[0].startswith("freeze peer-1 at 20s: training at 0s after")
+    # Its round stood still for the freeze's 10 s: no stall; the same run unfrozen is one.
+    assert ck.rounds_within_deadline(samples, ceiling_s=10, stall_s=5).verdict == "pass"
+    thawed = [replace(s, frozen=False) for s in samples]
+    assert ck.rounds_within_deadline(thawed, ceiling_s=10, stall_s=5).details == (
+        "peer-1: round 201 stood still from 20s to 29s",)
+    # A peer that never trains again after its freeze fails the check, as a restarted one does.
+    stuck = [replace(s, round=201, phase="syncing") if s.peer == "peer-1" and s.t >= 30 else s for s in samples]
+    never = ck.restarted_resumed(stuck, freeze)
+    assert never.verdict == "fail" and never.details == ("freeze peer-1 at 20s: never trained again",)
 
 def test_membership_convergence_is_timed_from_each_event():
     def change(t, p):  # peer-2 left at 10 s; peer-0 still sees it until 14 s

@@ -18,6 +18,7 @@ from torch.utils.data import TensorDataset
 
 import peerd
 from peerd.core.health import NONFINITE
+from peerd.core.shares import BatchPlan
 from peerd.core.stepplan import StepPlan
 from peerd.errors import ConfigError
 from peerd.settings.jobspec import parse_job
@@ -113,6 +114,7 @@ def script_peer(epochs: float = 2, local_batch: int = 8, members: tuple[str, ...
     peer._script, peer._left, peer._steps = True, False, 0
     peer._plan = StepPlan(list(members), len(members), None)
     peer._engine = types.SimpleNamespace(phase="training", metrics={}, watch_health=lambda metrics: None)
+    lr.before_step = peer._before_optimizer_step  # as attach() wires it
     if scheduler is not None:
         peer.source.schedule = ScriptScheduler(scheduler, interval, spec.epochs)
     return peer
@@ -321,27 +323,73 @@ def test_the_lr_law_sees_the_planned_global_batch_not_a_short_step(caplog):
     assert ramp.scale(0) == ramp.target(24)
 
 
-def test_with_accumulation_the_lr_law_counts_the_samples_of_an_optimizer_step(caplog):
-    """Micro-batches of 8 from the loader, optimizer.step() every 4 and
-    peer.step(batch_size=32): 3 trainers × 32 is the reference 96, so the script's
-    LR is used as it is from the second step on (the loader's 8 × 3 gave 24 and
-    the √ law's floor halved it). The first step is taken before peerd can know:
-    the log says the factor each used."""
-    peer = script_peer(epochs=2, local_batch=8, members=("a", "b", "c"), reference_batch=96)
-    caplog.set_level(logging.INFO, logger="peerd.worker")
+def accumulating_steps(peer: Peer, data: TensorDataset, micro: int, count: int, batch_size: int | None = None,
+                       loader_options: dict | None = None) -> list[float]:
+    """A script that accumulates: `micro` samples from the loader, optimizer.step()
+    every `count` of them, then peer.step(batch_size=...) (all but the gossip
+    round); returns the LR each optimizer step used, read inside the step."""
     used = []
     peer.state.optimizer.register_step_pre_hook(lambda opt, args, kwargs: used.append(opt.param_groups[0]["lr"]))
-    for micro, _ in enumerate(peer.loader(samples(384), batch_size=8), 1):
-        if micro % 4:
+    for k, _ in enumerate(peer.loader(data, batch_size=micro, **(loader_options or {})), 1):
+        if k % count:
             continue  # the script's backward() on a micro-batch
         peer.state.optimizer.step()
-        peer.source.record(32, None, 0.0)
+        changed = peer.source.record(batch_size, None, 0.0)
         peer._count_step()
-        peer._update_lr(fresh=peer._steps == 1)  # what peer.step() does after its first step changed the plan
-    assert peer.source.lr_control.ramp.batch == 96 and len(used) == 8
-    assert used[0] == pytest.approx(0.05) and used[1:] == [pytest.approx(0.1)] * 7
-    assert "LR: sqrt law against the reference batch 96, cap 2; global batch 24: LR scale 0.500" in caplog.text
-    assert "LR: sqrt law against the reference batch 96, cap 2; global batch 96: LR scale 1.000" in caplog.text
+        peer._advance_scheduler()
+        peer._update_lr(fresh=peer._steps == 1 and changed)  # what peer.step() does but its round
+    return used
+
+
+@pytest.mark.parametrize("batch_size, options", [(32, None), (None, None), (32, {"num_workers": 1})])
+def test_with_accumulation_the_lr_law_counts_the_samples_of_an_optimizer_step(caplog, batch_size, options):
+    """Micro-batches of 8 from the loader, optimizer.step() every 4 and
+    peer.step(batch_size=32), or peer.step() with the loader's batches of the
+    step counted for it: 3 trainers × 32 is the reference 96, so the script's
+    LR is used as it is from the first step on. The optimizer's first step sees
+    the 4 batches the script took (not those a loader worker read ahead); the
+    log says the law in force at that step, once, not the loader's 8 × 3."""
+    peer = script_peer(epochs=2, local_batch=8, members=("a", "b", "c"), reference_batch=96)
+    caplog.set_level(logging.INFO, logger="peerd.worker")
+    used = accumulating_steps(peer, samples(384), 8, 4, batch_size, options)
+    assert peer.source.lr_control.ramp.batch == 96 and peer.source.accumulation == 4
+    assert len(used) == 8 and used == [pytest.approx(0.1)] * 8
+    assert peer.source.samples == 8 * 32 and peer.source.counted == peer.source.received == 32
+    assert [r.getMessage() for r in caplog.records] == [
+        "LR: sqrt law against the reference batch 96, cap 2; global batch 96: LR scale 1.000"]
+
+
+def test_with_dbs_the_plan_sizes_the_loaders_batch_and_a_step_accumulates_count_of_them(caplog):
+    """docs/operations.md, "Script jobs": DBS plans the loader's batches (12 for
+    this faster peer, 4 for the other: Σ 16); the script's step takes 4 of them,
+    so its step is 48 samples, the global batch the law sees 4 × 16 = 64 and its
+    LR the law's √2 (reference 32) times its DBS share 12 / 8."""
+    peer = script_peer(epochs=2, members=("a", "b"), reference_batch=32)
+    peer._plan = StepPlan(["a", "b"], 2, BatchPlan((("a", 12), ("b", 4))))
+    caplog.set_level(logging.INFO, logger="peerd.worker")
+    sizes = []
+    peer.state.optimizer.register_step_pre_hook(lambda opt, args, kwargs: sizes.append(peer.source.accumulation))
+    used = accumulating_steps(peer, samples(960), 8, 4)
+    assert peer.source.lr_control.ramp.batch == 64 and sizes == [4] * len(used) and len(used) >= 8
+    assert used == [pytest.approx(0.1 * 2 ** 0.5 * 1.5)] * len(used)
+    assert peer.source.samples == 48 * len(used) and peer.source.local_batch == 48
+    assert "global batch 64: LR scale 1.414" in caplog.text and "global batch now" not in caplog.text
+
+
+def test_an_accumulating_scripts_step_schedule_counts_its_optimizer_steps():
+    """A "step" schedule written alone for batches of 32 (8 × 4) follows the job
+    at that rate: 2 peers, each step moves it 2 steps, and it ends at
+    total_steps(dataset, 32), not 4× further."""
+    total = peerd.total_steps(384, 32, epochs=2)
+    peer = script_peer(epochs=2, members=("a", "b"), scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda step: 1.0), interval="step")
+    scheduler = peer.state.objects["scheduler"]
+    positions = []
+    peer.state.optimizer.register_step_post_hook(lambda opt, args, kwargs: scheduler.step())  # the script's own
+    peer.state.optimizer.register_step_post_hook(lambda opt, args, kwargs: positions.append(scheduler.last_epoch))
+    accumulating_steps(peer, samples(384), 8, 4, 32)
+    assert peer.source.steps_per_epoch == 384 / 32 and peer.source.total_steps == total == 24
+    assert scheduler.last_epoch == total and positions == list(range(1, 2 * len(positions), 2))
 
 
 def test_a_script_runs_in_its_workers_directory_with_its_own_paths(tmp_path, monkeypatch):

@@ -154,9 +154,10 @@ async def test_the_final_model_is_refused_while_training_or_for_a_bad_stage():
     with pytest.raises(RoundMismatch, match="still training"):
         async for _ in m.server.segment("job", "fp", 0, 0, 0.0, FINAL_STAGE):
             pass
-    with pytest.raises(InvalidMessage):
-        async for _ in m.server.segment("job", "fp", 0, 0, 0.0, FINAL_STAGE + 1):
-            pass
+    for stage, round_ in ((FINAL_STAGE + 1, 0), (FINAL_STAGE + 2, 0), (FINAL_STAGE + 3, 3 << 48)):
+        with pytest.raises(InvalidMessage):  # a part of no plan, or a stage past the end's
+            async for _ in m.server.segment("job", "fp", round_, 0, 0.0, stage):
+                pass
 
 
 @pytest.mark.parametrize("bulk", [True, False])

@@ -9,10 +9,15 @@ import io
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
+from peerd.core.consensus import plan_consensus
+
 from peerd.core.segments import split_even
-from peerd.worker.state.consensus import final_consensus
+from peerd.worker.state.consensus import exact_average
+from peerd.worker.state.endparts import final_consensus
 from peerd.worker.state.finalmodel import FinalModel, decode_ints, encode_ints
 from peerd.worker.wire.stores import FinalStore, Identity, SegmentServer, SnapshotStore
 from peerd.worker.state.trainstate import TrainState
@@ -84,6 +89,18 @@ async def test_peers_that_end_together_save_byte_identical_models_with_averaged_
     assert int(state["1.num_batches_tracked"]) == max(counts)
 
 
+async def test_frozen_statistics_come_out_of_the_consensus_unchanged():
+    group = [Finisher(f"p{k}", k, False) for k in range(3)]
+    frozen = torch.full((6,), 2.9)  # (2.9 + 2.9 + 2.9) / 3 is not 2.9 in fp32
+    for f in group:
+        f.model[1].running_var.copy_(frozen)
+    servers = {f"mem-{f.id}": f.server for f in group}
+    addresses = {f.id: f"mem-{f.id}" for f in group}
+    await asyncio.gather(*(f.conclude(addresses, MemoryTransport(f.identity, servers)) for f in group))
+    assert all(torch.equal(f.model[1].running_var, frozen) for f in group)
+    assert not torch.equal(group[0].model[1].running_mean, bn_net(0)[1].running_mean)  # the others were averaged
+
+
 def test_buffers_of_other_float_types_are_averaged_not_taken_for_integers():
     class Net(nn.Module):
         def __init__(self, value: float) -> None:
@@ -111,3 +128,34 @@ async def test_a_peer_alone_keeps_its_own_model():
     result = await f.conclude({"p0": "mem-p0"}, MemoryTransport(f.identity, servers))
     assert result.plan.alone
     assert saved(f.model) == before
+
+
+def test_the_mean_of_equal_values_is_that_value_where_the_plain_sum_is_not():
+    a = torch.tensor([2.9])
+    assert not torch.equal((a + a + a) / 3, a)  # fp32 rounding: the sum then the division is a ulp off
+    plan = plan_consensus("p0", ["p1", "p2"])
+    assert torch.equal(exact_average(plan, {p: a.clone() for p in plan.members}), a)
+
+
+FINITE = st.floats(-2.0**100, 2.0**100, width=32)
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 9), size=st.integers(1, 40), weighted=st.booleans(), data=st.data())
+def test_where_every_member_holds_the_same_value_the_average_is_that_value_bit_for_bit(n, size, weighted, data):
+    """A frozen parameter or frozen BatchNorm statistics come out of the end
+    consensus unchanged; every other value is the plain ordered sum, then the
+    division (or the weighted sum)."""
+    values = lambda: torch.tensor(data.draw(st.lists(FINITE, min_size=size, max_size=size)), dtype=torch.float32)
+    common, frozen = values(), torch.tensor(data.draw(st.lists(st.booleans(), min_size=size, max_size=size)))
+    models = {f"p{k}": torch.where(frozen, common, values()) for k in range(n)}
+    weights = {p: data.draw(st.floats(0.1, 10.0)) for p in models} if weighted else None
+    plan = plan_consensus("p0", list(models), weights)
+    out = exact_average(plan, models)
+    assert torch.equal(out[frozen].view(torch.int32), common[frozen].view(torch.int32))  # -0.0 stays -0.0
+    plain = models[plan.members[0]] * (1 if plan.uniform else plan.weights[0])
+    for peer, w in zip(plan.members[1:], plan.weights[1:]):
+        plain = plain + (models[peer] if plan.uniform else models[peer] * w)
+    plain = plain / plan.size if plan.uniform else plain
+    same = torch.stack([m == models["p0"] for m in models.values()]).all(0)
+    assert torch.equal(out[~same], plain[~same])

@@ -8,7 +8,8 @@ import types
 
 from peerd.core.checkpoints import LastCheckpoint
 from peerd.core.meter import StepMeter
-from peerd.settings.jobspec import parse_job
+from peerd.settings.jobspec import OptimizerSpec, parse_job
+from peerd.worker.train.lrcontrol import LrControl
 from peerd.control.progress import empty_progress
 from peerd.worker.round.shared import RoundResult
 from peerd.worker.progress_report import EngineFigures, TimeSpent, progress_of
@@ -20,9 +21,11 @@ SPEC = parse_job(example_job(), "job.toml")
 
 
 def source(**counters):
+    lr = LrControl(OptimizerSpec(reference_batch=32, scaling="sqrt"))
+    lr.update(64, 12)
     values = dict(state=None, step_count=12, samples=384, progress=0.5, epoch=0, loss_ema=1.25, speed_ema=300.0,
                   meter=StepMeter(), local_batch=32, share=math.nan, compute_s=4.0, lr=0.1, global_batch=64,
-                  skipped_steps=1)
+                  skipped_steps=1, lr_control=lr)
     return types.SimpleNamespace(**{**values, **counters})
 
 
@@ -50,6 +53,16 @@ def test_a_round_just_done_gives_the_exchange_figures_and_without_one_the_last_a
     assert (done.partners_reached, done.partners_planned, done.disagreement, done.exchange_s) == (1, 2, 0.25, 0.5)
     later = progress_of(source(step_count=13), figures(), SPEC, None, done)
     assert (later.step, later.partners_reached, later.partners_planned, later.exchange_s) == (13, 1, 2, 0.5)
+
+
+def test_it_shows_the_lr_law_in_force_and_its_factor_now():
+    p = progress_of(source(), figures(), SPEC, None, empty_progress())
+    assert p.lr_law == "sqrt law against the reference batch 32, cap 2" and p.lr_scale == 2 ** 0.5
+    lr = LrControl(OptimizerSpec(reference_batch=32, scaling="none"), lr_of="the script's")
+    assert math.isnan(progress_of(source(lr_control=lr), figures(), SPEC, None, empty_progress()).lr_scale)
+    lr.update(64, 0)
+    p = progress_of(source(lr_control=lr), figures(), SPEC, None, empty_progress())
+    assert p.lr_law == 'no scaling: the script\'s LR exactly ([optimizer] scaling = "none")' and p.lr_scale == 1.0
 
 
 def test_a_finished_worker_says_so_whatever_its_phase():

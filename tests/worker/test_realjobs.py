@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import math
 import sys
 import textwrap
@@ -279,3 +280,57 @@ def test_warmup_then_schedule(kind, expect):
 
     assert [schedule_factor(kind, 0.0 if kind == "constant" else 0.25, s, 3 if kind == "linear" else 0)
             for s in range(4)] == pytest.approx(expect)
+
+
+def test_peerds_loop_trains_in_the_modes_make_model_left_and_says_what_it_keeps(tmp_path, caplog):
+    """docs/operations.md, "What peerd's own loop does to the model": a backbone
+    the job module froze (eval mode, requires_grad False) stays as it was through
+    the join check, the steps and the evaluations; the head trains. The log says
+    what is kept and what peerd casts."""
+    name = module(tmp_path, """
+        def make_model():
+            backbone = nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16)).half()
+            backbone.requires_grad_(False)
+            backbone.eval()
+            return nn.Sequential(backbone, nn.ReLU(), nn.Linear(16, 3))
+    """, name="finetune")
+    caplog.set_level(logging.INFO, logger="peerd.worker")
+    t = trainer(job(module=name), spec_dir=str(tmp_path))
+    backbone = {k: v.clone() for k, v in t.model[0].state_dict().items()}
+    head = t.model[2].weight.detach().clone()
+    for _ in range(4):
+        t.step(MEMBERS)
+    assert t.evaluate()["accuracy"] >= 0
+    t.step(MEMBERS)
+    assert [m.training for m in t.model.modules()] == [True, False, False, False, True, True]
+    assert all(torch.equal(v, backbone[k]) for k, v in t.model[0].state_dict().items())
+    assert not torch.equal(t.model[2].weight, head)
+    assert f"{name}.make_model(): module(s) 0 in eval mode: trained in it, buffers kept as they are" in caplog.text
+    assert f"{name}.make_model(): 4 parameter(s) with requires_grad=False: not trained, not averaged" in caplog.text
+    assert f"{name}.make_model(): torch.float16 tensors cast to fp32" in caplog.text
+
+
+def test_making_the_optimizers_state_is_no_step_a_script_sees():
+    """docs/algorithms.md, "The training state": the zero-gradient step that makes
+    the state is the torch class's own, so a script's optimizer subclass that
+    notes its steps and its step hooks see none; the state is made all the same."""
+
+    class Noting(torch.optim.AdamW):
+        def __init__(self, params, **options) -> None:
+            super().__init__(params, **options)
+            self.steps = 0
+
+        def step(self, closure=None):
+            self.steps += 1
+            return super().step(closure)
+
+    param = nn.Parameter(torch.ones(4))
+    optimizer = Noting([param], lr=0.1)
+    hooked = []
+    optimizer.register_step_pre_hook(lambda *args: hooked.append(args))
+    init_state(optimizer)
+    assert optimizer.steps == 0 and hooked == [] and torch.equal(param, torch.ones(4))
+    assert set(optimizer.state[param]) == {"step", "exp_avg", "exp_avg_sq"} and int(optimizer.state[param]["step"]) == 0
+    param.grad = torch.ones(4)
+    optimizer.step()
+    assert optimizer.steps == 1 and hooked  # (torch runs the hooks once per hooked class the step passes)

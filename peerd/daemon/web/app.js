@@ -20,6 +20,7 @@ const MEMBER_COLUMNS = [
   ["state", (m) => m.state + (m.collapsed ? " · collapsed" : "")], // collapsed: docs/operations.md
   ["why not training", (m) => m.why], ["round", (m) => m.round], ["epoch", (m) => fmt(m.epochs, 3)],
   ["loss", (m) => fmt(m.loss)], ["metric", (m) => fmt(m.metric)], ["lr", (m) => fmt(m.lr)],
+  ["LR factor", (m) => fmt(m.lr_scale)], // the LR law's, this daemon's workers only (docs/operations.md)
   ["global batch", (m) => m.global_batch || "-"], ["batch", (m) => m.local_batch || "-"],
   ["share", (m) => (m.share === null || !m.share ? "-" : (100 * m.share).toFixed(1) + "%")],
   ["samples/s", (m) => fmt(m.samples_per_s)], ["disagreement", (m) => fmt(m.disagreement)],
@@ -224,6 +225,7 @@ function updateJob(part, job, history) {
   const training = job.members.filter((m) => m.state === "running" && !m.why).length;
   const bits = [`round ${job.round}`, `epoch ${fmt(job.epochs, 3)}`, `global batch ${job.global_batch || "-"}`,
     `${job.members.length} members, ${training} training`, job.here ? `here: ${job.state}` : "not run here"];
+  if (job.lr_law) bits.push(`LR: ${job.lr_law}`);
   if (job.consensus !== null) bits.push(`consensus ${job.metric_name} ${fmt(job.consensus)} of ${job.consensus_peers}`);
   const collapsed = job.members.filter((m) => m.collapsed).map((m) => m.member);
   if (collapsed.length) bits.push(`training collapsed: ${collapsed.join(", ")}`);

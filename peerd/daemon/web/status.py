@@ -81,6 +81,7 @@ def _local_member(peer_id: str, w: control_pb2.LocalWorker) -> dict:
         "segment_misses": p.segment_misses, "rejected": sum(p.rejected.values()), "restarts": w.restarts,
         "pid": w.pid, "seen_s": 0.0, "suspected": False,
         "collapsed": p.collapsed, "collapse_reason": p.collapse_reason,
+        "lr_law": p.lr_law, "lr_scale": _num(p.lr_scale),
     }
 
 
@@ -94,6 +95,7 @@ def _remote_member(peer: control_pb2.PeerInfo, j: control_pb2.PeerJob) -> dict:
         "segment_misses": j.segment_misses, "rejected": j.rejected, "restarts": None, "pid": None,
         "seen_s": round(peer.last_seen_s, 2), "suspected": peer.state == "suspected",
         "collapsed": j.collapsed, "collapse_reason": "",  # the reason is on its own daemon's page
+        "lr_law": "", "lr_scale": None,  # on its own daemon's page: a Hello carries the LR only
     }
 
 
@@ -106,6 +108,7 @@ def _left_member(member: str, age_s: float, last) -> dict:
         "local_batch": int(last.local_batch) if math.isfinite(last.local_batch) else 0, "share": None,
         "samples_per_s": None, "disagreement": None, "segment_misses": 0, "rejected": 0, "restarts": None,
         "pid": None, "seen_s": round(age_s, 1), "suspected": False, "collapsed": False, "collapse_reason": "",
+        "lr_law": "", "lr_scale": None,
     }
 
 
@@ -135,7 +138,8 @@ def job_views(status: control_pb2.StatusReply, peers: control_pb2.ListPeersReply
 
 def _job_view(name: str, rows: list[dict], local: control_pb2.LocalJob | None) -> dict:
     """A job's figures at a glance: where the furthest member is, the global
-    batch, the metric's name and, at the end, the consensus's value."""
+    batch, the LR law in force (as this daemon's worker has it), the metric's
+    name and, at the end, the consensus's value."""
     active = [m for m in rows if m["state"] not in ("left", "stopped", "failed")] or rows
     p = local.progress if local is not None else None
     metric_name = (p.metric_name if p is not None else "") or "metric"
@@ -145,6 +149,7 @@ def _job_view(name: str, rows: list[dict], local: control_pb2.LocalJob | None) -
         "round": max((m["round"] for m in active), default=0),
         "epochs": max((m["epochs"] for m in active if m["epochs"] is not None), default=None),
         "global_batch": max((m["global_batch"] for m in active), default=0),
+        "lr_law": p.lr_law if p is not None else "",
         "metric_name": metric_name, "metric_higher_better": bool(p.metric_higher_better) if p is not None else True,
         "consensus": _num(consensus) if consensus is not None else None,
         "consensus_peers": int(p.metrics.get("consensus_peers", 0)) if p is not None else 0,

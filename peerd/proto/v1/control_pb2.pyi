@@ -6,8 +6,33 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ResultRequest(_message.Message):
+    __slots__ = ("job", "member", "fingerprint", "digest")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    FROM_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    member: str
+    fingerprint: str
+    digest: str
+    def __init__(self, job: _Optional[str] = ..., member: _Optional[str] = ..., fingerprint: _Optional[str] = ..., digest: _Optional[str] = ..., **kwargs) -> None: ...
+
+class ResultReply(_message.Message):
+    __slots__ = ("outcome", "from_peer", "record", "detail")
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    FROM_PEER_FIELD_NUMBER: _ClassVar[int]
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    outcome: str
+    from_peer: str
+    record: str
+    detail: str
+    def __init__(self, outcome: _Optional[str] = ..., from_peer: _Optional[str] = ..., record: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
+
 class Progress(_message.Message):
-    __slots__ = ("step", "round", "epoch", "loss", "samples_per_s", "partners_reached", "partners_planned", "metric", "disagreement", "samples", "segment_misses", "finished", "exchange_s", "lr", "phase", "global_batch", "rejected", "local_batch", "share", "compute_s", "metric_name", "metric_higher_better", "metrics", "skipped_steps", "exported", "exported_round", "intrahost", "data_samples", "data_mode", "job_progress", "fixed_s", "per_sample_s", "training_s", "waited_s", "epochs_read", "rounds_done", "bytes_sent", "bytes_received", "exchange_buckets", "exchange_sum_s", "exchange_count", "checkpoint_round", "checkpoints_written", "collapsed", "collapse_reason")
+    __slots__ = ("step", "round", "epoch", "loss", "samples_per_s", "partners_reached", "partners_planned", "metric", "disagreement", "samples", "segment_misses", "finished", "exchange_s", "lr", "phase", "global_batch", "rejected", "local_batch", "share", "compute_s", "metric_name", "metric_higher_better", "metrics", "skipped_steps", "exported", "exported_round", "intrahost", "data_samples", "data_mode", "job_progress", "fixed_s", "per_sample_s", "training_s", "waited_s", "epochs_read", "rounds_done", "bytes_sent", "bytes_received", "exchange_buckets", "exchange_sum_s", "exchange_count", "checkpoint_round", "checkpoints_written", "collapsed", "collapse_reason", "lr_law", "lr_scale", "model_source", "training")
     class RejectedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -74,6 +99,10 @@ class Progress(_message.Message):
     CHECKPOINTS_WRITTEN_FIELD_NUMBER: _ClassVar[int]
     COLLAPSED_FIELD_NUMBER: _ClassVar[int]
     COLLAPSE_REASON_FIELD_NUMBER: _ClassVar[int]
+    LR_LAW_FIELD_NUMBER: _ClassVar[int]
+    LR_SCALE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    TRAINING_FIELD_NUMBER: _ClassVar[int]
     step: int
     round: int
     epoch: int
@@ -119,7 +148,11 @@ class Progress(_message.Message):
     checkpoints_written: int
     collapsed: bool
     collapse_reason: str
-    def __init__(self, step: _Optional[int] = ..., round: _Optional[int] = ..., epoch: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., partners_reached: _Optional[int] = ..., partners_planned: _Optional[int] = ..., metric: _Optional[float] = ..., disagreement: _Optional[float] = ..., samples: _Optional[int] = ..., segment_misses: _Optional[int] = ..., finished: _Optional[bool] = ..., exchange_s: _Optional[float] = ..., lr: _Optional[float] = ..., phase: _Optional[str] = ..., global_batch: _Optional[int] = ..., rejected: _Optional[_Mapping[str, int]] = ..., local_batch: _Optional[int] = ..., share: _Optional[float] = ..., compute_s: _Optional[float] = ..., metric_name: _Optional[str] = ..., metric_higher_better: _Optional[bool] = ..., metrics: _Optional[_Mapping[str, float]] = ..., skipped_steps: _Optional[int] = ..., exported: _Optional[str] = ..., exported_round: _Optional[int] = ..., intrahost: _Optional[str] = ..., data_samples: _Optional[int] = ..., data_mode: _Optional[str] = ..., job_progress: _Optional[float] = ..., fixed_s: _Optional[float] = ..., per_sample_s: _Optional[float] = ..., training_s: _Optional[float] = ..., waited_s: _Optional[_Mapping[str, float]] = ..., epochs_read: _Optional[float] = ..., rounds_done: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., exchange_buckets: _Optional[_Iterable[int]] = ..., exchange_sum_s: _Optional[float] = ..., exchange_count: _Optional[int] = ..., checkpoint_round: _Optional[int] = ..., checkpoints_written: _Optional[int] = ..., collapsed: _Optional[bool] = ..., collapse_reason: _Optional[str] = ...) -> None: ...
+    lr_law: str
+    lr_scale: float
+    model_source: str
+    training: bool
+    def __init__(self, step: _Optional[int] = ..., round: _Optional[int] = ..., epoch: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., partners_reached: _Optional[int] = ..., partners_planned: _Optional[int] = ..., metric: _Optional[float] = ..., disagreement: _Optional[float] = ..., samples: _Optional[int] = ..., segment_misses: _Optional[int] = ..., finished: _Optional[bool] = ..., exchange_s: _Optional[float] = ..., lr: _Optional[float] = ..., phase: _Optional[str] = ..., global_batch: _Optional[int] = ..., rejected: _Optional[_Mapping[str, int]] = ..., local_batch: _Optional[int] = ..., share: _Optional[float] = ..., compute_s: _Optional[float] = ..., metric_name: _Optional[str] = ..., metric_higher_better: _Optional[bool] = ..., metrics: _Optional[_Mapping[str, float]] = ..., skipped_steps: _Optional[int] = ..., exported: _Optional[str] = ..., exported_round: _Optional[int] = ..., intrahost: _Optional[str] = ..., data_samples: _Optional[int] = ..., data_mode: _Optional[str] = ..., job_progress: _Optional[float] = ..., fixed_s: _Optional[float] = ..., per_sample_s: _Optional[float] = ..., training_s: _Optional[float] = ..., waited_s: _Optional[_Mapping[str, float]] = ..., epochs_read: _Optional[float] = ..., rounds_done: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., exchange_buckets: _Optional[_Iterable[int]] = ..., exchange_sum_s: _Optional[float] = ..., exchange_count: _Optional[int] = ..., checkpoint_round: _Optional[int] = ..., checkpoints_written: _Optional[int] = ..., collapsed: _Optional[bool] = ..., collapse_reason: _Optional[str] = ..., lr_law: _Optional[str] = ..., lr_scale: _Optional[float] = ..., model_source: _Optional[str] = ..., training: _Optional[bool] = ...) -> None: ...
 
 class WorkerReport(_message.Message):
     __slots__ = ("job", "pid", "address", "fingerprint", "progress", "member")

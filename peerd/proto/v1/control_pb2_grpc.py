@@ -463,6 +463,11 @@ class SupervisorStub:
                 request_serializer=peerd_dot_proto_dot_v1_dot_control__pb2.WorkerReport.SerializeToString,
                 response_deserializer=peerd_dot_proto_dot_v1_dot_control__pb2.WorkerView.FromString,
                 _registered_method=True)
+        self.TakeResult = channel.unary_unary(
+                '/peerd.v1.Supervisor/TakeResult',
+                request_serializer=peerd_dot_proto_dot_v1_dot_control__pb2.ResultRequest.SerializeToString,
+                response_deserializer=peerd_dot_proto_dot_v1_dot_control__pb2.ResultReply.FromString,
+                _registered_method=True)
 
 
 class SupervisorServicer:
@@ -475,6 +480,15 @@ class SupervisorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def TakeResult(self, request, context):
+        """The job ended on its members while this worker was away: the daemon fetches
+        the job's model from a member's daemon that holds it (docs/operations.md,
+        "When a member comes back after the end") into the worker's directory.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SupervisorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -482,6 +496,11 @@ def add_SupervisorServicer_to_server(servicer, server):
                     servicer.Heartbeat,
                     request_deserializer=peerd_dot_proto_dot_v1_dot_control__pb2.WorkerReport.FromString,
                     response_serializer=peerd_dot_proto_dot_v1_dot_control__pb2.WorkerView.SerializeToString,
+            ),
+            'TakeResult': grpc.unary_unary_rpc_method_handler(
+                    servicer.TakeResult,
+                    request_deserializer=peerd_dot_proto_dot_v1_dot_control__pb2.ResultRequest.FromString,
+                    response_serializer=peerd_dot_proto_dot_v1_dot_control__pb2.ResultReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -512,6 +531,33 @@ class Supervisor:
             '/peerd.v1.Supervisor/Heartbeat',
             peerd_dot_proto_dot_v1_dot_control__pb2.WorkerReport.SerializeToString,
             peerd_dot_proto_dot_v1_dot_control__pb2.WorkerView.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TakeResult(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/peerd.v1.Supervisor/TakeResult',
+            peerd_dot_proto_dot_v1_dot_control__pb2.ResultRequest.SerializeToString,
+            peerd_dot_proto_dot_v1_dot_control__pb2.ResultReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -6,6 +6,34 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class JobResultRequest(_message.Message):
+    __slots__ = ("name", "spec_fingerprint", "offset", "record_only")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    RECORD_ONLY_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    spec_fingerprint: str
+    offset: int
+    record_only: bool
+    def __init__(self, name: _Optional[str] = ..., spec_fingerprint: _Optional[str] = ..., offset: _Optional[int] = ..., record_only: _Optional[bool] = ...) -> None: ...
+
+class JobResultReply(_message.Message):
+    __slots__ = ("total", "offset", "data", "sha256", "record", "member")
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_FIELD_NUMBER: _ClassVar[int]
+    total: int
+    offset: int
+    data: bytes
+    sha256: str
+    record: str
+    member: str
+    def __init__(self, total: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., sha256: _Optional[str] = ..., record: _Optional[str] = ..., member: _Optional[str] = ...) -> None: ...
+
 class JobCodeRequest(_message.Message):
     __slots__ = ("name", "code", "offset")
     NAME_FIELD_NUMBER: _ClassVar[int]

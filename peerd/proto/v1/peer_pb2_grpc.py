@@ -51,6 +51,11 @@ class PeerStub:
                 request_serializer=peerd_dot_proto_dot_v1_dot_peer__pb2.JobCodeRequest.SerializeToString,
                 response_deserializer=peerd_dot_proto_dot_v1_dot_peer__pb2.JobCodeReply.FromString,
                 _registered_method=True)
+        self.GetJobResult = channel.unary_unary(
+                '/peerd.v1.Peer/GetJobResult',
+                request_serializer=peerd_dot_proto_dot_v1_dot_peer__pb2.JobResultRequest.SerializeToString,
+                response_deserializer=peerd_dot_proto_dot_v1_dot_peer__pb2.JobResultReply.FromString,
+                _registered_method=True)
 
 
 class PeerServicer:
@@ -79,6 +84,15 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetJobResult(self, request, context):
+        """A range of the model a finished job saved here (model.pt) with its record
+        (model.json), for a member that was away at the end: only to a caller that
+        proves the job secret when the job has one (docs/protocol.md).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -96,6 +110,11 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.GetJobCode,
                     request_deserializer=peerd_dot_proto_dot_v1_dot_peer__pb2.JobCodeRequest.FromString,
                     response_serializer=peerd_dot_proto_dot_v1_dot_peer__pb2.JobCodeReply.SerializeToString,
+            ),
+            'GetJobResult': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetJobResult,
+                    request_deserializer=peerd_dot_proto_dot_v1_dot_peer__pb2.JobResultRequest.FromString,
+                    response_serializer=peerd_dot_proto_dot_v1_dot_peer__pb2.JobResultReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -181,6 +200,33 @@ class Peer:
             '/peerd.v1.Peer/GetJobCode',
             peerd_dot_proto_dot_v1_dot_peer__pb2.JobCodeRequest.SerializeToString,
             peerd_dot_proto_dot_v1_dot_peer__pb2.JobCodeReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetJobResult(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/peerd.v1.Peer/GetJobResult',
+            peerd_dot_proto_dot_v1_dot_peer__pb2.JobResultRequest.SerializeToString,
+            peerd_dot_proto_dot_v1_dot_peer__pb2.JobResultReply.FromString,
             options,
             channel_credentials,
             insecure,

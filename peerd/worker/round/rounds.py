@@ -35,6 +35,7 @@ from peerd.worker.round.feedback import ErrorFeedback
 from peerd.worker.wire.quant import NonFiniteValues
 from peerd.worker.wire.stores import SnapshotStore, StageStore
 from peerd.worker.wire.traffic import ExchangeTimes
+from peerd.worker.state.frozen import kept
 from peerd.worker.state.trainstate import TrainState
 
 log = logging.getLogger("peerd.worker")
@@ -72,6 +73,7 @@ class Rounds:
                                     spec.gossip.wire, intrahost, self.feedback)
         self.clipped = 0
         self.misses = 0
+        self._frozen_said = 0  # frozen values of the gossiped vector, as last logged
         self.exchange_times = ExchangeTimes()  # one per gossip round this process completed
         self._group_logged: tuple[tuple[str, ...], frozenset[str], int] = ((), frozenset(), 0)
         # [gossip] overlap: rounds run in the background (peerd.worker.round.overlap)
@@ -114,9 +116,24 @@ class Rounds:
         """One round, now: publish, let `capture()` copy the state for newcomers
         (between steps), exchange."""
         self._quantise()
-        into = await self._publish()
-        await capture()
-        return await self._round(view, into)
+        with self._keeping_frozen():
+            into = await self._publish()
+            await capture()
+            return await self._round(view, into)
+
+    def _keeping_frozen(self):
+        """What the training froze keeps its values through what follows (a
+        round, its correction, the int8 wire's rounding), and owes nothing on
+        the int8 wire (docs/algorithms.md, "Frozen tensors"). Said in the log
+        when it changes."""
+        spans = self.state.frozen.spans(self.state.gossiped)
+        frozen = sum(b - a for a, b in spans)
+        if frozen != self._frozen_said:
+            self._frozen_said = frozen
+            log.info("round %d: %d of the %d averaged values frozen (requires_grad=False, or a module in eval "
+                     "mode): kept as they are", self.round, frozen, self.state.gossiped)
+        return kept(spans, lambda: self.state.flat.vector,
+                    lambda: self.feedback.residual if self.feedback is not None else None)
 
     def _quantise(self) -> None:
         """The int8 wire: the model becomes what its readers receive, the rest is
@@ -124,14 +141,16 @@ class Rounds:
         if self.feedback is None:
             return
         try:
-            self.feedback.quantise_(self.state.flat.vector)
+            with self._keeping_frozen():
+                self.feedback.quantise_(self.state.flat.vector)
         except NonFiniteValues:  # published as it is: partners asking are told it is unavailable
             log.warning("round %d: the model holds non-finite values: not sent on the int8 wire", self.round)
 
     def settle_feedback(self) -> None:
         """The residual back into the model, before the exact average at the end."""
         if self.feedback is not None:
-            self.feedback.settle_(self.state.flat.vector)
+            with self._keeping_frozen():
+                self.feedback.settle_(self.state.flat.vector)
 
     async def _publish(self) -> torch.Tensor | None:
         """Publish the model as this round's snapshot. On the CPU its vector itself
@@ -219,7 +238,8 @@ class Rounds:
         model, or the next round)."""
         if self.overlap is None or self.overlap.pending is None:
             return None
-        result = await self.overlap.finish(self.state.flat.vector)
+        with self._keeping_frozen():
+            result = await self.overlap.finish(self.state.flat.vector)
         if result is not None:
             view, started = self._in_flight
             await self._after_round(result, view, started)

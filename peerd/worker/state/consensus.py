@@ -1,13 +1,15 @@
-"""The exact average of the peers' models: at the job's end, and for an export.
+"""The exact average of the peers' whole models: at the job's end when the
+way by parts cannot end (peerd.worker.state.endparts), and for an export.
 
-At the end every peer publishes its final model (stage 3, fp32: the
-parameters and every buffer, peerd.worker.state.finalmodel) and pulls the
-whole final model of every peer in its view, waiting a bounded time for the
-last of them to get there; the consensus is the mean over the peers whose
-whole model arrived, summed in sorted-id order (peerd.core.consensus). Peers
-that got the same set therefore hold the same model, bit for bit. An export
-averages the same way over the round snapshots (stage 0) of one round, which
-the others serve anyway, so they need not take part.
+Each peer pulls the whole model of every peer in its view (at the end its
+final model, stage 3, fp32: the parameters and every buffer,
+peerd.worker.state.finalmodel), waiting a bounded time for the last of them to
+get there; the consensus is the mean over the peers whose whole model arrived,
+summed in sorted-id order (peerd.core.consensus). Peers that got the same set
+therefore hold the same model, bit for bit, and the same as the way by parts
+gives for that set. An export averages the same way over the round snapshots
+(stage 0) of one round, which the others serve anyway, so they need not take
+part.
 """
 
 from __future__ import annotations
@@ -27,9 +29,9 @@ from peerd.core.consensus import ConsensusPlan, describe, plan_consensus
 from peerd.core.segments import Span
 from peerd.errors import InvalidMessage, PeerdError, Unauthenticated
 from peerd.worker.wire.codec import finite_by_sum
-from peerd.worker.state.finalmodel import FinalModel, largest_ints
+from peerd.worker.state.finalmodel import largest_ints
 from peerd.worker.state.modelfile import model_state
-from peerd.worker.wire.stores import FINAL_STAGE, FinalStore, SnapshotStore
+from peerd.worker.wire.stores import FINAL_STAGE, SnapshotStore
 from peerd.worker.wire.transport import Transport
 
 log = logging.getLogger("peerd.worker")
@@ -46,6 +48,8 @@ class Consensus:
     left_out: dict[str, str] = field(default_factory=dict)  # peer -> why its model is not in it
     seconds: float = 0.0
     own_gap: float = 0.0  # this peer's own model's relative L2 distance from the average
+    owed_reads: int = 0  # reads of this peer's final values the others of the set still make (the finish waits)
+    how: str = "whole models"  # how it came about: by parts (peerd.worker.state.endparts), or whole models
 
     @property
     def digest(self) -> str:
@@ -132,15 +136,29 @@ async def gather_models(
 def exact_average(plan: ConsensusPlan, models: dict[str, torch.Tensor]) -> torch.Tensor:
     """The plan's weighted mean, summed in the plan's order. No fused
     multiply-add (equal weights: sum, then one division; else each term
-    rounded, then added), so machines with different vector units agree."""
-    out = models[plan.members[0]].clone()
-    if plan.uniform:
-        for peer in plan.members[1:]:
-            out.add_(models[peer])
-        return out.div_(plan.size)
-    out.mul_(plan.weights[0])
+    rounded, then added), so machines with different vector units agree.
+    Where every member holds the same value the mean is that value, bit for
+    bit ((a + a + a) / 3 can be a ulp off a in fp32): a frozen parameter or
+    frozen statistics come out of the consensus unchanged."""
+    first = models[plan.members[0]]
+    out = first.clone()
+    same, equal = torch.ones_like(first, dtype=torch.bool), torch.empty_like(first, dtype=torch.bool)
+    if not plan.uniform:
+        out.mul_(plan.weights[0])
     for peer, w in zip(plan.members[1:], plan.weights[1:]):
-        out.add_(models[peer].mul(w))
+        out.add_(models[peer] if plan.uniform else models[peer].mul(w))
+        same.logical_and_(torch.eq(models[peer], first, out=equal))
+    if plan.uniform:
+        out.div_(plan.size)
+    return torch.where(same, first, out, out=out)
+
+
+def mean_of(plan: ConsensusPlan, models: dict[str, torch.Tensor], int_tail: int = 0) -> torch.Tensor:
+    """The exact average, but the last `int_tail` elements (integer buffers,
+    finalmodel) the largest value among the members, not a mean."""
+    out = exact_average(plan, models)
+    if int_tail:
+        out[-int_tail:] = largest_ints([models[p][-int_tail:] for p in plan.members])
     return out
 
 
@@ -171,9 +189,7 @@ async def average_models(
                                            which.patience)
     plan = plan_consensus(me, models)
     models[me] = own
-    vector = own.clone() if plan.alone else exact_average(plan, models)
-    if int_tail and not plan.alone:
-        vector[-int_tail:] = largest_ints([models[p][-int_tail:] for p in plan.members])
+    vector = own.clone() if plan.alone else mean_of(plan, models, int_tail)
     return Consensus(plan, vector, left_out, time.monotonic() - started,
                      distance_from_consensus(own, vector, int_tail))
 
@@ -185,18 +201,6 @@ def distance_from_consensus(own: torch.Tensor, mean: torch.Tensor, int_tail: int
     end = own.numel() - int_tail
     norm = float(mean[:end].norm())
     return float((own[:end] - mean[:end]).norm()) / norm if norm > 0 else 0.0
-
-
-async def final_consensus(me: str, model: FinalModel, final: FinalStore, addresses: dict[str, str],
-                          gossip_layout: list[Span], transport: Transport, timeout: float,
-                          patience: Patience | None = None) -> Consensus:
-    """The job is done here: publish this peer's final model (a CPU copy of
-    its parameters and buffers) and average it with the others'."""
-    own = model.vector()
-    layout = model.layout(gossip_layout)
-    await final.publish(own, layout)
-    return await average_models(me, own, addresses, layout, transport, timeout, Models(patience=patience),
-                                model.int_elems)
 
 
 async def round_consensus(me: str, store: SnapshotStore, round_: int, vector: torch.Tensor,

@@ -5,6 +5,11 @@ slice of that buffer and gossip averages it in place: no gather or scatter per
 round, and the optimizer keeps working on the same tensors. Other fp32 tensors
 the job averages too (BatchNorm statistics, optimizer moments: the
 `[gossip] average_*` opt-ins) follow the parameters in the same vector.
+
+Tied weights (a language model's output layer and its token embedding) are one
+Parameter that two modules hold: `model.parameters()` lists it once, so it is
+one slice of the vector, averaged once and tied still. Two Parameters over the
+same memory would be two slices, averaged apart and untied: refused.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ class FlatParams:
             raise ValueError("the model has no trainable parameters")
         if any(p.dtype != torch.float32 for p in params):
             raise ValueError("peerd gossips fp32 parameters; cast the model with .float()")
+        _refuse_aliases(model, params)
         params += list(extra)
         if any(p.dtype != torch.float32 for p in params):
             raise ValueError("only fp32 tensors can be averaged with the parameters")
@@ -53,3 +59,19 @@ class FlatParams:
     @property
     def numel(self) -> int:
         return self.vector.numel()
+
+
+def _refuse_aliases(model: nn.Module, params: list[torch.Tensor]) -> None:
+    """Two trainable Parameters over the same memory: weights tied as two objects.
+    (Parameters in one storage side by side, as this class leaves them, are not.)"""
+    names = {id(p): name for name, p in model.named_parameters()}
+    seen: dict[int, str] = {}
+    for p in params:
+        if p.numel() == 0:
+            continue
+        name, where = names.get(id(p), "?"), p.data_ptr()
+        if where in seen:
+            raise ValueError(f"the parameters {seen[where]} and {name} are two nn.Parameter objects over the same "
+                             f"memory; tie them as one ({name} = {seen[where]}, as transformers does) so that "
+                             f"peerd averages the tensor once and keeps it tied")
+        seen[where] = name

@@ -18,13 +18,17 @@ from __future__ import annotations
 
 import hashlib
 import io
+import logging
 from typing import Protocol
 
 import torch
 from torch import nn
 
 from peerd.worker.state.flatparams import FlatParams
+from peerd.worker.state.frozen import Check, Frozen, buffer_frozen, param_frozen
 from peerd.worker.train.optim import state_tensors
+
+log = logging.getLogger("peerd.worker")
 
 
 class Stateful(Protocol):
@@ -64,6 +68,16 @@ class TrainState:
         self.params = params
         self._moment_keys = {name for name, _ in moments}
         self.objects: dict[str, Stateful] = dict(objects or {})
+        # What is frozen now, range by range of the vector: rounds and adopt() leave it alone.
+        self.frozen = Frozen([(p.numel(), param_frozen(p)) for p in params]
+                             + [(t.numel(), self._frozen(n)) for n, t in gossiped + kept])
+        self._int_frozen = {name: buffer_frozen(model, name) for name, _ in self._int_buffers}
+
+    def _frozen(self, name: str) -> Check:
+        """An optimizer moment ("k.key") is frozen with its parameter, a buffer with its module."""
+        if name in self._moment_keys:
+            return param_frozen(self.params[int(name.partition(".")[0])])
+        return buffer_frozen(self.model, name)
 
     @property
     def numel(self) -> int:
@@ -113,17 +127,26 @@ class TrainState:
         return out.getvalue()
 
     def adopt(self, vector: torch.Tensor, extra: bytes) -> None:
-        """Continue from a donor's state (already verified finite)."""
+        """Continue from a donor's state (already verified finite); what is
+        frozen here keeps this peer's values (docs/algorithms.md, "Frozen tensors")."""
         if vector.numel() != self.numel:
             raise ValueError(f"state of {vector.numel()} elements, expected {self.numel}")
         blob = self._load_extra(extra)
+        spans = self.frozen.spans()
+        if spans:
+            own, vector = self.vector(), vector.clone()  # a state transfer is rare: one copy more
+            for a, b in spans:
+                vector[a:b] = own[a:b]
+            log.info("state taken: kept this worker's own values of %d frozen elements (requires_grad=False, "
+                     "or a module in eval mode)", sum(b - a for a, b in spans))
         offset = 0
         with torch.no_grad():
             for part in self.parts():
                 part.view(-1).copy_(vector[offset : offset + part.numel()])
                 offset += part.numel()
             for name, buf in self._int_buffers:
-                buf.copy_(blob["buffers"][name])
+                if not self._int_frozen[name]():
+                    buf.copy_(blob["buffers"][name])
             by_key = {f"{k}.{key}": (p, key) for k, p in enumerate(self.params)
                       for key in self.optimizer.state.get(p, {})}
             for name, value in blob["optimizer"].items():

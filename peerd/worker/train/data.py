@@ -172,16 +172,17 @@ def _as_is(batch):
     return batch
 
 
-def default_loader(dataset: Dataset, batch_sampler: Sampler, workers: int, pin: bool, prefetch: int) -> DataLoader:
-    """A DataLoader as the PyTorch docs advise for an accelerator: worker
+def default_loader(dataset: Dataset, batch_sampler: Sampler, workers: int, pin: bool, prefetch: int,
+                   cls: type[DataLoader] = DataLoader) -> DataLoader:
+    """A DataLoader (`cls`) as the PyTorch docs advise for an accelerator: worker
     processes kept for the whole job, pinned memory, a few batches ahead."""
     fast = isinstance(dataset, TensorDataset)
     options = dict(num_workers=workers, pin_memory=pin)
     if workers:
         # The worker process serves gRPC: forking it is unsafe, a forkserver is not.
         options.update(persistent_workers=True, prefetch_factor=prefetch, multiprocessing_context="forkserver")
-    return DataLoader(_Batched(dataset) if fast else dataset, batch_sampler=batch_sampler,
-                      collate_fn=_as_is if fast else None, **options)
+    return cls(_Batched(dataset) if fast else dataset, batch_sampler=batch_sampler,
+               collate_fn=_as_is if fast else None, **options)
 
 
 def eval_loader(dataset: Dataset, batch: int) -> DataLoader:

@@ -8,6 +8,8 @@ gradient into a multiple of the weights, and so the moments), with the
 parameters put back after it and every step counter reset to 0. That leaves
 each optimizer as a fresh one: zero moments (SGD's first step with dampening 0
 is buf = grad either way), step sizes that start from the LR (Rprop, ASGD).
+The step is the torch class's own, without the step hooks: a script's
+optimizer subclass or hook does not see it.
 """
 
 from __future__ import annotations
@@ -56,6 +58,19 @@ def build_optimizer(params: list[torch.nn.Parameter], spec: OptimizerSpec,
     return optimizer
 
 
+def _own_step(optimizer: torch.optim.Optimizer) -> Callable[[], object]:
+    """The step of the torch.optim class `optimizer` is or derives from, without
+    the step hooks or a subclass's own step(): a script's optimizer (a wrapper
+    that notes each step, its hooks) never sees the step that makes its state.
+    An optimizer of the script's own with no torch one under it: its step()."""
+    for cls in type(optimizer).__mro__:
+        step = cls.__dict__.get("step")
+        if step is not None and cls.__module__.startswith("torch.optim") and cls is not torch.optim.Optimizer:
+            step = step.__wrapped__ if getattr(step, "hooked", False) else step  # Optimizer.profile_hook_step's
+            return lambda: step(optimizer)
+    return optimizer.step
+
+
 def init_state(optimizer: torch.optim.Optimizer) -> None:
     """Create every state tensor with one zero-gradient step."""
     params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -69,7 +84,7 @@ def init_state(optimizer: torch.optim.Optimizer) -> None:
     try:
         with torch.no_grad():
             before = [p.detach().clone() for p in params]
-            optimizer.step()
+            _own_step(optimizer)()
             for p, b in zip(params, before):
                 p.copy_(b)
     finally:

@@ -6,11 +6,14 @@ script under `peerd.attach`; peerd's own loop has its Trainer instead. Also
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import torch
+from torch.utils.data import DataLoader
 
 from peerd.core.health import Health
 from peerd.core.meter import StepMeter
+from peerd.errors import ConfigError
 from peerd.settings.jobspec import JobSpec
 from peerd.worker.train.data import DataCursor, PeerSampler
 from peerd.worker.train.lrcontrol import LrControl
@@ -32,6 +35,36 @@ def total_steps(epochs: float, samples: int, batch: int) -> int:
     return math.ceil(math.ceil(round(epochs * samples, 6)) / batch)
 
 
+def loss_value(loss) -> float | None:
+    """peer.step(loss=...) as a float: a number, or a one-element tensor taken
+    without its graph."""
+    if loss is None:
+        return None
+    if isinstance(loss, torch.Tensor):
+        if loss.numel() != 1:
+            raise ConfigError(f"peer.step(loss=...): a number or a one-element tensor, got a tensor of shape "
+                              f"{tuple(loss.shape)}")
+        return float(loss.detach())
+    try:
+        return float(loss)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"peer.step(loss=...): a number or a one-element tensor, got {loss!r}") from exc
+
+
+class ScriptLoader(DataLoader):
+    """peer.loader()'s DataLoader: counts the batches the script takes from it
+    (not those its workers read ahead), so that an optimizer step knows how many
+    of them it accumulates (ScriptSource.accumulation_at_step)."""
+
+    source: ScriptSource | None = None
+
+    def __iter__(self) -> Iterator:
+        for batch in super().__iter__():
+            if self.source is not None:
+                self.source.received += 1
+            yield batch
+
+
 class ScriptSource:
     """A script's training as the engine sees it: counted by peer.step()."""
 
@@ -43,12 +76,15 @@ class ScriptSource:
         self.schedule: ScriptScheduler | None = None  # the registered scheduler, in its unit
         self.cursor: DataCursor | None = None
         self.sampler: PeerSampler | None = None
-        self.steps_per_epoch = 0.0  # a single process's steps per epoch at the script's batch size
         self.samples_per_epoch = 0  # the loader's data set
-        self.total_steps = 0  # total_steps() of the loader's data set and batch: the schedule's end
-        # The batch the script's loader plans each step for: the LR law's (a short
-        # step, the job's last, does not change the global batch).
+        # The batch the script's loader plans each of its batches for, and how
+        # many of them one optimizer step takes (gradient accumulation): the
+        # global batch (the LR law, DBS) counts their product, the samples of an
+        # optimizer step; a short step, the job's last, changes neither.
         self.planned_batch = spec.local_batch
+        self.accumulation = 1
+        self.received = self.counted = 0  # the loader's batches the script took, and peer.step() counted
+        self._accumulation_seen = False  # at this process's first optimizer step
         self.step_count = self.samples = self.skipped_steps = 0
         self.progress = 0.0
         self.share = self.lr = math.nan
@@ -79,6 +115,23 @@ class ScriptSource:
         return self.lr_control.ramp.batch
 
     @property
+    def step_batch(self) -> int:
+        """The samples of one optimizer step as the loader plans them."""
+        return self.planned_batch * self.accumulation
+
+    @property
+    def steps_per_epoch(self) -> float:
+        """A single process's optimizer steps per epoch of the loader's data set (0: no loader yet)."""
+        return self.samples_per_epoch / self.step_batch
+
+    @property
+    def total_steps(self) -> int:
+        """total_steps() of the loader's data set and a step's batch: a "step" schedule's end."""
+        if not self.samples_per_epoch:
+            return 0
+        return total_steps(self.spec.epochs, self.samples_per_epoch, self.step_batch)
+
+    @property
     def loss_ema(self) -> float:
         return self.meter.loss
 
@@ -88,7 +141,8 @@ class ScriptSource:
 
     @property
     def done(self) -> bool:
-        read = self.cursor is not None and self.cursor.done and not (self.sampler and self.sampler.handed)
+        # `is not None`: a sampler's len() is the batches still to come, 0 once the last is read ahead.
+        read = self.cursor is not None and self.cursor.done and not (self.sampler is not None and self.sampler.handed)
         return self.progress >= self.spec.epochs or read
 
     def adopt_state(self, vector: torch.Tensor, extra: bytes, step: int, progress: float) -> None:
@@ -109,20 +163,34 @@ class ScriptSource:
             self.cursor.seek(self.progress)
         return self.cursor
 
-    def record(self, batch_size: int | None, loss: float | None, seconds: float) -> None:
-        """One step of the script: its samples (from the loader's record when not
-        given), loss and compute time."""
+    def accumulation_at_step(self) -> bool:
+        """At an optimizer step (the LR's pre-step hook): the first one of this
+        process shows how many of the loader's batches a step accumulates, those
+        the script took since the last peer.step(). True when that changed the
+        accumulation (the step's LR factor with it)."""
+        pending = self.received - self.counted
+        if self._accumulation_seen or pending < 1:
+            return False
+        self._accumulation_seen = True
+        changed, self.accumulation = pending != self.accumulation, pending
+        return changed
+
+    def record(self, batch_size: int | None, loss: float | None, seconds: float) -> bool:
+        """One step of the script: its samples (`batch_size`, else the loader's
+        batches of one step: `accumulation` of them), loss and compute time.
+        True when the step showed another accumulation than the one assumed
+        (a first step that no optimizer hook saw: one the GradScaler skipped)."""
         taken = consumed = 0
-        while self.sampler is not None and self.sampler.handed and (batch_size is None or taken < batch_size):
+        while self.sampler is not None and self.sampler.handed and (
+                consumed < self.accumulation if batch_size is None else taken < batch_size):
             micro = self.sampler.handed.popleft()
             taken, consumed = taken + len(micro.indices), consumed + 1
             self.progress, self.share, self._epoch = micro.progress, micro.share, micro.epoch
-            if micro.last and batch_size is None:
-                break
-        if batch_size is not None and consumed > 1 and taken == batch_size:
-            # Accumulation: one optimizer step over several of the loader's batches.
-            # The global batch (the LR law, DBS) counts the samples of an optimizer step.
-            self.planned_batch = batch_size
+        self.counted += consumed
+        changed = False
+        if batch_size is not None and consumed > 1 and taken == batch_size and not self._accumulation_seen:
+            self._accumulation_seen = True
+            changed, self.accumulation = consumed != self.accumulation, consumed
         size = batch_size if batch_size is not None else taken
         self.step_count += 1
         self.samples += size
@@ -132,3 +200,4 @@ class ScriptSource:
         self.meter.observe(size, seconds, math.nan if loss is None else loss)
         if loss is not None:  # a script that passes no loss has only the metric rule
             self.health.loss(loss, self.step_count)
+        return changed

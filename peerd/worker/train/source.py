@@ -9,6 +9,7 @@ import torch
 
 from peerd.core.health import Health
 from peerd.core.meter import StepMeter
+from peerd.worker.train.lrcontrol import LrControl
 from peerd.worker.state.trainstate import TrainState
 
 
@@ -28,6 +29,7 @@ class Source(Protocol):
     share: float
     compute_s: float
     lr: float
+    lr_control: LrControl  # the LR law in force and its factor now
     global_batch: int
     skipped_steps: int
 

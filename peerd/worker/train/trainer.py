@@ -29,6 +29,7 @@ from peerd.worker.train.data import DataCursor, PeerSampler, View, default_loade
 from peerd.worker.train.device import resolve_device
 from peerd.worker.train.jobmodule import JobCode, JobContext
 from peerd.worker.train.localdata import LocalData
+from peerd.worker.train.modes import in_eval_mode, modes_kept
 from peerd.worker.train.lrcontrol import LrControl
 from peerd.worker.state.modelfile import model_state, save_model, write_model
 from peerd.worker.train.optim import build_optimizer
@@ -53,6 +54,23 @@ def init_seed(spec: JobSpec, peer_id: str) -> int:
     if spec.init == "shared":
         return spec.seed
     return int.from_bytes(derive_seed(spec.seed, peer_id)[:8], "little")
+
+
+def _say_what_is_kept(model: nn.Module, where: str) -> None:
+    """Log what peerd's loop keeps as make_model left it and what it changes
+    (docs/operations.md, "What peerd's own loop does to the model")."""
+    frozen = in_eval_mode(model)
+    if frozen:
+        log.info("%s: module(s) %s in eval mode: trained in it, buffers kept as they are", where,
+                 ", ".join(frozen))
+    fixed = sum(1 for p in model.parameters() if not p.requires_grad)
+    if fixed:
+        log.info("%s: %d parameter(s) with requires_grad=False: not trained, not averaged", where, fixed)
+    cast = sorted({str(t.dtype) for t in (*model.parameters(), *model.buffers())
+                   if t.is_floating_point() and t.dtype != torch.float32})
+    if cast:
+        log.info("%s: %s tensors cast to fp32 (peerd trains and averages fp32; [train] precision for autocast)",
+                 where, ", ".join(cast))
 
 
 def to_device(batch, device: torch.device, non_blocking: bool = False):
@@ -128,6 +146,7 @@ class Trainer:
             raise ConfigError(f"{self.code.name('make_model')} returned {type(model).__name__}; expected a torch.nn.Module")
         if not any(p.requires_grad for p in model.parameters()):
             raise ConfigError(f"{self.code.name('make_model')}: the model has no trainable parameters")
+        _say_what_is_kept(model, self.code.name("make_model"))
         model = model.float().to(self.device)
         try:
             sets = self.code.datasets(self.context())
@@ -148,13 +167,14 @@ class Trainer:
         join, before any training, naming the callable. In eval mode: nothing
         of the model (BatchNorm statistics) changes."""
         batch = to_device(next(iter(eval_loader(self.train_set, 2))), self.device)
-        self.model.eval()
-        with self.precision.autocast():
-            loss, _ = self._call("loss", lambda: self.code.loss(self.model, batch))
-        del loss
-        first = to_device(next(iter(eval_loader(self.test_set, 2))), self.device)
-        with torch.no_grad(), self.precision.autocast():
-            self._call("evaluate", lambda: self.code.evaluate(self.model, [first]))
+        with modes_kept(self.model):
+            self.model.eval()
+            with self.precision.autocast():
+                loss, _ = self._call("loss", lambda: self.code.loss(self.model, batch))
+            del loss
+            first = to_device(next(iter(eval_loader(self.test_set, 2))), self.device)
+            with torch.no_grad(), self.precision.autocast():
+                self._call("evaluate", lambda: self.code.evaluate(self.model, [first]))
         self.model.zero_grad(set_to_none=True)
 
     def _call(self, name: str, fn):
@@ -269,8 +289,7 @@ class Trainer:
         DBS's step model; the rest (reading, forward, backward) grows with the batch."""
         timed = self.device.type != "cuda" or self.step_count % CUDA_SPLIT_EVERY == 0
         self._fixed_work = math.nan
-        self.model.train()
-        t0 = time.perf_counter()
+        t0 = time.perf_counter()  # in the modes make_model left (a module in eval mode stays so)
         self.optimizer.zero_grad(set_to_none=True)
         fixed = time.perf_counter() - t0
         total, size, finite = 0.0, 0, True
@@ -351,10 +370,10 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """The job's metrics on the test set."""
-        self.model.eval()
+        """The job's metrics on the test set, in eval mode; each module's own mode after."""
         batches = (to_device(b, self.device, non_blocking=True) for b in eval_loader(self.test_set, EVAL_BATCH))
-        with self.precision.autocast():
+        with modes_kept(self.model), self.precision.autocast():
+            self.model.eval()
             return self.code.evaluate(self.model, batches)
 
     def save(self, path: Path, **meta: object) -> None:

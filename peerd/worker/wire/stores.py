@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Iterable
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,7 +23,9 @@ import torch
 from peerd.core.segments import Span, chunk_spans, split_even
 from peerd.errors import InvalidMessage, JobMismatch, RoundMismatch
 from peerd.worker.wire import quant
-from peerd.worker.wire.values import FINAL_STAGE, to_wire  # FINAL_STAGE: still importable from here
+from peerd.worker.wire.finalstore import FinalStore  # importable from here
+from peerd.worker.wire.values import FINAL_STAGE, STAGES, to_wire  # FINAL_STAGE: still importable from here
+from peerd.worker.wire.waits import wait_until  # importable from here
 
 KEEP_ROUNDS = 2
 
@@ -44,22 +46,6 @@ def check_identity(identity: Identity, job: str, fingerprint: str) -> None:
             f"job mismatch: this worker runs {identity.job!r} with fingerprint "
             f"{identity.fingerprint}, the request is for {job!r} with {fingerprint}"
         )
-
-
-async def wait_until(changed: asyncio.Condition, predicate, wait_s: float) -> None:
-    """Wait (holding `changed`) until predicate() or wait_s passed, whichever is first.
-
-    asyncio.timeout, not wait_for: wait_for runs the wait in another task, and a
-    caller cancelled (a gRPC client giving up) while that task re-acquires the lock
-    left the `async with` without it ("Lock is not acquired"), after which the task
-    took the lock for good and the worker hung at its next publish (seen under load
-    in bench/dbs.py and by the soak harness; tests/worker/test_snapshot_locks.py). In one
-    task, Condition.wait re-acquires before anything leaves."""
-    try:
-        async with asyncio.timeout(max(wait_s, 0.0)):
-            await changed.wait_for(predicate)
-    except TimeoutError:
-        pass
 
 
 class _Slot:
@@ -335,48 +321,6 @@ class StageStore:
                 self._changed.notify_all()
 
 
-class FinalStore:
-    """A finished worker's final model, served as stage 3 for the consensus
-    (peerd.worker.state.consensus). A request waits up to its wait_s for the model;
-    one to a worker that will never publish it (it left) is refused at once."""
-
-    def __init__(self) -> None:
-        self.vector: torch.Tensor | None = None
-        self.layout: list[Span] | None = None  # its segments: the gossip's, then the buffers' (finalmodel)
-        self.finished = False  # no final model will come
-        self.served = 0  # segments streamed whole: the finish waits for its set's reads
-        self._changed = asyncio.Condition()
-
-    async def publish(self, vector: torch.Tensor, layout: list[Span] | None = None) -> None:
-        async with self._changed:
-            self.vector, self.layout = vector, layout
-            self._changed.notify_all()
-
-    async def finish(self) -> None:
-        async with self._changed:
-            self.finished = True
-            self._changed.notify_all()
-
-    async def get(self, wait_s: float) -> torch.Tensor:
-        async with self._changed:
-            await wait_until(self._changed, lambda: self.vector is not None or self.finished, wait_s)
-            if self.vector is None:
-                why = "left the job" if self.finished else "still training"
-                raise RoundMismatch(f"no final model here (peer {why})", -1)
-            return self.vector
-
-    async def wait_served(self, reads: int, wait_s: float) -> bool:
-        """Wait until `reads` segments were streamed (or wait_s passed)."""
-        async with self._changed:
-            await wait_until(self._changed, lambda: self.served >= reads, wait_s)
-            return self.served >= reads
-
-    async def note_served(self) -> None:
-        async with self._changed:
-            self.served += 1
-            self._changed.notify_all()
-
-
 class SegmentServer:
     """Serves this worker's snapshots and stage values, chunked.
     Transport-independent: the gRPC servicer and the in-memory twin both call it."""
@@ -404,17 +348,12 @@ class SegmentServer:
         if self.wire == "int8":  # whole blocks in every chunk but the last (peerd.worker.wire.quant)
             chunk_elems = -(-chunk_elems // quant.BLOCK) * quant.BLOCK
         check_identity(self.identity, job, fingerprint)
-        if stage not in (0, 1, 2, FINAL_STAGE):
-            raise InvalidMessage(f"stage {stage} out of range 0..{FINAL_STAGE}", "bad_segment")
-        if stage == FINAL_STAGE:
-            vector = await self.final.get(wait_s)
-            layout = self.final.layout or self.layout
-            if not 0 <= segment < len(layout):
-                raise InvalidMessage(f"segment {segment} out of range 0..{len(layout) - 1}", "bad_segment")
-            span = layout[segment]
-            for piece in chunk_spans(span.size, chunk_elems):
-                yield piece.start, span.size, to_wire(vector[span.start + piece.start : span.start + piece.stop], "fp32")
-            await self.final.note_served()
+        if stage not in STAGES:
+            raise InvalidMessage(f"stage {stage} out of range 0..{max(STAGES)}", "bad_segment")
+        if stage >= FINAL_STAGE:  # the end consensus (peerd.worker.wire.finalstore)
+            async with aclosing(self.final.serve(round_, segment, wait_s, stage, chunk_elems, self.layout)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
             return
         if not 0 <= segment < len(self.layout):
             raise InvalidMessage(f"segment {segment} out of range 0..{len(self.layout) - 1}", "bad_segment")

@@ -10,14 +10,17 @@ import torch
 from peerd.worker.wire import quant
 
 FINAL_STAGE = 3  # a request's stage for the final model (the consensus at the job's end)
+FINAL_PART_STAGE = 4  # a part of the final model, as a plan of the end consensus cuts it
+FINAL_MEAN_STAGE = 5  # a part's average over the plan's set
+STAGES = frozenset(range(FINAL_MEAN_STAGE + 1))
 WIRE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 ITEMSIZE = {"fp32": 4, "fp16": 2, "bf16": 2}
 
 
 def stage_wire(stage: int, wire: str) -> str:
-    """The final model travels in fp32 whatever the job's wire: every peer must
-    sum exactly the values the others sum (its own included)."""
-    return "fp32" if stage == FINAL_STAGE else wire
+    """The final model and its averages travel in fp32 whatever the job's wire:
+    every peer must sum exactly the values the others sum (its own included)."""
+    return "fp32" if stage >= FINAL_STAGE else wire
 
 
 def wire_nbytes(wire: str, n: int) -> int:

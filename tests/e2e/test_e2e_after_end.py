@@ -1,0 +1,149 @@
+"""End to end: every machine that took part in a job ends with the job's model
+(docs/operations.md, "When a member comes back after the end"). A member that
+was away at the end (its machine down, its daemon or its worker frozen) or a
+newcomer after the end trains nothing alone and ends with the model the job's
+members agreed on, byte for byte, taken from their daemons."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+
+import pytest
+
+from conftest import all_finished, example_job, first_jobs, peerctl, round_of, wait_for
+
+pytestmark = pytest.mark.e2e
+
+
+def model_bytes(peer, job: str) -> bytes:
+    return (peer.dir / "state" / "jobs" / job / "model.pt").read_bytes()
+
+
+def record(peer, job: str) -> dict:
+    return json.loads((peer.dir / "state" / "jobs" / job / "model.json").read_text())
+
+
+def worker_log(peer, job: str) -> str:
+    return (peer.dir / "state" / "jobs" / job / "worker.log").read_text()
+
+
+def test_a_member_back_after_the_end_takes_the_jobs_model_not_its_checkpoints(local_cluster):
+    cluster = local_cluster(2)
+    steady, victim = cluster.peers
+    wait_for(lambda: all(cluster.client(p).status().peers_known == 1 for p in cluster.peers), 30, "discovery")
+    text = example_job(job={"name": "ended", "epochs": 3, "eval_every_rounds": 20},
+                       checkpoint={"every_rounds": 5, "every_s": 0})
+    for peer in cluster.peers:
+        cluster.client(peer).join(text)
+    log_path = victim.dir / "state" / "jobs" / "ended" / "worker.log"
+    wait_for(lambda: log_path.exists() and re.search(r"checkpoint of round \d+ written", log_path.read_text()),
+             300, "a checkpoint of the victim's")
+    victim.process.kill()  # the machine goes down mid-job, an early checkpoint on its disk
+    victim.process.wait()
+    wait_for(lambda: all_finished(first_jobs(cluster, [steady])), 600, "the other peer to finish the job")
+
+    cluster.start(victim)  # it comes back after the job's end
+    cluster.wait_ready()
+    [job] = wait_for(lambda: (jobs := cluster.client(victim).status().jobs) and all_finished(jobs[:1]), 180,
+                     "the restarted worker to end")
+    log = worker_log(victim, "ended")
+    assert "the job finished on peer-0 while this worker was away" in log, log[-3000:]
+    assert "took the job's model from peer-0" in log, log[-3000:]
+    assert "training from round" not in log.split("while this worker was away")[-1]  # nothing trained alone
+    assert model_bytes(victim, "ended") == model_bytes(steady, "ended")
+    assert record(victim, "ended")["taken_from"] == "peer-0"
+    assert record(victim, "ended")["consensus_digest"] == record(steady, "ended")["consensus_digest"]
+    assert job.workers[0].progress.model_source == "the job's, from peer-0", job
+
+
+def test_a_newcomer_after_the_end_trains_nothing_and_takes_the_jobs_model(local_cluster):
+    cluster = local_cluster(2)
+    first, late = cluster.peers
+    wait_for(lambda: all(cluster.client(p).status().peers_known == 1 for p in cluster.peers), 30, "discovery")
+    text = example_job(job={"name": "over", "epochs": 1, "eval_every_rounds": 1000})
+    cluster.client(first).join(text)
+    wait_for(lambda: all_finished(first_jobs(cluster, [first])), 300, "the first peer to finish the job")
+    cluster.client(late).join(text)
+    [job] = wait_for(lambda: all_finished(first_jobs(cluster, [late])), 300, "the newcomer to end")
+    log = worker_log(late, "over")
+    assert "the job finished on peer-0 before this worker came: nothing left to train here" in log, log[-3000:]
+    assert job.progress.step == 0
+    assert model_bytes(late, "over") == model_bytes(first, "over")
+    assert record(late, "over")["taken_from"] == "peer-0"
+
+
+def _frozen(pid: int, seconds: float) -> None:
+    """SIGSTOP for `seconds`, then SIGCONT: the event under test, not a wait for a race."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        time.sleep(seconds)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+@pytest.mark.parametrize("frozen, seconds", [("daemon", 25.0), ("worker", 20.0)])
+def test_a_frozen_member_trains_on_and_ends_with_the_jobs_model(local_cluster, frozen, seconds):
+    """Whether the job ends during the freeze or after it (the machine's speed
+    decides), both members end with one model: an end that left out a member
+    that had finished takes that member's model."""
+    cluster = local_cluster(2)
+    steady, victim = cluster.peers
+    wait_for(lambda: all(cluster.client(p).status().peers_known == 1 for p in cluster.peers), 30, "discovery")
+    text = example_job(job={"name": "frozen", "epochs": 6, "eval_every_rounds": 1000, "min_peers": 2})
+    for peer in cluster.peers:
+        cluster.client(peer).join(text)
+    wait_for(lambda: round_of(cluster, victim) >= 5, 300, "the job to be under way")
+    [before] = first_jobs(cluster, [victim])
+    _frozen(victim.process.pid if frozen == "daemon" else before.worker_pid, seconds)
+    done = wait_for(lambda: all_finished(first_jobs(cluster)), 600, "both peers to finish the job")
+    assert model_bytes(victim, "frozen") == model_bytes(steady, "frozen")
+    log = worker_log(victim, "frozen")
+    # It trained through the freeze (no restart, no lost daemon) and agreed on the end.
+    assert "lost the daemon" not in log, log[-3000:]
+    assert done[1].worker_pid in (0, before.worker_pid) and done[1].restarts == 0, done[1]
+    assert record(victim, "frozen")["consensus_digest"] == record(steady, "frozen")["consensus_digest"]
+
+
+def test_a_daemon_frozen_through_the_jobs_end_ends_with_the_jobs_model(local_cluster):
+    """Frozen until the other member has finished (an event, not a duration): the
+    frozen member's worker trains to its own end meanwhile and, having left out a
+    member that finished first, takes that member's model instead of its own."""
+    cluster = local_cluster(2)
+    steady, victim = cluster.peers
+    wait_for(lambda: all(cluster.client(p).status().peers_known == 1 for p in cluster.peers), 30, "discovery")
+    text = example_job(job={"name": "thaw", "epochs": 8, "eval_every_rounds": 1000, "min_peers": 2})
+    for peer in cluster.peers:
+        cluster.client(peer).join(text)
+    wait_for(lambda: round_of(cluster, victim) >= 3, 300, "the job to be under way")
+    os.kill(victim.process.pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: all_finished(first_jobs(cluster, [steady])), 600, "the other member to finish")
+    finally:
+        os.kill(victim.process.pid, signal.SIGCONT)
+    wait_for(lambda: (jobs := cluster.client(victim).status().jobs) and jobs[0].state == "finished", 600,
+             "the frozen member to end")
+    assert model_bytes(victim, "thaw") == model_bytes(steady, "thaw")
+    assert record(victim, "thaw")["taken_from"] == "peer-0"
+
+
+def test_a_member_paused_until_after_the_end_takes_the_jobs_model(local_cluster):
+    cluster = local_cluster(2)
+    steady, owned = cluster.peers
+    wait_for(lambda: all(cluster.client(p).status().peers_known == 1 for p in cluster.peers), 30, "discovery")
+    text = example_job(job={"name": "paused", "epochs": 3, "eval_every_rounds": 1000, "min_peers": 2})
+    for peer in cluster.peers:
+        cluster.client(peer).join(text)
+    wait_for(lambda: round_of(cluster, owned) >= 5, 300, "the job to be under way")
+    out = peerctl(owned, "pause")  # the owner needs the machine: the worker leaves with a checkpoint
+    assert out.returncode == 0, out
+    wait_for(lambda: all_finished(first_jobs(cluster, [steady])), 600, "the other member to finish")
+    assert peerctl(owned, "resume").returncode == 0
+    wait_for(lambda: (jobs := cluster.client(owned).status().jobs) and jobs[0].state == "finished", 300,
+             "the paused member to end")
+    assert model_bytes(owned, "paused") == model_bytes(steady, "paused")
+    assert record(owned, "paused")["taken_from"] == "peer-0"
+    assert "took the job's model from peer-0" in worker_log(owned, "paused")
