@@ -250,6 +250,7 @@ class Engine:
             started = time.monotonic()
             await self.capture_if_wanted()  # asked during the last step: at once, not after the exchange
             result = await self.rounds.next_round(self._view, self.capture_if_wanted)
+            self._end_if_reached_elsewhere()
             started = self.time.add("round", started)
             if self.link.export_path and self.link.export_path != self.exported:
                 await self._export(self.link.export_path)
@@ -266,6 +267,17 @@ class Engine:
             return self._next_plan()
         finally:
             self._parked = False
+
+    def _end_if_reached_elsewhere(self) -> None:
+        """A member asked for this worker's final model: it has reached the job's
+        end, so this worker's training is over too, at this round, rather than
+        alone past it on its own clock (docs/algorithms.md, "One agreed end")."""
+        source = self.source
+        if not self.final.end_reached_elsewhere or source.ended_elsewhere or self.stage != Stage.TRAINING:
+            return
+        source.ended_elsewhere = True
+        log.info("round %d: another member has reached the job's end (it asked for this worker's final "
+                 "model); ending here with it, at epoch %.3f of %g", self.round, source.progress, self.spec.epochs)
 
     async def _export(self, path: str) -> None:
         """peerctl export: the exact average of this round's snapshots of the

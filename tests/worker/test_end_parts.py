@@ -130,11 +130,29 @@ async def test_a_member_still_training_is_waited_for():
         await until(lambda: all(transports[p].tries.get("mem-p2", 0) >= 3 for p in ("p0", "p1")),
                     "the early members to have asked p2 three times", timeout_s=60.0)
         assert not any(t.done() for t in early)
+        # The asks told p2 that the job's end is reached (its engine ends at its next round).
+        assert group[2].final.end_reached_elsewhere
         late = await group[2].conclude(addresses, transports["p2"], 5.0, patience)
         results = [*(await asyncio.gather(*early)), late]
     finally:
         await cancelled(early)
     assert all(c.plan.size == 3 and torch.equal(c.vector, reference(group)) for c in results)
+
+
+async def test_only_a_request_to_a_member_still_training_tells_it_the_end_is_reached():
+    """A request for a final model marks the job's end on a member that has no
+    final model yet, never on one that has published its own or left."""
+    group = members(3)
+    addresses, transports = in_memory(group)
+    await group[1].final.publish(group[1].own.values, group[1].own.layout, TAIL)
+    await group[2].final.withdraw("left the job")
+    out = torch.empty(group[1].own.layout[0].size)
+    await transports["p0"].fetch_segment(addresses["p1"], 0, 0, out, 1.0, stage=3)
+    assert torch.equal(out, group[1].own.values[: out.numel()])
+    with pytest.raises(Exception, match="left the job"):
+        await transports["p0"].fetch_segment(addresses["p2"], 0, 0, out, 1.0, stage=3)
+    assert not group[1].final.end_reached_elsewhere and not group[2].final.end_reached_elsewhere
+    assert not group[0].final.end_reached_elsewhere
 
 
 async def cancelled(tasks: list[asyncio.Task]) -> None:

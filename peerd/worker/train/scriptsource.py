@@ -61,6 +61,8 @@ class ScriptLoader(DataLoader):
     def __iter__(self) -> Iterator:
         for batch in super().__iter__():
             if self.source is not None:
+                if self.source.ended_elsewhere:  # batches read ahead are not trained on past the job's end
+                    return
                 self.source.received += 1
             yield batch
 
@@ -86,6 +88,7 @@ class ScriptSource:
         self.received = self.counted = 0  # the loader's batches the script took, and peer.step() counted
         self._accumulation_seen = False  # at this process's first optimizer step
         self.step_count = self.samples = self.skipped_steps = 0
+        self.ended_elsewhere = False  # Source.ended_elsewhere
         self.progress = 0.0
         self.share = self.lr = math.nan
         self.meter = StepMeter()
@@ -143,7 +146,7 @@ class ScriptSource:
     def done(self) -> bool:
         # `is not None`: a sampler's len() is the batches still to come, 0 once the last is read ahead.
         read = self.cursor is not None and self.cursor.done and not (self.sampler is not None and self.sampler.handed)
-        return self.progress >= self.spec.epochs or read
+        return self.progress >= self.spec.epochs or read or self.ended_elsewhere
 
     def adopt_state(self, vector: torch.Tensor, extra: bytes, step: int, progress: float) -> None:
         self.state.adopt(vector, extra)

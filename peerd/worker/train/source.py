@@ -32,5 +32,6 @@ class Source(Protocol):
     lr_control: LrControl  # the LR law in force and its factor now
     global_batch: int
     skipped_steps: int
+    ended_elsewhere: bool  # the job's end reached another member first: done here at once (the engine sets it)
 
     def adopt_state(self, vector: torch.Tensor, extra: bytes, step: int, progress: float) -> None: ...

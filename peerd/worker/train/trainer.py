@@ -120,6 +120,7 @@ class Trainer:
         self.samples = 0
         self.last_indices: list[int] = []  # the samples of the last step
         self.skipped_steps = 0  # non-finite loss or overflowing gradients: not applied
+        self.ended_elsewhere = False  # Source.ended_elsewhere
         self.extras: dict[str, float] = {}  # the loss function's extra scalars, last step
         self.meter = StepMeter()  # loss, speed and fixed cost (with the slowdown's sleep), no network wait
         self.health = Health(spec.metric, spec.metric_mode == "max", spec.chance)  # the collapse watch
@@ -208,7 +209,7 @@ class Trainer:
 
     @property
     def done(self) -> bool:
-        return self.progress >= self.spec.epochs
+        return self.progress >= self.spec.epochs or self.ended_elsewhere
 
     def context(self) -> JobContext:
         d = self.spec.data_loading

@@ -50,6 +50,10 @@ class FinalStore:
         self._lacking = False  # an owner of `working` failed it: it asks the others, so it refuses theirs at once
         self.done: EndPlan | None = None  # the plan of `working` once it holds the whole average
         self._asked: set[int] = set()  # plans the others asked this worker for parts of
+        # Asked for a final model while still training: the asker has reached the
+        # job's end, so this worker ends too, at its next round (docs/algorithms.md,
+        # "One agreed end").
+        self.end_reached_elsewhere = False
         self._changed = asyncio.Condition()
 
     async def publish(self, vector: torch.Tensor, layout: list[Span] | None = None, int_tail: int = 0) -> None:
@@ -162,6 +166,8 @@ class FinalStore:
         """(offset, total, fp32 data) chunks of what a stage 3, 4 or 5 request
         asks for; stage 3 in the published layout (`layout`, the gossip's,
         when none was)."""
+        if self.vector is None and not self.finished:
+            self.end_reached_elsewhere = True
         if stage in (FINAL_PART_STAGE, FINAL_MEAN_STAGE):
             if not 0 <= segment < plan_size(round_):
                 raise InvalidMessage(f"part {segment} out of range for a plan of {plan_size(round_)}", "bad_segment")

@@ -1,0 +1,58 @@
+"""End to end: one agreed end (docs/algorithms.md, "One agreed end"). Members
+reach the job's end on their own clocks; the first that does asks the others
+for their final models, and a member still training ends at its next round
+rather than train on alone."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import all_finished, first_jobs, round_of, wait_for
+
+pytestmark = pytest.mark.e2e
+
+JOBCODE = str(Path(__file__).parents[1] / "jobcode")
+EPOCHS = 5
+
+
+def test_a_member_behind_ends_with_the_first_at_its_next_round(local_cluster, tmp_path, monkeypatch):
+    """Shared data, 2 daemons, the second joins mid-chunk. A newcomer reads from
+    the next chunk boundary on (docs/algorithms.md, "Data partition"), so the
+    first member still holds the rest of the chunk under way at the join, alone:
+    it reaches the end later than the newcomer by that many steps (up to a
+    chunk's, 300 here). It ends at the newcomer's end instead."""
+    reads = tmp_path / "reads"
+    reads.mkdir()
+    monkeypatch.setenv("PEERD_TEST_READ_LOG", str(reads))  # ids_job logs every sample it trains on
+    # Steps of a few ms (slowdown 10 on both: equal speeds), so that the first
+    # member is still in the job's first epochs when the second has started.
+    cluster = local_cluster(2, slowdowns=(10.0, 10.0))
+    wait_for(lambda: all(cluster.client(p).status().peers_known == 1 for p in cluster.peers), 60, "discovery")
+    text = ('[job]\nname = "oneend"\nmodule = "ids_job"\nmetric = "loss"\nlocal_batch = 4\n'
+            f'epochs = {EPOCHS}\nepoch_chunks = 2\neval_every_rounds = 1000\n'
+            '[optimizer]\nlr = 0.02\nschedule = "constant"\n')
+    first, late = cluster.peers
+    cluster.client(first).join(text, JOBCODE)
+    wait_for(lambda: round_of(cluster, first) >= 50, 120, "the first member to train")
+    cluster.client(late).join(text, JOBCODE)
+    wait_for(lambda: round_of(cluster, late) > 0, 120, "the second member to join")
+    at_join = round_of(cluster, first)
+    print(f"one end: the second member joined at round {at_join}")
+    assert at_join < 0.8 * EPOCHS * 600, "the job was nearly over at the join: make it longer"
+    wait_for(lambda: all_finished(first_jobs(cluster)), 600, "both members to finish")
+
+    jobs = [p.dir / "state" / "jobs" / "oneend" for p in cluster.peers]
+    records = [json.loads((d / "model.json").read_text()) for d in jobs]
+    logs = [(d / "worker.log").read_text() for d in jobs]
+    rounds = [r["round"] for r in records]
+    print(f"one end: rounds {rounds}, epochs {[round(r['progress'], 4) for r in records]}")
+    assert all(sorted(r["consensus"]) == sorted(p.peer_id for p in cluster.peers) for r in records), records
+    assert len({(d / "model.pt").read_bytes() for d in jobs}) == 1
+    # Neither trained on alone after the other's end: the rounds agree to the few
+    # a member runs between its partner's last round and its partner's first ask.
+    assert max(rounds) - min(rounds) <= 5, rounds
+    ended_early = [k for k, r in enumerate(records) if r["progress"] < EPOCHS]
+    assert all("another member has reached the job's end" in logs[k] for k in ended_early), ended_early
