@@ -147,3 +147,58 @@ def test_a_member_paused_until_after_the_end_takes_the_jobs_model(local_cluster)
     assert model_bytes(owned, "paused") == model_bytes(steady, "paused")
     assert record(owned, "paused")["taken_from"] == "peer-0"
     assert "took the job's model from peer-0" in worker_log(owned, "paused")
+
+
+def _in_its_end_while_the_other_is_frozen(cluster, name: str):
+    """Both members train; the steady one's worker is frozen (SIGSTOP), so the
+    other trains to its end and waits there in its end consensus for the frozen
+    one, which its daemon still lists. Returns (steady, victim, the frozen pid)."""
+    steady, victim = cluster.peers
+    wait_for(lambda: all(cluster.client(p).status().peers_known == 1 for p in cluster.peers), 30, "discovery")
+    text = example_job(job={"name": name, "epochs": 2, "eval_every_rounds": 1000, "min_peers": 2})
+    for peer in cluster.peers:
+        cluster.client(peer).join(text)
+    wait_for(lambda: round_of(cluster, victim) >= 5, 300, "the job to be under way")
+    [frozen] = first_jobs(cluster, [steady])
+    os.kill(frozen.worker_pid, signal.SIGSTOP)
+    return steady, victim, frozen.worker_pid
+
+
+def _phase(cluster, peer) -> str:
+    jobs = cluster.client(peer).status().jobs
+    return jobs[0].progress.phase if jobs else ""
+
+
+def test_a_member_paused_during_its_end_consensus_takes_the_jobs_model(local_cluster):
+    cluster = local_cluster(2)
+    steady, owned, pid = _in_its_end_while_the_other_is_frozen(cluster, "endpause")
+    try:
+        wait_for(lambda: _phase(cluster, owned) == "consensus", 600, "the paused member's end consensus")
+        assert peerctl(owned, "pause").returncode == 0  # its owner arrives during the end
+        wait_for(lambda: first_jobs(cluster, [owned])[0].worker_pid == 0, 120, "the paused member's worker to stop")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    wait_for(lambda: all_finished(first_jobs(cluster, [steady])), 600, "the other member to finish")
+    assert not (owned.dir / "state" / "jobs" / "endpause" / "model.pt").exists()  # none of its own meanwhile
+    assert peerctl(owned, "resume").returncode == 0
+    wait_for(lambda: all_finished(first_jobs(cluster, [owned])), 300, "the paused member to end")
+    assert model_bytes(owned, "endpause") == model_bytes(steady, "endpause")
+    assert record(owned, "endpause")["taken_from"] == steady.peer_id
+
+
+def test_a_daemon_killed_during_its_end_and_restarted_after_takes_the_jobs_model(local_cluster):
+    cluster = local_cluster(2)
+    steady, victim, pid = _in_its_end_while_the_other_is_frozen(cluster, "endkill")
+    try:
+        wait_for(lambda: _phase(cluster, victim) == "consensus", 600, "the victim's end consensus")
+        victim.process.kill()  # its worker dies with it (the parent-death signal)
+        victim.process.wait()
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    wait_for(lambda: all_finished(first_jobs(cluster, [steady])), 600, "the other member to finish")
+    cluster.start(victim)  # back after the job's end
+    cluster.wait_ready()
+    wait_for(lambda: (jobs := cluster.client(victim).status().jobs) and all_finished(jobs[:1]), 300,
+             "the restarted member to end")
+    assert model_bytes(victim, "endkill") == model_bytes(steady, "endkill")
+    assert record(victim, "endkill")["taken_from"] == steady.peer_id
