@@ -38,6 +38,7 @@ from peerd.worker.state.checkpoint import CheckpointDir
 from peerd.worker.state.checkpointer import Checkpointer
 from peerd.worker.state.consensus import round_consensus, state_with
 from peerd.worker.ending import CLOSE_TIMEOUT_S, JobEnd
+from peerd.worker.round.outer import describe as describe_outer
 from peerd.worker.round.shared import RoundResult
 from peerd.worker.join import HEARTBEAT_S, Join
 from peerd.worker.link import SupervisorLink
@@ -147,6 +148,8 @@ class Engine:
         log.info("serving exchange on %s; %d parameters in %d segments; %s gossip%s, %s on the wire",
                  address, self.state.flat.numel, len(self.rounds.layout), g.mode,
                  f" in groups of ≤ {g.group_size}" if g.mode == "hierarchical" else "", g.wire)
+        if self.spec.outer.enabled:  # the rounds come every H local steps, each followed by the outer step
+            log.info("%s, after each round (the LR law scales the inner LR only)", describe_outer(self.spec.outer))
         return address
 
     async def _begin(self, address: str) -> StepPlan:
