@@ -24,6 +24,15 @@ class OuterRule(Protocol):
     nesterov: bool
 
 
+def describe(every: int, rule: OuterRule) -> str:
+    """The outer step in force, as the worker's log, peerctl status and
+    check-config say it; "" without one (`every` 0)."""
+    if not every:
+        return ""
+    kind = "Nesterov momentum" if rule.nesterov and rule.momentum else "momentum"
+    return f"outer SGD every {every} local steps: lr {rule.lr:g}, {kind} {rule.momentum:g}"
+
+
 @dataclass(frozen=True)
 class OuterSlices:
     """One stretch of the parameters: the anchor θ₀, the round's result θ_avg

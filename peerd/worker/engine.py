@@ -29,6 +29,7 @@ from pathlib import Path
 
 from peerd.core.health import describe
 from peerd.core.lifecycle import Event, Outcome, Stage, outcome_of, step
+from peerd.core.outer import describe as describe_outer
 from peerd.core.shares import BatchPlan, Rebalancer, published_costs
 from peerd.core.stepplan import StepPlan, members_of, own_view, step_plan
 from peerd.settings.jobspec import JobSpec
@@ -38,7 +39,6 @@ from peerd.worker.state.checkpoint import CheckpointDir
 from peerd.worker.state.checkpointer import Checkpointer
 from peerd.worker.state.consensus import round_consensus, state_with
 from peerd.worker.ending import CLOSE_TIMEOUT_S, JobEnd
-from peerd.worker.round.outer import describe as describe_outer
 from peerd.worker.round.shared import RoundResult
 from peerd.worker.join import HEARTBEAT_S, Join
 from peerd.worker.link import SupervisorLink
@@ -149,7 +149,7 @@ class Engine:
                  address, self.state.flat.numel, len(self.rounds.layout), g.mode,
                  f" in groups of ≤ {g.group_size}" if g.mode == "hierarchical" else "", g.wire)
         if self.spec.outer.enabled:  # the rounds come every H local steps, each followed by the outer step
-            log.info("%s, after each round (the LR law scales the inner LR only)", describe_outer(self.spec.outer))
+            log.info("%s, after each round (the LR law scales the inner LR only)", describe_outer(self.spec.outer.every, self.spec.outer))
         return address
 
     async def _begin(self, address: str) -> StepPlan:

@@ -15,10 +15,10 @@ import pytest
 import torch
 from torch import nn
 
-from peerd.core.outer import OuterSlices, outer_step
+from peerd.core.outer import OuterSlices, describe, outer_step
 from peerd.security.rejections import Rejections
 from peerd.settings.jobspec import parse_job
-from peerd.worker.round.outer import OuterStep, describe
+from peerd.worker.round.outer import OuterStep
 from peerd.worker.round.rounds import Rounds
 from peerd.worker.state.checkpoint import CheckpointDir
 from peerd.worker.state.pull import StateMeta
@@ -190,7 +190,12 @@ async def test_a_newcomer_and_a_resumed_worker_take_the_anchor_and_momentum(tmp_
 
 
 def test_the_log_line_says_which_outer_step_is_in_force():
-    assert describe(job().outer) == "outer SGD every 4 local steps: lr 0.7, Nesterov momentum 0.9"
-    assert describe(job(outer="every = 8\nlr = 0.5\nmomentum = 0.8\nnesterov = false\n").outer) == \
+    def said(outer: str) -> str:
+        spec = job(outer=outer).outer
+        return describe(spec.every, spec)
+
+    assert said("every = 4\n") == "outer SGD every 4 local steps: lr 0.7, Nesterov momentum 0.9"
+    assert said("every = 8\nlr = 0.5\nmomentum = 0.8\nnesterov = false\n") == \
         "outer SGD every 8 local steps: lr 0.5, momentum 0.8"
-    assert describe(job(outer="every = 0\n").outer) == ""
+    assert said("every = 8\nmomentum = 0\n") == "outer SGD every 8 local steps: lr 0.7, momentum 0"
+    assert said("every = 0\n") == ""

@@ -18,14 +18,6 @@ from peerd.settings.jobspec import OuterSpec
 from peerd.worker.state.trainstate import TrainState
 
 
-def describe(outer: OuterSpec) -> str:
-    """The outer step in force, as the log and a status say it."""
-    if not outer.enabled:
-        return ""
-    kind = "Nesterov momentum" if outer.nesterov and outer.momentum else "momentum"
-    return f"outer SGD every {outer.every} local steps: lr {outer.lr:g}, {kind} {outer.momentum:g}"
-
-
 class OuterStep:
     def __init__(self, outer: OuterSpec, state: TrainState) -> None:
         if state.anchor is None or state.outer_momentum is None:
