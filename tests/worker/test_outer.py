@@ -28,7 +28,7 @@ from peerd.worker.wire.stores import Identity, SegmentServer
 from peerd.worker.wire.transport import MemoryTransport
 
 
-def job(mode: str = "crossover", outer: str = "every = 4\n"):
+def job(mode: str = "crossover", outer: str = "every = 4\n", gossip: str = ""):
     return parse_job(textwrap.dedent(f"""
         [job]
         name = "outer"
@@ -37,8 +37,7 @@ def job(mode: str = "crossover", outer: str = "every = 4\n"):
         mode = "{mode}"
         group_size = 2
         segments = 4
-        [outer]
-    """) + outer, "outer.toml")
+    """) + gossip + "[outer]\n" + outer, "outer.toml")
 
 
 class Worker:
@@ -50,7 +49,9 @@ class Worker:
         self.model = nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Linear(32, 3))
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1, momentum=0.9)
         init_state(self.optimizer)
-        self.state = TrainState(self.model, self.optimizer, outer=spec.outer.enabled)
+        g = spec.gossip
+        self.state = TrainState(self.model, self.optimizer, average_buffers=g.average_buffers,
+                                average_optimizer_state=g.average_optimizer_state, outer=spec.outer.enabled)
         link = types.SimpleNamespace(localities={}, daemons={})
         self.rounds = Rounds(spec, self.id, self.state, link, None, Rejections(logging.getLogger("test")))
 
@@ -142,6 +143,24 @@ async def test_frozen_parameters_stay_bit_for_bit_and_their_anchor_follows_them(
         assert torch.equal(w.model[0].weight, before)
         assert torch.equal(w.state.anchor[:n], before.view(-1)) and not w.state.outer_momentum[:n].any()
         assert w.state.outer_momentum[n:].abs().sum() > 0  # the rest took outer steps
+        await w.rounds.aclose()
+
+
+async def test_moments_averaged_with_the_parameters_keep_the_rounds_plain_average():
+    """average_optimizer_state: the optimizer's moments follow the parameters in
+    the gossiped vector; the outer step moves the parameters only, so a pair
+    round leaves the moments at the exact average, as without it."""
+    spec = job(gossip="average_optimizer_state = true\n")
+    workers = [Worker(k, spec, seed=k) for k in range(2)]
+    n = sum(p.numel() for p in workers[0].model.parameters())
+    assert workers[0].state.gossiped == 2 * n and workers[0].state.anchor.numel() == n
+    for k, w in enumerate(workers):
+        w.local_steps(seed=k)
+    moments = (workers[0].state.flat.vector[n:] + workers[1].state.flat.vector[n:]) / 2
+    await one_round(workers, wired(workers))
+    for w in workers:
+        assert torch.allclose(w.state.flat.vector[n:], moments, rtol=0, atol=1e-7)  # lerp's rounding aside
+        assert torch.equal(w.state.flat.vector[:n], w.state.anchor)
         await w.rounds.aclose()
 
 
