@@ -148,8 +148,9 @@ class Engine:
         log.info("serving exchange on %s; %d parameters in %d segments; %s gossip%s, %s on the wire",
                  address, self.state.flat.numel, len(self.rounds.layout), g.mode,
                  f" in groups of ≤ {g.group_size}" if g.mode == "hierarchical" else "", g.wire)
-        if self.spec.outer.enabled:  # the rounds come every H local steps, each followed by the outer step
-            log.info("%s, after each round (the LR law scales the inner LR only)", describe_outer(self.spec.outer.every, self.spec.outer))
+        outer = self.spec.outer
+        if outer.enabled:  # the rounds come every H local steps, each followed by the outer step
+            log.info("%s, after each round (the LR law scales the inner LR only)", describe_outer(outer.every, outer))
         return address
 
     async def _begin(self, address: str) -> StepPlan:
