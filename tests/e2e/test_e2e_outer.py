@@ -20,9 +20,9 @@ from conftest import all_finished, first_jobs, round_of, wait_for
 pytestmark = pytest.mark.e2e
 
 H = 8
-# DiLoCo's outer momentum 0.9 (the default) over 8 steps of this job's SGD
-# reaches 0.88; 0.5 reaches 0.98, as rounds every 8 steps do (docs/algorithms.md,
-# "The outer step").
+# DiLoCo's outer momentum 0.9 (the default) is too much over 8 steps of this
+# job's SGD (0.45); 0.5 reaches 0.977, as rounds every 8 steps do (0.978;
+# docs/algorithms.md, "The outer step").
 MOMENTUM = 0.5
 
 
@@ -39,14 +39,14 @@ def test_three_peers_one_joining_later_end_with_one_model_through_outer_steps(lo
     cluster = local_cluster(3)
     first, second, late = cluster.peers
     wait_for(lambda: all(cluster.client(p).status().peers_known == 2 for p in cluster.peers), 30, "discovery")
-    text = outer_job(name="outer", epochs=10, eval_every_rounds=1000, min_peers=2)
+    text = outer_job(name="outer", epochs=12, eval_every_rounds=1000, min_peers=2)
     assert parse_job(text, "outer job").gossip.period_steps == H
     for peer in (first, second):
         cluster.client(peer).join(text)
-    # The newcomer comes once the first two took outer steps: it must receive an
-    # anchor and a momentum buffer that have moved, not the initial ones.
-    wait_for(lambda: min(round_of(cluster, first), round_of(cluster, second)) >= 2, 120,
-             "the first two peers to take two outer steps")
+    # The newcomer comes once the first two took an outer step: it must receive
+    # an anchor and a momentum buffer that have moved, not the initial ones.
+    wait_for(lambda: min(round_of(cluster, first), round_of(cluster, second)) >= 1, 120,
+             "the first two peers to take an outer step")
     cluster.client(late).join_by_name("outer")
     jobs = wait_for(lambda: all_finished(first_jobs(cluster)), 300, "all three to finish")
 
@@ -54,12 +54,12 @@ def test_three_peers_one_joining_later_end_with_one_model_through_outer_steps(lo
     for log in logs:
         assert f"outer SGD every {H} local steps: lr 0.7, Nesterov momentum {MOMENTUM}" in log, log[:3000]
     took = re.search(r"joining: took the state of round (\d+) ", logs[2])
-    assert took and int(took.group(1)) >= 2, logs[2][:3000]
+    assert took and int(took.group(1)) >= 1, logs[2][:3000]
     for job in jobs:
         # A round (and an outer step) every H local steps, not every step.
         assert job.progress.round <= job.progress.step // H + 1, job.progress
     records = [json.loads((p.dir / "state" / "jobs" / "outer" / "model.json").read_text()) for p in cluster.peers]
     models = {(p.dir / "state" / "jobs" / "outer" / "model.pt").read_bytes() for p in cluster.peers}
     assert len(models) == 1 and len({r["consensus_digest"] for r in records}) == 1
-    # The same job with rounds only: 0.979 with a round every 8 steps (docs/algorithms.md, "The outer step").
+    # The same job with rounds only: 0.976 with a round every step, 0.978 every 8 (docs/algorithms.md).
     assert records[0]["metrics"]["consensus_accuracy"] >= 0.9, records[0]["metrics"]
