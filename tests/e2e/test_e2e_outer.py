@@ -11,9 +11,13 @@ import tomllib
 
 import pytest
 import tomli_w
+import torch
 
 from peerd.cli.localcluster import default_job
+from peerd.examples.mnist import make_model
 from peerd.settings.jobspec import parse_job
+from peerd.worker.state.checkpoint import MAGIC, decode
+from peerd.worker.train.trainer import init_seed
 
 from conftest import all_finished, first_jobs, round_of, wait_for
 
@@ -27,12 +31,25 @@ MOMENTUM = 0.5
 
 
 def outer_job(**job: object) -> str:
-    """The example job with [outer] every = H in place of [gossip] period_steps."""
+    """The example job with [outer] every = H in place of [gossip] period_steps,
+    and a checkpoint every 10 rounds."""
     data = tomllib.loads(default_job().read_text())
     del data["gossip"]["period_steps"]
     data["job"].update(job)
     data["outer"] = {"every": H, "momentum": MOMENTUM}
+    data["checkpoint"] = {"every_rounds": 10, "every_s": 0}
     return tomli_w.dumps(data)
+
+
+def outer_state(job_dir) -> tuple[torch.Tensor, torch.Tensor]:
+    """The anchor and outer momentum buffer in a worker's newest checkpoint: the
+    state vector's last two parts, each as long as the parameters."""
+    newest = max((job_dir / "checkpoints").glob("ckpt-*.peerd"))
+    data = bytearray(newest.read_bytes())
+    header = json.loads(data[len(MAGIC) : data.index(b"\n", len(MAGIC))])
+    _, vector = decode(data, header["job"], header["fingerprint"], header["numel"])
+    n = sum(p.numel() for p in make_model().parameters())
+    return vector[-2 * n : -n], vector[-n:]
 
 
 def test_three_peers_one_joining_later_end_with_one_model_through_outer_steps(local_cluster):
@@ -58,6 +75,13 @@ def test_three_peers_one_joining_later_end_with_one_model_through_outer_steps(lo
     for job in jobs:
         # A round (and an outer step) every H local steps, not every step.
         assert job.progress.round <= job.progress.step // H + 1, job.progress
+    # What only the outer step makes: each worker's state (the newcomer's too) holds
+    # an anchor that moved away from the start and a momentum buffer that is not zero.
+    torch.manual_seed(init_seed(parse_job(text, "outer job"), "peer-0"))
+    start = torch.cat([p.detach().reshape(-1) for p in make_model().parameters()])
+    for peer in cluster.peers:
+        anchor, momentum = outer_state(peer.dir / "state" / "jobs" / "outer")
+        assert momentum.abs().sum() > 0 and not torch.equal(anchor, start), peer.peer_id
     records = [json.loads((p.dir / "state" / "jobs" / "outer" / "model.json").read_text()) for p in cluster.peers]
     models = {(p.dir / "state" / "jobs" / "outer" / "model.pt").read_bytes() for p in cluster.peers}
     assert len(models) == 1 and len({r["consensus_digest"] for r in records}) == 1
