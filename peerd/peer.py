@@ -113,7 +113,8 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, *, scheduler: Sta
     init_state(optimizer)
     spec = launch.spec
     train_state = TrainState(model, optimizer, average_buffers=spec.gossip.average_buffers,
-                             average_optimizer_state=spec.gossip.average_optimizer_state, objects=objects)
+                             average_optimizer_state=spec.gossip.average_optimizer_state, objects=objects,
+                             outer=spec.outer.enabled)
     lr = LrControl(spec.optimizer, lr_of="the script's")
     lr.install(optimizer)
     peer = Peer(launch, ScriptSource(train_state, spec, launch.peer_id, lr),

@@ -1,5 +1,5 @@
 """`peerd check-config JOB.toml`: a job file checked as `peerctl join` checks
-it, and the LR law it puts in force, in the words the worker's log, `peerctl
+it, and the LR law (and outer step) it puts in force, in the words the worker's log, `peerctl
 status` and the live page use (docs/operations.md, "Running the daemon").
 No torch: the daemon's side of peerd never imports it."""
 
@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 from peerd.core.lr import describe, scale_for
+from peerd.core.outer import describe as describe_outer
 from peerd.settings.jobspec import JobSpec, load_job
 
 WORKERS = (1, 2, 4, 8, 16)  # the peer counts the factor is shown for
@@ -18,7 +19,9 @@ def job_lines(path: Path) -> list[str]:
     """What check-config prints for a job file; ConfigError when it is not valid."""
     spec, _ = load_job(path)
     what = f"script {spec.script}" if spec.script else f"module {spec.module or spec.model}"
-    return [f"{path}: valid: job {spec.name!r} ({what})", *lr_lines(spec)]
+    outer = describe_outer(spec.outer.every, spec.outer)
+    return [f"{path}: valid: job {spec.name!r} ({what})", *lr_lines(spec),
+            *([f"{outer}, after each round (docs/algorithms.md, \"The outer step\")"] if outer else [])]
 
 
 def lr_lines(spec: JobSpec) -> list[str]:

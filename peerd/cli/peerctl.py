@@ -64,6 +64,7 @@ def cmd_status(client: ControlClient, args) -> tuple[object, str]:
               if w.progress.collapsed]
     notes += [f"{j.name}/{w.member}: {_lr_law(w.progress)}" for j in s.jobs for w in j.workers
               if w.progress.lr_law]
+    notes += [f"{j.name}/{w.member}: {w.progress.outer}" for j in s.jobs for w in j.workers if w.progress.outer]
     # Whose model model.pt is: "consensus of 3", "own", "the job's, from peer-0", "none: ...".
     notes += [f"{j.name}/{w.member}: model: {w.progress.model_source}" for j in s.jobs for w in j.workers
               if w.progress.model_source]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import tomli_w
@@ -61,6 +61,22 @@ class GossipSpec:
     # Opt-ins beyond the parameters (float tensors only; integer counters are not averaged).
     average_buffers: bool = False  # e.g. BatchNorm running statistics
     average_optimizer_state: bool = False  # e.g. momentum, Adam's moments
+
+
+@dataclass(frozen=True)
+class OuterSpec:
+    """An outer optimizer over the rounds (DiLoCo-style local SGD;
+    docs/algorithms.md, "The outer step"): every `every` local steps a round
+    averages, then SGD with momentum steps the shared anchor by the averaged change."""
+
+    every: int = 0  # H, local steps between outer steps; 0: no outer step (a round every period_steps)
+    lr: float = 0.7
+    momentum: float = 0.9
+    nesterov: bool = True
+
+    @property
+    def enabled(self) -> bool:
+        return self.every > 0
 
 
 @dataclass(frozen=True)
@@ -150,6 +166,7 @@ class JobSpec:
     first_step_warning_s: float = 120.0
     optimizer: OptimizerSpec = OptimizerSpec()
     gossip: GossipSpec = GossipSpec()
+    outer: OuterSpec = OuterSpec()
     train: TrainSpec = TrainSpec()
     data_loading: DataSpec = DataSpec()
     # Where this peer keeps the job secret (docs/operations.md). Only the path is
@@ -183,6 +200,8 @@ class JobSpec:
             del fields["weighting"]
         if self.step_model == "affine":  # ... and of jobs as before the step model was a choice
             del fields["step_model"]
+        if not self.outer.enabled:  # ... and of jobs without an outer step
+            del fields["outer"]
         for key in ("files", "code"):  # ... and of jobs whose code does not travel
             if not fields[key]:
                 del fields[key]
@@ -247,11 +266,13 @@ class JobSpec:
 
 def parse_job(text: str, source: str) -> JobSpec:
     root = Table(load_toml(text, source), source, "")
-    tables = {name: root.sub(name) for name in ("job", "optimizer", "gossip", "train", "data", "checkpoint", "log")}
+    names = ("job", "optimizer", "gossip", "outer", "train", "data", "checkpoint", "log")
+    tables = {name: root.sub(name) for name in names}
     spec = JobSpec(
         **jobtables.job_table(tables["job"]),
         optimizer=OptimizerSpec(**jobtables.optimizer_table(tables["optimizer"])),
         gossip=GossipSpec(**jobtables.gossip_table(tables["gossip"])),
+        outer=OuterSpec(**jobtables.outer_table(tables["outer"])),
         train=TrainSpec(**jobtables.train_table(tables["train"])),
         data_loading=DataSpec(**jobtables.data_table(tables["data"])),
         checkpoint=CheckpointSpec(**jobtables.checkpoint_table(tables["checkpoint"])),
@@ -260,7 +281,26 @@ def parse_job(text: str, source: str) -> JobSpec:
     for table in (*tables.values(), root):
         table.finish()
     _check_together(spec, source)
-    return spec
+    return _with_outer(spec, tables["gossip"].given("period_steps"), source)
+
+
+def _with_outer(spec: JobSpec, period_given: bool, source: str) -> JobSpec:
+    """The outer step's `every` is the rounds' period: a round every H local
+    steps (docs/algorithms.md, "The outer step"). What it does not support yet
+    is refused rather than run some other way."""
+    if not spec.outer.enabled:
+        return spec
+    g = spec.gossip
+    refused = [
+        (period_given, "gossip.period_steps: outer.every sets the local steps between rounds; drop period_steps"),
+        (g.overlap, "gossip.overlap: an overlapped outer exchange is not supported yet; drop overlap"),
+        (g.wire == "int8", "gossip.wire = 'int8': error feedback on the outer changes is not supported yet; "
+                           "use 'fp32', 'fp16' or 'bf16'"),
+    ]
+    for bad, why in refused:
+        if bad:
+            raise ConfigError(f"{source}: [outer] every = {spec.outer.every} with {why}")
+    return replace(spec, gossip=replace(g, period_steps=spec.outer.every))
 
 
 def _check_together(spec: JobSpec, source: str) -> None:

@@ -124,6 +124,22 @@ def gossip_table(gossip: Table) -> dict[str, object]:
     )
 
 
+def outer_table(outer: Table) -> dict[str, object]:
+    """[outer]: the outer step (docs/algorithms.md, "The outer step"); every = 0 leaves it off."""
+    every = outer.get("every", int, 0, check=lambda v: 0 <= v <= 1_000_000,
+                      expect="an integer ≥ 1: local steps between outer steps (0: no outer step)")
+    settings = dict(
+        every=every,
+        lr=outer.get("lr", float, 0.7, check=lambda v: 0 < v < math.inf, expect="a number > 0"),
+        momentum=outer.get("momentum", float, 0.9, check=lambda v: 0 <= v < 1, expect="a number in [0, 1)"),
+        nesterov=outer.get("nesterov", bool, True),
+    )
+    if not every and any(outer.given(key) for key in ("lr", "momentum", "nesterov")):
+        raise ConfigError(f"{outer.where('every')} ≥ 1 is required with the other [outer] keys "
+                          "(the local steps between outer steps, ≥ 1)")
+    return settings
+
+
 def train_table(train: Table) -> dict[str, object]:
     return dict(
         precision=train.get("precision", str, "fp32", check=lambda v: v in PRECISIONS,

@@ -74,6 +74,10 @@ class Table:
             raise ConfigError(f"{where} = {value!r}: expected {expect}")
         return value
 
+    def given(self, key: str) -> bool:
+        """Whether the file sets `key` (a default is not)."""
+        return key in self._data
+
     def where(self, key: str) -> str:
         """How a message names `key`: the file, then the dotted key."""
         return f"{self._source}: {self._name + '.' if self._name else ''}{key}"

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from peerd.core.health import describe
 from peerd.core.lifecycle import Event, Outcome, Stage, outcome_of, step
+from peerd.core.outer import describe as describe_outer
 from peerd.core.shares import BatchPlan, Rebalancer, published_costs
 from peerd.core.stepplan import StepPlan, members_of, own_view, step_plan
 from peerd.settings.jobspec import JobSpec
@@ -147,6 +148,9 @@ class Engine:
         log.info("serving exchange on %s; %d parameters in %d segments; %s gossip%s, %s on the wire",
                  address, self.state.flat.numel, len(self.rounds.layout), g.mode,
                  f" in groups of ≤ {g.group_size}" if g.mode == "hierarchical" else "", g.wire)
+        outer = self.spec.outer
+        if outer.enabled:  # the rounds come every H local steps, each followed by the outer step
+            log.info("%s, after each round (the LR law scales the inner LR only)", describe_outer(outer.every, outer))
         return address
 
     async def _begin(self, address: str) -> StepPlan:

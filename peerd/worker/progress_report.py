@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from peerd.core.checkpoints import LastCheckpoint
+from peerd.core.outer import describe as describe_outer
 from peerd.settings.jobspec import JobSpec
 from peerd.proto.v1 import control_pb2
 from peerd.worker.round.shared import RoundResult
@@ -79,7 +80,7 @@ def progress_of(t: Source, engine: EngineFigures, spec: JobSpec, result: RoundRe
         job_progress=getattr(t, "progress", 0.0), epochs_read=getattr(t, "epochs_read", 0.0),
         training_s=engine.time.training_s, waited_s=engine.time.waited,
         collapsed=bool(engine.collapsed), collapse_reason=engine.collapsed,
-        lr_law=t.lr_control.law(), lr_scale=t.lr_control.scale,
+        lr_law=t.lr_control.law(), lr_scale=t.lr_control.scale, outer=describe_outer(spec.outer.every, spec.outer),
     )
     if result is not None:
         p.partners_reached = len(result.reached)

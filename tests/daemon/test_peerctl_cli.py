@@ -312,3 +312,22 @@ def test_status_says_the_lr_law_in_force_and_its_factor_under_the_table():
     none = 'no scaling: the script\'s LR exactly ([optimizer] scaling = "none")'
     assert status(none, float("nan")).endswith(f"\ntuned/peer-0: LR: {none}")  # before its first step
     assert "LR: " not in status("", float("nan"))
+
+
+def test_status_says_the_outer_step_in_force_under_the_table():
+    from types import SimpleNamespace
+
+    from peerd.control.progress import empty_progress
+    from peerd.proto.v1 import control_pb2
+
+    def status(outer: str) -> str:
+        p = empty_progress()
+        p.outer = outer
+        worker = control_pb2.LocalWorker(member="peer-0", device="cpu", state="running", progress=p)
+        reply = control_pb2.StatusReply(peer_id="peer-0", jobs=[control_pb2.LocalJob(
+            name="local-sgd", state="running", progress=p, workers=[worker])])
+        return peerctl.cmd_status(SimpleNamespace(status=lambda: reply), None)[1]
+
+    said = "outer SGD every 8 local steps: lr 0.7, Nesterov momentum 0.9"
+    assert status(said).endswith(f"\nlocal-sgd/peer-0: {said}")
+    assert "outer SGD" not in status("")

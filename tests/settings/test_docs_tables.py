@@ -201,6 +201,8 @@ JOB_FILES = [
     """,
     # model and data without a job module; whole-model gossip
     '[job]\nname = "entries"\nmodel = "m:f"\ndata = "m:g"\nlocal_batch = 8\n[gossip]\nmode = "whole"\n',
+    # the outer step
+    '[job]\nname = "outer"\nmodule = "m"\n[outer]\nevery = 8\nlr = 0.5\nmomentum = 0.8\nnesterov = false\n',
 ]
 
 

@@ -211,7 +211,8 @@ def test_bad_files_and_code_are_refused(table, key, value, expect):
 
 
 def test_every_field_is_covered_by_changes():
-    tables = ("optimizer", "gossip", "train", "checkpoint", "data_loading", "log")
+    # [outer]'s keys: tests/settings/test_jobspec_outer.py
+    tables = ("optimizer", "gossip", "outer", "train", "checkpoint", "data_loading", "log")
     fields = {f"job.{k}" for k in JobSpec.__dataclass_fields__ if k not in tables}
     fields |= {f"optimizer.{k}" for k in OptimizerSpec.__dataclass_fields__}
     fields |= {f"gossip.{k}" for k in GossipSpec.__dataclass_fields__}
@@ -275,7 +276,7 @@ def test_local_mode_weighting_is_in_the_fingerprint_and_shared_fingerprints_are_
     # before the step model was a choice, and of before code travelled, still match.
     fields = dataclasses.asdict(shared)
     for key in ("secret_file", "checkpoint", "data_loading", "weighting", "step_model", "min_peers",
-                "start_timeout_s", "log", "files", "code", "chance", "first_step_warning_s"):
+                "start_timeout_s", "log", "files", "code", "chance", "first_step_warning_s", "outer"):
         del fields[key]
     canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     assert shared.fingerprint == hashlib.sha256(canonical.encode()).hexdigest()[:32]

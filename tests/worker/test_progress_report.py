@@ -83,3 +83,11 @@ def test_a_collapse_is_reported_with_its_reason_and_none_as_healthy():
     why = "training collapsed at round 50 (loss blow-up): loss 76.2 (first step 2.3) over the last 50 steps"
     p = progress_of(source(), figures(collapsed=why), SPEC, None, empty_progress(), finished=True)
     assert p.collapsed and p.collapse_reason == why and p.finished
+
+
+def test_it_says_the_outer_step_in_force_and_nothing_without_one():
+    assert progress_of(source(), figures(), SPEC, None, empty_progress()).outer == ""
+    text = example_job(outer={"every": 8, "lr": 0.5}).replace("period_steps = 1\n", "")
+    spec = parse_job(text, "job.toml")
+    p = progress_of(source(), figures(), spec, None, empty_progress())
+    assert p.outer == "outer SGD every 8 local steps: lr 0.5, Nesterov momentum 0.9"

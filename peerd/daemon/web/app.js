@@ -226,6 +226,7 @@ function updateJob(part, job, history) {
   const bits = [`round ${job.round}`, `epoch ${fmt(job.epochs, 3)}`, `global batch ${job.global_batch || "-"}`,
     `${job.members.length} members, ${training} training`, job.here ? `here: ${job.state}` : "not run here"];
   if (job.lr_law) bits.push(`LR: ${job.lr_law}`);
+  if (job.outer) bits.push(job.outer);
   if (job.consensus !== null) bits.push(`consensus ${job.metric_name} ${fmt(job.consensus)} of ${job.consensus_peers}`);
   const collapsed = job.members.filter((m) => m.collapsed).map((m) => m.member);
   if (collapsed.length) bits.push(`training collapsed: ${collapsed.join(", ")}`);

@@ -138,7 +138,7 @@ def job_views(status: control_pb2.StatusReply, peers: control_pb2.ListPeersReply
 
 def _job_view(name: str, rows: list[dict], local: control_pb2.LocalJob | None) -> dict:
     """A job's figures at a glance: where the furthest member is, the global
-    batch, the LR law in force (as this daemon's worker has it), the metric's
+    batch, the LR law and outer step in force (as this daemon's worker has it), the metric's
     name and, at the end, the consensus's value."""
     active = [m for m in rows if m["state"] not in ("left", "stopped", "failed")] or rows
     p = local.progress if local is not None else None
@@ -150,6 +150,7 @@ def _job_view(name: str, rows: list[dict], local: control_pb2.LocalJob | None) -
         "epochs": max((m["epochs"] for m in active if m["epochs"] is not None), default=None),
         "global_batch": max((m["global_batch"] for m in active), default=0),
         "lr_law": p.lr_law if p is not None else "",
+        "outer": p.outer if p is not None else "",  # [outer]: the outer step in force, in words
         "metric_name": metric_name, "metric_higher_better": bool(p.metric_higher_better) if p is not None else True,
         "consensus": _num(consensus) if consensus is not None else None,
         "consensus_peers": int(p.metrics.get("consensus_peers", 0)) if p is not None else 0,

@@ -32,6 +32,7 @@ from peerd.worker.link import SupervisorLink
 from peerd.worker.round.overlap import OverlapRunner, RoundExchange, round_exchange
 from peerd.worker.round.context import RoundBuffers, RoundContext, RoundInputs
 from peerd.worker.round.feedback import ErrorFeedback
+from peerd.worker.round.outer import OuterStep
 from peerd.worker.wire.quant import NonFiniteValues
 from peerd.worker.wire.stores import SnapshotStore, StageStore
 from peerd.worker.wire.traffic import ExchangeTimes
@@ -79,6 +80,8 @@ class Rounds:
         # [gossip] overlap: rounds run in the background (peerd.worker.round.overlap)
         self.overlap = OverlapRunner(self.store, numel) if spec.gossip.overlap else None
         self._in_flight: tuple[dict[str, str], float] = ({}, 0.0)  # view and start of the round in flight
+        # [outer]: after each round the anchor's SGD step (peerd.worker.round.outer); never with overlap (jobspec)
+        self.outer = OuterStep(spec.outer, state) if spec.outer.enabled else None
         # The round this worker is in: counted up by next_round, stepped up to a
         # partner ahead, set by a resume. Engine.round reads and sets this one.
         self.round = 0
@@ -101,6 +104,8 @@ class Rounds:
         self.round += 1
         run = self._run_overlapped if self.overlap is not None else self._run_now
         result = await run(view, capture)
+        if self.outer is not None:
+            self.outer.step()
         self._process_outcome(result, view)
         return result
 

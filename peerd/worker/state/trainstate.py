@@ -4,7 +4,9 @@ What a newcomer, a restarted worker and a checkpoint receive (docs/algorithms.md
 
     vector  fp32: the gossiped tensors (parameters, then any buffers or optimizer
             moments the job averages), then every other fp32 tensor of the state
-            (BatchNorm statistics, momentum, Adam's moments), in a fixed order
+            (BatchNorm statistics, momentum, Adam's moments), in a fixed order;
+            with [outer], last, the outer step's anchor and momentum buffer
+            (one value per parameter element each; docs/algorithms.md, "The outer step")
     extra   a small torch.save blob: integer buffers (`num_batches_tracked`),
             the optimizer's scalar state (Adam's `step`), and the state_dict of
             every registered object (GradScaler, LR scheduler, a script's own)
@@ -50,27 +52,35 @@ def _buffers(model: nn.Module) -> tuple[list[tuple[str, torch.Tensor]], list[tup
 
 class TrainState:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, average_buffers: bool = False,
-                 average_optimizer_state: bool = False, objects: dict[str, Stateful] | None = None) -> None:
+                 average_optimizer_state: bool = False, objects: dict[str, Stateful] | None = None,
+                 outer: bool = False) -> None:
         params = [p for p in model.parameters() if p.requires_grad]
         floats, self._int_buffers = _buffers(model)
         moments = state_tensors(optimizer, params)
         gossiped = (floats if average_buffers else []) + (moments if average_optimizer_state else [])
         kept = (floats if not average_buffers else []) + (moments if not average_optimizer_state else [])
         self.flat = FlatParams(model, [t for _, t in gossiped])
-        self.kept = [t for _, t in kept]
+        # [outer]: the anchor starts at the model the job starts from; the buffer at zero.
+        live = self.flat.vector[: sum(p.numel() for p in params)]
+        self.anchor = live.clone() if outer else None
+        self.outer_momentum = torch.zeros_like(live) if outer else None
+        outers = [("outer.anchor", self.anchor), ("outer.momentum", self.outer_momentum)] if outer else []
+        self.kept = [t for _, t in kept + outers]
         # The model's buffers outside the gossiped vector: the end consensus takes them too (finalmodel).
         self.kept_float_buffers = [t for _, t in floats] if not average_buffers else []
         self.kept_float_buffers += [t for _, t in self._int_buffers if t.is_floating_point()]  # fp16, fp64, ...
         self.int_buffers = [t for _, t in self._int_buffers if not t.is_floating_point()]
-        self.names = [n for n, _ in gossiped] + [n for n, _ in kept]
+        self.names = [n for n, _ in gossiped + kept + outers]
         self.model = model
         self.optimizer = optimizer
         self.params = params
         self._moment_keys = {name for name, _ in moments}
         self.objects: dict[str, Stateful] = dict(objects or {})
         # What is frozen now, range by range of the vector: rounds and adopt() leave it alone.
-        self.frozen = Frozen([(p.numel(), param_frozen(p)) for p in params]
-                             + [(t.numel(), self._frozen(n)) for n, t in gossiped + kept])
+        # The outer step's values are frozen with their parameter, element for element.
+        by_param = [(p.numel(), param_frozen(p)) for p in params]
+        self.frozen = Frozen(by_param + [(t.numel(), self._frozen(n)) for n, t in gossiped + kept]
+                             + (by_param * 2 if outer else []))
         self._int_frozen = {name: buffer_frozen(model, name) for name, _ in self._int_buffers}
 
     def _frozen(self, name: str) -> Check:

@@ -109,7 +109,8 @@ class Trainer:
         if self.local is not None:  # the job's clock travels with the state (newcomers, checkpoints)
             objects["clock"] = self.local.cursor.clock
         self.state = TrainState(self.model, self.optimizer, average_buffers=spec.gossip.average_buffers,
-                                average_optimizer_state=spec.gossip.average_optimizer_state, objects=objects)
+                                average_optimizer_state=spec.gossip.average_optimizer_state, objects=objects,
+                                outer=spec.outer.enabled)
         self.flat = self.state.flat
         self.cursor = self.local.cursor if self.local else DataCursor(spec, peer_id, len(self.train_set))
         self.view = View()
