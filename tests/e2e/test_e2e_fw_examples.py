@@ -1,12 +1,13 @@
 """End to end: the framework examples run as their job files say, through
-real daemons (docs/operations.md, "Lightning").
-examples/lightning_digits.toml, cut to one epoch on two peers: both peers
-finish with the same model.pt, better than chance."""
+real daemons (docs/operations.md, "Lightning" and "Hugging Face Trainer").
+examples/lightning_digits.toml and examples/hf_charlm.toml, cut to one epoch
+on two peers: both peers finish with the same model.pt, better than chance."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -44,3 +45,10 @@ def test_the_lightning_digits_example_trains_on_two_peers(local_cluster):
         # Ten classes: a guess scores 0.1; one epoch of the CNN passes 0.9 alone.
         assert metrics["consensus_val_acc"] > 0.8 and metrics["consensus_peers"] == 2, metrics
 
+
+def test_the_hf_charlm_example_trains_on_two_peers(local_cluster):
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    for metrics in run_example(local_cluster, "hf_charlm.toml", "hf-charlm"):
+        # A uniform guess over the 96 characters scores ln 96 = 4.56 nats.
+        assert metrics["consensus_eval_loss"] < math.log(96) and metrics["consensus_peers"] == 2, metrics
