@@ -80,8 +80,6 @@ __all__ = ["Launch", "Peer", "ScriptSource", "attach", "last_attached", "set_lau
 
 log = logging.getLogger("peerd.worker")
 
-NO_STEP_PHASE = "waiting for peer.step()"  # its phase meanwhile
-
 _attached: list[Peer] = []
 
 
@@ -320,8 +318,7 @@ class Peer:
         """One more step; a first step that came after the no-step warning puts
         the phase shown back (checked at every step: the warning may land meanwhile)."""
         self._steps += 1
-        if self._engine.phase == NO_STEP_PHASE:
-            self._engine.phase = "training"
+        self._engine.wait_for_first_step(False)
 
     def report(self, metrics: dict[str, float]) -> None:
         """The script's evaluation: shown by peerctl status and the metrics
@@ -386,7 +383,7 @@ class Peer:
         if self._steps == 0 and not self.closed:
             log.warning("no peer.step() in %g s since peerd.attach(): call it after every optimizer step, "
                         "or the job never averages", wait_s)
-            self._engine.phase = NO_STEP_PHASE  # shown only: what the worker does follows its stage
+            self._engine.wait_for_first_step(True)  # shown only: what the worker does follows its stage
 
     def _install_signals(self) -> None:
         """SIGTERM/SIGINT: leave after the round under way, with a checkpoint; a

@@ -58,7 +58,6 @@ class Ending(Protocol):
     board: StateBoard
     final: FinalStore
     traffic: Traffic
-    phase: str
     round: int
     metrics: dict[str, float]
     evaluate: Callable[[], dict[str, float]] | None
@@ -91,7 +90,6 @@ class JobEnd:
             return
         await e.finish_in_flight()  # the round in flight is this peer's last
         await e.rounds.leave_group()
-        e.phase = "draining"
         why = ((e.link.stop_reason or "the operator asked") if e.link.stop
                else "lost the daemon" if e.link.orphaned else "stopped by signal")
         log.info("leaving at round %d: %s", e.round, why)
@@ -161,8 +159,7 @@ class JobEnd:
         """The job ended on `ended_by` while this worker was away: it trained
         nothing since, and ends with their model, or with none (peerd.worker.jobresult)."""
         e = self.engine
-        e.phase = "taking the job's model"
-        e.report()
+        e.report()  # its phase: taking the job's model (the stage's)
         taken = await take_jobs_model(e.link, e.identity.fingerprint, ended_by, e.spec.name, e.spec.metric)
         e.on(Event.TAKEN if taken.taken else Event.NONE_TAKEN)
         e.metrics = taken.metrics
@@ -187,8 +184,7 @@ class JobEnd:
         daemons list them) and take the average as this peer's model."""
         e = self.engine
         e.on(Event.TRAINED_OUT)
-        e.phase = "consensus"
-        e.report()
+        e.report()  # its phase: consensus (the stage's)
         await e.board.finish()  # a newcomer now must not take a copy from before the end
         await e.rounds.leave_group()
         await e.store.finish()  # partners asking for a later round are answered at once
