@@ -42,7 +42,7 @@ from peerd.security.rejections import Rejections
 from peerd.worker.state.checkpoint import CheckpointDir
 from peerd.worker.state.checkpointer import Checkpointer
 from peerd.worker.state.consensus import round_consensus, state_with
-from peerd.worker.ending import CLOSE_TIMEOUT_S, JobEnd
+from peerd.worker.ending import CLOSE_TIMEOUT_S, Ended, JobEnd
 from peerd.worker.round.shared import RoundResult
 from peerd.worker.join import HEARTBEAT_S, Join
 from peerd.worker.link import SupervisorLink
@@ -212,14 +212,25 @@ class Engine:
         A failure on the way leaves the engine open: ending again closes it."""
         outcome = outcome_of(trained_out, self.stage == Stage.LEFT, self.link.stop)
         if outcome == Outcome.FINISHED and self.stage == Stage.TAKING:  # the job ended while it was away
-            await self.ending.take_jobs_model(self._ended_by)
+            self._ended(await self.ending.take_jobs_model(self._ended_by))
         elif outcome == Outcome.FINISHED:
-            await self.ending.finish_job(metrics or {})
+            ended = await self.ending.finish_job(metrics or {})
+            self._ended(ended)
+            if ended.own:
+                await self.ending.serve_final(ended)
         try:
             await asyncio.wait_for(self._close(), CLOSE_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 - closing after a failure: say so, go on
             log.warning("closing the engine: %s: %s", type(exc).__name__, exc)
         return outcome
+
+    def _ended(self, end: Ended) -> None:
+        """The job's end as JobEnd found it: the move, the last metrics, the final
+        report, then where the model came from (on the Progress just made)."""
+        self.on(end.event)
+        self.metrics = end.metrics
+        self.report(finished=True)
+        self.link.progress.model_source = end.model_source
 
     async def _close(self) -> None:
         """Stop serving and say so to the daemon (once)."""
@@ -269,7 +280,7 @@ class Engine:
         if self.stage in (Stage.LEFT, Stage.CLOSED):
             return StepPlan([self.me], 1, None, stop=True)
         plan = await self._round(steps)
-        if plan.stop:
+        if plan.stop and self.on(Event.STOP):  # a stop applies while training only (peerd.core.lifecycle)
             await self.ending.leave()
         return plan
 
