@@ -324,8 +324,7 @@ class Peer:
         """The script's evaluation: shown by peerctl status and the metrics
         endpoint (the job's `metric` key is the headline), kept in model.json."""
         self.metrics = {str(k): float(v) for k, v in metrics.items()}
-        self._engine.metrics = self.metrics
-        self._engine.watch_health(self.metrics)  # each report is an evaluation to the collapse watch
+        self._engine.evaluated(self.metrics)
 
     def close(self, finished: bool | None = None) -> str:
         """Leave the job in order: "finished" (the model is saved to model.pt),

@@ -358,6 +358,11 @@ class Engine:
         log.warning("%s; its model will be marked collapsed (the job runs to its end): the same job would "
                     "collapse again, so change it (e.g. a lower [optimizer] lr) and start it again", self.collapsed)
 
+    def evaluated(self, metrics: dict[str, float]) -> None:
+        """A script's evaluation (peer.report): the last metrics, and to the collapse watch."""
+        self.metrics = metrics
+        self.watch_health(metrics)
+
     def collapse_info(self) -> dict[str, object]:
         """What a model file says of the collapse watch (model.json)."""
         return {"collapsed": bool(self.collapsed), "collapse_reason": self.collapsed}
