@@ -80,8 +80,6 @@ __all__ = ["Launch", "Peer", "ScriptSource", "attach", "last_attached", "set_lau
 
 log = logging.getLogger("peerd.worker")
 
-NO_STEP_PHASE = "waiting for peer.step()"  # its phase meanwhile
-
 _attached: list[Peer] = []
 
 
@@ -320,15 +318,13 @@ class Peer:
         """One more step; a first step that came after the no-step warning puts
         the phase shown back (checked at every step: the warning may land meanwhile)."""
         self._steps += 1
-        if self._engine.phase == NO_STEP_PHASE:
-            self._engine.phase = "training"
+        self._engine.wait_for_first_step(False)
 
     def report(self, metrics: dict[str, float]) -> None:
         """The script's evaluation: shown by peerctl status and the metrics
         endpoint (the job's `metric` key is the headline), kept in model.json."""
         self.metrics = {str(k): float(v) for k, v in metrics.items()}
-        self._engine.metrics = self.metrics
-        self._engine.watch_health(self.metrics)  # each report is an evaluation to the collapse watch
+        self._engine.evaluated(self.metrics)
 
     def close(self, finished: bool | None = None) -> str:
         """Leave the job in order: "finished" (the model is saved to model.pt),
@@ -386,7 +382,7 @@ class Peer:
         if self._steps == 0 and not self.closed:
             log.warning("no peer.step() in %g s since peerd.attach(): call it after every optimizer step, "
                         "or the job never averages", wait_s)
-            self._engine.phase = NO_STEP_PHASE  # shown only: what the worker does follows its stage
+            self._engine.wait_for_first_step(True)  # shown only: what the worker does follows its stage
 
     def _install_signals(self) -> None:
         """SIGTERM/SIGINT: leave after the round under way, with a checkpoint; a

@@ -40,6 +40,14 @@ class Stage(enum.Enum):
         """Forward only, each stage once, and as the table allows."""
         return any(t.to == stage for (s, _), t in TABLE.items() if s == self)
 
+    @property
+    def shown(self) -> str:
+        """What a status shows in this stage (`phase`) while the worker waits for nothing within it."""
+        return _SHOWN.get(self, self.value)
+
+
+_SHOWN = {Stage.LEFT: "draining", Stage.CONCLUDING: "consensus", Stage.TAKING: "taking the job's model"}
+
 
 class Event(enum.Enum):
     BEGIN = "begin"  # the state to train from is held: train

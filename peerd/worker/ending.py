@@ -1,6 +1,11 @@
 """How a worker's part in its job ends (peerd.core.lifecycle): a leave at the
 round a stop came, or, once every epoch is trained, one model at the end
 (docs/algorithms.md, "One model at the end") and the model file.
+
+The end returns how it ended (`Ended`) for the engine to apply: the engine alone
+writes the worker's stage, metrics and view address (docs/architecture.md, "One
+writer for a worker's state"); this module moves the stage only through the
+engine's `on`.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -42,6 +48,18 @@ LEAVE_QUIET_S = 0.5
 LEAVE_LINGER_S = 5.0
 
 
+@dataclass(frozen=True)
+class Ended:
+    """How the job ended here, for the engine to apply (Engine.end): the move
+    (peerd.core.lifecycle), the last metrics, where the model came from."""
+
+    event: Event
+    metrics: dict[str, float]
+    model_source: str
+    model_path: Path | None = None  # model.pt, when this worker's own end wrote one
+    own: bool = False  # this worker's own end: said, and its final model served (JobEnd.serve_final)
+
+
 class Ending(Protocol):
     """The engine, as a worker's end uses it."""
 
@@ -58,9 +76,7 @@ class Ending(Protocol):
     board: StateBoard
     final: FinalStore
     traffic: Traffic
-    phase: str
     round: int
-    metrics: dict[str, float]
     evaluate: Callable[[], dict[str, float]] | None
     tblog: TensorBoardLog
     collapsed: str
@@ -70,6 +86,8 @@ class Ending(Protocol):
     def collapse_info(self) -> dict[str, object]: ...
 
     def on(self, event: Event) -> bool: ...
+
+    def set_view_address(self, address: str) -> None: ...
 
     def report(self, result: RoundResult | None = None, finished: bool = False) -> None: ...
 
@@ -85,13 +103,11 @@ class JobEnd:
         self._asked: set[str] = set()  # the members the end consensus asked for their final models
 
     async def leave(self) -> None:
-        """Drained or signalled, at the end of a round: tell the others, keep a checkpoint."""
+        """Drained or signalled, at the end of a round (the engine has moved to
+        LEFT): tell the others, keep a checkpoint."""
         e = self.engine
-        if not e.on(Event.STOP):
-            return
         await e.finish_in_flight()  # the round in flight is this peer's last
         await e.rounds.leave_group()
-        e.phase = "draining"
         why = ((e.link.stop_reason or "the operator asked") if e.link.stop
                else "lost the daemon" if e.link.orphaned else "stopped by signal")
         log.info("leaving at round %d: %s", e.round, why)
@@ -109,7 +125,7 @@ class JobEnd:
         await e.store.finish()
         await e.rounds.stages.finish()
         await e.final.finish()  # no final model from here: the consensus does not wait for it
-        e.link.address = ""
+        e.set_view_address("")
         await e.link.beat()
 
     async def _linger(self, announced: float) -> None:
@@ -119,10 +135,11 @@ class JobEnd:
         while time.monotonic() < until and time.monotonic() - max(traffic.last_asked, announced) < LEAVE_QUIET_S:
             await asyncio.sleep(0.05)
 
-    async def finish_job(self, metrics: dict[str, float]) -> None:
+    async def finish_job(self, metrics: dict[str, float]) -> Ended:
         """Every epoch is trained here: apply the round still in flight
         (overlapped mode), evaluate, average with the members still in the
-        job, write the model file, report, serve the final model to the others."""
+        job, write the model file; returns how it ended, for the engine to report
+        before serve_final."""
         e = self.engine
         await asyncio.wait_for(self._last_round_in(), CLOSE_TIMEOUT_S)
         if e.evaluate is not None:
@@ -131,8 +148,8 @@ class JobEnd:
         e.watch_health(metrics if e.evaluate is not None else None, ended=True)
         patience = end_patience_s(self.consensus_limit_s())
         c = await asyncio.wait_for(self._conclude(patience), patience + CLOSE_TIMEOUT_S)
-        if await self._first_end(c):
-            return
+        if (taken := await self._first_end(c)) is not None:
+            return taken
         # Evaluated outside that limit: the wait for the others may have used it all,
         # and an evaluation's length is the job's own (a large validation set).
         theirs = metrics
@@ -140,34 +157,32 @@ class JobEnd:
             theirs = await asyncio.to_thread(e.evaluate) if e.evaluate is not None else {}
         metrics = {**metrics, **{f"consensus_{k}": v for k, v in theirs.items()}, "consensus_peers": float(c.plan.size)}
         path = await asyncio.to_thread(self._write_model, metrics)
-        await asyncio.wait_for(self._finish(metrics, path), self.consensus_limit_s() + CLOSE_TIMEOUT_S)
+        source = ("none: no step was taken here" if path is None
+                  else "own" if c is None or c.plan.alone else f"consensus of {c.plan.size}")
+        return Ended(Event.AGREED if path is not None else Event.NO_STEP, metrics, source, path, own=True)
 
-    async def _first_end(self, c: Consensus) -> bool:
+    async def serve_final(self, end: Ended) -> None:
+        """This worker's own end, reported: say so, then serve the final model
+        until the others in the consensus have read it."""
+        await asyncio.wait_for(self._finish(end.metrics, end.model_path), self.consensus_limit_s() + CLOSE_TIMEOUT_S)
+
+    async def _first_end(self, c: Consensus) -> Ended | None:
         """Members that ended before this one with another consensus (a frozen
         daemon hid one side from the other): the first end is the job's, so this
         worker takes that model rather than save its own average."""
         if not self._asked:
-            return False
+            return None
         e = self.engine
         taken = await first_end(e.link, e.identity.fingerprint, sorted(self._asked), c.digest, e.spec.metric)
-        if taken.taken:
-            e.on(Event.TAKEN)
-            e.metrics = taken.metrics
-            e.report(finished=True)
-            e.link.progress.model_source = taken.source
-        return taken.taken
+        return Ended(Event.TAKEN, taken.metrics, taken.source) if taken.taken else None
 
-    async def take_jobs_model(self, ended_by: list[str]) -> None:
+    async def take_jobs_model(self, ended_by: list[str]) -> Ended:
         """The job ended on `ended_by` while this worker was away: it trained
         nothing since, and ends with their model, or with none (peerd.worker.jobresult)."""
         e = self.engine
-        e.phase = "taking the job's model"
-        e.report()
+        e.report()  # its phase: taking the job's model (the stage's)
         taken = await take_jobs_model(e.link, e.identity.fingerprint, ended_by, e.spec.name, e.spec.metric)
-        e.on(Event.TAKEN if taken.taken else Event.NONE_TAKEN)
-        e.metrics = taken.metrics
-        e.report(finished=True)
-        e.link.progress.model_source = taken.source
+        return Ended(Event.TAKEN if taken.taken else Event.NONE_TAKEN, taken.metrics, taken.source)
 
     async def _last_round_in(self) -> None:
         """The rounds' last effects in the model: the round in flight applied,
@@ -187,8 +202,7 @@ class JobEnd:
         daemons list them) and take the average as this peer's model."""
         e = self.engine
         e.on(Event.TRAINED_OUT)
-        e.phase = "consensus"
-        e.report()
+        e.report()  # its phase: consensus (the stage's)
         await e.board.finish()  # a newcomer now must not take a copy from before the end
         await e.rounds.leave_group()
         await e.store.finish()  # partners asking for a later round are answered at once
@@ -222,15 +236,9 @@ class JobEnd:
         return path
 
     async def _finish(self, metrics: dict[str, float], model_path: Path | None) -> None:
-        """The job is done: the last metrics and where the model went; then serve
-        the final model until the others in the consensus have read it."""
+        """The job is done (reported with its last metrics and where the model
+        went); serve the final model until the others in the consensus have read it."""
         e = self.engine
-        e.on(Event.AGREED if model_path is not None else Event.NO_STEP)
-        e.metrics = metrics
-        e.report(finished=True)
-        c = self.consensus
-        e.link.progress.model_source = ("none: no step was taken here" if model_path is None
-                                        else "own" if c is None or c.plan.alone else f"consensus of {c.plan.size}")
         e.tblog.finished(e.link.progress)
         name = e.spec.metric
         # A collapsed job ends all the same (its epochs are done), said beside it (docs/operations.md).

@@ -10,12 +10,16 @@ the engine's server never wait on each other except at a round.
 Its life is peerd.core.lifecycle's:
 
     start()      serve; join (peerd.worker.join): hear from the daemon, the start gate,
-                 the peers' state or a checkpoint
+                 the peers' state or a checkpoint; the round joined applied here
     end_round()  after the round's local steps (period_steps, or fewer: StepPlan.round_steps):
                  publish, exchange, checkpoint, report; when the plan says stop, leave
                  (peerd.worker.ending)
     end()        the one way out: for a job trained out here the exact average of the
                  members' final models and the model file (peerd.worker.ending); then close
+
+The engine is the only writer of its worker's round, stage, phase, metrics and
+view address (docs/architecture.md, "One writer for a worker's state"): Join
+and JobEnd return what they decided and the engine applies it.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from peerd.security.rejections import Rejections
 from peerd.worker.state.checkpoint import CheckpointDir
 from peerd.worker.state.checkpointer import Checkpointer
 from peerd.worker.state.consensus import round_consensus, state_with
-from peerd.worker.ending import CLOSE_TIMEOUT_S, JobEnd
+from peerd.worker.ending import CLOSE_TIMEOUT_S, Ended, JobEnd
 from peerd.worker.round.shared import RoundResult
 from peerd.worker.join import HEARTBEAT_S, Join
 from peerd.worker.link import SupervisorLink
@@ -59,6 +63,8 @@ from peerd.worker.state.modelfile import write_model
 from peerd.worker.wire.transport import GrpcTransport
 
 log = logging.getLogger("peerd.worker")
+
+NO_STEP_PHASE = "waiting for peer.step()"  # shown while a script has taken no step (Peer's watch)
 
 
 def rebalancer_of(spec: JobSpec) -> Rebalancer | None:
@@ -104,7 +110,8 @@ class Engine:
             spec.checkpoint)
         self.stop_signal = False  # SIGTERM/SIGINT: finish the round, checkpoint, exit
         self.stage = Stage.JOINING  # peerd.core.lifecycle
-        self.phase = "joining"  # what a status shows: the stage, or what it waits for within it
+        self._waiting_for = ""  # what it waits for within its stage, for display only (phase)
+        self._ended_by: list[str] = []  # the members that finished the job while this worker was away
         self._view: dict[str, str] = {}  # the serving members this round was planned with
         self._round_steps = spec.gossip.period_steps  # local steps in the last round (end_round)
         self.metrics: dict[str, float] = {}  # the last evaluation
@@ -124,14 +131,38 @@ class Engine:
         """The round this worker is in: Rounds keeps it (counts it up, steps it up)."""
         return self.rounds.round
 
-    @round.setter
-    def round(self, round_: int) -> None:  # a resume: the round of the state taken
-        self.rounds.round = round_
+    @property
+    def phase(self) -> str:
+        """What a status shows, derived for display only and never branched on: the
+        stage, or what this worker waits for within it (show_waiting)."""
+        return self._waiting_for or self.stage.shown
+
+    def show_waiting(self, detail: str) -> str:
+        """Show `detail` ("": nothing) as what this worker waits for within its
+        stage, until it changes or the stage moves on; returns the one before."""
+        before, self._waiting_for = self._waiting_for, detail
+        return before
+
+    def wait_for_first_step(self, waiting: bool) -> None:
+        """Peer's watch: no peer.step() yet after first_step_warning_s (`waiting`),
+        shown while training; a step shows the stage again (False)."""
+        if waiting and self.stage == Stage.TRAINING:
+            self._waiting_for = NO_STEP_PHASE
+        elif not waiting and self._waiting_for == NO_STEP_PHASE:
+            self._waiting_for = ""
+
+    def set_view_address(self, address: str) -> None:
+        """The address the daemon lists this worker at in the view ("": out of
+        it, so partners do not plan rounds with it); sent with the next beat."""
+        self.link.address = address
 
     async def start(self) -> StepPlan:
         """Serve, join; then the plan of the first steps."""
         address = await self._serve()
-        await self.join.run(address)
+        joined = await self.join.run(address)
+        if joined.round is not None:  # a resume: the round of the state taken
+            self.rounds.round = joined.round
+        self._ended_by = list(joined.ended_by)
         return await self._begin(address)
 
     async def _serve(self) -> str:
@@ -155,13 +186,12 @@ class Engine:
 
     async def _begin(self, address: str) -> StepPlan:
         """Train from the state this worker holds now."""
-        self.on(Event.ENDED_ELSEWHERE if self.join.ended_by else Event.BEGIN)
-        self.phase = "training"
+        self.on(Event.ENDED_ELSEWHERE if self._ended_by else Event.BEGIN)
         self.time.start()
-        if not self.join.ended_by:  # else nothing is left to train: the job's model is taken at the end
+        if not self._ended_by:  # else nothing is left to train: the job's model is taken at the end
             log.info("training from round %d, step %d", self.round, self.source.step_count)
         await self.store.publish(self.round, self.state.flat.vector)
-        self.link.address = address
+        self.set_view_address(address)
         await self.link.beat()  # the view now decides the split of the first chunk
         self._beats = asyncio.create_task(self.link.run(HEARTBEAT_S, self._refresh))
         return self._next_plan()
@@ -172,7 +202,7 @@ class Engine:
         move = step(self.stage, event)
         if move is None:
             return False
-        self.stage = move.to
+        self.stage, self._waiting_for = move.to, ""
         return True
 
     async def end(self, trained_out: bool, metrics: dict[str, float] | None = None) -> Outcome:
@@ -182,14 +212,25 @@ class Engine:
         A failure on the way leaves the engine open: ending again closes it."""
         outcome = outcome_of(trained_out, self.stage == Stage.LEFT, self.link.stop)
         if outcome == Outcome.FINISHED and self.stage == Stage.TAKING:  # the job ended while it was away
-            await self.ending.take_jobs_model(self.join.ended_by)
+            self._ended(await self.ending.take_jobs_model(self._ended_by))
         elif outcome == Outcome.FINISHED:
-            await self.ending.finish_job(metrics or {})
+            ended = await self.ending.finish_job(metrics or {})
+            self._ended(ended)
+            if ended.own:
+                await self.ending.serve_final(ended)
         try:
             await asyncio.wait_for(self._close(), CLOSE_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 - closing after a failure: say so, go on
             log.warning("closing the engine: %s: %s", type(exc).__name__, exc)
         return outcome
+
+    def _ended(self, end: Ended) -> None:
+        """The job's end as JobEnd found it: the move, the last metrics, the final
+        report, then where the model came from (on the Progress just made)."""
+        self.on(end.event)
+        self.metrics = end.metrics
+        self.report(finished=True)
+        self.link.progress.model_source = end.model_source
 
     async def _close(self) -> None:
         """Stop serving and say so to the daemon (once)."""
@@ -239,7 +280,7 @@ class Engine:
         if self.stage in (Stage.LEFT, Stage.CLOSED):
             return StepPlan([self.me], 1, None, stop=True)
         plan = await self._round(steps)
-        if plan.stop:
+        if plan.stop and self.on(Event.STOP):  # a stop applies while training only (peerd.core.lifecycle)
             await self.ending.leave()
         return plan
 
@@ -316,6 +357,11 @@ class Engine:
         self.collapsed = describe(health.collapse, self.round)
         log.warning("%s; its model will be marked collapsed (the job runs to its end): the same job would "
                     "collapse again, so change it (e.g. a lower [optimizer] lr) and start it again", self.collapsed)
+
+    def evaluated(self, metrics: dict[str, float]) -> None:
+        """A script's evaluation (peer.report): the last metrics, and to the collapse watch."""
+        self.metrics = metrics
+        self.watch_health(metrics)
 
     def collapse_info(self) -> dict[str, object]:
         """What a model file says of the collapse watch (model.json)."""

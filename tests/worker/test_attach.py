@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import sys
 import textwrap
-import types
 import warnings
 from pathlib import Path
 
@@ -18,12 +17,14 @@ from torch.utils.data import TensorDataset
 
 import peerd
 from peerd.core.health import NONFINITE
+from peerd.core.lifecycle import Event, Stage
 from peerd.core.shares import BatchPlan
 from peerd.core.stepplan import StepPlan
 from peerd.errors import ConfigError
 from peerd.settings.jobspec import parse_job
 from peerd.control.launch import Launch, set_launch
-from peerd.peer import NO_STEP_PHASE, Peer, _loss_value, _script_evaluation
+from peerd.peer import Peer, _loss_value, _script_evaluation
+from peerd.worker.engine import NO_STEP_PHASE, Engine
 from peerd.worker.train.scriptschedule import ScriptScheduler, check_scheduler
 from peerd.worker.train.scriptsource import ScriptSource
 from peerd.worker.train.lrcontrol import LrControl
@@ -113,11 +114,19 @@ def script_peer(epochs: float = 2, local_batch: int = 8, members: tuple[str, ...
     peer.spec, peer.source, peer.state = spec, ScriptSource(state, spec, me, lr), state
     peer._script, peer._left, peer._steps = True, False, 0
     peer._plan = StepPlan(list(members), len(members), None)
-    peer._engine = types.SimpleNamespace(phase="training", metrics={}, watch_health=lambda metrics: None)
+    peer._engine = bare_engine()
     lr.before_step = peer._before_optimizer_step  # as attach() wires it
     if scheduler is not None:
         peer.source.schedule = ScriptScheduler(scheduler, interval, spec.epochs)
     return peer
+
+
+def bare_engine(watch_health=lambda metrics: None) -> Engine:
+    """An engine, training, with only what Peer.step and Peer.report reach of it."""
+    engine = Engine.__new__(Engine)
+    engine.stage, engine._waiting_for, engine.metrics = Stage.TRAINING, "", {}
+    engine.watch_health = watch_health
+    return engine
 
 
 def counted_step(peer: Peer, loss=None, own_scheduler_step: bool = False) -> None:
@@ -267,12 +276,24 @@ def test_a_first_step_after_the_no_step_warning_puts_the_phase_back():
     """A slow first step (long data preparation) must not leave the worker in a
     phase where SIGTERM stops it at once, without its end-of-round checkpoint."""
     peer = script_peer()
-    peer._engine.phase = NO_STEP_PHASE  # what the watch sets after NO_STEP_WARNING_S without a step
+    peer._engine.wait_for_first_step(True)  # what the watch does after first_step_warning_s without a step
+    assert peer._engine.phase == NO_STEP_PHASE
     counted_step(peer)
     assert peer._engine.phase == "training"
-    peer._engine.phase = "draining"  # any other phase is the engine's own
+    peer._engine.show_waiting("syncing")  # what else it shows is the engine's own
     counted_step(peer)
-    assert peer._engine.phase == "draining"
+    assert peer._engine.phase == "syncing"
+
+
+def test_the_no_step_warning_is_shown_while_training_only():
+    """A worker that joined a job already ended trains nothing: its phase says
+    it takes the job's model, not that it waits for a step."""
+    engine = bare_engine()
+    engine.stage = Stage.TAKING
+    engine.wait_for_first_step(True)
+    assert engine.phase == "taking the job's model"
+    engine.on(Event.TAKEN)
+    assert engine.phase == "finished"
 
 
 def test_peer_step_takes_the_loss_tensor_without_a_warning():
@@ -303,7 +324,7 @@ def test_a_scripts_losses_and_reports_go_to_the_collapse_watch():
     counted_step(peer, loss=float("nan"))
     assert peer.source.health.collapse.rule == NONFINITE and peer.source.health.collapse.step == 9
     seen = []
-    peer._engine = types.SimpleNamespace(metrics={}, watch_health=seen.append)
+    peer._engine = bare_engine(watch_health=seen.append)
     peer.report({"accuracy": 0.5})
     assert seen == [{"accuracy": 0.5}] and peer._engine.metrics == {"accuracy": 0.5}
 
