@@ -115,8 +115,11 @@ def test_every_sample_is_read_once_per_epoch_across_a_join_and_a_leave(local_clu
     # later. So the joiner may repeat, and the leaver's absence leave unread, parts
     # of the chunks started in that lag (here one or two chunks of 300 samples), and
     # a chunk started while two views differ gaps or overlaps. Once per change at
-    # most: with a join and a leave, no sample is read more than 2 times off.
-    assert epochs - 2 <= int(count.min()) and int(count.max()) <= epochs + 2
+    # most: with a join and a leave, no sample is read more than 2 times off. The
+    # end may leave one more read out: the first member at the job's end ends it
+    # for all, and a member behind it (by what the join offset) leaves the rest
+    # of its part of the last chunk unread ("One agreed end").
+    assert epochs - 3 <= int(count.min()) and int(count.max()) <= epochs + 2
     assert off <= SAMPLES // 2
 
 
