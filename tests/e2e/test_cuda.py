@@ -194,15 +194,17 @@ async def test_the_whole_state_goes_from_one_device_to_the_other_and_back(tmp_pa
     statistics, step), and then gives it back the same way."""
     first = fake_worker(trainer(job(), there, "a"), tmp_path)
     train(first.trainer, 5)
-    first.round = 3
+    first.rounds.round = 3  # as its rounds would have counted
     second = fake_worker(trainer(job(), back, "b"), tmp_path)
     addresses = wire_in_memory([first, second])
     try:
         for donor, newcomer in ((first, second), (second, first)):
             await donor.store.publish(donor.round, donor.trainer.flat.vector)
             task = asyncio.create_task(donate_when_asked(donor))
-            assert await newcomer.join.take_state({donor.me: addresses[donor.me]}, "test")
+            taken = await newcomer.join.take_state({donor.me: addresses[donor.me]}, "test")
             await task
+            assert taken == donor.round
+            newcomer.rounds.round = taken  # what Engine.start applies
             assert newcomer.round == donor.round and newcomer.trainer.step_count == donor.trainer.step_count
             assert torch.equal(newcomer.trainer.state.vector(), donor.trainer.state.vector())
             assert on(newcomer.trainer) == {newcomer.trainer.device.type}  # adopted in place, on its own device
@@ -211,7 +213,7 @@ async def test_the_whole_state_goes_from_one_device_to_the_other_and_back(tmp_pa
             assert {float(s["step"]) for s in newcomer.trainer.optimizer.state.values()} == {float(steps)}
             if donor is first:
                 train(second.trainer, 3)  # then the state goes back, 3 steps further
-                second.round = 4
+                second.rounds.round = 4
         assert first.trainer.step_count == 8
     finally:
         await close([first, second])
@@ -349,8 +351,7 @@ async def test_a_round_of_a_model_off_the_cpu_averages_in_a_host_copy(tmp_path, 
     params = a.trainer.state.params[0]
     try:
         for w in (a, b):
-            w.round += 1
-            w.rounds.round = w.round
+            w.rounds.round += 1  # the engine's round is its rounds' count
         intos = [await w.rounds._publish() for w in (a, b)]
         assert intos[0] is None and intos[1] is not None
         results = await asyncio.gather(a.rounds._round(view, intos[0]), b.rounds._round(view, intos[1]))
