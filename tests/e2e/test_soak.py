@@ -63,9 +63,9 @@ def _soak_namespaces() -> set[str]:
 @pytest.mark.soak
 @pytest.mark.timeout(420)
 @pytest.mark.skipif(bool(NO_NETNS), reason=f"soak needs network namespaces: {NO_NETNS}")
-# "gossip": every daemon gossips (each Hellos 2 random peers a round) through the
+# "relay": every daemon relays (each Hellos 2 random peers a round) through the
 # same churn: kills, a restart, a partition, a leave and a join.
-@pytest.mark.parametrize("discovery", [{}, {"full_mesh_max": 1, "fanout": 2}], ids=["full-mesh", "gossip"])
+@pytest.mark.parametrize("discovery", [{}, {"full_mesh_max": 1, "fanout": 2}], ids=["full-mesh", "relay"])
 def test_short_soak_passes_every_check(tmp_path, discovery):
     from peerd.cli.localcluster import default_job
     from peerd.soak.report import summary, write_report
