@@ -12,15 +12,15 @@ with the other N - 2 idle around them; with --kill, seconds from a `kill -9` of 
 daemon until every other view has dropped it, and from its restart until every view
 holds it again.
 --paper and --spread measure no daemons: the per-Hello work of a large view in this
-process, and a model of the gossip rule's spread. Modes: `mesh` (a Hello to every known
-peer each interval: [discovery] full_mesh_max set above N) and `gossip` (the
-defaults: a Hello to `fanout` random peers, views spread by gossip;
-docs/protocol.md, "Membership gossip"). Every daemon is stopped by PID at the end,
+process, and a model of the relay rule's spread. Modes: `mesh` (a Hello to every known
+peer each interval: [discovery] full_mesh_max set above N) and `relay` (the
+defaults: a Hello to `fanout` random peers, whose replies relay the others' records;
+docs/protocol.md, "Membership relay"). Every daemon is stopped by PID at the end,
 also on errors or Ctrl+C.
 
     .venv/bin/python bench/controlplane.py --sizes 8,16,32 --window 30 --settle 20 --kill
     .venv/bin/python bench/controlplane.py --sizes 64 --window 30 --settle 20 --kill --timeout 150
-    .venv/bin/python bench/controlplane.py --sizes 8,16,32 --modes gossip --window 10 --join
+    .venv/bin/python bench/controlplane.py --sizes 8,16,32 --modes relay --window 10 --join
     .venv/bin/python bench/controlplane.py --paper 64,1000
     .venv/bin/python bench/controlplane.py --spread 64,256,1000
 """
@@ -41,7 +41,7 @@ from harness.script import arg_parser, names, numbers, run_dir, run_main
 from peerd.cli.localcluster import LocalCluster, default_job, job_with
 from peerd.errors import PeerdError
 
-MODES = {"mesh": {"full_mesh_max": 100_000}, "gossip": {}}
+MODES = {"mesh": {"full_mesh_max": 100_000}, "relay": {}}
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -165,17 +165,17 @@ def one_case(n: int, mode: str, opts, out: Path) -> dict:
 
 def paper(n: int, fanout: int, repeats: int = 20) -> dict:
     """The per-Hello work that grows with N, timed in this process on the real
-    code: a gossiping reply of a view of n - 1 idle peers (one JobAd each) built and
+    code: a relaying reply of a view of n - 1 idle peers (one JobAd each) built and
     serialized (the callee), parsed and merged with nothing new (the caller)."""
     from peerd.settings.config import DaemonConfig
     from peerd.core.membership import Membership, PeerRecord
-    from peerd.daemon.gossip import state_of_reply
+    from peerd.daemon.records import state_of_reply
     from peerd.daemon.hello import HelloClient
     from peerd.proto.v1 import peer_pb2
 
     def client(me: str) -> HelloClient:
         c = HelloClient(me, DaemonConfig(), Membership(me, 60.0), None, None)
-        c.gossiping = True
+        c.relaying = True
         return c
 
     callee, caller = client("callee"), client("caller")
@@ -185,12 +185,12 @@ def paper(n: int, fanout: int, repeats: int = 20) -> dict:
         reply = peer_pb2.HelloReply(peer_id=f"peer-{i}", version="0.1.0", realm="r", jobs=[ad],
                                     incarnation=1, state_version=1)
         address = f"10.0.{i // 250}.{i % 250}:7000"
-        callee.gossip.remember(state_of_reply(reply, address))
+        callee.records.remember(state_of_reply(reply, address))
         callee.membership.observe(PeerRecord(reply.peer_id, address, last_seen=time.monotonic(), incarnation=1,
                                              state_version=1))
     started = time.process_time()
     for _ in range(repeats):
-        raw = peer_pb2.HelloReply(peer_id="callee", peers=callee.gossip.states(callee.membership, time.monotonic())
+        raw = peer_pb2.HelloReply(peer_id="callee", peers=callee.records.states(callee.membership, time.monotonic())
                                   ).SerializeToString()
     build = (time.process_time() - started) / repeats
     caller._hear(peer_pb2.HelloReply.FromString(raw).peers)  # the first: every record new
@@ -204,7 +204,7 @@ def paper(n: int, fanout: int, repeats: int = 20) -> dict:
 
 def spread(n: int, fanout: int = 3, rounds: int = 60, seed: int = 0) -> int:
     """The largest age (intervals) of any daemon's news in any view, in a model of
-    the gossip rule (docs/algorithms.md, "Membership at lab size"): each interval
+    the relay rule (docs/algorithms.md, "Membership at lab size"): each interval
     every daemon Hellos `fanout` random others; the callee hears the caller, the
     caller the callee and the callee's freshest news of everyone."""
     import numpy as np
@@ -243,15 +243,15 @@ def cells(r: dict) -> list[str]:
 def parse_args(argv: list[str] | None = None):
     parser = arg_parser(__doc__, raw=True)
     parser.add_argument("--sizes", default="8,16,32", help="daemon counts, comma-separated")
-    parser.add_argument("--modes", default="mesh,gossip", help=f"of {', '.join(MODES)}, in this order")
+    parser.add_argument("--modes", default="mesh,relay", help=f"of {', '.join(MODES)}, in this order")
     parser.add_argument("--window", type=float, default=30.0, help="idle window, seconds")
     parser.add_argument("--settle", type=float, default=5.0, help="seconds after complete views before it")
     parser.add_argument("--timeout", type=float, default=180.0, help="bound on each wait, seconds")
     parser.add_argument("--join", action="store_true", help="then time a join by name to its first step")
     parser.add_argument("--kill", action="store_true", help="then kill -9 one daemon and restart it")
-    parser.add_argument("--paper", default="", help="only time the per-Hello work of a gossiping view of "
+    parser.add_argument("--paper", default="", help="only time the per-Hello work of a relaying view of "
                         "these sizes (e.g. 64,1000) in this process, and exit")
-    parser.add_argument("--spread", default="", help="only model the gossip rule at these sizes (e.g. 64,1000): "
+    parser.add_argument("--spread", default="", help="only model the relay rule at these sizes (e.g. 64,1000): "
                         "the largest age of news in any view, and exit")
     parser.add_argument("--out", type=Path, help="run folder (default runs/controlplane-TIME)")
     opts = parser.parse_args(argv)
@@ -266,7 +266,7 @@ def main() -> int:
     opts = parse_args()
     for n in opts.paper:
         r = paper(n, fanout=3)
-        print(f"N = {n}: a gossiping reply {r['reply_bytes'] / 1000:.0f} kB, built {r['build_ms']:.2f} ms, "
+        print(f"N = {n}: a relaying reply {r['reply_bytes'] / 1000:.0f} kB, built {r['build_ms']:.2f} ms, "
               f"merged {r['merge_ms']:.2f} ms; at fanout 3: {r['cpu_pct']:.2f} % of a core", flush=True)
     for n in opts.spread:
         print(f"N = {n}: news at most {spread(n)} intervals old in any view (fanout 3, 60 rounds)", flush=True)

@@ -67,7 +67,7 @@ class PeerRecord:
     jobs: tuple[JobEntry, ...] = ()
     last_seen: float = 0.0
     not_training: str = ""  # why that machine trains no job now (its owner's pause, use, windows)
-    # Gossip (peerd.core.gossip): the peer's start (a new one each start) and the
+    # Relay (peerd.core.relay): the peer's start (a new one each start) and the
     # version of this content at that start; 0 from a daemon that sends none.
     incarnation: int = 0
     state_version: int = 0
@@ -99,7 +99,7 @@ class Membership:
         return is_new
 
     def hear(self, record: PeerRecord, now: float) -> str:
-        """A record second-hand (gossip), `last_seen` set from its age: "new" if the
+        """A record second-hand (relayed), `last_seen` set from its age: "new" if the
         peer entered the view, "taken" if its content replaced ours, "" otherwise
         (only its time may have moved on)."""
         if record.peer_id == self.me or now - record.last_seen > self.timeout_s or self._stale(record):
@@ -120,7 +120,7 @@ class Membership:
 
     def merge(self, peer_id: str, incarnation: int, state_version: int, seen: float, now: float,
               record: Callable[[], PeerRecord]) -> str:
-        """Gossip of a peer, as `hear`; `record()` (its content, read off the wire)
+        """A relayed record of a peer, as `hear`; `record()` (its content, read off the wire)
         is only made when that start and version are newer than what we hold."""
         held = self._peers.get(peer_id)
         if held is not None and held.incarnation == incarnation and held.state_version >= state_version:
@@ -143,8 +143,8 @@ class Membership:
         return left is not None and (record.incarnation, record.last_seen) <= left
 
     def forget(self, peer_id: str, now: float | None = None) -> bool:
-        """The peer left (its zeroconf goodbye): gossip of that start no newer
-        than `now` is ignored from here on (until it is older than the timeout)."""
+        """The peer left (its zeroconf goodbye): a relayed record of that start no
+        newer than `now` is ignored from here on (until it is older than the timeout)."""
         held = self._peers.pop(peer_id, None)
         if held is not None and now is not None:
             self._left[peer_id] = (held.incarnation, now)

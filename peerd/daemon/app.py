@@ -22,7 +22,7 @@ from peerd import __version__
 from peerd.security.auth import Authenticator, load_secret
 from peerd.settings.config import DaemonConfig, resolve_host
 from peerd.core.codes import ACTIVE_STATES
-from peerd.core.gossip import settle_s, suspect_after
+from peerd.core.relay import settle_s, suspect_after
 from peerd.core.membership import Membership, liveness
 from peerd.core.names import peer_id_from_hostname, split_host_port, valid_peer_id
 from peerd.core.workers import member_ids, worker_devices
@@ -228,16 +228,16 @@ class Daemon:
             self._status = status
             sd_notify(f"STATUS={status}")
 
-    def hello_reply(self, gossip: bool = False) -> peer_pb2.HelloReply:
-        """This daemon's own record; with `gossip`, its records of the peers too."""
+    def hello_reply(self, relay: bool = False) -> peer_pb2.HelloReply:
+        """This daemon's own record; with `relay`, its records of the peers too."""
         reply = peer_pb2.HelloReply(
             peer_id=self.peer_id, version=__version__, locality=self.config.locality, realm=self.config.realm,
             known=[peer_pb2.KnownPeer(peer_id=r.peer_id, address=r.address) for r in self.membership.peers()],
             jobs=self.registry.job_ads(), not_training=self.availability.not_training,
         )
-        if gossip:
-            reply.peers.extend(self.hello.gossip.states(self.membership, time.monotonic()))
-        return self.hello.gossip.stamp(reply)
+        if relay:
+            reply.peers.extend(self.hello.records.states(self.membership, time.monotonic()))
+        return self.hello.records.stamp(reply)
 
     def _txt(self) -> dict[str, str]:
         running = self.registry.active()
@@ -356,7 +356,7 @@ class Daemon:
 
     def peer_states(self) -> dict[str, str]:
         """Peer id -> "alive", or "suspected" when it missed the last two Hellos
-        (in a full mesh; when gossiping, no news for the spread allowance)."""
+        (in a full mesh; when relaying, no news for the spread allowance)."""
         peers = self.membership.peers()
         after = suspect_after(len(peers) + 1, self.config.hello_interval_s, HELLO_TIMEOUT_S,
                               self.config.full_mesh_max)

@@ -1,7 +1,7 @@
 """The Hello client: asks known peers (and each seed) who they are and what they
 run, every hello_interval_s, and keeps the address book and the membership view
 from the answers. In a full mesh it asks every peer; in a larger realm a few at
-random, and takes the others' records from their replies (peerd.core.gossip).
+random, and takes the others' records from their replies (peerd.core.relay).
 Owns the channels to the peers."""
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import grpc
 from peerd.security.auth import Authenticator
 from peerd.settings.config import DaemonConfig
 from peerd.core.directory import HELLO, ZEROCONF, PeerDirectory
-from peerd.core.gossip import gossiping, hello_targets, view_timeout
+from peerd.core.relay import hello_targets, relaying, view_timeout
 from peerd.core.membership import Membership, PeerRecord
-from peerd.daemon.gossip import Gossip, entry_of, record_of, state_of_reply
+from peerd.daemon.records import Records, entry_of, record_of, state_of_reply
 from peerd.daemon.services import GET_JOB_CODE, GET_JOB_RESULT, GET_JOB_SPEC, HELLO as HELLO_METHOD, PeerClient, hello_request
 from peerd.errors import PeerdError, PeerUnavailable
 from peerd.proto.v1 import peer_pb2
@@ -37,8 +37,8 @@ class HelloClient:
                  tls: TlsMaterial | None, clock: Callable[[], float] = time.monotonic) -> None:
         self.peer_id, self.config, self.membership, self.clock = peer_id, config, membership, clock
         self.directory = PeerDirectory(peer_id)
-        self.gossip = Gossip()
-        self.gossiping = False  # the realm is larger than a full mesh: Hello a few, take records second-hand
+        self.records = Records()
+        self.relaying = False  # the realm is larger than a full mesh: Hello a few, take records second-hand
         self.realm_size = 1  # this daemon and the peers it knows, at the last round
         self._rng = random.Random()
         # What the page's metrics and the tests count: Hello rounds, the Hellos
@@ -70,8 +70,8 @@ class HelloClient:
         """Zeroconf says the peer withdrew its announcement."""
         log.info("peer %s withdrew its announcement", peer_id)
         self.forget_address(peer_id)
-        self.membership.forget(peer_id, self.clock())  # its start's gossip is stale from now on
-        self.gossip.forget(peer_id)
+        self.membership.forget(peer_id, self.clock())  # relayed records of its start are stale from now on
+        self.records.forget(peer_id)
 
     def _close_channel(self, address: str | None) -> None:
         channel = self._channels.pop(address, None) if address is not None else None
@@ -114,7 +114,7 @@ class HelloClient:
         seeds = [a for a in self.config.seeds if a not in known and a != self.peer_address]
         peers = dict(self.directory.items())
         n = self.realm_size = max(len(peers), len(self.membership.peers())) + 1
-        self.gossiping = gossiping(n - 1, self.config.full_mesh_max)
+        self.relaying = relaying(n - 1, self.config.full_mesh_max)
         self.membership.timeout_s = view_timeout(n, self.config.peer_timeout_s, self.config.hello_interval_s,
                                                  self.config.full_mesh_max)
         targets = list(peers) if changed else hello_targets(sorted(peers), self.config.fanout,
@@ -143,9 +143,9 @@ class HelloClient:
         self._in_background(task)
 
     def called_by(self, peer_id: str, incarnation: int, state_version: int) -> None:
-        """A peer's Hello to us, gossiping: it is alive now. Ask it back at once
+        """A peer's Hello to us, relaying: it is alive now. Ask it back at once
         when we do not hold that start of it, or hold an older version."""
-        if not self.gossiping or not incarnation:
+        if not self.relaying or not incarnation:
             return  # a full mesh hears each peer from its own replies alone
         held = self.membership.get(peer_id)
         if not self.membership.freshen(peer_id, incarnation, self.clock()) or held.state_version < state_version:
@@ -156,7 +156,7 @@ class HelloClient:
             reply = await self._peers.call(
                 self._channel(address), HELLO_METHOD,
                 hello_request(self.peer_id, self.peer_address, self.config.realm, changed,
-                              self.gossip.incarnation, self.gossip.version, self.gossiping),
+                              self.records.incarnation, self.records.version, self.relaying),
                 peer_pb2.HelloReply, HELLO_TIMEOUT_S)
         except PeerdError as exc:
             refusal = handshake_refusal(str(exc))
@@ -178,7 +178,7 @@ class HelloClient:
             if known.peer_id and known.address and known.peer_id not in self.directory:
                 self.learn_address(known.peer_id, known.address, via=HELLO)
         self._observe(reply, address)
-        if self.gossiping:
+        if self.relaying:
             self._hear(reply.peers)
 
     def _observe(self, reply: peer_pb2.HelloReply, address: str) -> None:
@@ -186,7 +186,7 @@ class HelloClient:
         jobs = tuple(entry_of(j) for j in reply.jobs)
         record = PeerRecord(reply.peer_id, address, reply.locality, reply.version, jobs, self.clock(),
                             reply.not_training, reply.incarnation, reply.state_version)
-        self.gossip.remember(state_of_reply(reply, address))
+        self.records.remember(state_of_reply(reply, address))
         if self.membership.observe(record):
             log.info("peer %s joined the view (%d known)", reply.peer_id, len(self.membership.peers()))
 
@@ -200,10 +200,10 @@ class HelloClient:
             taken = self.membership.merge(state.peer_id, state.incarnation, state.state_version, seen, now,
                                           lambda: record_of(state, seen))  # noqa: B023 (called at once)
             if taken:
-                self.gossip.remember(state)
+                self.records.remember(state)
                 self.learn_address(state.peer_id, state.address, via=HELLO)
             if taken == "new":
-                log.info("peer %s joined the view through gossip (%d known)", state.peer_id,
+                log.info("peer %s joined the view through a relay (%d known)", state.peer_id,
                          len(self.membership.peers()))
 
     async def job_spec(self, peer_id: str, name: str) -> peer_pb2.JobSpecReply:

@@ -103,11 +103,11 @@ class DaemonCollector:
         yield GaugeMetricFamily("peerd_peers_suspected", "Known peers that missed recent Hellos.",
                                 value=sum(1 for s in states.values() if s == "suspected"))
         yield CounterMetricFamily("peerd_hellos_sent", "Hellos this daemon's rounds sent (every peer in a "
-                                  "full mesh, [discovery] fanout when gossiping).", value=d.hello.round_hellos)
+                                  "full mesh, [discovery] fanout when relaying).", value=d.hello.round_hellos)
         yield CounterMetricFamily("peerd_hellos_received", "Hellos this daemon answered.",
                                   value=d.peer_servicer.hellos)
-        yield GaugeMetricFamily("peerd_gossiping", "1 while the realm is larger than [discovery] full_mesh_max.",
-                                value=int(d.hello.gossiping))
+        yield GaugeMetricFamily("peerd_relaying", "1 while the realm is larger than [discovery] full_mesh_max.",
+                                value=int(d.hello.relaying))
         yield GaugeMetricFamily("peerd_training", "1 while this machine may train; 0 while its owner paused it, "
                                 "uses it, or it is outside its windows.", value=int(d.availability.training))
         jobs = list(d.jobs.items())

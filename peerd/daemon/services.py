@@ -88,7 +88,7 @@ class PeerServicer:
     they must carry proof of it (peerd.security.auth), and replies carry proof back.
 
     A Hello of this `realm` goes to `book`; every Hello is answered with
-    `hello_reply(gossip)` (the peers' records too when the caller gossips), a
+    `hello_reply(relay)` (the peers' records too when the caller relays), a
     GetJobSpec and a GetJobCode from `specs`; `address()` is this daemon's Peer
     address, which a job proof must name."""
 
@@ -144,7 +144,7 @@ class PeerServicer:
             elif request.incarnation:
                 self._book.called_by(request.peer_id, request.incarnation, request.state_version)
         self.hellos += 1
-        return self._answer(context, reply, self._hello_reply(request.gossip))
+        return self._answer(context, reply, self._hello_reply(request.relay))
 
     async def GetJobSpec(self, raw: bytes, context) -> bytes:
         request, reply = await self._admit(GET_JOB_SPEC, raw, peer_pb2.JobSpecRequest, context)
@@ -353,7 +353,7 @@ class SupervisorServicer(control_pb2_grpc.SupervisorServicer):
 
 
 def hello_request(peer_id: str, address: str, realm: str, changed: bool = False, incarnation: int = 0,
-                  state_version: int = 0, gossip: bool = False) -> peer_pb2.HelloRequest:
+                  state_version: int = 0, relay: bool = False) -> peer_pb2.HelloRequest:
     return peer_pb2.HelloRequest(peer_id=peer_id, address=address, version=__version__, realm=realm,
                                  changed=changed, incarnation=incarnation, state_version=state_version,
-                                 gossip=gossip)
+                                 relay=relay)

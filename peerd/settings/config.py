@@ -57,7 +57,7 @@ class DaemonConfig:
     hello_interval_s: float = 1.0
     peer_timeout_s: float = 6.0
     # A realm of at most full_mesh_max daemons: a Hello to every peer each interval;
-    # larger: to `fanout` random peers, views spread by gossip (peerd.core.gossip).
+    # larger: to `fanout` random peers, whose replies relay the others' records (peerd.core.relay).
     full_mesh_max: int = 8
     fanout: int = 3
     worker_threads: int = 1  # torch threads per job on this daemon, split among its workers

@@ -77,10 +77,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--loopback", action="store_true",
                    help="run every peer on 127.0.0.1 even where namespaces work (no caps, no partitions)")
     p.add_argument("--full-mesh-max", type=int, default=0, metavar="N",
-                   help="[discovery] full_mesh_max of every daemon: a realm larger than N gossips "
+                   help="[discovery] full_mesh_max of every daemon: a realm larger than N relays "
                         "(default: the daemon's, 8)")
     p.add_argument("--fanout", type=int, default=0, metavar="K",
-                   help="[discovery] fanout of every daemon: peers each Hellos a round when gossiping (default: the daemon's, 3)")
+                   help="[discovery] fanout of every daemon: peers each Hellos a round when relaying (default: the daemon's, 3)")
     p.add_argument("--out", type=Path, default=None, help="report directory (default runs/soak-TIMESTAMP)")
 
 

@@ -57,7 +57,7 @@ class SoakSettings:
     loopback: bool = False
     out: Path = Path("runs/soak")
     # [discovery] full_mesh_max and fanout of every daemon; 0: the daemon's default
-    # (a realm above full_mesh_max gossips: docs/protocol.md, "Membership gossip")
+    # (a realm above full_mesh_max relays: docs/protocol.md, "Membership relay")
     full_mesh_max: int = 0
     fanout: int = 0
     kinds: tuple[str, ...] = sch.SEEDED_KINDS  # what a seeded schedule draws from (--kinds)

@@ -84,7 +84,7 @@ async def test_metrics_endpoint_is_served_and_follows_the_view(daemons):
     assert value(body, "peerd_peers_known") == 1
     assert 0 < value(body, "peerd_hellos_sent_total") <= a.hello.round_hellos  # counted on: Hellos go on
     assert 0 < value(body, "peerd_hellos_received_total") <= a.peer_servicer.hellos
-    assert value(body, "peerd_gossiping") == 0
+    assert value(body, "peerd_relaying") == 0
     assert (await scrape("/other"))[0] == "HTTP/1.0 404 Not Found"
 
 

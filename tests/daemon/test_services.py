@@ -68,15 +68,15 @@ class Specs:
 
 def peer_servicer(auth: Authenticator | None = None) -> tuple[PeerServicer, Book]:
     book = Book()
-    reply = lambda gossip: peer_pb2.HelloReply(peer_id="me", realm="lab")  # noqa: E731
+    reply = lambda relay: peer_pb2.HelloReply(peer_id="me", realm="lab")  # noqa: E731
     return PeerServicer("lab", book, reply, Specs(), auth), book
 
 
-async def test_a_gossiping_hello_says_who_called_at_which_start_and_gets_the_peers_records():
+async def test_a_relaying_hello_says_who_called_at_which_start_and_gets_the_peers_records():
     book, asked = Book(), []
-    reply = lambda gossip: asked.append(gossip) or peer_pb2.HelloReply(peer_id="me")  # noqa: E731
+    reply = lambda relay: asked.append(relay) or peer_pb2.HelloReply(peer_id="me")  # noqa: E731
     servicer = PeerServicer("lab", book, reply, Specs())
-    raw = hello_request("other", "10.0.0.9:7000", "lab", incarnation=5, state_version=2, gossip=True)
+    raw = hello_request("other", "10.0.0.9:7000", "lab", incarnation=5, state_version=2, relay=True)
     await servicer.Hello(raw.SerializeToString(), Context())
     assert book.called == [("other", 5, 2)] and book.pulled == [] and asked == [True]
     await servicer.Hello(hello_request("other", "10.0.0.9:7000", "lab").SerializeToString(), Context())

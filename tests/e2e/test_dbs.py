@@ -15,9 +15,9 @@ from conftest import example_job, peerctl, wait_for
 pytestmark = pytest.mark.e2e
 
 
-# "gossip": each daemon Hellos one random peer a round and takes the others'
-# records (speeds, batches, shares) second-hand (docs/protocol.md, "Membership gossip").
-@pytest.mark.parametrize("discovery", [{}, {"full_mesh_max": 1, "fanout": 1}], ids=["full-mesh", "gossip"])
+# "relay": each daemon Hellos one random peer a round and takes the others'
+# records (speeds, batches, shares) second-hand (docs/protocol.md, "Membership relay").
+@pytest.mark.parametrize("discovery", [{}, {"full_mesh_max": 1, "fanout": 1}], ids=["full-mesh", "relay"])
 def test_a_slowed_peer_gets_a_smaller_batch_and_share(local_cluster, discovery):
     cluster = local_cluster(3, slowdowns=(1.0, 1.0, 3.0), settings=lambda peer: {"discovery": dict(discovery)})
     wait_for(lambda: all(cluster.client(p).status().peers_known == 2 for p in cluster.peers),

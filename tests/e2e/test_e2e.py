@@ -261,9 +261,9 @@ def test_a_killed_worker_rejoins_from_the_others_who_keep_training(local_cluster
     assert losses[2] < 0.5 * CHANCE_LOSS, losses
 
 
-# "gossip": the daemons gossip (docs/protocol.md, "Membership gossip"); the restart
+# "relay": the daemons relay records (docs/protocol.md, "Membership relay"); the restart
 # is a new incarnation that must replace the killed one's record.
-@pytest.mark.parametrize("discovery", [{}, {"full_mesh_max": 1, "fanout": 1}], ids=["full-mesh", "gossip"])
+@pytest.mark.parametrize("discovery", [{}, {"full_mesh_max": 1, "fanout": 1}], ids=["full-mesh", "relay"])
 def test_a_daemon_killed_and_restarted_resumes_its_job_from_the_peers(local_cluster, discovery):
     cluster = local_cluster(2, settings=lambda peer: {"discovery": dict(discovery)})
     steady, victim = cluster.peers

@@ -73,7 +73,7 @@ class JobSpecReply(_message.Message):
     def __init__(self, name: _Optional[str] = ..., spec_toml: _Optional[str] = ..., spec_fingerprint: _Optional[str] = ...) -> None: ...
 
 class HelloRequest(_message.Message):
-    __slots__ = ("peer_id", "address", "version", "realm", "changed", "incarnation", "state_version", "gossip")
+    __slots__ = ("peer_id", "address", "version", "realm", "changed", "incarnation", "state_version", "relay")
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -81,7 +81,7 @@ class HelloRequest(_message.Message):
     CHANGED_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     STATE_VERSION_FIELD_NUMBER: _ClassVar[int]
-    GOSSIP_FIELD_NUMBER: _ClassVar[int]
+    RELAY_FIELD_NUMBER: _ClassVar[int]
     peer_id: str
     address: str
     version: str
@@ -89,8 +89,8 @@ class HelloRequest(_message.Message):
     changed: bool
     incarnation: int
     state_version: int
-    gossip: bool
-    def __init__(self, peer_id: _Optional[str] = ..., address: _Optional[str] = ..., version: _Optional[str] = ..., realm: _Optional[str] = ..., changed: _Optional[bool] = ..., incarnation: _Optional[int] = ..., state_version: _Optional[int] = ..., gossip: _Optional[bool] = ...) -> None: ...
+    relay: bool
+    def __init__(self, peer_id: _Optional[str] = ..., address: _Optional[str] = ..., version: _Optional[str] = ..., realm: _Optional[str] = ..., changed: _Optional[bool] = ..., incarnation: _Optional[int] = ..., state_version: _Optional[int] = ..., relay: _Optional[bool] = ...) -> None: ...
 
 class JobAd(_message.Message):
     __slots__ = ("name", "spec_fingerprint", "worker_address", "round", "state", "phase", "lr", "global_batch", "samples_per_s", "local_batch", "share", "member", "device", "data_samples", "progress", "fixed_s", "per_sample_s", "epochs_read", "loss", "metric", "disagreement", "segment_misses", "rejected", "collapsed")

@@ -1,4 +1,4 @@
-"""peerd.core.gossip and the gossip half of peerd.core.membership: whom a daemon
+"""peerd.core.relay and the relay half of peerd.core.membership: whom a daemon
 Hellos, which account of a peer wins, and a realm of 64 views run round by round."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from peerd.core.gossip import (
-    detection_bound, gossiping, hello_targets, settle_s, spread_intervals, suspect_after, view_timeout,
+from peerd.core.relay import (
+    detection_bound, hello_targets, relaying, settle_s, spread_intervals, suspect_after, view_timeout,
 )
 from peerd.core.membership import JobEntry, Membership, PeerRecord
 
@@ -46,8 +46,8 @@ def test_every_peer_is_drawn_over_intervals():
     assert drawn == set(peers)
 
 
-def test_the_full_mesh_keeps_todays_timeouts_and_gossip_adds_log2_n_intervals():
-    assert not gossiping(7, 8) and gossiping(8, 8)
+def test_the_full_mesh_keeps_todays_timeouts_and_relay_adds_log2_n_intervals():
+    assert not relaying(7, 8) and relaying(8, 8)
     assert view_timeout(8, 6.0, 1.0, 8) == 6.0
     assert suspect_after(8, 1.0, 2.0, 8) == 4.0  # two missed Hellos and one Hello's timeout, as before
     assert [spread_intervals(n) for n in (9, 16, 64, 1000)] == [4, 4, 6, 10]
@@ -84,7 +84,7 @@ def test_news_older_than_the_timeout_and_news_of_oneself_are_refused():
     assert m.peers() == []
 
 
-def test_a_peer_that_left_is_not_brought_back_by_gossip_of_that_start():
+def test_a_peer_that_left_is_not_brought_back_by_relayed_records_of_that_start():
     m = Membership("a", 10.0)
     m.observe(rec(inc=1, seen=4.0))
     assert m.forget("b", now=5.0)
@@ -123,7 +123,7 @@ def test_merge_reads_the_content_only_when_it_is_newer():
 @given(st.lists(st.tuples(st.integers(1, 3), st.integers(0, 5), st.floats(0, 20)), min_size=1, max_size=30),
        st.randoms(use_true_random=False))
 def test_merge_order_does_not_change_the_result(news, rng):
-    """Gossip arrives in any order: the view ends the same (the highest start, its
+    """Relayed records arrive in any order: the view ends the same (the highest start, its
     highest version, its latest news)."""
     def run(order):
         m = Membership("a", 100.0)
@@ -142,7 +142,7 @@ def test_merge_order_does_not_change_the_result(news, rng):
 
 
 class Realm:
-    """N views gossiping as the daemons do (peerd.daemon.hello): each interval each
+    """N views relaying as the daemons do (peerd.daemon.hello): each interval each
     live daemon Hellos `fanout` random peers; the callee freshens the caller, the
     caller takes the callee's own record first-hand and its records of the others
     with their news' times; then each view expires."""

@@ -1,9 +1,9 @@
-"""The wire side of membership gossip (docs/protocol.md, "Membership gossip"):
+"""The wire side of membership relay (docs/protocol.md, "Membership relay"):
 this daemon's own incarnation and version, the peers' records in wire form for
 the replies that pass them on, and records to and from the wire.
 
 Decisions (whom to Hello, which record wins, when a peer expires) are in
-peerd.core.gossip and peerd.core.membership."""
+peerd.core.relay and peerd.core.membership."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def state_of_reply(reply: peer_pb2.HelloReply, address: str) -> peer_pb2.PeerSta
                               incarnation=reply.incarnation, state_version=reply.state_version)
 
 
-class Gossip:
+class Records:
     """This daemon's own record's incarnation (its start, in ns of the wall clock,
     so a restart outranks the start before it) and version (bumped when what its
     reply says changes); the peers' records as last taken, for replies."""
