@@ -12,10 +12,17 @@ inside optimizer.step(), after peerd's hooks) with the Trainer's epoch, its
 own optimizer steps, the Trainer's current_epoch and global_step when
 training starts and after fit, and the validation accuracy of the model fit
 returns with (under peerd: the job's). Alone, it also saves that model as
-alone.pt."""
+alone.pt.
+
+A file `hold` in its working directory holds it before fit(), its imports
+and Trainer made, until the file is gone; it writes `holding` meanwhile. A
+test joins a worker to the running job that way at the moment it chooses,
+not seconds later when Lightning's import is done."""
 
 import json
 import sys
+import time
+from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
@@ -91,6 +98,11 @@ def main(max_epochs: str) -> None:
                          precision="bf16-mixed", accumulate_grad_batches=ACCUMULATE, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                          callbacks=callbacks)
+    hold = Path("hold")
+    if hold.exists():
+        Path("holding").touch()
+        while hold.exists():
+            time.sleep(0.05)
     trainer.fit(model)  # under peerd: returns with the job's final model in `model`
     summary = {"used": model.used, "steps": model.steps, "global_step": trainer.global_step,
                "current_epoch": trainer.current_epoch, "start": model.start}
