@@ -56,6 +56,25 @@ def bn_job(name: str, max_epochs: int, peers: int) -> str:
     return lightning_job(name, max_epochs, peers, "lightning_bn_script.py", 1 / 6)
 
 
+def join_held(cluster, peer, name: str) -> Path:
+    """`peer` joins the running job `name` with a `hold` file in its worker's
+    directory: the script imports Lightning and makes its Trainer, then waits
+    before fit() (and so before it joins) until release(). Its directory."""
+    wait_for(lambda: any(j.name == name for j in cluster.client(peer).jobs().jobs), 30,
+             f"{peer.peer_id} to hear of {name}")
+    held = peer.dir / "state" / "jobs" / name
+    held.mkdir(parents=True)
+    (held / "hold").touch()
+    cluster.client(peer).join_by_name(name, str(JOBCODE))
+    return held
+
+
+def release(held: Path) -> None:
+    """The held worker joins now, its seconds of imports behind it."""
+    wait_for(lambda: (held / "holding").exists(), 60, f"the script in {held} to be ready to fit")
+    (held / "hold").unlink()
+
+
 def trained_with_a_late_join(cluster) -> dict:
     """peer-0 and peer-1 start the job together; peer-2's worker, started with
     them, holds before fit() (the script's `hold` file) until they are in the
@@ -71,15 +90,10 @@ def trained_with_a_late_join(cluster) -> dict:
     def statuses():
         return {(p.peer_id, j.name): j for p in cluster.peers for j in cluster.client(p).status().jobs}
 
-    wait_for(lambda: any(j.name == "bn" for j in cluster.client(late).jobs().jobs), 30, "peer-2 to hear of it")
-    late_dir = late.dir / "state" / "jobs" / "bn"
-    late_dir.mkdir(parents=True)
-    (late_dir / "hold").touch()
-    cluster.client(late).join_by_name("bn", str(JOBCODE))
+    held = join_held(cluster, late, "bn")
     wait_for(lambda: (j := statuses().get(("peer-0", "bn"))) and j.progress.epoch >= 1, 120,
              "the first two to train an epoch")
-    wait_for(lambda: (late_dir / "holding").exists(), 60, "peer-2's script to be ready to fit")
-    (late_dir / "hold").unlink()  # it joins now: Lightning's import, seconds long, is behind it
+    release(held)
 
     def settled():
         jobs = statuses()
@@ -140,8 +154,9 @@ def test_a_batchnorm_adamw_module_on_three_peers_one_joining_late_ends_as_alone(
 
 def test_a_newcomer_to_a_running_lightning_job_starts_at_its_epoch_step_and_lr(local_cluster):
     """peer-1 joins once peer-0 has trained past epoch 1 of a job too long to end
-    meanwhile; then peer-1 drains and peer-0 is stopped by SIGTERM (the first
-    test sees jobs to their end)."""
+    meanwhile (its worker started with peer-0's, held before fit()); then
+    peer-1 drains and peer-0 is stopped by SIGTERM (the first test sees jobs to
+    their end)."""
     cluster = local_cluster(2)
     first, late = cluster.peers
     long = lightning_job("long", 1000, 1).replace("epochs = 3", "epochs = 1000")
@@ -151,9 +166,9 @@ def test_a_newcomer_to_a_running_lightning_job_starts_at_its_epoch_step_and_lr(l
         jobs = [j for j in cluster.client(peer).status().jobs if j.name == "long"]
         return jobs[0] if jobs else None
 
+    held = join_held(cluster, late, "long")
     wait_for(lambda: (j := job_of(first)) and j.progress.epoch >= 2, 120, "peer-0 to train two epochs alone")
-    wait_for(lambda: any(j.name == "long" for j in cluster.client(late).jobs().jobs), 30, "peer-1 to hear of it")
-    cluster.client(late).join_by_name("long", str(JOBCODE))
+    release(held)
     wait_for(lambda: (j := job_of(late)) and j.progress.step >= 3, 120, "the newcomer to take three steps")
     cluster.client(late).leave("long", drain=True)
     cluster.client(first).leave("long")  # SIGTERM: peerd's handling, not the Trainer's, ends the round and leaves
