@@ -1,12 +1,16 @@
-"""Helpers shared by end-to-end test modules: comparing saved models, and the
-job whose code travels to a daemon that joins it by name."""
+"""Helpers shared by end-to-end test modules: comparing saved models, a job
+script run alone beside the daemons, and the job whose code travels to a
+daemon that joins it by name."""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import torch
 
@@ -19,6 +23,32 @@ def flat_params(state_dict: dict) -> torch.Tensor:
 
 def rel_distance(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / ((a.norm() + b.norm()) / 2))
+
+
+JOBCODE = Path(__file__).parents[1] / "jobcode"
+
+
+class Alone:
+    """A job script as a plain script: one process, no peerd, started with
+    `args` (default: --alone OUT) in `out`, where it writes summary.json."""
+
+    def __init__(self, script: str, out: Path, args: tuple[str, ...] | None = None) -> None:
+        out.mkdir()
+        self.out = out
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}  # one process among the daemons' workers on few cores
+        args = ("--alone", str(out)) if args is None else args
+        self.proc = subprocess.Popen([sys.executable, str(JOBCODE / script), *args], cwd=out, env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def summary(self) -> dict:
+        output, _ = self.proc.communicate(timeout=120)
+        assert self.proc.returncode == 0, output
+        return json.loads((self.out / "summary.json").read_text())
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
 
 
 JOB_MODULE = '''

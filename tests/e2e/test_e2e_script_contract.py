@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -25,6 +22,7 @@ import pytest
 import torch
 
 from conftest import all_finished, peerctl, wait_for
+from e2e_helpers import Alone
 
 pytestmark = pytest.mark.e2e
 
@@ -44,27 +42,6 @@ def script_job(name: str, script: str, epochs: int, optimizer: str, gossip: str 
         [gossip]
         {gossip}
     """)
-
-
-class Alone:
-    """The script as a plain PyTorch script: one process, no peerd, its output in `out`."""
-
-    def __init__(self, script: str, out: Path) -> None:
-        out.mkdir()
-        self.out = out
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}  # one process among the daemons' workers on few cores
-        self.proc = subprocess.Popen([sys.executable, str(JOBCODE / script), "--alone", str(out)], cwd=out, env=env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-    def summary(self) -> dict:
-        output, _ = self.proc.communicate(timeout=120)
-        assert self.proc.returncode == 0, output
-        return json.loads((self.out / "summary.json").read_text())
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.communicate()
 
 
 def trained_on_two(local_cluster, text: str, name: str) -> tuple[object, list[Path]]:

@@ -8,10 +8,16 @@ The first argument is the Trainer's max_epochs (or "plain"). It writes, to
 summary.json in its working directory, the LR of each optimizer step (read
 inside optimizer.step(), after peerd's hooks) with the Trainer's epoch, its
 own optimizer steps, the Trainer's current_epoch and global_step when training
-starts, and both after fit."""
+starts, and both after fit.
+
+A file `hold` in its working directory holds it before fit() until the file
+is gone (it writes `holding` meanwhile): a test's newcomer joins the running
+job when the test says, its imports done."""
 
 import json
 import sys
+import time
+from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
@@ -83,6 +89,11 @@ def main(max_epochs: str) -> None:
                          devices=1, precision="bf16-mixed", accumulate_grad_batches=ACCUMULATE, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                          callbacks=callbacks)
+    hold = Path("hold")
+    if hold.exists():
+        Path("holding").touch()
+        while hold.exists():
+            time.sleep(0.05)
     trainer.fit(model)
     with open("summary.json", "w") as f:
         json.dump({"used": sorted(set(model.used)), "steps": model.steps, "global_step": trainer.global_step,
