@@ -259,7 +259,9 @@ class Rebalancer:
     exactly the members); otherwise only at rounds that are multiples of
     `every_rounds` (the same rounds on every peer), and only if it would make a
     round of all members (the slowest one, `round_time`) faster by more than
-    `threshold` (relative), so measurement noise does not flap the batches. The
+    `threshold` (relative), so measurement noise does not flap the batches. A
+    member that stepped up past such a round (it joined a round ahead) evaluates
+    at its next update, or it would keep a stale plan until it lands on one. The
     criterion is the time the plan costs, not how much a batch moves: ±2 samples
     on a batch of 10 is 20 % but costs nothing when that peer is not the slowest.
     `period`: the job's local steps per round (S), out of which plan_batches_and_steps gives
@@ -271,6 +273,7 @@ class Rebalancer:
     threshold: float = 0.1
     plan: BatchPlan | None = None
     period: int = 1
+    last_round: int = -1  # of the last update: the evaluation rounds crossed since count
 
     def __post_init__(self) -> None:
         if self.every_rounds < 1 or self.threshold < 0 or self.period < 1:
@@ -280,7 +283,9 @@ class Rebalancer:
                fixed: Mapping[str, float] | None = None) -> bool:
         """Feed the view at `round_` (speeds and fixed costs as plan_batches); True if the plan changed."""
         ids = tuple(sorted(set(members)))
-        if self.plan is not None and ids == self.plan.ids and round_ % self.every_rounds:
+        due = self.last_round < 0 or round_ // self.every_rounds != self.last_round // self.every_rounds
+        self.last_round = round_
+        if self.plan is not None and ids == self.plan.ids and not due:
             return False
         candidate = plan_batches_and_steps(self.global_batch, speeds, ids, self.min_local_batch, fixed, self.period)
         if self.plan is not None and ids == self.plan.ids and \

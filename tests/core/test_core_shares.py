@@ -95,6 +95,17 @@ def test_rebalancer_keeps_the_plan_within_the_threshold_and_between_evaluations(
     assert r.plan.batches == (("a", 50), ("b", 50))
 
 
+def test_a_rebalancer_that_steps_over_its_evaluation_rounds_evaluates_at_the_next_update():
+    # A slow member steps up to the others' round: 8 → 36 crosses 10 … 35.
+    r = Rebalancer(global_batch=100, every_rounds=5, threshold=0.1)
+    members = ["a", "b"]
+    assert r.update(8, members, {"a": 100.0, "b": 100.0})  # its first plan
+    assert r.update(36, members, {"a": 100.0, "b": 25.0})
+    assert r.plan.batches == (("a", 80), ("b", 20))
+    assert not r.update(37, members, {"a": 25.0, "b": 100.0})  # and not again until 40
+    assert r.update(40, members, {"a": 25.0, "b": 100.0})
+
+
 def test_rebalancer_replans_at_once_when_members_change():
     r = Rebalancer(global_batch=90, every_rounds=100)
     r.update(1, ["a", "b"], {"a": 1.0, "b": 1.0})
