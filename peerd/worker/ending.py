@@ -28,7 +28,7 @@ from peerd.worker.state.finalmodel import FinalModel
 from peerd.worker.round.shared import RoundResult
 from peerd.worker.jobresult import first_end, take_jobs_model
 from peerd.worker.link import SupervisorLink
-from peerd.worker.state.modelfile import save_model
+from peerd.worker.state.modelfile import load_model, save_model
 from peerd.worker.state.pull import StateBoard
 from peerd.worker.round.rounds import Rounds
 from peerd.worker.wire.stores import FinalStore, Identity, SnapshotStore
@@ -174,7 +174,10 @@ class JobEnd:
             return None
         e = self.engine
         taken = await first_end(e.link, e.identity.fingerprint, sorted(self._asked), c.digest, e.spec.metric)
-        return Ended(Event.TAKEN, taken.metrics, taken.source) if taken.taken else None
+        if not taken.taken:
+            return None
+        await self._adopt_taken()
+        return Ended(Event.TAKEN, taken.metrics, taken.source)
 
     async def take_jobs_model(self, ended_by: list[str]) -> Ended:
         """The job ended on `ended_by` while this worker was away: it trained
@@ -182,7 +185,16 @@ class JobEnd:
         e = self.engine
         e.report()  # its phase: taking the job's model (the stage's)
         taken = await take_jobs_model(e.link, e.identity.fingerprint, ended_by, e.spec.name, e.spec.metric)
+        if taken.taken:
+            await self._adopt_taken()
         return Ended(Event.TAKEN if taken.taken else Event.NONE_TAKEN, taken.metrics, taken.source)
+
+    async def _adopt_taken(self) -> None:
+        """The job's model, which the daemon saved as model.pt, into this worker's
+        model: a script goes on with its module once training returns (its own
+        evaluation, save_pretrained), and that must be the job's model."""
+        e = self.engine
+        await asyncio.to_thread(load_model, e.state.model, e.out_dir / "model.pt")
 
     async def _last_round_in(self) -> None:
         """The rounds' last effects in the model: the round in flight applied,

@@ -11,12 +11,16 @@ import os
 import re
 import signal
 import time
+from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import all_finished, example_job, first_jobs, peerctl, round_of, wait_for
 
 pytestmark = pytest.mark.e2e
+
+JOBCODE = Path(__file__).parents[1] / "jobcode"
 
 
 def model_bytes(peer, job: str) -> bytes:
@@ -61,19 +65,26 @@ def test_a_member_back_after_the_end_takes_the_jobs_model_not_its_checkpoints(lo
 
 
 def test_a_newcomer_after_the_end_trains_nothing_and_takes_the_jobs_model(local_cluster):
+    """A script job: the newcomer's script goes on, once its loader is done, with
+    the job's model in its own module, not the one it started from."""
     cluster = local_cluster(2)
     first, late = cluster.peers
     wait_for(lambda: all(cluster.client(p).status().peers_known == 1 for p in cluster.peers), 30, "discovery")
-    text = example_job(job={"name": "over", "epochs": 1, "eval_every_rounds": 1000})
-    cluster.client(first).join(text)
+    text = ('[job]\nname = "over"\nscript = "after_end_script.py"\nepochs = 1\nlocal_batch = 32\n'
+            'eval_every_rounds = 1000\n')
+    cluster.client(first).join(text, str(JOBCODE))
     wait_for(lambda: all_finished(first_jobs(cluster, [first])), 300, "the first peer to finish the job")
-    cluster.client(late).join(text)
+    cluster.client(late).join(text, str(JOBCODE))
     [job] = wait_for(lambda: all_finished(first_jobs(cluster, [late])), 300, "the newcomer to end")
     log = worker_log(late, "over")
     assert "the job finished on peer-0 before this worker came: nothing left to train here" in log, log[-3000:]
     assert job.progress.step == 0
     assert model_bytes(late, "over") == model_bytes(first, "over")
     assert record(late, "over")["taken_from"] == "peer-0"
+    jobs = late.dir / "state" / "jobs" / "over"
+    held = torch.load(jobs / "after.pt", weights_only=True)
+    saved = torch.load(jobs / "model.pt", weights_only=True)
+    assert held.keys() == saved.keys() and all(torch.equal(held[k], saved[k]) for k in held)
 
 
 def _frozen(pid: int, seconds: float) -> None:

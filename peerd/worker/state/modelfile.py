@@ -22,6 +22,12 @@ def save_model(model: nn.Module, path: Path, **info: object) -> None:
     write_model(model_state(model), path, **info)
 
 
+def load_model(model: nn.Module, path: Path) -> None:
+    """A model file into `model`, in place (its parameters may be views of the
+    training state's flat buffer)."""
+    model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+
+
 def write_model(state: dict[str, torch.Tensor], path: Path, **info: object) -> None:
     """save_model for a state_dict already taken (`model_state`)."""
     _write_atomic(path, lambda f: torch.save(state, f))
