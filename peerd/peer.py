@@ -302,6 +302,12 @@ class Peer:
             self._plan = self._loop.call(self._engine.end_round(steps))  # left there if the plan says stop
             if self._plan.stop:
                 self._left = True
+        elif self._engine.stop_signal and not self._left:
+            # A signal within a long round ([gossip] period_steps, [outer] every): leave
+            # after this step, not after the rest of the round, or the daemon's grace
+            # runs out first and the worker is killed without its checkpoint.
+            self._plan = self._loop.call(self._engine.ending.leave_mid_round(self._since_round))
+            self._left = True
         if self._engine.board.wanted and not self._left:
             # A newcomer waits for this peer's state: copy it now, between two
             # steps (the training thread waits meanwhile, so the copy is of one
@@ -385,8 +391,9 @@ class Peer:
             self._engine.wait_for_first_step(True)  # shown only: what the worker does follows its stage
 
     def _install_signals(self) -> None:
-        """SIGTERM/SIGINT: leave after the round under way, with a checkpoint; a
-        second one, or one before training began, stops at once."""
+        """SIGTERM/SIGINT: leave after the local step under way (a round that is not
+        done skips its exchange), with a checkpoint; a second one, or one before
+        training began, stops at once."""
         if threading.current_thread() is not threading.main_thread():
             return
 

@@ -21,6 +21,7 @@ from typing import Protocol
 
 from peerd.core.consensus import consensus_timeout, end_patience_s
 from peerd.core.lifecycle import Event
+from peerd.core.stepplan import StepPlan
 from peerd.settings.jobspec import JobSpec
 from peerd.worker.state.consensus import Consensus, Patience
 from peerd.worker.state.endparts import final_consensus
@@ -116,6 +117,17 @@ class JobEnd:
         await e.checkpoint(why)
         e.tblog.close()
         await self._linger(announced)
+
+    async def leave_mid_round(self, steps: int) -> StepPlan:
+        """Signalled `steps` local steps into a round that is not done: leave now,
+        without the round's exchange (the partners are still in their steps), with
+        those steps in the checkpoint; a resumed worker goes on from them."""
+        e = self.engine
+        if e.on(Event.STOP):
+            log.info("round %d: stopped by signal after %d local step(s) of the round; no exchange for it",
+                     e.round, steps)
+            await self.leave()
+        return StepPlan([e.me], 1, None, stop=True)
 
     async def _announce_leave(self) -> None:
         """Leave after this round: partners asking for a later one are told at

@@ -108,7 +108,7 @@ class Engine:
         self.checkpoints = Checkpointer(
             CheckpointDir(self.out_dir / "checkpoints", spec.name, self.identity.fingerprint, self.state.numel),
             spec.checkpoint)
-        self.stop_signal = False  # SIGTERM/SIGINT: finish the round, checkpoint, exit
+        self.stop_signal = False  # SIGTERM/SIGINT: leave after this step (Peer.step), checkpoint, exit
         self.stage = Stage.JOINING  # peerd.core.lifecycle
         self._waiting_for = ""  # what it waits for within its stage, for display only (phase)
         self._ended_by: list[str] = []  # the members that finished the job while this worker was away

@@ -228,6 +228,15 @@ def test_a_newcomer_takes_the_state_between_the_donors_steps_not_at_their_round(
     assert first_jobs(cluster, [donor])[0].progress.round == 0  # it served within its first round
     served = (donor.dir / "state" / "jobs" / "midround" / "worker.log").read_text()
     assert "served state range 0+" in served and "to 'peer-1'" in served, served[-3000:]
+    # SIGTERM inside that endless round: the donor leaves after the step under way,
+    # with a checkpoint of its steps, not when the daemon's grace runs out (then
+    # its worker is killed without one).
+    donor.process.send_signal(signal.SIGTERM)
+    assert donor.process.wait(timeout=60) == 0
+    served = (donor.dir / "state" / "jobs" / "midround" / "worker.log").read_text()
+    assert re.search(r"round 0: stopped by signal after \d+ local step\(s\) of the round", served), served[-3000:]
+    assert re.search(r"checkpoint of round 0 written \(stopped by signal\)", served), served[-3000:]
+    assert "killing it" not in (donor.dir / "daemon.log").read_text()
 
 
 def test_a_killed_worker_rejoins_from_the_others_who_keep_training(local_cluster):
