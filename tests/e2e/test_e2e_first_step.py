@@ -1,7 +1,8 @@
 """End to end: a script whose first step is slow (docs/operations.md, `[job]
 first_step_warning_s`). The warning and the phase shown change nothing else: a
-SIGTERM before the first step still ends the worker's first round with a
-checkpoint of that round, as it would later in the job."""
+SIGTERM before the first step still leaves after that step (the round of 4
+steps it begins is not waited for) with a checkpoint of it, as it would later in
+the job."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.e2e
 JOBCODE = Path(__file__).parents[1] / "jobcode"
 
 
-def test_a_sigterm_before_a_slow_first_step_ends_the_first_round_with_a_checkpoint(local_cluster):
+def test_a_sigterm_before_a_slow_first_step_leaves_after_it_with_a_checkpoint(local_cluster):
     cluster = local_cluster(1)
     [peer] = cluster.peers
     job = textwrap.dedent("""
@@ -42,8 +43,9 @@ def test_a_sigterm_before_a_slow_first_step_ends_the_first_round_with_a_checkpoi
     pid = status.worker_pid
     os.kill(pid, signal.SIGTERM)  # handled before the script's next look for the go file
     (job_dir / "go").touch()
-    wait_for(lambda: "written (stopped by signal)" in log.read_text(), 120, "the checkpoint of the first round")
+    wait_for(lambda: "written (stopped by signal)" in log.read_text(), 120, "the checkpoint of the first step")
     text = log.read_text()
-    assert "leaving at round 1: stopped by signal" in text, text[-3000:]
-    assert "checkpoint of round 1 written (stopped by signal)" in text, text[-3000:]
+    assert "round 0: stopped by signal after 1 local step(s) of the round; no exchange for it" in text, text[-3000:]
+    assert "leaving at round 0: stopped by signal" in text, text[-3000:]
+    assert "checkpoint of round 0 written (stopped by signal)" in text, text[-3000:]
     assert "KeyboardInterrupt" not in text, text[-3000:]

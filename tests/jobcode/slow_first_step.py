@@ -1,7 +1,7 @@
 """A script whose first step comes when the test says so (as a compile or a large
 data load would make it late): peerd's no-step warning shows meanwhile, and a
-SIGTERM that lands before the first step still ends the worker's first round
-with a checkpoint."""
+SIGTERM that lands before the first step still leaves after that step with a
+checkpoint of it."""
 
 from pathlib import Path
 import time
