@@ -73,6 +73,7 @@ _GAUGES = (
     ("peerd_local_batch", "Samples per optimizer step on this peer.", "local_batch"),
     ("peerd_global_batch", "Global batch the learning rate is scaled for.", "global_batch"),
     ("peerd_learning_rate", "Learning rate of the last step.", "lr"),
+    ("peerd_lr_scale", "The LR law's factor on the job's LR in force (1 without a law).", "lr_scale"),
     ("peerd_loss", "Training loss (EMA).", "loss"),
     ("peerd_samples_per_second", "Training throughput (EMA, compute time only).", "samples_per_s"),
     ("peerd_step_fixed_seconds", "DBS step model: seconds of a step no batch changes (EMA; NaN if not timed).",

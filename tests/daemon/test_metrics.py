@@ -27,7 +27,7 @@ def job(tmp_path: Path) -> LocalJob:
     j.first.state, j.first.restarts = "running", 2
     p = empty_progress()
     p.MergeFrom(control_pb2.Progress(
-        step=120, round=130, epoch=1, loss=0.25, samples_per_s=900.0, lr=0.05, samples=3840, segment_misses=3,
+        step=120, round=130, epoch=1, loss=0.25, samples_per_s=900.0, lr=0.05, lr_scale=1.155, samples=3840, segment_misses=3,
         metric=0.9, disagreement=0.01, global_batch=64, local_batch=32, rounds_done=100,
         bytes_sent=4000, bytes_received=5000, exchange_sum_s=2.0, exchange_count=100,
         exchange_buckets=[0, 0, 10, 60, 90, 100, 100, 100, 100, 100, 100], checkpoint_round=120,
@@ -55,6 +55,7 @@ def test_every_job_metric_comes_from_the_workers_progress(tmp_path):
         "peerd_segment_failures_total": 3, "peerd_deadline_misses_total": 3,  # the old name, deprecated
         "peerd_samples_total": 3840, "peerd_steps_total": 120, "peerd_checkpoints_written_total": 4,
         "peerd_worker_restarts_total": 2, "peerd_round": 130, "peerd_epoch": 1, "peerd_local_batch": 32, "peerd_global_batch": 64, "peerd_learning_rate": 0.05,
+        "peerd_lr_scale": 1.155,
         "peerd_loss": 0.25, "peerd_samples_per_second": 900.0, "peerd_metric": 0.9,
         "peerd_disagreement": 0.01, "peerd_checkpoint_round": 120, "peerd_membership_size": 1,
         "peerd_exchange_seconds_count": 100, "peerd_exchange_seconds_sum": 2.0,
