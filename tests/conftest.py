@@ -51,6 +51,13 @@ def wait_for(predicate: Callable[[], object], timeout_s: float, what: str, inter
         time.sleep(interval_s)
 
 
+def wait_for_discovery(cluster, timeout_s: float = 30) -> None:
+    """Every daemon of a LocalCluster knows every other one."""
+    others = len(cluster.peers) - 1
+    wait_for(lambda: all(cluster.client(p).status().peers_known == others for p in cluster.peers), timeout_s,
+             "discovery")
+
+
 def all_finished(jobs):
     """`jobs` (job statuses) once every one has finished, else False: a predicate
     for wait_for that fails the test at once when one failed or is restarting."""

@@ -20,7 +20,7 @@ from peerd.examples.mnist import make_model
 from peerd.settings.jobspec import parse_job
 from peerd.worker.train.trainer import init_seed
 
-from conftest import all_finished, example_job, first_jobs, peerctl, round_of, wait_for
+from conftest import all_finished, example_job, first_jobs, peerctl, round_of, wait_for, wait_for_discovery
 from e2e_helpers import flat_params, rel_distance
 
 pytestmark = pytest.mark.e2e
@@ -170,7 +170,7 @@ def test_peerctl_without_a_daemon_says_so(tmp_path):
 def test_a_late_joiner_takes_the_state_from_the_running_peers(local_cluster):
     cluster = local_cluster(3)
     first, second, late = cluster.peers
-    wait_for(lambda: all(cluster.client(p).status().peers_known == 2 for p in cluster.peers), 30, "discovery")
+    wait_for_discovery(cluster)
     text = example_job(job={"name": "elastic", "epochs": 12, "eval_every_rounds": 20})
     for peer in (first, second):
         cluster.client(peer).join(text)
@@ -209,7 +209,7 @@ def test_a_newcomer_takes_the_state_between_the_donors_steps_not_at_their_round(
     # started from scratch).
     cluster = local_cluster(2)
     donor, late = cluster.peers
-    wait_for(lambda: all(cluster.client(p).status().peers_known == 1 for p in cluster.peers), 30, "discovery")
+    wait_for_discovery(cluster)
     text = example_job(job={"name": "midround", "epochs": 1000, "eval_every_rounds": 1000},
                        gossip={"period_steps": 1_000_000})
     cluster.client(donor).join(text)
@@ -241,7 +241,7 @@ def test_a_newcomer_takes_the_state_between_the_donors_steps_not_at_their_round(
 
 def test_a_killed_worker_rejoins_from_the_others_who_keep_training(local_cluster):
     cluster = local_cluster(3)
-    wait_for(lambda: all(cluster.client(p).status().peers_known == 2 for p in cluster.peers), 30, "discovery")
+    wait_for_discovery(cluster)
     text = example_job(job={"name": "churn", "epochs": 12, "eval_every_rounds": 20})
     for peer in cluster.peers:
         cluster.client(peer).join(text)
@@ -276,7 +276,7 @@ def test_a_killed_worker_rejoins_from_the_others_who_keep_training(local_cluster
 def test_a_daemon_killed_and_restarted_resumes_its_job_from_the_peers(local_cluster, discovery):
     cluster = local_cluster(2, settings=lambda peer: {"discovery": dict(discovery)})
     steady, victim = cluster.peers
-    wait_for(lambda: all(cluster.client(p).status().peers_known == 1 for p in cluster.peers), 30, "discovery")
+    wait_for_discovery(cluster)
     text = example_job(job={"name": "reboot", "epochs": 30, "eval_every_rounds": 20})
     for peer in cluster.peers:
         cluster.client(peer).join(text)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import all_finished, example_job, first_jobs, peerctl, round_of, wait_for
+from conftest import all_finished, example_job, first_jobs, peerctl, round_of, wait_for, wait_for_discovery
 
 pytestmark = pytest.mark.e2e
 
@@ -38,7 +38,7 @@ def worker_log(peer, job: str) -> str:
 def test_a_member_back_after_the_end_takes_the_jobs_model_not_its_checkpoints(local_cluster):
     cluster = local_cluster(2)
     steady, victim = cluster.peers
-    wait_for(lambda: all(cluster.client(p).status().peers_known == 1 for p in cluster.peers), 30, "discovery")
+    wait_for_discovery(cluster)
     text = example_job(job={"name": "ended", "epochs": 3, "eval_every_rounds": 20},
                        checkpoint={"every_rounds": 5, "every_s": 0})
     for peer in cluster.peers:
@@ -69,7 +69,7 @@ def test_a_newcomer_after_the_end_trains_nothing_and_takes_the_jobs_model(local_
     the job's model in its own module, not the one it started from."""
     cluster = local_cluster(2)
     first, late = cluster.peers
-    wait_for(lambda: all(cluster.client(p).status().peers_known == 1 for p in cluster.peers), 30, "discovery")
+    wait_for_discovery(cluster)
     text = ('[job]\nname = "over"\nscript = "after_end_script.py"\nepochs = 1\nlocal_batch = 32\n'
             'eval_every_rounds = 1000\n')
     cluster.client(first).join(text, str(JOBCODE))
@@ -103,7 +103,7 @@ def test_a_frozen_member_trains_on_and_ends_with_the_jobs_model(local_cluster, f
     that had finished takes that member's model."""
     cluster = local_cluster(2)
     steady, victim = cluster.peers
-    wait_for(lambda: all(cluster.client(p).status().peers_known == 1 for p in cluster.peers), 30, "discovery")
+    wait_for_discovery(cluster)
     text = example_job(job={"name": "frozen", "epochs": 6, "eval_every_rounds": 1000, "min_peers": 2})
     for peer in cluster.peers:
         cluster.client(peer).join(text)
@@ -125,7 +125,7 @@ def test_a_daemon_frozen_through_the_jobs_end_ends_with_the_jobs_model(local_clu
     member that finished first, takes that member's model instead of its own."""
     cluster = local_cluster(2)
     steady, victim = cluster.peers
-    wait_for(lambda: all(cluster.client(p).status().peers_known == 1 for p in cluster.peers), 30, "discovery")
+    wait_for_discovery(cluster)
     text = example_job(job={"name": "thaw", "epochs": 8, "eval_every_rounds": 1000, "min_peers": 2})
     for peer in cluster.peers:
         cluster.client(peer).join(text)
@@ -144,7 +144,7 @@ def test_a_daemon_frozen_through_the_jobs_end_ends_with_the_jobs_model(local_clu
 def test_a_member_paused_until_after_the_end_takes_the_jobs_model(local_cluster):
     cluster = local_cluster(2)
     steady, owned = cluster.peers
-    wait_for(lambda: all(cluster.client(p).status().peers_known == 1 for p in cluster.peers), 30, "discovery")
+    wait_for_discovery(cluster)
     text = example_job(job={"name": "paused", "epochs": 3, "eval_every_rounds": 1000, "min_peers": 2})
     for peer in cluster.peers:
         cluster.client(peer).join(text)
@@ -165,7 +165,7 @@ def _in_its_end_while_the_other_is_frozen(cluster, name: str):
     other trains to its end and waits there in its end consensus for the frozen
     one, which its daemon still lists. Returns (steady, victim, the frozen pid)."""
     steady, victim = cluster.peers
-    wait_for(lambda: all(cluster.client(p).status().peers_known == 1 for p in cluster.peers), 30, "discovery")
+    wait_for_discovery(cluster)
     text = example_job(job={"name": name, "epochs": 2, "eval_every_rounds": 1000, "min_peers": 2})
     for peer in cluster.peers:
         cluster.client(peer).join(text)

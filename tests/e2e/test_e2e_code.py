@@ -18,7 +18,7 @@ from peerd.security.auth import new_secret_file
 from peerd.core.bundle import digest
 from peerd.settings.jobspec import parse_job
 
-from conftest import all_finished, wait_for
+from conftest import all_finished, wait_for, wait_for_discovery
 from e2e_helpers import JOB, JOB_MODULE, peerctl, secret_dir
 
 pytestmark = pytest.mark.e2e
@@ -31,7 +31,7 @@ def stored(peer) -> list[str]:
 def test_a_job_joined_by_name_gets_its_code_from_a_peer_that_proves_the_secret(local_cluster, tmp_path):
     cluster = local_cluster(3)
     origin, joiner, outsider = cluster.peers
-    wait_for(lambda: all(cluster.client(p).status().peers_known == 2 for p in cluster.peers), 30, "discovery")
+    wait_for_discovery(cluster)
     lab = tmp_path / "lab"
     (lab / "codejob").mkdir(parents=True)
     (lab / "codejob" / "__init__.py").write_text(JOB_MODULE)

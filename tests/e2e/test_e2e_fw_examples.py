@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import all_finished, wait_for
+from conftest import all_finished, wait_for, wait_for_discovery
 from peerd.cli.localcluster import job_with
 
 pytestmark = pytest.mark.e2e
@@ -25,7 +25,7 @@ def run_example(local_cluster, job_file: str, name: str) -> list[dict]:
     peers that start together; each peer's model.json metrics once both finish."""
     job = job_with(EXAMPLES / job_file, job={"epochs": 1, "args": ["--peerd", "--epochs", "1"], "min_peers": 2})
     cluster = local_cluster(2)
-    wait_for(lambda: all(cluster.client(p).status().peers_known == 1 for p in cluster.peers), 30, "discovery")
+    wait_for_discovery(cluster)
     for peer in cluster.peers:
         cluster.client(peer).join(job, str(EXAMPLES))
 

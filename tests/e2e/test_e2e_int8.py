@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from conftest import all_finished, example_job, first_jobs, round_of, wait_for
+from conftest import all_finished, example_job, first_jobs, round_of, wait_for, wait_for_discovery
 
 pytestmark = pytest.mark.e2e
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.e2e
 def test_the_int8_wire_trains_with_a_late_joiner_and_ends_in_one_model(local_cluster):
     cluster = local_cluster(3)
     first, second, late = cluster.peers
-    wait_for(lambda: all(cluster.client(p).status().peers_known == 2 for p in cluster.peers), 30, "discovery")
+    wait_for_discovery(cluster)
     text = example_job(job={"name": "narrow", "epochs": 6, "eval_every_rounds": 20, "min_peers": 2},
                        optimizer={"schedule": "constant"}, gossip={"wire": "int8", "deadline_ceiling_s": 30.0})
     for peer in (first, second):

@@ -14,7 +14,7 @@ import torch
 
 from peerd.security.auth import create_secret_file
 
-from conftest import all_finished, first_jobs, wait_for
+from conftest import all_finished, first_jobs, wait_for, wait_for_discovery
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "jobcode"))
 from marked_job import write_peer_data  # noqa: E402
@@ -39,7 +39,7 @@ def test_a_local_data_least_squares_job_ends_with_one_model_at_the_pooled_optimu
     secret = tmp_path / "job.secret"
     create_secret_file(secret)
     cluster = local_cluster(3, settings=lambda peer: {"data": {"root": str(roots[peer.index])}})
-    wait_for(lambda: all(cluster.client(p).status().peers_known == 2 for p in cluster.peers), 60, "discovery")
+    wait_for_discovery(cluster, 60)
     text = ('[job]\nname = "lsq"\nmodule = "marked_job"\ndata_mode = "local"\nmetric = "loss"\n'
             f'local_batch = 10\nepochs = 60\nmin_peers = 3\nsecret_file = "{secret}"\n'
             '[optimizer]\nlr = 0.1\nmomentum = 0.0\nschedule = "linear"\n')
@@ -73,7 +73,7 @@ def test_every_sample_is_read_once_per_epoch_across_a_join_and_a_leave(local_clu
     reads.mkdir()
     monkeypatch.setenv("PEERD_TEST_READ_LOG", str(reads))  # the daemons' workers inherit it
     cluster = local_cluster(3)
-    wait_for(lambda: all(cluster.client(p).status().peers_known == 2 for p in cluster.peers), 60, "discovery")
+    wait_for_discovery(cluster, 60)
     # Batches of 2: an epoch takes a few hundred rounds, seconds even on a fast
     # machine, so a Hello's lag after a change stays inside one epoch.
     epochs, chunks = 10, 8
@@ -139,7 +139,7 @@ def test_local_data_reads_add_up_to_the_jobs_epochs_across_a_join_and_a_leave(lo
     reads.mkdir()
     monkeypatch.setenv("PEERD_TEST_READ_LOG", str(reads))
     cluster = local_cluster(3, settings=lambda peer: {"data": {"root": str(roots[peer.index])}})
-    wait_for(lambda: all(cluster.client(p).status().peers_known == 2 for p in cluster.peers), 60, "discovery")
+    wait_for_discovery(cluster, 60)
     epochs = 20
     text = ('[job]\nname = "lids"\nmodule = "ids_job"\ndata_mode = "local"\nmetric = "loss"\nlocal_batch = 2\n'
             f'epochs = {epochs}\nmin_peers = 2\neval_every_rounds = 1000\nsecret_file = "{secret}"\n'

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import all_finished, wait_for
+from conftest import all_finished, wait_for, wait_for_discovery
 from e2e_helpers import Alone
 from peerd.peer import total_steps
 
@@ -82,7 +82,7 @@ def trained_with_a_late_join(cluster) -> dict:
     peer-0 beside it. Every (peer, job)'s status once the three finished and
     the other failed."""
     first, second, late = cluster.peers
-    wait_for(lambda: all(cluster.client(p).status().peers_known == 2 for p in cluster.peers), 30, "discovery")
+    wait_for_discovery(cluster)
     for peer in (first, second):
         cluster.client(peer).join(bn_job("bn", EPOCHS, 2), str(JOBCODE))
     cluster.client(first).join(bn_job("other-epochs", EPOCHS + 1, 1), str(JOBCODE))

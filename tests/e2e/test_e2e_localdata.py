@@ -24,7 +24,7 @@ from peerd.security.auth import create_secret_file
 from peerd.errors import ConfigError
 from peerd.soak.netns import namespaces_unavailable
 
-from conftest import all_finished, wait_for
+from conftest import all_finished, wait_for, wait_for_discovery
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "jobcode"))
 from marked_job import MARKER, write_peer_data  # noqa: E402
@@ -152,7 +152,7 @@ def test_no_training_sample_is_ever_on_the_wire_and_a_peer_without_data_is_refus
         # slowdown: a step takes a few ms as a real model's would, so the seconds
         # between the workers' starts are a small part of the job.
         cluster = local_cluster(3, settings=settings, wrap=namespace.wrap, slowdowns=(6.0,) * 3)
-        wait_for(lambda: all(cluster.client(p).status().peers_known == 2 for p in cluster.peers), 60, "discovery")
+        wait_for_discovery(cluster, 60)
         secret = tmp_path / "job.secret"
         create_secret_file(secret)
 
@@ -207,7 +207,7 @@ def test_elastic_join_and_a_daemon_restart_with_local_data(local_cluster, tmp_pa
     cluster = local_cluster(3, settings=lambda peer: {"data": {"root": str(roots[peer.index])}},
                             slowdowns=(6.0, 6.0, 12.0))
     first, restarted, late = cluster.peers
-    wait_for(lambda: all(cluster.client(p).status().peers_known == 2 for p in cluster.peers), 30, "discovery")
+    wait_for_discovery(cluster)
     secret = tmp_path / "job.secret"
     create_secret_file(secret)
     # DBS on; batches of at least 6, as a batch of 1 on a peer of weight 1.5 makes

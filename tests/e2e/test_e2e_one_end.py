@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import all_finished, first_jobs, round_of, wait_for
+from conftest import all_finished, first_jobs, round_of, wait_for, wait_for_discovery
 
 pytestmark = pytest.mark.e2e
 
@@ -30,7 +30,7 @@ def test_a_member_behind_ends_with_the_first_at_its_next_round(local_cluster, tm
     # Steps of a few ms (slowdown 10 on both: equal speeds), so that the first
     # member is still in the job's first epochs when the second has started.
     cluster = local_cluster(2, slowdowns=(10.0, 10.0))
-    wait_for(lambda: all(cluster.client(p).status().peers_known == 1 for p in cluster.peers), 60, "discovery")
+    wait_for_discovery(cluster, 60)
     text = ('[job]\nname = "oneend"\nmodule = "ids_job"\nmetric = "loss"\nlocal_batch = 4\n'
             f'epochs = {EPOCHS}\nepoch_chunks = 2\neval_every_rounds = 1000\n'
             '[optimizer]\nlr = 0.02\nschedule = "constant"\n')

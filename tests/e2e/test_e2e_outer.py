@@ -19,7 +19,7 @@ from peerd.settings.jobspec import parse_job
 from peerd.worker.state.checkpoint import MAGIC, decode
 from peerd.worker.train.trainer import init_seed
 
-from conftest import all_finished, first_jobs, round_of, wait_for
+from conftest import all_finished, first_jobs, round_of, wait_for, wait_for_discovery
 
 pytestmark = pytest.mark.e2e
 
@@ -55,7 +55,7 @@ def outer_state(job_dir) -> tuple[torch.Tensor, torch.Tensor]:
 def test_three_peers_one_joining_later_end_with_one_model_through_outer_steps(local_cluster):
     cluster = local_cluster(3)
     first, second, late = cluster.peers
-    wait_for(lambda: all(cluster.client(p).status().peers_known == 2 for p in cluster.peers), 30, "discovery")
+    wait_for_discovery(cluster)
     text = outer_job(name="outer", epochs=12, eval_every_rounds=1000, min_peers=2)
     assert parse_job(text, "outer job").gossip.period_steps == H
     for peer in (first, second):

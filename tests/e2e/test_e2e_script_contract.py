@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import all_finished, peerctl, wait_for
+from conftest import all_finished, peerctl, wait_for, wait_for_discovery
 from e2e_helpers import Alone
 
 pytestmark = pytest.mark.e2e
@@ -47,7 +47,7 @@ def script_job(name: str, script: str, epochs: int, optimizer: str, gossip: str 
 def trained_on_two(local_cluster, text: str, name: str) -> tuple[object, list[Path]]:
     """Two daemons train the job to its end; returns the cluster and each peer's job directory."""
     cluster = local_cluster(2)
-    wait_for(lambda: all(cluster.client(p).status().peers_known == 1 for p in cluster.peers), 30, "discovery")
+    wait_for_discovery(cluster)
     for peer in cluster.peers:
         cluster.client(peer).join(text, str(JOBCODE))
     wait_for(lambda: all_finished(j for p in cluster.peers for j in cluster.client(p).status().jobs

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import all_finished, wait_for
+from conftest import all_finished, wait_for, wait_for_discovery
 
 pytestmark = pytest.mark.e2e
 
@@ -39,7 +39,7 @@ def steplr_job(name: str, interval: str, peers: int) -> str:
 
 def test_a_per_epoch_steplr_uses_the_lr_of_the_jobs_epoch_and_a_wrong_unit_is_refused(local_cluster):
     cluster = local_cluster(2)
-    wait_for(lambda: all(cluster.client(p).status().peers_known == 1 for p in cluster.peers), 30, "discovery")
+    wait_for_discovery(cluster)
     for peer in cluster.peers:
         cluster.client(peer).join(steplr_job("steplr", "epoch", 2), str(JOBCODE))
     cluster.client(cluster.peers[0]).join(steplr_job("wrong-unit", "step", 1), str(JOBCODE))

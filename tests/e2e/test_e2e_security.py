@@ -16,7 +16,7 @@ from peerd.worker.train.trainer import init_seed
 
 import pytest
 
-from conftest import all_finished, example_job, first_jobs, peerctl, wait_for
+from conftest import all_finished, example_job, first_jobs, peerctl, wait_for, wait_for_discovery
 from e2e_helpers import flat_params, rel_distance
 
 pytestmark = pytest.mark.e2e
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.e2e
 
 def test_peers_with_the_job_secret_train_together_and_never_average_with_a_wrong_secret(local_cluster):
     cluster = local_cluster(3)
-    wait_for(lambda: all(cluster.client(p).status().peers_known == 2 for p in cluster.peers), 30, "discovery")
+    wait_for_discovery(cluster)
     # The secret path is relative: each peer's file sits next to its job file.
     # The three start together (min_peers: the outsider is ready as any member is),
     # so the two sides meet however quick the machine is.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from certs import make_ca, needs_openssl, settings
-from conftest import all_finished, example_job, first_jobs, peerctl, wait_for
+from conftest import all_finished, example_job, first_jobs, peerctl, wait_for, wait_for_discovery
 
 pytestmark = [pytest.mark.e2e, needs_openssl]
 
@@ -18,7 +18,7 @@ def test_daemons_under_tls_train_together_over_the_bulk_lane(local_cluster, tmp_
     cluster = local_cluster(2, settings=lambda peer: {"tls": {
         "cert_file": str(tls[peer.index].cert_file), "key_file": str(tls[peer.index].key_file),
         "ca_file": str(tls[peer.index].ca_file)}})
-    wait_for(lambda: all(cluster.client(p).status().peers_known == 1 for p in cluster.peers), 30, "discovery")
+    wait_for_discovery(cluster)
     text = example_job(job={"name": "sealed", "epochs": 2, "eval_every_rounds": 20, "min_peers": 2})
     job_file = cluster.out / "job.toml"
     job_file.write_text(text)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import all_finished, wait_for
+from conftest import all_finished, wait_for, wait_for_discovery
 
 pytestmark = pytest.mark.e2e
 
@@ -48,7 +48,7 @@ def test_a_trainer_script_trains_a_tied_gpt2_on_two_peers_and_a_length_mismatch_
                                                                                           monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the daemons' workers inherit it: nothing from the hub
     cluster = local_cluster(2)
-    wait_for(lambda: all(cluster.client(p).status().peers_known == 1 for p in cluster.peers), 30, "discovery")
+    wait_for_discovery(cluster)
     for peer in cluster.peers:
         cluster.client(peer).join(trainer_job("hf", EPOCHS, 2), str(JOBCODE))
     cluster.client(cluster.peers[0]).join(trainer_job("hf-mismatch", 3, 1), str(JOBCODE))

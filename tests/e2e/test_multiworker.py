@@ -12,7 +12,7 @@ import signal
 import pytest
 import torch
 
-from conftest import example_job, peerctl, wait_for
+from conftest import example_job, peerctl, wait_for, wait_for_discovery
 
 pytestmark = pytest.mark.e2e
 
@@ -41,7 +41,7 @@ def flat_params(path) -> torch.Tensor:
 def test_two_daemons_with_two_workers_each_train_in_groups_of_their_own(local_cluster):
     # One locality for all: only the daemon level keeps a daemon's workers together.
     cluster = local_cluster(2, settings=lambda peer: TWO_CPU_WORKERS)
-    wait_for(lambda: all(cluster.client(p).status().peers_known == 1 for p in cluster.peers), 30, "discovery")
+    wait_for_discovery(cluster)
     # Epochs enough that the killed worker is back while its sibling still trains,
     # even when a loaded machine takes 20 s to restart it.
     text = example_job(job={"name": "multi", "epochs": 12, "eval_every_rounds": 20},

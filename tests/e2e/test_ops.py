@@ -16,7 +16,7 @@ from peerd.settings.jobspec import parse_job
 from peerd.worker.state.checkpoint import CheckpointDir
 from peerd.worker.train.trainer import Trainer
 
-from conftest import example_job, free_port, wait_for
+from conftest import example_job, free_port, wait_for, wait_for_discovery
 
 pytestmark = pytest.mark.e2e
 STOP_TIMEOUT_S = 20.0
@@ -42,7 +42,7 @@ def job_of(cluster, peer):
 def test_sigterm_mid_round_checkpoints_and_a_lone_restart_resumes_from_it(local_cluster):
     cluster = local_cluster(2, settings=lambda peer: {"daemon": {"stop_timeout_s": STOP_TIMEOUT_S}})
     steady, victim = cluster.peers
-    wait_for(lambda: all(cluster.client(p).status().peers_known == 1 for p in cluster.peers), 30, "discovery")
+    wait_for_discovery(cluster)
     text = example_job(job={"name": "sigterm", "epochs": 50}, checkpoint={"every_rounds": 10})
     for peer in cluster.peers:
         cluster.client(peer).join(text)
@@ -92,7 +92,7 @@ def scrape(port: int) -> dict[tuple[str, tuple], float]:
 def test_metrics_are_served_and_move_as_rounds_complete(local_cluster):
     ports = {0: free_port(), 1: free_port()}
     cluster = local_cluster(2, settings=lambda peer: {"metrics": {"port": ports[peer.index]}})
-    wait_for(lambda: all(cluster.client(p).status().peers_known == 1 for p in cluster.peers), 30, "discovery")
+    wait_for_discovery(cluster)
     port = ports[0]
     before = scrape(port)
     assert before[("peerd_peers_known", ())] == 1
