@@ -28,6 +28,15 @@ def rel_distance(a: torch.Tensor, b: torch.Tensor) -> float:
 JOBCODE = Path(__file__).parents[1] / "jobcode"
 
 
+def script_job(name: str, script: str, args: list[str], epochs: int, min_peers: int, **job: object) -> str:
+    """A script job from tests/jobcode: the script's LR exactly (no LR law, the
+    default), a round after every step, no evaluation by peerd on the way;
+    `job` adds [job] keys (metric, chance, local_batch, ...)."""
+    keys = "".join(f"{k} = {json.dumps(v)}\n" for k, v in job.items())
+    return (f'[job]\nname = "{name}"\nscript = "{script}"\nargs = {json.dumps(args)}\nepochs = {epochs}\n'
+            f'min_peers = {min_peers}\neval_every_rounds = 1000\n{keys}[gossip]\nperiod_steps = 1\n')
+
+
 class Alone:
     """A job script as a plain script: one process, no peerd, started with
     `args` (default: --alone OUT) in `out`, where it writes summary.json."""

@@ -15,14 +15,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import textwrap
 from pathlib import Path
 
 import pytest
 import torch
 
 from conftest import all_finished, wait_for, wait_for_discovery
-from e2e_helpers import Alone
+from e2e_helpers import Alone, script_job
 from peerd.peer import total_steps
 
 pytest.importorskip("lightning")
@@ -35,21 +34,8 @@ BN_TRAIN, BN_SHIFT = 6144, 5.0  # lightning_bn_script.py's samples and its input
 
 
 def lightning_job(name: str, max_epochs: int, peers: int, script: str = "lightning_script.py",
-                  chance: float = 0.25) -> str:
-    # No LR law (reference_batch 0): the script's LR exactly, as the default is.
-    return textwrap.dedent(f"""
-        [job]
-        name = "{name}"
-        script = "{script}"
-        args = ["{max_epochs}"]
-        epochs = {EPOCHS}
-        min_peers = {peers}
-        eval_every_rounds = 1000
-        metric = "val_acc"
-        chance = {chance}
-        [gossip]
-        period_steps = 1
-    """)
+                  chance: float = 0.25, epochs: int = EPOCHS) -> str:
+    return script_job(name, script, [str(max_epochs)], epochs, peers, metric="val_acc", chance=chance)
 
 
 def bn_job(name: str, max_epochs: int, peers: int) -> str:
@@ -159,7 +145,7 @@ def test_a_newcomer_to_a_running_lightning_job_starts_at_its_epoch_step_and_lr(l
     their end)."""
     cluster = local_cluster(2)
     first, late = cluster.peers
-    long = lightning_job("long", 1000, 1).replace("epochs = 3", "epochs = 1000")
+    long = lightning_job("long", 1000, 1, epochs=1000)
     cluster.client(first).join(long, str(JOBCODE))
 
     def job_of(peer):

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import textwrap
 from pathlib import Path
 
 import pytest
 
 from conftest import all_finished, wait_for, wait_for_discovery
+from e2e_helpers import script_job
 
 pytestmark = pytest.mark.e2e
 
@@ -22,19 +22,7 @@ EPOCHS, LR, GAMMA = 3, 0.1, 0.3  # the script's
 
 
 def steplr_job(name: str, interval: str, peers: int) -> str:
-    # No LR law (reference_batch 0): the script's LR exactly, as the default is.
-    return textwrap.dedent(f"""
-        [job]
-        name = "{name}"
-        script = "steplr_script.py"
-        args = ["{interval}"]
-        epochs = {EPOCHS}
-        local_batch = 32
-        min_peers = {peers}
-        eval_every_rounds = 1000
-        [gossip]
-        period_steps = 1
-    """)
+    return script_job(name, "steplr_script.py", [interval], EPOCHS, peers, local_batch=32)
 
 
 def test_a_per_epoch_steplr_uses_the_lr_of_the_jobs_epoch_and_a_wrong_unit_is_refused(local_cluster):
