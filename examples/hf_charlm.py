@@ -69,7 +69,8 @@ def main() -> None:
         output_dir="hf_charlm_out",  # the Trainer's own files (none with save_strategy="no")
         num_train_epochs=args.epochs, per_device_train_batch_size=16, learning_rate=2e-3, warmup_steps=20,
         lr_scheduler_type="cosine", weight_decay=0.1, eval_strategy="epoch", per_device_eval_batch_size=64,
-        logging_steps=25, save_strategy="no", report_to="none", disable_tqdm=True, seed=0)
+        logging_steps=25, save_strategy="no", report_to="none", disable_tqdm=True, seed=0,
+        dataloader_pin_memory=torch.cuda.is_available())  # pinned memory is for copies to a GPU
     trainer = Trainer(model=model, args=training, train_dataset=train_set, eval_dataset=val_set)
     trainer.train()  # under peerd: returns with the job's final model in `model`
     print(f"validation loss {trainer.evaluate()['eval_loss']:.4f} nats per character "

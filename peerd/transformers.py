@@ -36,6 +36,7 @@ except ImportError as exc:
 
 import logging
 import math
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -257,10 +258,11 @@ class _Job:
             log.info("peerd.transformers: %s has no save_pretrained; the model is in model.pt",
                      type(model).__name__)
             return
-        model.save_pretrained(out)
-        processor = getattr(self.trainer, "processing_class", None)
-        if callable(getattr(processor, "save_pretrained", None)):
-            processor.save_pretrained(out)
+        with _no_progress_bars():
+            model.save_pretrained(out)
+            processor = getattr(self.trainer, "processing_class", None)
+            if callable(getattr(processor, "save_pretrained", None)):
+                processor.save_pretrained(out)
         log.info("peerd.transformers: the job's model saved with save_pretrained to %s", out)
 
 
@@ -300,6 +302,20 @@ def _launch() -> Launch:
         raise ConfigError("peerd.transformers.Trainer: this script was not started by peerd; run it as a script "
                           "job (a job file with [job] script = \"...\", then peerctl join JOB.toml)")
     return launch
+
+
+@contextmanager
+def _no_progress_bars():
+    """save_pretrained draws a bar of its shards; in the worker's log, a file,
+    it is only noise. The library's own switch, put back as it was."""
+    bars = transformers.utils.logging
+    was_on = bars.is_progress_bar_enabled()
+    bars.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            bars.enable_progress_bar()
 
 
 def _stamp(path: Path) -> tuple[int, int] | None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from conftest import wait_for
 from peerd.security.auth import new_secret_file
 
 
@@ -58,6 +59,26 @@ class Alone:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.communicate()
+
+
+def join_held(cluster, peer, name: str) -> Path:
+    """`peer` joins the running job `name` with a `hold` file in its worker's
+    directory: the script (one of tests/jobcode's that honour `hold`) makes its
+    Trainer, then waits before training (and so before it joins) until
+    release(). Its directory."""
+    wait_for(lambda: any(j.name == name for j in cluster.client(peer).jobs().jobs), 30,
+             f"{peer.peer_id} to hear of {name}")
+    held = peer.dir / "state" / "jobs" / name
+    held.mkdir(parents=True)
+    (held / "hold").touch()
+    cluster.client(peer).join_by_name(name, str(JOBCODE))
+    return held
+
+
+def release(held: Path) -> None:
+    """The held worker joins now, its seconds of imports behind it."""
+    wait_for(lambda: (held / "holding").exists(), 60, f"the script in {held} to be ready to train")
+    (held / "hold").unlink()
 
 
 JOB_MODULE = '''

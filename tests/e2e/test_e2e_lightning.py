@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from conftest import all_finished, wait_for, wait_for_discovery
-from e2e_helpers import Alone, script_job
+from e2e_helpers import Alone, join_held, release, script_job
 from peerd.peer import total_steps
 
 pytest.importorskip("lightning")
@@ -40,25 +40,6 @@ def lightning_job(name: str, max_epochs: int, peers: int, script: str = "lightni
 
 def bn_job(name: str, max_epochs: int, peers: int) -> str:
     return lightning_job(name, max_epochs, peers, "lightning_bn_script.py", 1 / 6)
-
-
-def join_held(cluster, peer, name: str) -> Path:
-    """`peer` joins the running job `name` with a `hold` file in its worker's
-    directory: the script imports Lightning and makes its Trainer, then waits
-    before fit() (and so before it joins) until release(). Its directory."""
-    wait_for(lambda: any(j.name == name for j in cluster.client(peer).jobs().jobs), 30,
-             f"{peer.peer_id} to hear of {name}")
-    held = peer.dir / "state" / "jobs" / name
-    held.mkdir(parents=True)
-    (held / "hold").touch()
-    cluster.client(peer).join_by_name(name, str(JOBCODE))
-    return held
-
-
-def release(held: Path) -> None:
-    """The held worker joins now, its seconds of imports behind it."""
-    wait_for(lambda: (held / "holding").exists(), 60, f"the script in {held} to be ready to fit")
-    (held / "hold").unlink()
 
 
 def trained_with_a_late_join(cluster) -> dict:

@@ -1,10 +1,12 @@
 """End to end: a Hugging Face Trainer script under peerd.transformers
-(docs/operations.md, "Hugging Face Trainer"). Two real daemons train a tiny
+(docs/operations.md, "Hugging Face Trainer"). Three real daemons train a tiny
 GPT-2 whose LM head is tied to its embedding, with gradient accumulation and
-bf16; each peer trains its half of the data, the Trainer's state and LR
-schedule follow the job, and both end with the same model, saved by peerd and
-with save_pretrained, the head still tied. A Trainer whose epochs are not the
-job's is refused with the fix in the job's message."""
+bf16; two start the job, the third joins in its first epoch. Each peer trains
+its part of the data, the Trainer's state and LR schedule follow the job, and
+all end with the same model, saved by peerd and with save_pretrained, the head
+still tied, as good as the same script alone at the job's global batch (what
+DDP over three processes trains). A Trainer whose epochs are not the job's is
+refused with the fix in the job's message."""
 
 from __future__ import annotations
 
@@ -17,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from conftest import all_finished, wait_for, wait_for_discovery
+from e2e_helpers import JOBCODE, Alone, join_held, release
 
 pytestmark = pytest.mark.e2e
 
-JOBCODE = Path(__file__).parents[1] / "jobcode"
 EPOCHS, SAMPLES, STEP = 2, 1024, 32  # the job's; the script's windows and samples per optimizer step (16 × 2)
 PRETRAINED = ("config.json", "generation_config.json", "model.safetensors")  # what save_pretrained writes
 
@@ -44,51 +46,83 @@ def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_a_trainer_script_trains_a_tied_gpt2_on_two_peers_and_a_length_mismatch_is_refused(local_cluster,
-                                                                                          monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the daemons' workers inherit it: nothing from the hub
-    cluster = local_cluster(2)
+def trained_with_a_late_join(cluster) -> dict:
+    """peer-0 and peer-1 start the job together; peer-2's worker, started with
+    them, holds before train() (the script's `hold` file) until the job is half
+    way through its first epoch, then joins; a job of other epochs on peer-0
+    beside it. Every (peer, job)'s status once the three finished and the other
+    failed."""
+    first, second, late = cluster.peers
     wait_for_discovery(cluster)
-    for peer in cluster.peers:
+    for peer in (first, second):
         cluster.client(peer).join(trainer_job("hf", EPOCHS, 2), str(JOBCODE))
-    cluster.client(cluster.peers[0]).join(trainer_job("hf-mismatch", 3, 1), str(JOBCODE))
+    cluster.client(first).join(trainer_job("hf-mismatch", 3, 1), str(JOBCODE))
+
+    def statuses():
+        return {(p.peer_id, j.name): j for p in cluster.peers for j in cluster.client(p).status().jobs}
+
+    held = join_held(cluster, late, "hf")
+    wait_for(lambda: (j := statuses().get(("peer-0", "hf"))) and j.progress.epoch >= 0.5, 120,
+             "the first two to train half an epoch")
+    release(held)
 
     def settled():
-        jobs = {(p.peer_id, j.name): j for p in cluster.peers for j in cluster.client(p).status().jobs}
+        jobs = statuses()
         wrong = jobs.get(("peer-0", "hf-mismatch"))
         done = all_finished(j for (_, name), j in jobs.items() if name == "hf")
-        return done and len(done) == 2 and wrong is not None and wrong.state == "failed" and jobs
+        return done and len(done) == 3 and wrong is not None and wrong.state == "failed" and jobs
 
-    jobs = wait_for(settled, 300, "the Trainer job to finish on both peers and the mismatch to fail")
+    return wait_for(settled, 300, "the Trainer job to finish on the three peers and the mismatch to fail")
+
+
+def test_a_trainer_script_trains_a_tied_gpt2_on_three_peers_one_joining_late_as_ddp_would(local_cluster, tmp_path,
+                                                                                           monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the daemons' workers and the script alone inherit it
+    alone = Alone("hf_trainer_script.py", tmp_path / "alone", ("plain", "3"))
+    try:
+        cluster = local_cluster(3)
+        jobs = trained_with_a_late_join(cluster)
+        by_itself = alone.summary()
+    finally:
+        alone.close()
     wrong = jobs[("peer-0", "hf-mismatch")]
     assert "TrainingArguments(num_train_epochs=3) and the job's [job] epochs = 2 differ" in wrong.message, wrong.message
     assert wrong.restarts == 0  # it would fail the same way again
 
     dirs = [p.dir / "state" / "jobs" / "hf" for p in cluster.peers]
     summaries = [json.loads((d / "summary.json").read_text()) for d in dirs]
-    for s, peer in zip(summaries, cluster.peers):
+    total = EPOCHS * SAMPLES // STEP  # the optimizer steps of one process over the job
+    for s, peer, d in zip(summaries, cluster.peers, dirs):
         progress = jobs[(peer.peer_id, "hf")].progress
         assert s["micro"] == 2 * s["steps"] > 0, s  # two micro-batches per optimizer step
         assert s["dtypes"] == ["torch.bfloat16"], s  # bf16 autocast in training
-        # peer.step() counted each optimizer step's samples: peerd's global batch is both peers' 16 × 2.
-        assert progress.samples == s["samples"] and progress.global_batch == 2 * STEP, progress
+        # peer.step() counted each optimizer step's samples: peerd's global batch is the three peers' 16 × 2.
+        assert progress.samples == s["samples"] and progress.global_batch == 3 * STEP, progress
         assert 0 < progress.loss < math.log(96), progress  # the training loss reached peerd
-        # The Trainer's state and its linear schedule followed the job, not this peer's half of the steps.
-        total = EPOCHS * SAMPLES // STEP
-        assert s["global_step"] == s["max_steps"] == s["scheduler_steps"] == total > s["steps"], s
-        assert s["epoch"] == EPOCHS and s["last_lr"] == [0.0, 0.0], s
+        # The Trainer's state and its linear schedule followed the job, not this peer's share of the steps;
+        # a member behind the one that ended the job stops where it is (docs/algorithms.md, "One agreed end").
+        assert s["max_steps"] == total and s["scheduler_steps"] == s["global_step"] <= total, s
+        assert s["steps"] < s["global_step"], s
         positions = s["positions"]
-        assert positions == sorted(set(positions)) and positions[-1] == total, positions
-        # eval_steps=25: when the job's position passed 25 and 50 (not a multiple with two peers); then
-        # the Trainer's own evaluation at the end, where its version has one.
-        evaluated = s["evaluated_at"]
-        assert evaluated[:2] == [next(g for g in positions if g >= n) for n in (25, 50)], s
-        assert evaluated[2:] in ([], [total]), s
-        assert s["peerd_evaluations"] >= 1, s  # trainer.evaluate() as peerd's evaluation, between steps
+        assert positions == sorted(set(positions)) and positions[-1] == s["global_step"], positions
+        # eval_steps=25: the Trainer evaluates when the job's position passes a multiple of 25 (not a multiple
+        # with several peers), then at the end where its version does.
+        passed = [next(g for g in positions if g >= n) for n in (25, 50) if positions[0] < n <= positions[-1]]
+        assert s["evaluated_at"][:len(passed)] == passed and s["evaluated_at"][len(passed):] in ([], [total]), s
         assert all(0 < loss < math.log(96) for loss in s["logged_losses"]), s
-    # peerd's sampler split the data: every sample trained once per epoch, by one peer or the other.
-    assert sum(s["samples"] for s in summaries) == EPOCHS * SAMPLES, summaries
-    assert all(s["steps"] > 0 for s in summaries)
+        log = (d / "worker.log").read_text()
+        assert "Writing model shards" not in log and "it/s]" not in log  # no progress bar in a log file
+    ended = [s for s in summaries if s["global_step"] == total]
+    assert ended and all(s["epoch"] == EPOCHS and s["last_lr"] == [0.0, 0.0] for s in ended), summaries
+    for s in summaries[:2]:  # the two that started it: peerd's evaluations on the way (trainer.evaluate())
+        assert s["positions"][0] <= 2 and s["peerd_evaluations"] >= 1, s
+    # The newcomer joined half way through the first epoch, at the job's position.
+    assert summaries[2]["positions"][0] > total // (2 * EPOCHS), summaries[2]["positions"][:3]
+    # peerd's sampler split the data: each sample trained once per epoch by one peer or another, but for
+    # what a join and the end move (docs/algorithms.md, "Data partition": the joiner's part of a chunk the
+    # others started read twice; a member behind the end leaves the rest of its chunk unread).
+    chunk = SAMPLES // 8  # [job] epoch_chunks = 8
+    assert -2 * chunk <= sum(s["samples"] for s in summaries) - EPOCHS * SAMPLES <= chunk, summaries
 
     assert len({digest(d / "model.pt") for d in dirs}) == 1
     for name in PRETRAINED:
@@ -106,6 +140,12 @@ def test_a_trainer_script_trains_a_tied_gpt2_on_two_peers_and_a_length_mismatch_
         hf_logging.enable_progress_bar()
     assert loaded.lm_head.weight.data_ptr() == loaded.transformer.wte.weight.data_ptr()
     assert torch.equal(loaded.lm_head.weight, state["lm_head.weight"])
-    for d in dirs:  # a uniform guess over the 96 characters scores ln 96 = 4.56
+    for d, s in zip(dirs, summaries):
         metrics = json.loads((d / "model.json").read_text())["metrics"]
-        assert metrics["consensus_eval_loss"] < math.log(96) and metrics["consensus_peers"] == 2, metrics
+        assert metrics["consensus_peers"] == 3, metrics
+        # The Trainer's own evaluate() after train() scores the job's model: the consensus.
+        assert s["eval_loss"] == pytest.approx(metrics["consensus_eval_loss"], rel=1e-4), (s, metrics)
+        # The script alone with the batch of the three peers (one optimizer step on their 3 × 32 samples,
+        # as DDP over three processes) takes fewer steps than the job, whose first part ran on two peers:
+        # the job's model is at least as good, within 1 %. A uniform guess scores ln 96 = 4.56.
+        assert metrics["consensus_eval_loss"] <= 1.01 * by_itself["eval_loss"] < math.log(96), (metrics, by_itself)

@@ -3,7 +3,13 @@ one line that differs from its single-process twin. A tiny GPT-2 (its LM head
 tied to its token embedding, random init from a config: no download) learns
 characters of the text shipped in peerd/examples/data, with
 gradient_accumulation_steps=2 and bf16 autocast. The first argument is
-num_train_epochs.
+num_train_epochs; `plain N` trains alone instead, in one process, with the
+batch of N peers (what DDP over N processes would train: the same global
+batch, one optimizer step on it) and the Trainer of transformers.
+
+A file `hold` in its working directory holds it before train(), its imports
+done and its Trainer made, until the file is gone; it writes `holding`
+meanwhile.
 
 It writes, to summary.json in its working directory, what the Trainer did:
 its optimizer steps and micro-batches, the samples it trained on, the dtype of
@@ -14,14 +20,16 @@ state and LR schedule at the end."""
 import json
 import sys
 import threading
+import time
+from pathlib import Path
 
 import torch
 from torch.utils.data import Dataset
 from transformers import GPT2Config, GPT2LMHeadModel, TrainerCallback, TrainingArguments
 
 from peerd.examples.charlm import VOCAB, encode, load_text
-from peerd.transformers import Trainer  # instead of: from transformers import Trainer
 
+EPOCHS = 2  # num_train_epochs alone (`plain N`): the test job's epochs
 CONTEXT, TRAIN, TEST = 64, 1024, 128  # characters a sample holds, windows to train on and to evaluate on
 
 
@@ -69,7 +77,11 @@ class Counts(TrainerCallback):
             self.peerd_evaluations += 1
 
 
-def main(epochs: float) -> None:
+def main(epochs: float, peers: int) -> None:
+    if peers:
+        from transformers import Trainer
+    else:
+        from peerd.transformers import Trainer  # instead of: from transformers import Trainer
     tokens = encode(load_text()[: (TRAIN + TEST) * CONTEXT])
     train_set, test_set = Windows(tokens[: TRAIN * CONTEXT]), Windows(tokens[TRAIN * CONTEXT :])
     torch.manual_seed(0)
@@ -84,13 +96,18 @@ def main(epochs: float) -> None:
     model.register_forward_pre_hook(count, with_kwargs=True)
     model.transformer.h[0].mlp.c_fc.register_forward_hook(
         lambda m, i, out: seen["dtypes"].add(str(out.dtype)) if m.training else None)
-    args = TrainingArguments(output_dir="trainer_output", num_train_epochs=epochs, per_device_train_batch_size=16,
+    args = TrainingArguments(output_dir="trainer_output", num_train_epochs=epochs, per_device_train_batch_size=16 * max(peers, 1),
                              gradient_accumulation_steps=2, learning_rate=3e-3, bf16=True, use_cpu=True,
                              report_to="none", save_strategy="no", eval_strategy="steps", eval_steps=25,
                              logging_steps=10,
                              disable_tqdm=True, seed=0)
     counts = Counts()
     trainer = Trainer(model=model, args=args, train_dataset=train_set, eval_dataset=test_set, callbacks=[counts])
+    hold = Path("hold")
+    if hold.exists():
+        Path("holding").touch()
+        while hold.exists():
+            time.sleep(0.05)
     output = trainer.train()
     with open("summary.json", "w") as f:
         json.dump({"steps": counts.steps, "micro": counts.micro, "samples": seen["samples"],
@@ -99,8 +116,12 @@ def main(epochs: float) -> None:
                    "scheduler_steps": trainer.lr_scheduler.last_epoch, "last_lr": trainer.lr_scheduler.get_last_lr(),
                    "training_loss": output.training_loss, "positions": counts.positions,
                    "evaluated_at": counts.evaluated_at, "peerd_evaluations": counts.peerd_evaluations,
-                   "logged_losses": [e["loss"] for e in trainer.state.log_history if "loss" in e]}, f)
+                   "logged_losses": [e["loss"] for e in trainer.state.log_history if "loss" in e],
+                   "eval_loss": trainer.evaluate()["eval_loss"]}, f)
 
 
 if __name__ == "__main__":
-    main(float(sys.argv[1]))
+    if sys.argv[1] == "plain":
+        main(EPOCHS, int(sys.argv[2]))
+    else:
+        main(float(sys.argv[1]), 0)
