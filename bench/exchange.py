@@ -103,7 +103,7 @@ def _peerd(method: str, cfg: dict, me: Rank) -> dict:
     auth = Authenticator(b"bench-job-secret-0123456789") if method == "peerd-auth" else None
     tls = load_tls(cfg["pki"][me.rank]) if method in TLS_METHODS else None
     bulk = method not in ("peerd-grpc", "peerd-tls-grpc")
-    clock, profiler = RepeatClock(cfg["warmup"], gc=True), _profiler(cfg)
+    clock, profiler = RepeatClock(cfg["warmup"], gc=True, waits=bool(cfg.get("netns"))), _profiler(cfg)
 
     def rounds(ctx, addresses: dict[str, str]):
         async def one_round(round_: int, vector):
@@ -148,13 +148,15 @@ def _profiler(cfg: dict):
 
 
 def _report(clock: RepeatClock, checked: dict, peerd: bool = False) -> dict:
-    """A rank's timings: the total, and the sub-steps with process CPU per repeat;
-    for peerd also the garbage collector's share, and which peerd it ran."""
+    """A rank's timings: the total, and the sub-steps with process CPU per repeat
+    (and the wait for a CPU, when measured); for peerd also the garbage
+    collector's share, and which peerd it ran."""
+    split = {**clock.split, "cpu": clock.cpu, **({"cpu_wait": clock.waited} if clock.waited else {})}
     if not peerd:
-        return {"times": clock.times, "split": {**clock.split, "cpu": clock.cpu}, **checked}
+        return {"times": clock.times, "split": split, **checked}
     import peerd as package
 
-    return {"times": clock.times, "split": {**clock.split, "cpu": clock.cpu, "gc": clock.gc}, **checked,
+    return {"times": clock.times, "split": {**split, "gc": clock.gc}, **checked,
             "source": os.path.dirname(package.__file__)}
 
 
@@ -193,7 +195,7 @@ def _tcp(cfg: dict, me: Rank) -> dict:
     buf = bytearray(cfg["numel"] * 4)
     recv = torch.frombuffer(buf, dtype=torch.float32)  # a view of buf, no copy
     send_view, recv_view = memoryview(vector.numpy()).cast("B"), memoryview(buf)
-    clock, errors = RepeatClock(cfg["warmup"]), []
+    clock, errors = RepeatClock(cfg["warmup"], waits=bool(cfg.get("netns"))), []
 
     def send(sock) -> None:
         try:

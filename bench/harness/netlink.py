@@ -5,6 +5,7 @@ rank's link carried, and a rank's way into its namespace."""
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import secrets
 import statistics
@@ -94,17 +95,21 @@ def link_seconds(nbytes: float, mbit: float) -> float:
 
 def link_table(runs: dict[str, dict], mbit: float, baseline: str = "peerd") -> str:
     """Per method at one cap: wall time per round (median, min–max), CPU per
-    process, the ratios to `baseline`, the bytes per round and the link's own time
-    for them (the busier direction of the busier rank ÷ the rate)."""
+    process and the time its threads waited for a CPU, summed (medians, the slower
+    process), the
+    ratios to `baseline`, the bytes per round and the link's own time for them
+    (the busier direction of the busier rank ÷ the rate)."""
     med = {m: statistics.median(r["times"]) for m, r in runs.items()}
     cpu = {m: statistics.median(r["split"]["cpu"]) for m, r in runs.items()}
+    waited = {m: statistics.median(r["split"].get("cpu_wait") or [math.nan]) for m, r in runs.items()}
     rows = []
     for m, r in runs.items():
         wire = max(max(sent, received) for sent, received in r["bytes"])
         floor = link_seconds(wire, mbit)
         ratio = (f"{med[m] / med[baseline]:.2f}", f"{cpu[m] / cpu[baseline]:.2f}") if baseline in runs else ("-", "-")
         rows.append([m, f"{med[m] * 1e3:.0f}", f"{min(r['times']) * 1e3:.0f}–{max(r['times']) * 1e3:.0f}",
-                     f"{cpu[m] * 1e3:.0f}", *ratio, f"{wire / 1e6:.1f}", f"{floor * 1e3:.0f}",
+                     f"{cpu[m] * 1e3:.0f}", f"{waited[m] * 1e3:.0f}", *ratio, f"{wire / 1e6:.1f}", f"{floor * 1e3:.0f}",
                      f"{med[m] / floor:.2f}"])
-    return md_table(["method", "wall ms (median)", "min–max", "CPU ms per process", f"× {baseline} wall",
+    return md_table(["method", "wall ms (median)", "min–max", "CPU ms per process", "waits for a CPU ms (all threads)",
+                     f"× {baseline} wall",
                      f"× {baseline} CPU", "MB per round, busier way", "link floor ms", "× floor"], rows)
