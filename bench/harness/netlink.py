@@ -95,10 +95,9 @@ def link_seconds(nbytes: float, mbit: float) -> float:
 
 def link_table(runs: dict[str, dict], mbit: float, baseline: str = "peerd") -> str:
     """Per method at one cap: wall time per round (median, min–max), CPU per
-    process and the time its threads waited for a CPU, summed (medians, the slower
-    process), the
-    ratios to `baseline`, the bytes per round and the link's own time for them
-    (the busier direction of the busier rank ÷ the rate)."""
+    process and the time its threads waited for a CPU, summed (medians, the
+    slower process), the ratios to `baseline`, the bytes per round and the link's
+    own time for them (the busier direction of the busier rank ÷ the rate)."""
     med = {m: statistics.median(r["times"]) for m, r in runs.items()}
     cpu = {m: statistics.median(r["split"]["cpu"]) for m, r in runs.items()}
     waited = {m: statistics.median(r["split"].get("cpu_wait") or [math.nan]) for m, r in runs.items()}
