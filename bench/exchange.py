@@ -250,8 +250,9 @@ def run_method(method: str, cfg: dict) -> dict:
 def parse_args(argv: list[str] | None = None):
     p = arg_parser(
         __doc__, defaults=True, prog="bench/exchange.py",
-        description="Time the exchange-and-average of an fp32 vector between 2 processes on 127.0.0.1: "
-        "peerd's gRPC segment gossip vs a raw TCP socket vs torch.distributed gloo all_reduce.",
+        description="Time the exchange-and-average of an fp32 vector between 2 processes on 127.0.0.1 "
+        "(or on capped links, --netns-cap): peerd's gRPC segment gossip vs a raw TCP socket vs "
+        "torch.distributed gloo all_reduce.",
         epilog="Figures are per repeat the slower of the two processes, in ms; ratios are of medians.")
     p.add_argument("--mib", type=float, default=64, help="vector size in MiB (fp32: 262144 floats per MiB)")
     p.add_argument("--repeats", type=int, default=10, help="timed repeats per method")
