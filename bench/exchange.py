@@ -29,17 +29,26 @@ every repeat really averages two different vectors; after the last repeat both
 processes check that they hold exactly (v0 + v1) / 2. One warm-up repeat is run and
 not counted.
 
-Only 127.0.0.1 is bound. gloo's rendezvous uses a FileStore (file://) rather than
+With --netns-cap MBIT[,MBIT…] the processes run on capped links instead of
+loopback (needs root): each in a network namespace of its own on one bridge
+(peerd.soak.netns, as bench/bandwidth.py), its link capped by tc tbf both ways,
+for each cap in turn; every method but gloo. Per cap it adds the bytes each
+process's link carried per round (counted at the bridge) and the link's own time
+for them (bytes ÷ rate, the floor no method can beat), and the ratios to `peerd`.
+
+Otherwise only 127.0.0.1 is bound. gloo's rendezvous uses a FileStore (file://) rather than
 tcp://, because torch's TCPStore listens on every interface; gloo's own sockets are
 pinned to the loopback interface with GLOO_SOCKET_IFNAME.
 
     .venv/bin/python bench/exchange.py                      # 64 MiB, 10 repeats
     .venv/bin/python bench/exchange.py --mib 16 --repeats 5 --methods peerd,gloo
     .venv/bin/python bench/exchange.py --segments 4 --chunk-kib 4096 --json out.json
+    sudo .venv/bin/python bench/exchange.py --mib 32 --repeats 10 --netns-cap 1000,100   # peerd,peerd-tls,tcp
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import platform
@@ -50,11 +59,12 @@ import threading
 from pathlib import Path
 
 from harness.exchange import ExchangePeer, grpc_rounds
+from harness.netlink import CappedLinks, counted, enter_namespace, link_table
 from harness.output import quantile, write_json
 from harness.ranks import (
     Rank, RepeatClock, checks, gloo_average, rank_vectors, run_loop, run_ranks, slowest, stop_resource_tracker,
 )
-from harness.script import arg_parser, each_timed, names, run_main
+from harness.script import arg_parser, each_timed, names, numbers, run_main
 
 # peerd-grpc: no bulk lane; peerd-auth: with a job secret; peerd-tls: under mutual TLS
 # (peerd-tls-grpc: and no bulk lane); peerd-copy: the snapshot copied (publish) and
@@ -62,6 +72,7 @@ from harness.script import arg_parser, each_timed, names, run_main
 METHODS = ("peerd", "peerd-flat", "peerd-grpc", "peerd-auth", "peerd-tls", "peerd-tls-grpc", "peerd-copy", "tcp",
            "gloo")
 TLS_METHODS = ("peerd-tls", "peerd-tls-grpc")
+LINK_METHODS = "peerd,peerd-tls,tcp"  # the default with --netns-cap
 BARRIER_TIMEOUT_S = 120.0  # a partner that died must not leave the other one waiting forever
 JOB = "bench"
 
@@ -84,6 +95,7 @@ def _peerd(method: str, cfg: dict, me: Rank) -> dict:
     from peerd.worker.round.crossover import gossip_round
     from peerd.worker.round.pair import pair_round
 
+    _enter(cfg, me)
     hand_over = method != "peerd-copy"
     round_fn = gossip_round if method == "peerd-flat" else pair_round  # pair: as the worker runs two peers
     own0, expected = rank_vectors(me.rank, 2, cfg["numel"])
@@ -91,7 +103,7 @@ def _peerd(method: str, cfg: dict, me: Rank) -> dict:
     auth = Authenticator(b"bench-job-secret-0123456789") if method == "peerd-auth" else None
     tls = load_tls(cfg["pki"][me.rank]) if method in TLS_METHODS else None
     bulk = method not in ("peerd-grpc", "peerd-tls-grpc")
-    clock, profiler = RepeatClock(cfg["warmup"], gc=True), _profiler(cfg)
+    clock, profiler = RepeatClock(cfg["warmup"], gc=True, waits=bool(cfg.get("netns"))), _profiler(cfg)
 
     def rounds(ctx, addresses: dict[str, str]):
         async def one_round(round_: int, vector):
@@ -121,6 +133,12 @@ def _peerd(method: str, cfg: dict, me: Rank) -> dict:
     return _report(clock, _verify(vector, expected, atol=1e-6), peerd=True)
 
 
+def _enter(cfg: dict, me: Rank) -> None:
+    """Into this rank's namespace with --netns-cap, before any socket or thread is made."""
+    if cfg.get("netns"):
+        enter_namespace(cfg["netns"][me.rank])
+
+
 def _profiler(cfg: dict):
     if not cfg.get("profile"):
         return None
@@ -130,13 +148,15 @@ def _profiler(cfg: dict):
 
 
 def _report(clock: RepeatClock, checked: dict, peerd: bool = False) -> dict:
-    """A rank's timings: the total, and the sub-steps with process CPU per repeat;
-    for peerd also the garbage collector's share, and which peerd it ran."""
+    """A rank's timings: the total, and the sub-steps with process CPU per repeat
+    (and the wait for a CPU, when measured); for peerd also the garbage
+    collector's share, and which peerd it ran."""
+    split = {**clock.split, "cpu": clock.cpu, **({"cpu_wait": clock.waited} if clock.waited else {})}
     if not peerd:
-        return {"times": clock.times, "split": {**clock.split, "cpu": clock.cpu}, **checked}
+        return {"times": clock.times, "split": split, **checked}
     import peerd as package
 
-    return {"times": clock.times, "split": {**clock.split, "cpu": clock.cpu, "gc": clock.gc}, **checked,
+    return {"times": clock.times, "split": {**split, "gc": clock.gc}, **checked,
             "source": os.path.dirname(package.__file__)}
 
 
@@ -149,22 +169,25 @@ def _recv_exact(sock: socket.socket, view: memoryview) -> None:
         filled += n
 
 
-def _tcp_socket(me: Rank) -> socket.socket:
-    """Rank 0 listens on 127.0.0.1 and accepts; rank 1 connects to it."""
+def _tcp_socket(me: Rank, hosts: list[str] | None) -> socket.socket:
+    """Rank 0 listens on 127.0.0.1 (its own address on a capped link) and accepts;
+    rank 1 connects to it."""
+    host = hosts[0] if hosts else "127.0.0.1"
     if me.rank == 0:
-        with socket.create_server(("127.0.0.1", 0)) as listener:
+        with socket.create_server((host, 0)) as listener:
             listener.settimeout(BARRIER_TIMEOUT_S)
             me.share(listener.getsockname()[1], BARRIER_TIMEOUT_S)
             sock, _ = listener.accept()
     else:
         port = me.share(None, BARRIER_TIMEOUT_S)[0]
-        sock = socket.create_connection(("127.0.0.1", port), timeout=BARRIER_TIMEOUT_S)
+        sock = socket.create_connection((host, port), timeout=BARRIER_TIMEOUT_S)
     sock.settimeout(BARRIER_TIMEOUT_S)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock
 
 
 def _tcp(cfg: dict, me: Rank) -> dict:
+    _enter(cfg, me)
     import torch
 
     own0, expected = rank_vectors(me.rank, 2, cfg["numel"])
@@ -172,7 +195,7 @@ def _tcp(cfg: dict, me: Rank) -> dict:
     buf = bytearray(cfg["numel"] * 4)
     recv = torch.frombuffer(buf, dtype=torch.float32)  # a view of buf, no copy
     send_view, recv_view = memoryview(vector.numpy()).cast("B"), memoryview(buf)
-    clock, errors = RepeatClock(cfg["warmup"]), []
+    clock, errors = RepeatClock(cfg["warmup"], waits=bool(cfg.get("netns"))), []
 
     def send(sock) -> None:
         try:
@@ -180,7 +203,7 @@ def _tcp(cfg: dict, me: Rank) -> dict:
         except BaseException as exc:  # reported by the main thread
             errors.append(exc)
 
-    with _tcp_socket(me) as sock:
+    with _tcp_socket(me, cfg.get("hosts")) as sock:
         for _ in range(cfg["warmup"] + cfg["repeats"]):
             vector.copy_(own0)
             me.barrier.wait(BARRIER_TIMEOUT_S)
@@ -227,23 +250,31 @@ def run_method(method: str, cfg: dict) -> dict:
 def parse_args(argv: list[str] | None = None):
     p = arg_parser(
         __doc__, defaults=True, prog="bench/exchange.py",
-        description="Time the exchange-and-average of an fp32 vector between 2 processes on 127.0.0.1: "
-        "peerd's gRPC segment gossip vs a raw TCP socket vs torch.distributed gloo all_reduce.",
+        description="Time the exchange-and-average of an fp32 vector between 2 processes on 127.0.0.1 "
+        "(or on capped links, --netns-cap): peerd's gRPC segment gossip vs a raw TCP socket vs "
+        "torch.distributed gloo all_reduce.",
         epilog="Figures are per repeat the slower of the two processes, in ms; ratios are of medians.")
     p.add_argument("--mib", type=float, default=64, help="vector size in MiB (fp32: 262144 floats per MiB)")
     p.add_argument("--repeats", type=int, default=10, help="timed repeats per method")
     p.add_argument("--warmup", type=int, default=1, help="untimed warm-up repeats per method")
     p.add_argument("--segments", type=int, default=8, help="peerd segments (job default: 8)")
     p.add_argument("--chunk-kib", type=int, default=1024, help="peerd streamed chunk size in KiB (job default: 1024)")
-    p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of: " + ", ".join(METHODS))
+    p.add_argument("--methods", help="comma-separated subset of: " + ", ".join(METHODS) +
+                   f" (default: all; with --netns-cap {LINK_METHODS})")
     p.add_argument("--deadline-s", type=float, default=60.0, help="peerd gossip deadline per round")
     p.add_argument("--no-uvloop", action="store_true", help="run peerd on asyncio's loop even if uvloop is installed "
                    "(the real worker uses uvloop when it can)")
     p.add_argument("--profile", metavar="DIR", help="cProfile the timed peerd repeats (slows them down); writes DIR/peerd-rank{0,1}.pstats, "
                    "read with python -m pstats")
+    p.add_argument("--netns-cap", metavar="MBIT[,MBIT…]", help="run the processes on links capped at these "
+                   "Mbit/s (tc tbf, both ways), one cap after the other, each in a network namespace of its own, "
+                   "instead of on loopback (needs root; every method but gloo)")
     p.add_argument("--json", metavar="OUT", help="also write the raw timings and settings to this file")
     args = p.parse_args(argv)
-    args.methods = names(p, args.methods, METHODS, "--methods")
+    args.caps = numbers(p, args.netns_cap, float, "--netns-cap") if args.netns_cap else []
+    args.methods = names(p, args.methods or (LINK_METHODS if args.caps else ",".join(METHODS)), METHODS, "--methods")
+    if args.caps and ("gloo" in args.methods or min(args.caps) <= 0):
+        p.error("--netns-cap: caps must be positive, and gloo runs on loopback only")
     if args.repeats < 1 or args.warmup < 0 or args.segments < 1 or args.chunk_kib < 1 or args.mib <= 0:
         p.error("--repeats, --segments, --chunk-kib and --mib must be positive, --warmup ≥ 0")
     return args
@@ -307,28 +338,57 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("vector smaller than the segment count")
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="peerd-bench-") as tmp, contextlib.ExitStack() as stack:
+        links = stack.enter_context(CappedLinks(2)) if args.caps else None
+        cfg = _settings(args, numel, tmp, links)
+        if links is None:
+            runs = _each(args.methods, cfg)
+            report = json_report(runs, print_table(runs), cfg)
+        else:
+            report = {}
+            for cap in args.caps:
+                links.cap(cap)
+                print(f"\n{cap:g} Mbit/s both ways, per process", flush=True)
+                runs = _each(args.methods, cfg, links)
+                report[f"{cap:g} Mbit/s"] = json_report(runs, print_table(runs), cfg) | {
+                    "bytes_per_round": {m: r["bytes"] for m, r in runs.items()}}
+                print("\n" + link_table(runs, cap), flush=True)
+    if args.json:
+        write_json(Path(args.json), report, indent=2)
+    return 0
+
+
+def _settings(args, numel: int, tmp: str, links: CappedLinks | None) -> dict:
+    """The ranks' settings (said in one line): sizes, repeats, certificates, and
+    with --netns-cap their namespaces and addresses."""
     from harness.certs import make_pki
     import grpc
     import torch
 
-    with tempfile.TemporaryDirectory(prefix="peerd-bench-") as tmp:
-        cfg = {"numel": numel, "repeats": args.repeats, "warmup": args.warmup, "segments": args.segments,
-               "chunk_kib": args.chunk_kib, "deadline_s": args.deadline_s, "uvloop": _uvloop(args),
-               "profile": os.path.abspath(args.profile) if args.profile else None,
-               "gloo_store": os.path.join(tmp, "gloo-store"), "barrier_s": BARRIER_TIMEOUT_S,
-               "method_timeout_s": 60.0 + args.repeats * 30.0,
-               "pki": (list(make_pki(Path(tmp) / "pki", ["rank0", "rank1"]).values())
-                       if set(args.methods) & set(TLS_METHODS) else None)}
-        print(f"{numel * 4 / 2**20:g} MiB fp32 ({numel} floats), 2 processes on 127.0.0.1, "
-              f"{args.repeats} repeats + {args.warmup} warm-up; peerd: {args.segments} segments, "
-              f"{args.chunk_kib} KiB chunks, {'uvloop' if cfg['uvloop'] else 'asyncio'}; "
-              f"torch {torch.__version__}, grpcio {grpc.__version__}, {os.cpu_count()} CPUs", flush=True)
-        runs = each_timed(args.methods, lambda m: run_method(m, cfg), note=lambda r: ", average verified" + (
-            f" (peerd from {r['source']})" if r["source"] else ""))
-    med = print_table(runs)
-    if args.json:
-        write_json(Path(args.json), json_report(runs, med, cfg), indent=2)
-    return 0
+    hosts = links.addresses if links else None
+    cfg = {"numel": numel, "repeats": args.repeats, "warmup": args.warmup, "segments": args.segments,
+           "chunk_kib": args.chunk_kib, "deadline_s": args.deadline_s, "uvloop": _uvloop(args),
+           "profile": os.path.abspath(args.profile) if args.profile else None,
+           "gloo_store": os.path.join(tmp, "gloo-store"), "barrier_s": BARRIER_TIMEOUT_S,
+           "method_timeout_s": 60.0 + args.repeats * 30.0, "hosts": hosts,
+           "netns": links.namespaces if links else None,
+           "pki": (list(make_pki(Path(tmp) / "pki", ["rank0", "rank1"], tuple(hosts or ["127.0.0.1"])).values())
+                   if set(args.methods) & set(TLS_METHODS) else None)}
+    where = f"in namespaces {', '.join(hosts)} on capped links" if hosts else "on 127.0.0.1"
+    print(f"{numel * 4 / 2**20:g} MiB fp32 ({numel} floats), 2 processes {where}, "
+          f"{args.repeats} repeats + {args.warmup} warm-up; peerd: {args.segments} segments, "
+          f"{args.chunk_kib} KiB chunks, {'uvloop' if cfg['uvloop'] else 'asyncio'}; "
+          f"torch {torch.__version__}, grpcio {grpc.__version__}, {os.cpu_count()} CPUs", flush=True)
+    return cfg
+
+
+def _each(methods: list[str], cfg: dict, links: CappedLinks | None = None) -> dict[str, dict]:
+    """Every method in turn; with `links`, the bytes each rank's link carried per round too."""
+    rounds = cfg["warmup"] + cfg["repeats"]
+    run = ((lambda m: run_method(m, cfg)) if links is None
+           else (lambda m: counted(links, rounds, lambda: run_method(m, cfg))))
+    return each_timed(methods, run, note=lambda r: ", average verified" + (
+        f" (peerd from {r['source']})" if r["source"] else ""))
 
 
 if __name__ == "__main__":

@@ -24,7 +24,8 @@ CHUNK_ELEMS = 262_144  # the job default, chunk_kib = 1024
 class ExchangePeer:
     """A worker's snapshot and stage stores and segment server (its bytes counted
     in `traffic` when given, as the engine counts them), served on 127.0.0.1
-    with the state service beside it (idle here: no newcomer asks)."""
+    (or the address serve() is given) with the state service beside it (idle
+    here: no newcomer asks)."""
 
     def __init__(self, job: str, me: str, numel: int, segments: int, chunk_elems: int = CHUNK_ELEMS,
                  wire: str = "fp32", traffic: Traffic | None = None) -> None:
@@ -39,10 +40,10 @@ class ExchangePeer:
         self._chunk_elems = chunk_elems
         self._exchange = None
 
-    async def serve(self, **options) -> str:
-        """Serve on 127.0.0.1:0 (start_exchange_server's `options`: auth, bulk); the address."""
+    async def serve(self, host: str = "127.0.0.1", **options) -> str:
+        """Serve on host:0 (start_exchange_server's `options`: auth, bulk); the address."""
         state = StateServer(self.identity, StateBoard(2 * self.numel, self.numel), self.store, self._chunk_elems)
-        self._exchange, address = await start_exchange_server(self.server, state, "127.0.0.1", **options)
+        self._exchange, address = await start_exchange_server(self.server, state, host, **options)
         return address
 
     def context(self, transport, intrahost=None) -> RoundContext:
@@ -83,10 +84,12 @@ async def grpc_rounds(peer: ExchangePeer, me: Rank, cfg: dict, make_round: Calla
                       clock: RepeatClock, vector: torch.Tensor, auth=None, bulk: bool = True,
                       tls=None) -> torch.Tensor:
     """A rank's rounds over GrpcTransport (mutual TLS with `tls`, a TlsMaterial):
-    serve, learn every rank's address (rank r is "p{r}"), time the rounds
+    serve (on 127.0.0.1, or on cfg["hosts"][rank] when the ranks sit on capped
+    links), learn every rank's address (rank r is "p{r}"), time the rounds
     make_round(context, addresses) runs (timed_rounds), then close every channel
     before any server stops."""
-    address = await peer.serve(auth=auth, bulk=bulk, tls=tls)
+    host = cfg["hosts"][me.rank] if cfg.get("hosts") else "127.0.0.1"
+    address = await peer.serve(host, auth=auth, bulk=bulk, tls=tls)
     transport = GrpcTransport(peer.identity, auth, tls, bulk=bulk)
     try:
         sent = await asyncio.to_thread(me.share, address, cfg["barrier_s"])

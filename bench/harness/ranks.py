@@ -188,22 +188,44 @@ class GcMeter:
         return seconds
 
 
+def cpu_wait_s() -> float:
+    """Seconds this process's threads have spent runnable but waiting for a CPU
+    (Linux: /proc/self/task/*/schedstat, run_delay; 0 elsewhere). A thread that
+    ends takes its share with it."""
+    total = 0
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return 0.0
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / 1e9
+
+
 class RepeatClock:
     """A rank's repeats: wall and CPU time (the process's, all threads) from
-    start() to stop(), named sub-steps (each lap since the one before), and with
-    `gc` the garbage collector's share; the first `warmup` repeats are not kept."""
+    start() to stop(), named sub-steps (each lap since the one before), with
+    `gc` the garbage collector's share and with `waits` the time its threads
+    waited for a CPU (cpu_wait_s); the first `warmup` repeats are not kept."""
 
-    def __init__(self, warmup: int, gc: bool = False) -> None:
+    def __init__(self, warmup: int, gc: bool = False, waits: bool = False) -> None:
         self.warmup, self.done = warmup, 0
         self.times: list[float] = []
         self.cpu: list[float] = []
         self.gc: list[float] = []
+        self.waited: list[float] = []
         self.split: dict[str, list[float]] = {}
         self._gc = GcMeter() if gc else None
+        self._waits = waits
 
     def start(self) -> None:
         if self._gc is not None:
             self._gc.take()
+        self._w0 = cpu_wait_s() if self._waits else 0.0
         self._t0 = self._lap = time.perf_counter()
         self._c0 = time.process_time()
 
@@ -221,6 +243,8 @@ class RepeatClock:
             self.cpu.append(c - self._c0)
             if self._gc is not None:
                 self.gc.append(gc_s)
+            if self._waits:
+                self.waited.append(cpu_wait_s() - self._w0)
         self.done += 1
 
     def report(self) -> dict:
