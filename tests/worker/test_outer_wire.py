@@ -1,6 +1,6 @@
 """The outer step on the int8 wire (docs/algorithms.md, "The outer step on the
 int8 wire"): the rounds average each member's model relative to its anchor
-with error feedback on that change, and every fourth round the models; in
+with error feedback on that change, and every fourth round the anchors; in
 memory, over the worker's Rounds and real segment servers on the int8 wire."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 from outer_helpers import Worker, job, one_round, wired
 
-from peerd.worker.round.changes import MODELS_EVERY, models_round
+from peerd.worker.round.changes import ANCHORS_EVERY, anchors_round
 from peerd.worker.round.feedback import ErrorFeedback
 
 INT8 = 'wire = "int8"\n'
@@ -25,35 +25,40 @@ def owed(w: Worker) -> torch.Tensor:
 async def test_identical_members_step_as_torch_sgd_on_what_the_wire_carries_bit_for_bit(outer):
     """Members that make identical changes publish identical values, which the
     int8 wire carries exactly and the rounds average to themselves: each
-    anchor is torch's SGD stepped with the rounded change (a change round) or
-    by the anchor minus the rounded model (a models round), bit for bit, over
-    two models rounds and the change rounds between them."""
+    anchor is torch's SGD stepped with the rounded change, bit for bit, over
+    the change rounds; an anchor round takes the rounded anchor, moves the
+    model with it and leaves the momentum to the next change round."""
     spec = job(outer=outer, gossip=INT8)
     workers = [Worker(k, spec) for k in range(3)]
     view = wired(workers, "int8")
-    ref = Worker(9, spec)  # computes what every member should publish
+    ref = Worker(9, spec)  # computes what every member should publish and hold
     reference = ErrorFeedback(ref.rounds.layout)
     n = ref.state.anchor.numel()
     param = torch.nn.Parameter(ref.state.anchor.clone())
     rule = spec.outer
     opt = torch.optim.SGD([param], lr=rule.lr, momentum=rule.momentum, nesterov=rule.nesterov and rule.momentum != 0)
-    for r in range(1, 2 * MODELS_EVERY + 1):
+    model = ref.state.flat.vector
+    for r in range(1, 2 * ANCHORS_EVERY + 2):
         for w in workers + [ref]:
             w.local_steps(seed=r, common=100 + r)
-        values = ref.state.flat.vector.clone()
-        if not models_round(r):
-            values[:n].sub_(ref.state.anchor)
-        reference.quantise_(values)
-        param.grad = (param.detach() - values[:n]) if models_round(r) else values[:n].neg()
-        opt.step()
-        with torch.no_grad():
-            ref.state.anchor.copy_(param)
-            ref.state.flat.vector[:n].copy_(param)
+        values = model.clone()
+        if anchors_round(r):
+            values[:n].copy_(param.detach())
+            reference.quantise_(values)
+            model.add_(values.sub(param.detach()))
+            param.data.copy_(values[:n])  # the momentum buffer stays as it is
+        else:
+            values[:n].sub_(param.detach())
+            reference.quantise_(values)
+            param.grad = values[:n].neg()
+            opt.step()
+            model.copy_(param.detach())
         await one_round(workers, view)
         for w in workers:
             assert torch.equal(w.state.anchor, param.detach()), r
-            assert torch.equal(w.state.flat.vector, w.state.anchor)
+            assert torch.equal(w.state.flat.vector, model), r
             assert torch.equal(w.rounds.feedback.residual, reference.residual)
+    assert workers[0].rounds.outer.steps == 2 * ANCHORS_EVERY - 1
     for w in workers:
         await w.rounds.aclose()
 
@@ -68,7 +73,7 @@ async def test_a_change_round_rounds_on_the_changes_scale_not_the_models():
         w.local_steps(seed=k)  # a change 0.05·N(0, 1) on weights of size ~0.2–0.5
     change = torch.stack([w.state.flat.vector - w.state.anchor for w in workers]).abs().max()
     model = torch.stack([w.state.flat.vector for w in workers]).abs().max()
-    assert models_round(1) is False
+    assert anchors_round(1) is False
     await one_round(workers, view)
     for w in workers:
         assert w.rounds.feedback.residual.abs().max() <= change / 127 / 2 * 1.001
@@ -89,8 +94,8 @@ async def test_error_feedback_on_the_changes_keeps_the_sum_and_reaches_the_exact
     view = wired(workers, "int8")
     total = sum(owed(w) for w in workers)
     scale = total.abs().max() / peers
-    for r in range(1, 6 * MODELS_EVERY):
-        if r <= 2 * MODELS_EVERY:
+    for r in range(1, 6 * ANCHORS_EVERY):
+        if r <= 2 * ANCHORS_EVERY:
             for k, w in enumerate(workers):
                 before = w.state.flat.vector.double()
                 w.local_steps(seed=100 * r + k, common=r)
@@ -107,33 +112,31 @@ async def test_error_feedback_on_the_changes_keeps_the_sum_and_reaches_the_exact
         await w.rounds.aclose()
 
 
-async def test_without_the_models_rounds_the_anchors_do_not_come_together(monkeypatch):
-    """Why every fourth round averages the models: with changes alone the
+async def test_without_the_anchor_rounds_the_anchors_do_not_come_together(monkeypatch):
+    """Why every fourth round averages the anchors: with changes alone the
     anchors keep the disagreement the first round left, round after round;
-    with the models rounds it shrinks with each of them."""
-    import peerd.worker.round.rounds as rounds_module
+    with the anchor rounds it shrinks with each of them."""
+    import peerd.worker.round.changes as changes_module
 
     spec = job(outer="every = 4\nlr = 1.0\nmomentum = 0\n", gossip=INT8)
 
-    async def spread(models_rounds: bool) -> float:
-        if not models_rounds:
-            monkeypatch.setattr(rounds_module, "models_round", lambda r: False)
+    async def spread(anchor_rounds: bool) -> float:
+        if not anchor_rounds:
+            monkeypatch.setattr(changes_module, "anchors_round", lambda r: False)
         workers = [Worker(k, spec) for k in range(4)]
         view = wired(workers, "int8")
         for k, w in enumerate(workers):
             w.local_steps(seed=k)
-        for _ in range(4 * MODELS_EVERY):
+        for _ in range(4 * ANCHORS_EVERY):
             await one_round(workers, view)
-        # The models plus their residuals: a models round rounds the models
-        # themselves, with a residual as large as a step of the models' scale.
-        anchors = torch.stack([owed(w) for w in workers])
+        anchors = torch.stack([w.state.anchor.double() for w in workers])
         for w in workers:
             await w.rounds.aclose()
         monkeypatch.undo()
         return float((anchors - anchors.mean(0)).abs().max())
 
-    with_models, without = await spread(True), await spread(False)
-    assert with_models < 0.2 * without  # four models rounds, each ~0.6 of the spread (docs)
+    with_anchor_rounds, without = await spread(True), await spread(False)
+    assert with_anchor_rounds < 0.2 * without  # four anchor rounds, each ~0.6 of the spread (docs)
 
 
 async def test_frozen_parameters_stay_bit_for_bit_on_the_int8_wire():
@@ -143,7 +146,7 @@ async def test_frozen_parameters_stay_bit_for_bit_on_the_int8_wire():
         w.model[0].weight.requires_grad_(False)
     frozen = [w.model[0].weight.detach().clone() for w in workers]
     view = wired(workers, "int8")
-    for r in range(MODELS_EVERY + 1):
+    for r in range(ANCHORS_EVERY + 1):
         for k, w in enumerate(workers):
             w.local_steps(seed=10 * r + k)
             with torch.no_grad():

@@ -5,9 +5,10 @@ model starts the next H steps from it.
 
 Three ways the averaged change arrives: as the round's averaged model (`step`);
 as the averaged model relative to the anchor, on the int8 wire
-(`step_by_change`); and one outer step late with `[gossip] overlap`
-(`on_mixed` turns the round's result into the correction the overlapped round
-applies: docs/algorithms.md, "The outer step overlapped").
+(`step_by_change`, with `adopt_anchor` for its rounds that average the
+anchors); and one outer step late with `[gossip] overlap` (`on_mixed` turns
+the round's result into the correction the overlapped round applies:
+docs/algorithms.md, "The outer step overlapped").
 
 The anchor and the momentum buffer live in the training state (TrainState:
 `anchor`, `outer_momentum`), so newcomers and checkpoints receive them with
@@ -65,6 +66,29 @@ class OuterStep:
             change[: self.numel].sub_(self.state.anchor.to(change.device))
         return change
 
+    def anchor_of(self, vector: torch.Tensor, into: torch.Tensor) -> torch.Tensor:
+        """`into` (any device) holding the gossiped vector `vector` with its
+        parameters replaced by the anchor: what an anchor round publishes."""
+        into.copy_(vector)
+        with torch.no_grad():
+            into[: self.numel].copy_(self.state.anchor)
+        return into
+
+    def adopt_anchor(self, mixed: torch.Tensor, published: torch.Tensor) -> None:
+        """An anchor round: the anchor takes `mixed` (the averaged anchors, then
+        the plain average of the rest) and the model moves with it by
+        `mixed − published`, keeping its local steps since; the rest takes the
+        average. The momentum buffer is not touched: no outer step."""
+        state = self.state
+        anchor, n, model = state.anchor, self.numel, state.flat.vector
+        live, _ = self.spans()
+        with torch.no_grad():
+            for a, b in live:
+                values = mixed[a:b].to(anchor.device)
+                model[a:b].add_(values.sub(published[a:b].to(anchor.device)))
+                anchor[a:b].copy_(values)
+            model[n:].copy_(mixed[n:])
+
     def step_by_change(self, mixed: torch.Tensor) -> None:
         """After a round over changes (`mixed`: the averaged θ − θ₀, then the
         plain average of the rest, on any device): the anchor steps by it, the
@@ -81,25 +105,30 @@ class OuterStep:
         self.follow_frozen()
         self.steps += 1
 
-    def on_mixed(self, mixed: torch.Tensor, changes: bool) -> None:
-        """An overlapped round completed: turn its result `mixed` (models, or
-        with `changes` models relative to the anchor) into what the correction
-        x ← x + (mixed − snapshot) must add, after the anchor's step: the new
-        anchor (models), or how far the anchor moved (changes). Either way the
-        model becomes the new anchor plus the local steps since the snapshot."""
+    def on_mixed(self, mixed: torch.Tensor, kind: str) -> None:
+        """An overlapped round completed: turn its result `mixed` (of `kind`:
+        "models", "changes" relative to the anchor, or "anchors") into what
+        the correction x ← x + (mixed − snapshot) must add: the new anchor
+        after the outer step (models), how far the anchor moved (changes), or
+        the averaged anchors as they are, which the anchor takes (anchors).
+        Each way the model becomes the new anchor plus the local steps since
+        the snapshot (docs/algorithms.md, "The outer step overlapped")."""
         anchor, momentum = self.state.anchor, self.state.outer_momentum
         live, _ = self.spans()
         with torch.no_grad():
             for a, b in live:
                 values = mixed[a:b].to(anchor.device)  # the same tensor on the CPU
-                if changes:
+                if kind == "anchors":
+                    anchor[a:b].copy_(values)
+                    continue
+                if kind == "changes":
                     before = anchor[a:b].clone()
                     step_by_change(self.rule, anchor[a:b], momentum[a:b], values)
                     values = anchor[a:b].sub(before)
                 else:
                     outer_step(self.rule, OuterSlices(anchor[a:b], values, momentum[a:b]))
                 mixed[a:b].copy_(values)
-        self.steps += 1
+        self.steps += kind != "anchors"
 
     def follow_frozen(self) -> None:
         """Frozen parameters' anchor follows the model, so a parameter unfrozen

@@ -31,7 +31,7 @@ from peerd.worker.intrahost.group import IntraHostGroup
 from peerd.worker.link import SupervisorLink
 from peerd.worker.round.overlap import OverlapRunner, RoundExchange, round_exchange
 from peerd.worker.round.context import RoundBuffers, RoundContext, RoundInputs
-from peerd.worker.round.changes import ChangeRounds, models_round
+from peerd.worker.round.changes import ChangeRounds, anchors_round
 from peerd.worker.round.feedback import ErrorFeedback
 from peerd.worker.round.outer import OuterStep
 from peerd.worker.wire.quant import NonFiniteValues
@@ -86,7 +86,7 @@ class Rounds:
         # [outer], the outer step turns the round's result into the correction.
         self.overlap = OverlapRunner(self.store, numel, on_mixed=self._on_mixed) if spec.gossip.overlap else None
         self._in_flight: tuple[dict[str, str], float] = ({}, 0.0)  # view and start of the round in flight
-        self._pending_changes = False  # whether the round in flight averages changes (peerd.worker.round.changes)
+        self._pending_kind = "models"  # what the round in flight averages (peerd.worker.round.changes)
         # The round this worker is in: counted up by next_round, stepped up to a
         # partner ahead, set by a resume. Engine.round reads and sets this one.
         self.round = 0
@@ -109,7 +109,7 @@ class Rounds:
         self.round += 1
         if self.overlap is not None:
             result = await self._run_overlapped(view, capture)
-        elif self.changes is not None and not models_round(self.round):
+        elif self.changes is not None:
             result = await self.changes.run(view, capture)
         else:
             result = await self._run_now(view, capture)
@@ -244,9 +244,9 @@ class Rounds:
         exchange, deadline = self._exchange(view, now)
         if exchange is None and self.outer is not None:
             self.outer.step()  # nobody to average with: the own change, now, as without overlap
-        self._pending_changes = self.changes is not None and not models_round(self.round)
-        if self._pending_changes:
-            snapshot = self.changes.overlapped_snapshot()
+        if self.changes is not None:
+            self._pending_kind = "anchors" if anchors_round(self.round) else "changes"
+            snapshot = self.changes.published(self._pending_kind == "anchors")
         else:
             self._quantise()
             snapshot = self.state.flat.vector
@@ -272,7 +272,7 @@ class Rounds:
         """[outer] overlapped: the round in flight completed; its result becomes
         the outer step's correction (docs/algorithms.md, "The outer step overlapped")."""
         if self.outer is not None:
-            self.outer.on_mixed(mixed, changes=self._pending_changes)
+            self.outer.on_mixed(mixed, self._pending_kind)
 
     @property
     def intrahost_status(self) -> str:
