@@ -293,9 +293,6 @@ def _with_outer(spec: JobSpec, period_given: bool, source: str) -> JobSpec:
     if period_given:
         raise ConfigError(f"{source}: [outer] every = {spec.outer.every} with gossip.period_steps: "
                           "outer.every sets the local steps between rounds; drop period_steps")
-    if spec.gossip.overlap:
-        raise ConfigError(f"{source}: [outer] every = {spec.outer.every} with gossip.overlap: an overlapped "
-                          "outer exchange is not supported yet; drop overlap")
     return replace(spec, gossip=replace(spec.gossip, period_steps=spec.outer.every))
 
 

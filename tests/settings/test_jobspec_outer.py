@@ -62,7 +62,6 @@ def test_bad_values_are_refused_naming_the_key(outer, expect):
 @pytest.mark.parametrize("gossip, expect", [
     ("period_steps = 8\n", "outer.every sets the local steps between rounds; drop period_steps"),
     ("period_steps = 1\n", "drop period_steps"),
-    ("overlap = true\n", "an overlapped outer exchange is not supported yet"),
 ])
 def test_a_period_of_its_own_is_refused_saying_so(gossip, expect):
     with pytest.raises(ConfigError, match=expect):
@@ -71,6 +70,7 @@ def test_a_period_of_its_own_is_refused_saying_so(gossip, expect):
 
 
 @pytest.mark.parametrize("gossip", ['mode = "hierarchical"\n', 'mode = "whole"\n', 'wire = "bf16"\n',
-                                    "average_buffers = true\n", 'wire = "int8"\n'])
+                                    "average_buffers = true\n", 'wire = "int8"\n', "overlap = true\n",
+                                    'wire = "int8"\noverlap = true\n'])
 def test_the_rounds_as_they_are_run_under_the_outer_step(gossip):
     assert parse_job(with_outer("every = 4\n", gossip), SRC).gossip.period_steps == 4
