@@ -49,13 +49,26 @@ def outer_step(rule: OuterRule, slices: OuterSlices) -> None:
 
     A buffer that starts at zero gives torch's first step exactly (0·μ + Δ = Δ),
     so no "first step" flag has to travel with the state."""
-    anchor, momentum = slices.anchor, slices.momentum
-    grad = anchor.sub(slices.model)
+    step_anchor(rule, slices.anchor, slices.momentum, slices.anchor.sub(slices.model))
+    slices.model.copy_(slices.anchor)
+
+
+def step_by_change(rule: OuterRule, anchor: Any, momentum: Any, change: Any) -> None:
+    """In place: the anchor steps with gradient −`change`, where `change` is the
+    averaged model relative to the anchor (θ_avg − θ₀, as the int8 wire
+    averages it: docs/algorithms.md, "The outer step on the int8 wire"). The
+    negation is exact, so over identical changes this is torch's step on their
+    mean bit for bit."""
+    step_anchor(rule, anchor, momentum, change.neg())
+
+
+def step_anchor(rule: OuterRule, anchor: Any, momentum: Any, grad: Any) -> None:
+    """torch.optim.SGD's single-tensor step of `anchor` with gradient `grad`
+    (consumed: it may be written)."""
     if rule.momentum != 0:
         momentum.mul_(rule.momentum).add_(grad, alpha=1)
         grad = grad.add(momentum, alpha=rule.momentum) if rule.nesterov else momentum
     anchor.add_(grad, alpha=-rule.lr)
-    slices.model.copy_(anchor)
 
 
 def live_spans(limit: int, frozen: list[tuple[int, int]]) -> list[tuple[int, int]]:

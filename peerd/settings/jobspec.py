@@ -286,21 +286,14 @@ def parse_job(text: str, source: str) -> JobSpec:
 
 def _with_outer(spec: JobSpec, period_given: bool, source: str) -> JobSpec:
     """The outer step's `every` is the rounds' period: a round every H local
-    steps (docs/algorithms.md, "The outer step"). What it does not support yet
-    is refused rather than run some other way."""
+    steps (docs/algorithms.md, "The outer step"); a period set as well is
+    refused rather than one of the two silently winning."""
     if not spec.outer.enabled:
         return spec
-    g = spec.gossip
-    refused = [
-        (period_given, "gossip.period_steps: outer.every sets the local steps between rounds; drop period_steps"),
-        (g.overlap, "gossip.overlap: an overlapped outer exchange is not supported yet; drop overlap"),
-        (g.wire == "int8", "gossip.wire = 'int8': error feedback on the outer changes is not supported yet; "
-                           "use 'fp32', 'fp16' or 'bf16'"),
-    ]
-    for bad, why in refused:
-        if bad:
-            raise ConfigError(f"{source}: [outer] every = {spec.outer.every} with {why}")
-    return replace(spec, gossip=replace(g, period_steps=spec.outer.every))
+    if period_given:
+        raise ConfigError(f"{source}: [outer] every = {spec.outer.every} with gossip.period_steps: "
+                          "outer.every sets the local steps between rounds; drop period_steps")
+    return replace(spec, gossip=replace(spec.gossip, period_steps=spec.outer.every))
 
 
 def _check_together(spec: JobSpec, source: str) -> None:

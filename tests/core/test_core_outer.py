@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from peerd.core.outer import OuterSlices, live_spans, outer_step
+from peerd.core.outer import OuterSlices, live_spans, outer_step, step_by_change
 
 FAST = settings(max_examples=60, deadline=None)
 
@@ -69,6 +69,24 @@ def test_identical_changes_step_as_torch_sgd_on_their_mean_bit_for_bit(rule, mem
                 assert torch.equal(m.momentum, opt.state[param]["momentum_buffer"])
             else:
                 assert not m.momentum.any()
+
+
+@pytest.mark.parametrize("rule", [Rule(), Rule(nesterov=False), Rule(momentum=0.0), Rule(lr=1.0, momentum=0.5)])
+def test_a_step_by_the_averaged_change_is_torch_sgd_on_it_bit_for_bit(rule):
+    """On the int8 wire the rounds average θ − θ₀: over identical changes the
+    average is that change, and the anchor's step by it is torch's SGD step
+    with the mean change θ₀ − θ_avg = −(θ − θ₀) as its gradient, bit for bit."""
+    gen = torch.Generator().manual_seed(3)
+    start = torch.randn(1000, generator=gen)
+    anchor, momentum = start.clone(), torch.zeros(1000)
+    param, opt = torch_sgd(start, rule)
+    for _ in range(5):
+        change = 0.01 * torch.randn(1000, generator=gen)
+        mixed = torch.lerp(change, change, 0.5)  # the round over identical changes
+        assert torch.equal(mixed, change)
+        step_by_change(rule, anchor, momentum, mixed)
+        torch_step(param, opt, change.neg())
+        assert torch.equal(anchor, param.detach())
 
 
 @FAST

@@ -1,5 +1,5 @@
 """The job file's [outer] table: the outer step's settings, their checks, the
-combinations refused for now, and the fingerprint (docs/algorithms.md, "The outer step")."""
+combinations with the rounds, and the fingerprint (docs/algorithms.md, "The outer step")."""
 
 from __future__ import annotations
 
@@ -62,16 +62,15 @@ def test_bad_values_are_refused_naming_the_key(outer, expect):
 @pytest.mark.parametrize("gossip, expect", [
     ("period_steps = 8\n", "outer.every sets the local steps between rounds; drop period_steps"),
     ("period_steps = 1\n", "drop period_steps"),
-    ("overlap = true\n", "an overlapped outer exchange is not supported yet"),
-    ('wire = "int8"\n', "error feedback on the outer changes is not supported yet"),
 ])
-def test_combinations_not_supported_yet_are_refused_saying_so(gossip, expect):
+def test_a_period_of_its_own_is_refused_saying_so(gossip, expect):
     with pytest.raises(ConfigError, match=expect):
         parse_job(with_outer("every = 8\n", gossip), SRC)
     parse_job(BASE.replace("[gossip]\n", "[gossip]\n" + gossip, 1), SRC)  # fine without the outer step
 
 
 @pytest.mark.parametrize("gossip", ['mode = "hierarchical"\n', 'mode = "whole"\n', 'wire = "bf16"\n',
-                                    "average_buffers = true\n"])
+                                    "average_buffers = true\n", 'wire = "int8"\n', "overlap = true\n",
+                                    'wire = "int8"\noverlap = true\n'])
 def test_the_rounds_as_they_are_run_under_the_outer_step(gossip):
     assert parse_job(with_outer("every = 4\n", gossip), SRC).gossip.period_steps == 4

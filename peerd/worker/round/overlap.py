@@ -58,8 +58,12 @@ def round_exchange(ctx: RoundContext, plan: RoundPlan | GroupPlan, addresses: di
 class OverlapRunner:
     """Runs one round at a time in the background and applies its correction."""
 
-    def __init__(self, store: SnapshotStore, numel: int, grace_s: float = GRACE_S) -> None:
+    def __init__(self, store: SnapshotStore, numel: int, grace_s: float = GRACE_S,
+                 on_mixed: Callable[[torch.Tensor], None] | None = None) -> None:
         self._store = store
+        # Called with the round's result before its correction is applied: the
+        # outer step turns it into its own (peerd.worker.round.outer).
+        self._on_mixed = on_mixed
         self._numel = numel
         self._grace_s = grace_s
         self._snapshot = self._buffer()
@@ -118,6 +122,8 @@ class OverlapRunner:
             return None
         result = self._outcome(task, pending.round)
         if result is not None:
+            if self._on_mixed is not None:
+                self._on_mixed(pending.mixed)
             pending.apply(vector)
         return result
 

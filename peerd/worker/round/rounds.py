@@ -31,6 +31,7 @@ from peerd.worker.intrahost.group import IntraHostGroup
 from peerd.worker.link import SupervisorLink
 from peerd.worker.round.overlap import OverlapRunner, RoundExchange, round_exchange
 from peerd.worker.round.context import RoundBuffers, RoundContext, RoundInputs
+from peerd.worker.round.changes import ChangeRounds, anchors_round
 from peerd.worker.round.feedback import ErrorFeedback
 from peerd.worker.round.outer import OuterStep
 from peerd.worker.wire.quant import NonFiniteValues
@@ -77,11 +78,15 @@ class Rounds:
         self._frozen_said = 0  # frozen values of the gossiped vector, as last logged
         self.exchange_times = ExchangeTimes()  # one per gossip round this process completed
         self._group_logged: tuple[tuple[str, ...], frozenset[str], int] = ((), frozenset(), 0)
-        # [gossip] overlap: rounds run in the background (peerd.worker.round.overlap)
-        self.overlap = OverlapRunner(self.store, numel) if spec.gossip.overlap else None
-        self._in_flight: tuple[dict[str, str], float] = ({}, 0.0)  # view and start of the round in flight
-        # [outer]: after each round the anchor's SGD step (peerd.worker.round.outer); never with overlap (jobspec)
+        # [outer]: after each round the anchor's SGD step (peerd.worker.round.outer); on the
+        # int8 wire the rounds average the changes θ − θ₀ instead (peerd.worker.round.changes).
         self.outer = OuterStep(spec.outer, state) if spec.outer.enabled else None
+        self.changes = ChangeRounds(self) if self.outer is not None and self.feedback is not None else None
+        # [gossip] overlap: rounds run in the background (peerd.worker.round.overlap); with
+        # [outer], the outer step turns the round's result into the correction.
+        self.overlap = OverlapRunner(self.store, numel, on_mixed=self._on_mixed) if spec.gossip.overlap else None
+        self._in_flight: tuple[dict[str, str], float] = ({}, 0.0)  # view and start of the round in flight
+        self._pending_kind = "models"  # what the round in flight averages (peerd.worker.round.changes)
         # The round this worker is in: counted up by next_round, stepped up to a
         # partner ahead, set by a resume. Engine.round reads and sets this one.
         self.round = 0
@@ -102,10 +107,14 @@ class Rounds:
         between steps. Returns the round that finished (None: none did), its
         outcome processed: misses, deadline, suspicion, refused values, catch-up."""
         self.round += 1
-        run = self._run_overlapped if self.overlap is not None else self._run_now
-        result = await run(view, capture)
-        if self.outer is not None:
-            self.outer.step()
+        if self.overlap is not None:
+            result = await self._run_overlapped(view, capture)
+        elif self.changes is not None:
+            result = await self.changes.run(view, capture)
+        else:
+            result = await self._run_now(view, capture)
+            if self.outer is not None:
+                self.outer.step()
         self._process_outcome(result, view)
         return result
 
@@ -121,23 +130,23 @@ class Rounds:
         """One round, now: publish, let `capture()` copy the state for newcomers
         (between steps), exchange."""
         self._quantise()
-        with self._keeping_frozen():
+        with self.keeping_frozen():
             into = await self._publish()
             await capture()
             return await self._round(view, into)
 
-    def _keeping_frozen(self):
+    def keeping_frozen(self, vector=None):
         """What the training froze keeps its values through what follows (a
         round, its correction, the int8 wire's rounding), and owes nothing on
         the int8 wire (docs/algorithms.md, "Frozen tensors"). Said in the log
-        when it changes."""
+        when it changes. `vector()`: what to keep them in (the model's)."""
         spans = self.state.frozen.spans(self.state.gossiped)
         frozen = sum(b - a for a, b in spans)
         if frozen != self._frozen_said:
             self._frozen_said = frozen
             log.info("round %d: %d of the %d averaged values frozen (requires_grad=False, or a module in eval "
                      "mode): kept as they are", self.round, frozen, self.state.gossiped)
-        return kept(spans, lambda: self.state.flat.vector,
+        return kept(spans, vector or (lambda: self.state.flat.vector),
                     lambda: self.feedback.residual if self.feedback is not None else None)
 
     def _quantise(self) -> None:
@@ -146,7 +155,7 @@ class Rounds:
         if self.feedback is None:
             return
         try:
-            with self._keeping_frozen():
+            with self.keeping_frozen():
                 self.feedback.quantise_(self.state.flat.vector)
         except NonFiniteValues:  # published as it is: partners asking are told it is unavailable
             log.warning("round %d: the model holds non-finite values: not sent on the int8 wire", self.round)
@@ -154,7 +163,7 @@ class Rounds:
     def settle_feedback(self) -> None:
         """The residual back into the model, before the exact average at the end."""
         if self.feedback is not None:
-            with self._keeping_frozen():
+            with self.keeping_frozen():
                 self.feedback.settle_(self.state.flat.vector)
 
     async def _publish(self) -> torch.Tensor | None:
@@ -180,7 +189,7 @@ class Rounds:
             self.state.flat.rebind(into)
         return result
 
-    def _round_plan(self, view: dict[str, str], now: float):
+    def round_plan(self, view: dict[str, str], now: float):
         """This round's plan, the addresses of the peers it was drawn over (those
         not suspected) and its deadline, or None with nobody to gossip with."""
         peers = self.suspicion.keep(view, now)
@@ -201,7 +210,7 @@ class Rounds:
 
     async def _gossip(self, view: dict[str, str], into: torch.Tensor | None = None) -> RoundResult | None:
         now = time.monotonic()
-        planned = self._round_plan(view, now)
+        planned = self.round_plan(view, now)
         if planned is None:
             return None
         plan, addresses, deadline = planned
@@ -212,12 +221,12 @@ class Rounds:
         result = await run_round(self.context, RoundInputs(plan, addresses, buffers))
         if vector is not self.state.flat.vector:
             self.state.flat.vector.copy_(vector, non_blocking=True)
-        await self._after_round(result, view, now)
+        await self.after_round(result, view, now)
         return result
 
     def _exchange(self, view: dict[str, str], now: float) -> tuple[RoundExchange | None, float]:
         """Overlapped mode: this round's exchange, to run in the background."""
-        planned = self._round_plan(view, now)
+        planned = self.round_plan(view, now)
         if planned is None:
             return None, 0.0
         plan, addresses, deadline = planned
@@ -233,8 +242,15 @@ class Rounds:
         await capture()
         now = time.monotonic()
         exchange, deadline = self._exchange(view, now)
-        self._quantise()
-        await self.overlap.start(self.round, self.state.flat.vector, exchange, deadline)
+        if exchange is None and self.outer is not None:
+            self.outer.step()  # nobody to average with: the own change, now, as without overlap
+        if self.changes is not None:
+            self._pending_kind = "anchors" if anchors_round(self.round) else "changes"
+            snapshot = self.changes.published(self._pending_kind == "anchors")
+        else:
+            self._quantise()
+            snapshot = self.state.flat.vector
+        await self.overlap.start(self.round, snapshot, exchange, deadline)
         self._in_flight = (view, now)
         return result
 
@@ -243,12 +259,20 @@ class Rounds:
         model, or the next round)."""
         if self.overlap is None or self.overlap.pending is None:
             return None
-        with self._keeping_frozen():
+        with self.keeping_frozen():
             result = await self.overlap.finish(self.state.flat.vector)
+        if self.outer is not None:
+            self.outer.follow_frozen()
         if result is not None:
             view, started = self._in_flight
-            await self._after_round(result, view, started)
+            await self.after_round(result, view, started)
         return result
+
+    def _on_mixed(self, mixed: torch.Tensor) -> None:
+        """[outer] overlapped: the round in flight completed; its result becomes
+        the outer step's correction (docs/algorithms.md, "The outer step overlapped")."""
+        if self.outer is not None:
+            self.outer.on_mixed(mixed, self._pending_kind)
 
     @property
     def intrahost_status(self) -> str:
@@ -273,7 +297,7 @@ class Rounds:
         await self.store.finish()
         await self.stages.finish()
 
-    async def _after_round(self, result: RoundResult, view: dict[str, str], now: float) -> None:
+    async def after_round(self, result: RoundResult, view: dict[str, str], now: float) -> None:
         """A round's outcome as it ends: misses, deadlines, suspicion. Logged with
         its own round: an overlapped one ends in the round after it."""
         self.misses += result.misses
