@@ -4,6 +4,7 @@ text that ships with peerd (peerd/examples/data). Nothing is downloaded: no
 pretrained weights, no tokenizer; the vocabulary is the text's characters.
 
 Alone, in one process:       python examples/hf_charlm.py
+  at the batch of 3 peers:   python examples/hf_charlm.py --batch 48
 Under peerd (3 local peers): peerd cluster --job examples/hf_charlm.toml
 
 The job file passes --peerd: the Trainer is then peerd.transformers.Trainer,
@@ -54,6 +55,9 @@ def datasets() -> tuple[list[str], Windows, Windows]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epochs", type=float, default=EPOCHS)
+    parser.add_argument("--batch", type=int, default=16,
+                        help="samples per optimizer step (per_device_train_batch_size); alone, 48 trains the global "
+                             "batch of three peers at 16, as DDP over three processes would")
     parser.add_argument("--peerd", action="store_true", help="train as a worker of a peerd job (its job file says so)")
     args = parser.parse_args()
     if args.peerd:
@@ -65,10 +69,12 @@ def main() -> None:
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=len(vocab), n_positions=CONTEXT, n_embd=128, n_layer=2,
                                        n_head=4, bos_token_id=0, eos_token_id=0))
+    # The warm-up is the first 320 samples whatever the batch (20 steps of 16, as under peerd, where the
+    # Trainer's schedule follows the job's position in steps of one process).
     training = TrainingArguments(
         output_dir="hf_charlm_out",  # the Trainer's own files (none with save_strategy="no")
-        num_train_epochs=args.epochs, per_device_train_batch_size=16, learning_rate=2e-3, warmup_steps=20,
-        lr_scheduler_type="cosine", weight_decay=0.1, eval_strategy="epoch", per_device_eval_batch_size=64,
+        num_train_epochs=args.epochs, per_device_train_batch_size=args.batch, learning_rate=2e-3,
+        warmup_steps=round(320 / args.batch), lr_scheduler_type="cosine", weight_decay=0.1, eval_strategy="epoch", per_device_eval_batch_size=64,
         logging_steps=25, save_strategy="no", report_to="none", disable_tqdm=True, seed=0,
         dataloader_pin_memory=torch.cuda.is_available())  # pinned memory is for copies to a GPU
     trainer = Trainer(model=model, args=training, train_dataset=train_set, eval_dataset=val_set)

@@ -1,7 +1,8 @@
 """End to end: the outer step (docs/algorithms.md, "The outer step") through
 real daemons: three peers train the built-in example job with a round and an
 outer step every 8 local steps, one of them joining the running job; all end
-with the same model file, as good as the job trains with a round every step."""
+with the same model file, within a point of the job with a round every step.
+Then the same with the round overlapped and the changes on the int8 wire."""
 
 from __future__ import annotations
 
@@ -30,11 +31,12 @@ H = 8
 MOMENTUM = 0.5
 
 
-def outer_job(**job: object) -> str:
+def outer_job(gossip: dict, **job: object) -> str:
     """The example job with [outer] every = H in place of [gossip] period_steps,
-    and a checkpoint every 10 rounds."""
+    `gossip`'s keys added, and a checkpoint every 10 rounds."""
     data = tomllib.loads(default_job().read_text())
     del data["gossip"]["period_steps"]
+    data["gossip"].update(gossip)
     data["job"].update(job)
     data["outer"] = {"every": H, "momentum": MOMENTUM}
     data["checkpoint"] = {"every_rounds": 10, "every_s": 0}
@@ -52,11 +54,14 @@ def outer_state(job_dir) -> tuple[torch.Tensor, torch.Tensor]:
     return vector[-2 * n : -n], vector[-n:]
 
 
-def test_three_peers_one_joining_later_end_with_one_model_through_outer_steps(local_cluster):
+# Rounds now; and overlapped behind the next H steps, the changes on the int8
+# wire (docs/algorithms.md, "The outer step overlapped", "... on the int8 wire").
+@pytest.mark.parametrize("gossip", [{}, {"wire": "int8", "overlap": True}], ids=["fp32", "int8-overlap"])
+def test_three_peers_one_joining_later_end_with_one_model_through_outer_steps(local_cluster, gossip):
     cluster = local_cluster(3)
     first, second, late = cluster.peers
     wait_for_discovery(cluster)
-    text = outer_job(name="outer", epochs=12, eval_every_rounds=1000, min_peers=2)
+    text = outer_job(gossip, name="outer", epochs=12, eval_every_rounds=1000, min_peers=2)
     assert parse_job(text, "outer job").gossip.period_steps == H
     for peer in (first, second):
         cluster.client(peer).join(text)
@@ -85,5 +90,6 @@ def test_three_peers_one_joining_later_end_with_one_model_through_outer_steps(lo
     records = [json.loads((p.dir / "state" / "jobs" / "outer" / "model.json").read_text()) for p in cluster.peers]
     models = {(p.dir / "state" / "jobs" / "outer" / "model.pt").read_bytes() for p in cluster.peers}
     assert len(models) == 1 and len({r["consensus_digest"] for r in records}) == 1
-    # The same job with rounds only: 0.976 with a round every step, 0.978 every 8 (docs/algorithms.md).
-    assert records[0]["metrics"]["consensus_accuracy"] >= 0.9, records[0]["metrics"]
+    # Within a point of the same job with rounds only: 0.976 with a round every step, 0.978 every 8
+    # (docs/algorithms.md, "The outer step"; a guess scores 0.1).
+    assert records[0]["metrics"]["consensus_accuracy"] >= 0.966, records[0]["metrics"]
