@@ -12,6 +12,7 @@ from peerd.core.deadline import DeadlineEstimator
 from peerd.core.lr import ScaleRamp, cosine
 from peerd.core.membership import Membership, PeerRecord
 from peerd.core.segments import split_even
+from peerd.settings.jobspec import OuterSpec
 from peerd.sim.algorithms import Comm, Segments, State, View, contiguous, run_round
 from peerd.sim.compute import SpeedModel
 from peerd.sim.config import TRAIN_SIZE, SimConfig
@@ -41,6 +42,7 @@ class Simulation:
         self.state = State(np.zeros((c.capacity, d), np.float32), np.ones(c.capacity))
         self.state.x[: c.peers] = self.task.init(c.seed)
         self.velocity = np.zeros_like(self.state.x)
+        self.outer = self._outer_state() if c.outer_every else None
         per_param = c.model_bytes / d if c.model_bytes else 4.0
         self.segs = Segments(tuple(split_even(d, min(c.segments, d))), per_param)
         self.fabric = Fabric(c.network)
@@ -57,6 +59,12 @@ class Simulation:
         self.deadlines: dict[int, DeadlineEstimator] = {}
         self.totals: dict[int, dict[str, float]] = {}
         self.result = Result(c)
+
+    def _outer_state(self):
+        from peerd.sim.outer import OuterState  # imports torch: only runs with the outer step pay for it
+
+        c = self.cfg
+        return OuterState(OuterSpec(c.outer_every, c.outer_lr, c.outer_momentum, c.outer_nesterov), self.state.x)
 
     # ------------------------------------------------------------ membership
 
@@ -77,6 +85,8 @@ class Simulation:
         for slot, done, donor in [j for j in self.joining if j[1] <= now]:
             self.joining.remove((slot, done, donor))
             self.state.x[slot] = self.state.models(np.array([donor]))[0]
+            if self.outer:
+                self.outer.join(slot, donor)
             self.live.add(slot)
             self.free_at[slot] = now
 
@@ -153,13 +163,17 @@ class Simulation:
         self._apply_events(now)
         if not self.live:
             raise ValueError(f"no peer is left at round {round_} (t = {now:.3f} s): check the schedule")
-        view = self._view(round_, now)
+        view = self._view(round_ // self.cfg.round_every, now)  # the cores' seeds count rounds, not steps
         live = view.live
         names = [peer_name(int(s)) for s in live]
         sizes, loss, lr = self._local_step(round_, live, names)
         steps = self.speed.step_times(live, sizes)
         ready = {int(s): self.free_at[int(s)] + t for s, t in zip(live, steps)}
-        comm = run_round(self.cfg.algorithm, self.state, view, self.segs, self.cfg.group_size)
+        comm = Comm()  # between rounds a peer goes on with its next step at once
+        if (round_ + 1) % self.cfg.round_every == 0:
+            comm = run_round(self.cfg.algorithm, self.state, view, self.segs, self.cfg.group_size)
+            if self.outer:
+                self.outer.step(self.state, live)
         end, sent = self._time(view, comm, ready)
         idle = []
         for s, step in zip(live, steps):
@@ -240,6 +254,10 @@ class Simulation:
             "final_train_loss": float(np.nanmean([r["train_loss"] for r in self.result.rounds[-5:]]))
             if not self.cfg.gossip_only else float("nan"),
             "bytes_per_peer_per_round": float(np.mean([r["bytes_per_peer"] for r in self.result.rounds])),
+            "averaging_rounds": rounds // self.cfg.round_every,
+            # all the bytes every peer sent over all the samples trained: rounds' cost per unit of work
+            "bytes_per_sample": float(sum(r["bytes_per_peer"] * r["peers"] for r in self.result.rounds)
+                                      / sum(r["global_batch"] for r in self.result.rounds)),
             "sim_time_s": last["sim_time_s"],
             "idle_fraction": float(
                 sum(t["idle_s"] for t in self.totals.values())
