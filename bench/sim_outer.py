@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from harness.output import md_row, md_table
-from harness.script import arg_parser, numbers, run_main
+from harness.script import arg_parser, names, numbers, run_main
 
 VARIANTS = {
     "every step": ["--period", "1"],
@@ -41,6 +41,9 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--algorithm", default="crossover", help="the simulator's algorithm (default crossover)")
     p.add_argument("--jobs", type=int, default=2, help="runs side by side (default 2)")
     p.add_argument("--out", type=Path, default=Path("sim-out/outer"), help="folder for the runs (default sim-out/outer)")
+    p.add_argument("--slow", type=float, default=0.0,
+                   help="every other peer at this speed from the start, with --dbs-steps (default 0 = all equal)")
+    p.add_argument("--weighings", default="equal", help="comma list of equal, samples (--weigh-changes; allreduce only)")
     p.add_argument("--extra", default="", help="more simulator flags for every run, space separated")
     args = p.parse_args(argv)
     args.peers = numbers(p, args.peers, int, "--peers")
@@ -49,15 +52,17 @@ def parse_args(argv: list[str] | None = None):
     if not picked or not all(0 <= k < len(VARIANTS) for k in picked):
         p.error(f"--variants: numbers from 0 to {len(VARIANTS) - 1}")
     args.variants = [list(VARIANTS)[k] for k in picked]
+    args.weighings = names(p, args.weighings, ("equal", "samples"), "--weighings")
     return args
 
 
-def run_one(variant: str, peers: int, seed: int, args) -> dict:
-    out = args.out / f"{peers}p" / variant.replace(" ", "").replace(",", "-") / f"s{seed}"
+def run_one(variant: str, weighing: str, peers: int, seed: int, args) -> dict:
+    out = args.out / f"{peers}p" / variant.replace(" ", "").replace(",", "-") / weighing / f"s{seed}"
+    slow = [f"--event=speed:{k}@0={args.slow}" for k in range(1, peers, 2)] + ["--dbs-steps"] if args.slow else []
     cmd = [sys.executable, "-m", "peerd.sim", "--peers", str(peers), "--algorithm", args.algorithm,
            "--model", "mlp", "--hidden", "32", "--local-batch", "8", "--lr", "0.02", "--rounds", str(args.steps),
            "--seeds", str(seed), "--out", str(out), "--no-plot", "--quiet", "--eval-peers", "16",
-           *VARIANTS[variant], *args.extra.split()]
+           *VARIANTS[variant], *slow, *(["--weigh-changes"] if weighing == "samples" else []), *args.extra.split()]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     return json.loads(next(out.glob("*/summary.json")).read_text())
 
@@ -69,14 +74,14 @@ def _cell(values: list[float], fmt: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    cells = [(v, n) for n in args.peers for v in args.variants]
-    jobs = [(v, n, s) for v, n in cells for s in args.seeds]
+    cells = [(v, w, n) for n in args.peers for v in args.variants for w in args.weighings]
+    jobs = [(v, w, n, s) for v, w, n in cells for s in args.seeds]
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
         done = dict(zip(jobs, pool.map(lambda j: run_one(*j, args), jobs)))
-    print(md_table(["peers", "rounds",  "accuracy %", "train loss", "averaging rounds", "bytes sent per sample"]))
-    for v, n in cells:
-        runs = [done[(v, n, s)] for s in args.seeds]
-        print(md_row([n, v, _cell([100 * r["test_accuracy_mean_peer"] for r in runs], ".1f"),
+    print(md_table(["peers", "rounds", "averaging", "accuracy %", "train loss", "averaging rounds", "bytes sent per sample"]))
+    for v, w, n in cells:
+        runs = [done[(v, w, n, s)] for s in args.seeds]
+        print(md_row([n, v, w, _cell([100 * r["test_accuracy_mean_peer"] for r in runs], ".1f"),
                       _cell([r["final_train_loss"] for r in runs], ".3f"), runs[0]["averaging_rounds"],
                       f"{runs[0]['bytes_per_sample']:.0f}"]), flush=True)
     return 0

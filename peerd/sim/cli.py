@@ -131,6 +131,10 @@ def _averaging_arguments(gossip) -> None:
     gossip.add_argument("--outer-momentum", type=float, default=0.9, help="the outer step's momentum (default 0.9)")
     gossip.add_argument("--outer-nesterov", action=argparse.BooleanOptionalAction, default=True,
                         help="Nesterov momentum for the outer step (default on)")
+    gossip.add_argument("--dbs-steps", action="store_true",
+                        help="slow peers take fewer of a round's steps, as peerd's DBS plans them at equal batches")
+    gossip.add_argument("--weigh-changes", action="store_true",
+                        help="allreduce only: average weighted by the samples each peer trained since the last round")
     gossip.add_argument("--detect-s", type=float, default=5.0, help="a crashed peer stays in the view this long (default 5)")
     gossip.add_argument("--deadline-floor", type=float, default=0.05, help="least exchange deadline in s (default 0.05)")
     gossip.add_argument("--deadline-ceiling", type=float, default=10.0, help="most exchange deadline in s (default 10)")
@@ -180,7 +184,8 @@ def config_for(args: argparse.Namespace, algorithm: str, peers: int, seed: int) 
         schedule=parse_schedule(args.event), detect_s=args.detect_s, deadline_floor_s=args.deadline_floor,
         deadline_ceiling_s=args.deadline_ceiling, gossip_only=args.gossip_only, eval_every=args.eval_every,
         eval_peers=args.eval_peers, period=args.period, outer_every=args.outer_every, outer_lr=args.outer_lr,
-        outer_momentum=args.outer_momentum, outer_nesterov=args.outer_nesterov,
+        outer_momentum=args.outer_momentum, outer_nesterov=args.outer_nesterov, dbs_steps=args.dbs_steps,
+        weigh_changes=args.weigh_changes,
     )
 
 

@@ -54,6 +54,8 @@ class SimConfig:
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
     outer_nesterov: bool = True
+    dbs_steps: bool = False  # slow peers take fewer of a round's steps, as peerd's DBS plans them
+    weigh_changes: bool = False  # allreduce averages weighted by the samples trained since the last round
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -78,6 +80,7 @@ class SimConfig:
             "period ≥ 1 and outer_every ≥ 0": self.period >= 1 and self.outer_every >= 0,
             # as peerd refuses [gossip] period_steps with [outer] (docs/algorithms.md, "The outer step")
             "period 1 with outer_every": self.period == 1 or not self.outer_every,
+            "allreduce with weigh_changes": self.algorithm == "allreduce" or not self.weigh_changes,
             "outer_lr > 0 and 0 ≤ outer_momentum < 1": self.outer_lr > 0 and 0 <= self.outer_momentum < 1,
         }
         bad = [name for name, ok in checks.items() if not ok]

@@ -17,6 +17,7 @@ from peerd.sim.algorithms import Comm, Segments, State, View, contiguous, run_ro
 from peerd.sim.compute import SpeedModel
 from peerd.sim.config import TRAIN_SIZE, SimConfig
 from peerd.sim.data import Reader
+from peerd.sim.dbs import round_steps
 from peerd.sim.network import Fabric
 from peerd.sim.task import Task
 from peerd.sim.timing import play
@@ -43,6 +44,8 @@ class Simulation:
         self.state.x[: c.peers] = self.task.init(c.seed)
         self.velocity = np.zeros_like(self.state.x)
         self.outer = self._outer_state() if c.outer_every else None
+        self.trained = np.zeros(c.capacity)  # samples each peer trained since its last round
+        self.planned: dict[int, int] = {}  # with --dbs-steps: each peer's steps in this round
         per_param = c.model_bytes / d if c.model_bytes else 4.0
         self.segs = Segments(tuple(split_even(d, min(c.segments, d))), per_param)
         self.fabric = Fabric(c.network)
@@ -87,6 +90,7 @@ class Simulation:
             self.state.x[slot] = self.state.models(np.array([donor]))[0]
             if self.outer:
                 self.outer.join(slot, donor)
+            self.trained[slot] = self.trained[donor]
             self.live.add(slot)
             self.free_at[slot] = now
 
@@ -122,18 +126,29 @@ class Simulation:
         self.ramp.set_batch(int(sizes.sum()), round_)
         warm = min(1.0, (round_ + 1) / c.warmup_rounds) if c.warmup_rounds else 1.0
         lr = c.lr * cosine(round_ / c.total_rounds) * self.ramp.scale(round_) * warm
+        if c.dbs_steps:  # after the ramp, which follows the planned global batch
+            if round_ % c.round_every == 0:
+                self.planned = round_steps(self.speed, live, names, int(sizes.min()), c.round_every)
+            sizes = sizes * np.array([round_ % c.round_every < self.planned.get(int(s), c.round_every) for s in live])
         if c.gossip_only:
             return sizes, float("nan"), lr
         idx, mask = self.reader.batches(names, sizes.tolist())
         x, y = self.task.train_x[idx], self.task.train_y[idx]
         grad, loss = self.task.grads(self.state.models(live), x, y, mask)
         rows = contiguous(live)
+        self.trained[rows] += sizes
         v = self.velocity[rows]
-        v *= c.momentum
-        v += grad
+        if sizes.all():
+            v *= c.momentum
+            v += grad
+            self.velocity[rows] = v
+            self.state.x[rows] -= lr * v
+            return sizes, float(loss.mean()), lr
+        rest = (sizes == 0)[:, None]  # peers done with their steps this round stay as they are
+        v = np.where(rest, v, c.momentum * v + grad)
         self.velocity[rows] = v
-        self.state.x[rows] -= lr * v
-        return sizes, float(loss.mean()), lr
+        self.state.x[rows] -= lr * np.where(rest, np.float32(0), v)
+        return sizes, float(loss[sizes > 0].mean()), lr
 
     def _deadline(self, slot: int) -> DeadlineEstimator:
         if slot not in self.deadlines:
@@ -167,11 +182,13 @@ class Simulation:
         live = view.live
         names = [peer_name(int(s)) for s in live]
         sizes, loss, lr = self._local_step(round_, live, names)
-        steps = self.speed.step_times(live, sizes)
+        steps = self.speed.step_times(live, sizes) * (sizes > 0)
         ready = {int(s): self.free_at[int(s)] + t for s, t in zip(live, steps)}
         comm = Comm()  # between rounds a peer goes on with its next step at once
         if (round_ + 1) % self.cfg.round_every == 0:
-            comm = run_round(self.cfg.algorithm, self.state, view, self.segs, self.cfg.group_size)
+            weights = self.trained[live] if self.cfg.weigh_changes and self.trained[live].any() else None
+            comm = run_round(self.cfg.algorithm, self.state, view, self.segs, self.cfg.group_size, weights)
+            self.trained[live] = 0
             if self.outer:
                 self.outer.step(self.state, live)
         end, sent = self._time(view, comm, ready)

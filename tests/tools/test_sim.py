@@ -310,3 +310,32 @@ def test_cli_takes_the_outer_step_and_refuses_it_with_a_period(tmp_path, capsys)
     with pytest.raises(SystemExit):
         main([*args, "--outer-every", "4", "--period", "2"])
     assert "period 1 with outer_every" in capsys.readouterr().err
+
+
+def test_dbs_gives_a_slow_peer_fewer_steps_per_round_as_the_shares_core_plans():
+    events = parse_schedule(["speed:1@0=0.25"])
+    sim = _sim(peers=8, rounds=16, local_batch=8, period=8, dbs_steps=True, schedule=events)
+    result = sim.run()
+    # all at the minimum batch, so the plan keeps the batches: the fastest peers' 8 steps of
+    # 17 ms set the round, and the slow peer's 65 ms steps fit 2 times into it
+    assert sim.planned == {**{s: 8 for s in range(8)}, 1: 2}
+    assert [r["global_batch"] for r in result.rounds[:8]] == [64, 64] + [56] * 6
+    slow, fast = (next(p for p in result.peers if p["slot"] == s) for s in (1, 0))
+    assert slow["compute_s"] == pytest.approx(2 * 2 * 0.065) and fast["compute_s"] == pytest.approx(2 * 8 * 0.017)
+
+
+def test_weighing_the_changes_by_the_samples_trained():
+    kw = {"peers": 8, "rounds": 8, "local_batch": 8, "algorithm": "allreduce", "period": 8}
+    plain, weighed = (_sim(**kw, weigh_changes=w) for w in (False, True))
+    plain.run()
+    weighed.run()
+    assert np.allclose(plain.state.x[:8], weighed.state.x[:8], atol=1e-6)  # equal samples: equal weights
+    sim = _sim(**kw, gossip_only=True, weigh_changes=True)  # no steps: only the round moves the models
+    start = _spread(sim)
+    samples = [8, 16, 8, 8, 8, 8, 8, 64]
+    sim.trained[:8] = samples
+    sim.round(7)  # the 8th step ends with the round
+    assert np.allclose(sim.state.x[:8], np.average(start, 0, samples), atol=1e-5)
+    assert not np.any(sim.trained[:8])  # counted again from the round on
+    with pytest.raises(ValueError, match="allreduce with weigh_changes"):
+        SimConfig(algorithm="crossover", weigh_changes=True)
