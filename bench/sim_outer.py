@@ -28,6 +28,8 @@ VARIANTS = {
     "outer 8, lr 1, Nesterov 0.5": ["--outer-every", "8", "--outer-lr", "1", "--outer-momentum", "0.5"],
     "outer 32, lr 0.7, Nesterov 0.9": ["--outer-every", "32", "--outer-lr", "0.7", "--outer-momentum", "0.9"],
     "outer 32, lr 1, Nesterov 0.5": ["--outer-every", "32", "--outer-lr", "1", "--outer-momentum", "0.5"],
+    # equal weights with the step that sample weights take with DBS's 8 and 2 steps (Result 7)
+    "outer 8, lr 1.36, no momentum": ["--outer-every", "8", "--outer-lr", "1.36", "--outer-momentum", "0"],
 }
 
 
