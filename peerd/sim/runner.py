@@ -138,7 +138,7 @@ class Simulation:
         rows = contiguous(live)
         self.trained[rows] += sizes
         v = self.velocity[rows]
-        if sizes.all():
+        if not c.dbs_steps or sizes.all():  # (without DBS a peer with no samples still steps, by its momentum)
             v *= c.momentum
             v += grad
             self.velocity[rows] = v
@@ -182,7 +182,9 @@ class Simulation:
         live = view.live
         names = [peer_name(int(s)) for s in live]
         sizes, loss, lr = self._local_step(round_, live, names)
-        steps = self.speed.step_times(live, sizes) * (sizes > 0)
+        steps = self.speed.step_times(live, sizes)
+        if self.cfg.dbs_steps:
+            steps = steps * (sizes > 0)  # a peer done with its steps for this round waits for the round
         ready = {int(s): self.free_at[int(s)] + t for s, t in zip(live, steps)}
         comm = Comm()  # between rounds a peer goes on with its next step at once
         if (round_ + 1) % self.cfg.round_every == 0:
