@@ -94,9 +94,10 @@ class Segments:
         return sum(self.nbytes(s) for s in range(len(self.spans)))
 
 
-def allreduce(state: State, view: View, segs: Segments) -> Comm:
+def allreduce(state: State, view: View, segs: Segments, weights: np.ndarray | None = None) -> Comm:
+    """`weights`: a weighted average instead (the samples each peer trained since the last round)."""
     live = view.live
-    state.x[live] = state.models(live).mean(axis=0)
+    state.x[live] = state.models(live).mean(axis=0) if weights is None else np.average(state.models(live), 0, weights)
     state.w[live] = 1.0
     n = len(live)
     return Comm(collective_bytes=2 * (n - 1) / n * segs.model_bytes if n > 1 else 0.0)
@@ -230,9 +231,10 @@ def _hier_transfers(comm: Comm, nbytes: float, slots, dead, members, owner, part
         comm.transfers += [Transfer(int(slots[o]), int(slots[j]), nbytes, deps) for j in m if j != o]
 
 
-def run_round(name: str, state: State, view: View, segs: Segments, group_size: int) -> Comm:
+def run_round(name: str, state: State, view: View, segs: Segments, group_size: int,
+              weights: np.ndarray | None = None) -> Comm:
     if name == "allreduce":
-        return allreduce(state, view, segs)
+        return allreduce(state, view, segs, weights)
     if name == "sgp":
         return sgp(state, view, segs)
     if name == "gossip":

@@ -37,6 +37,7 @@ examples:
   python -m peerd.sim --peers 64 --event fail:5@2.0 --event join:4@3.0 --event speed:7@1=0.25
   python -m peerd.sim --peers 4 --local-batch 32 --model mlp --hidden 64 --lr 0.2 --rounds 300 \\
       --event join:28@1.0 --scaling linear --max-scale inf --ramp-steps 32   # 4 -> 32 peers, LR x8
+  python -m peerd.sim --peers 64 --local-batch 8 --rounds 512 --outer-every 8 --outer-lr 1 --outer-momentum 0.5
 
 Each run writes RUN/rounds.csv (one row per round), RUN/peers.csv (one row per
 peer), RUN/summary.json and RUN/run.png under --out; a sweep adds sweep.csv,
@@ -92,7 +93,8 @@ def _run_arguments(run) -> None:
                      help="comma list of: " + ", ".join(ALGORITHMS) + " (default crossover)")
     run.add_argument("--seeds", type=_seeds, default=[0],
                      help="comma list of seeds; each (algorithm, peers) runs once per seed (default 0)")
-    run.add_argument("--rounds", type=int, default=0, help="rounds to run; 0 = as many as --epochs take (default 0)")
+    run.add_argument("--rounds", type=int, default=0,
+                     help="local steps to run (a round each with --period 1); 0 = as many as --epochs take (default 0)")
     run.add_argument("--epochs", type=float, default=10.0, help="passes over the 4,000 training digits when --rounds is 0 (default 10)")
     run.add_argument("--gossip-only", action="store_true", help="no SGD steps, only averaging (checks mass conservation)")
 
@@ -121,6 +123,18 @@ def _averaging_arguments(gossip) -> None:
     gossip.add_argument("--group-size", type=int, default=8, help="most members of a hierarchical group (default 8)")
     gossip.add_argument("--groups", type=int, default=0,
                         help="number of hierarchical groups instead: group size = ceil(peers / groups), as the paper's --groupnum (default off)")
+    gossip.add_argument("--period", type=int, default=1,
+                        help="local steps between rounds, no outer step (peerd's [gossip] period_steps; default 1)")
+    gossip.add_argument("--outer-every", type=int, default=0, metavar="H",
+                        help="a round every H local steps, then the outer step (peerd's [outer] every; default 0 = off)")
+    gossip.add_argument("--outer-lr", type=float, default=0.7, help="the outer step's lr (default 0.7)")
+    gossip.add_argument("--outer-momentum", type=float, default=0.9, help="the outer step's momentum (default 0.9)")
+    gossip.add_argument("--outer-nesterov", action=argparse.BooleanOptionalAction, default=True,
+                        help="Nesterov momentum for the outer step (default on)")
+    gossip.add_argument("--dbs-steps", action="store_true",
+                        help="slow peers take fewer of a round's steps, as peerd's DBS plans them at equal batches")
+    gossip.add_argument("--weigh-changes", action="store_true",
+                        help="allreduce only: average weighted by the samples each peer trained since the last round")
     gossip.add_argument("--detect-s", type=float, default=5.0, help="a crashed peer stays in the view this long (default 5)")
     gossip.add_argument("--deadline-floor", type=float, default=0.05, help="least exchange deadline in s (default 0.05)")
     gossip.add_argument("--deadline-ceiling", type=float, default=10.0, help="most exchange deadline in s (default 10)")
@@ -169,7 +183,9 @@ def config_for(args: argparse.Namespace, algorithm: str, peers: int, seed: int) 
         speed_spread=args.speed_spread, jitter_prob=args.jitter_prob, jitter_factor=args.jitter_factor,
         schedule=parse_schedule(args.event), detect_s=args.detect_s, deadline_floor_s=args.deadline_floor,
         deadline_ceiling_s=args.deadline_ceiling, gossip_only=args.gossip_only, eval_every=args.eval_every,
-        eval_peers=args.eval_peers,
+        eval_peers=args.eval_peers, period=args.period, outer_every=args.outer_every, outer_lr=args.outer_lr,
+        outer_momentum=args.outer_momentum, outer_nesterov=args.outer_nesterov, dbs_steps=args.dbs_steps,
+        weigh_changes=args.weigh_changes,
     )
 
 

@@ -49,6 +49,13 @@ class SimConfig:
     gossip_only: bool = False  # no SGD steps: only averaging (to check that no mass is lost)
     eval_every: int = 0  # rounds between test evaluations of the average model; 0: only at the end
     eval_peers: int = 64  # at the end, test this many peers' own models (evenly spread)
+    period: int = 1  # local steps between rounds, without an outer step ([gossip] period_steps)
+    outer_every: int = 0  # H > 0: a round every H steps, then the outer step ([outer] every)
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    outer_nesterov: bool = True
+    dbs_steps: bool = False  # slow peers take fewer of a round's steps, as peerd's DBS plans them
+    weigh_changes: bool = False  # allreduce averages weighted by the samples trained since the last round
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -70,6 +77,11 @@ class SimConfig:
             "model_bytes ≥ 0": self.model_bytes >= 0,
             "detect_s > 0": self.detect_s > 0,
             "eval_every ≥ 0 and eval_peers ≥ 1": self.eval_every >= 0 and self.eval_peers >= 1,
+            "period ≥ 1 and outer_every ≥ 0": self.period >= 1 and self.outer_every >= 0,
+            # as peerd refuses [gossip] period_steps with [outer] (docs/algorithms.md, "The outer step")
+            "period 1 with outer_every": self.period == 1 or not self.outer_every,
+            "allreduce with weigh_changes": self.algorithm == "allreduce" or not self.weigh_changes,
+            "outer_lr > 0 and 0 ≤ outer_momentum < 1": self.outer_lr > 0 and 0 <= self.outer_momentum < 1,
         }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
@@ -80,6 +92,11 @@ class SimConfig:
         if self.rounds:
             return self.rounds
         return max(1, math.ceil(self.epochs * TRAIN_SIZE / self.reference_batch))
+
+    @property
+    def round_every(self) -> int:
+        """Local steps between rounds."""
+        return self.outer_every or self.period
 
     @property
     def reference_batch(self) -> int:

@@ -12,10 +12,12 @@ from peerd.core.deadline import DeadlineEstimator
 from peerd.core.lr import ScaleRamp, cosine
 from peerd.core.membership import Membership, PeerRecord
 from peerd.core.segments import split_even
+from peerd.settings.jobspec import OuterSpec
 from peerd.sim.algorithms import Comm, Segments, State, View, contiguous, run_round
 from peerd.sim.compute import SpeedModel
 from peerd.sim.config import TRAIN_SIZE, SimConfig
 from peerd.sim.data import Reader
+from peerd.sim.dbs import round_steps
 from peerd.sim.network import Fabric
 from peerd.sim.task import Task
 from peerd.sim.timing import play
@@ -41,6 +43,9 @@ class Simulation:
         self.state = State(np.zeros((c.capacity, d), np.float32), np.ones(c.capacity))
         self.state.x[: c.peers] = self.task.init(c.seed)
         self.velocity = np.zeros_like(self.state.x)
+        self.outer = self._outer_state() if c.outer_every else None
+        self.trained = np.zeros(c.capacity)  # samples each peer trained since its last round
+        self.planned: dict[int, int] = {}  # with --dbs-steps: each peer's steps in this round
         per_param = c.model_bytes / d if c.model_bytes else 4.0
         self.segs = Segments(tuple(split_even(d, min(c.segments, d))), per_param)
         self.fabric = Fabric(c.network)
@@ -57,6 +62,12 @@ class Simulation:
         self.deadlines: dict[int, DeadlineEstimator] = {}
         self.totals: dict[int, dict[str, float]] = {}
         self.result = Result(c)
+
+    def _outer_state(self):
+        from peerd.sim.outer import OuterState  # imports torch: only runs with the outer step pay for it
+
+        c = self.cfg
+        return OuterState(OuterSpec(c.outer_every, c.outer_lr, c.outer_momentum, c.outer_nesterov), self.state.x)
 
     # ------------------------------------------------------------ membership
 
@@ -77,6 +88,9 @@ class Simulation:
         for slot, done, donor in [j for j in self.joining if j[1] <= now]:
             self.joining.remove((slot, done, donor))
             self.state.x[slot] = self.state.models(np.array([donor]))[0]
+            if self.outer:
+                self.outer.join(slot, donor)
+            self.trained[slot] = self.trained[donor]
             self.live.add(slot)
             self.free_at[slot] = now
 
@@ -112,18 +126,29 @@ class Simulation:
         self.ramp.set_batch(int(sizes.sum()), round_)
         warm = min(1.0, (round_ + 1) / c.warmup_rounds) if c.warmup_rounds else 1.0
         lr = c.lr * cosine(round_ / c.total_rounds) * self.ramp.scale(round_) * warm
+        if c.dbs_steps:  # after the ramp, which follows the planned global batch
+            if round_ % c.round_every == 0:
+                self.planned = round_steps(self.speed, live, names, int(sizes.min()), c.round_every)
+            sizes = sizes * np.array([round_ % c.round_every < self.planned.get(int(s), c.round_every) for s in live])
         if c.gossip_only:
             return sizes, float("nan"), lr
         idx, mask = self.reader.batches(names, sizes.tolist())
         x, y = self.task.train_x[idx], self.task.train_y[idx]
         grad, loss = self.task.grads(self.state.models(live), x, y, mask)
         rows = contiguous(live)
+        self.trained[rows] += sizes
         v = self.velocity[rows]
-        v *= c.momentum
-        v += grad
+        if not c.dbs_steps or sizes.all():  # (without DBS a peer with no samples still steps, by its momentum)
+            v *= c.momentum
+            v += grad
+            self.velocity[rows] = v
+            self.state.x[rows] -= lr * v
+            return sizes, float(loss.mean()), lr
+        rest = (sizes == 0)[:, None]  # peers done with their steps this round stay as they are
+        v = np.where(rest, v, c.momentum * v + grad)
         self.velocity[rows] = v
-        self.state.x[rows] -= lr * v
-        return sizes, float(loss.mean()), lr
+        self.state.x[rows] -= lr * np.where(rest, np.float32(0), v)
+        return sizes, float(loss[sizes > 0].mean()), lr
 
     def _deadline(self, slot: int) -> DeadlineEstimator:
         if slot not in self.deadlines:
@@ -153,13 +178,21 @@ class Simulation:
         self._apply_events(now)
         if not self.live:
             raise ValueError(f"no peer is left at round {round_} (t = {now:.3f} s): check the schedule")
-        view = self._view(round_, now)
+        view = self._view(round_ // self.cfg.round_every, now)  # the cores' seeds count rounds, not steps
         live = view.live
         names = [peer_name(int(s)) for s in live]
         sizes, loss, lr = self._local_step(round_, live, names)
         steps = self.speed.step_times(live, sizes)
+        if self.cfg.dbs_steps:
+            steps = steps * (sizes > 0)  # a peer done with its steps for this round waits for the round
         ready = {int(s): self.free_at[int(s)] + t for s, t in zip(live, steps)}
-        comm = run_round(self.cfg.algorithm, self.state, view, self.segs, self.cfg.group_size)
+        comm = Comm()  # between rounds a peer goes on with its next step at once
+        if (round_ + 1) % self.cfg.round_every == 0:
+            weights = self.trained[live] if self.cfg.weigh_changes and self.trained[live].any() else None
+            comm = run_round(self.cfg.algorithm, self.state, view, self.segs, self.cfg.group_size, weights)
+            self.trained[live] = 0
+            if self.outer:
+                self.outer.step(self.state, live)
         end, sent = self._time(view, comm, ready)
         idle = []
         for s, step in zip(live, steps):
@@ -240,6 +273,10 @@ class Simulation:
             "final_train_loss": float(np.nanmean([r["train_loss"] for r in self.result.rounds[-5:]]))
             if not self.cfg.gossip_only else float("nan"),
             "bytes_per_peer_per_round": float(np.mean([r["bytes_per_peer"] for r in self.result.rounds])),
+            "averaging_rounds": rounds // self.cfg.round_every,
+            # all the bytes every peer sent over all the samples trained: rounds' cost per unit of work
+            "bytes_per_sample": float(sum(r["bytes_per_peer"] * r["peers"] for r in self.result.rounds)
+                                      / sum(r["global_batch"] for r in self.result.rounds)),
             "sim_time_s": last["sim_time_s"],
             "idle_fraction": float(
                 sum(t["idle_s"] for t in self.totals.values())

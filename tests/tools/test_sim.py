@@ -238,3 +238,104 @@ def test_a_cap_below_one_is_refused(capsys):
     with pytest.raises(SystemExit):
         main(["--peers", "4", "--rounds", "2", "--max-scale", "0.5", "--no-plot", "--quiet"])
     assert "max_scale" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------ the outer step (docs/algorithms.md, "The outer step")
+
+
+def _outer_pair(algorithm: str, steps: int, **outer) -> tuple[Simulation, Simulation]:
+    """The same run with rounds every 8 steps, without and with the outer step."""
+    kw = {"peers": 16, "rounds": steps, "global_batch": 128, "algorithm": algorithm, "group_size": 4}
+    plain = Simulation(SimConfig(**kw, period=8), TASK)
+    stepped = Simulation(SimConfig(**kw, outer_every=8, **outer), TASK)
+    plain.run()
+    stepped.run()
+    return plain, stepped
+
+
+@pytest.mark.parametrize("algorithm", ["crossover", "sgp", "hierarchical"])
+def test_outer_lr_1_without_momentum_is_the_rounds_every_h_steps(algorithm):
+    plain, stepped = _outer_pair(algorithm, 16, outer_lr=1.0, outer_momentum=0.0)
+    # θ ← θ₀ − 1·(θ₀ − θ_avg) is θ_avg up to the rounding of θ₀ − θ_avg (half an ulp of the
+    # larger of the two; exact where they are within a factor 2 of each other), so equal to
+    # float32 rounding, not bit for bit; over many steps SGD amplifies those ulps.
+    x, y = plain.state.x[:16], stepped.state.x[:16]
+    assert np.allclose(x, y, rtol=0, atol=1e-6)
+    assert np.abs(x - y).max() <= 2.0**-23 * np.abs(x).max()
+    assert np.array_equal(stepped.outer.anchor[:16], stepped.state.x[:16])  # the model restarts from the anchor
+    assert not np.any(stepped.outer.buffer)  # momentum 0 keeps no buffer
+    assert [r["bytes_per_peer"] for r in plain.result.rounds] == [r["bytes_per_peer"] for r in stepped.result.rounds]
+
+
+def test_the_outer_step_moves_the_anchor_by_its_lr_and_keeps_the_change_in_its_buffer():
+    start = TASK.init(0)
+    plain, stepped = _outer_pair("crossover", 8, outer_lr=0.5, outer_momentum=0.9, outer_nesterov=False)
+    avg = plain.state.x[:16]  # where one round every 8 steps leaves each peer
+    assert np.allclose(stepped.state.x[:16], start - 0.5 * (start - avg), atol=1e-6)
+    assert np.allclose(stepped.outer.buffer[:16], start - avg, atol=1e-6)  # the first step: b = Δ
+    nesterov = _outer_pair("crossover", 8, outer_lr=0.5, outer_momentum=0.9)[1]
+    assert np.allclose(nesterov.state.x[:16], start - 0.5 * 1.9 * (start - avg), atol=1e-6)
+
+
+def test_a_joiner_takes_its_donors_model_anchor_and_buffer():
+    events = parse_schedule(["join:1@0.06"])  # in step 4, after the first outer step
+    sim = Simulation(SimConfig(peers=8, rounds=40, global_batch=64, schedule=events, outer_every=4,
+                               outer_momentum=0.5), TASK)
+    for r in range(40):
+        sim.round(r)
+        if 8 in sim.live:
+            break
+    assert (r + 1) % 4 != 0, "the join should land between two outer steps"  # else one has run since
+    donor = 0  # newcomers are spread over the live peers by slot: slot 8 of 8 takes peer 0
+    assert np.array_equal(sim.outer.anchor[8], sim.outer.anchor[donor])
+    assert not np.array_equal(sim.outer.anchor[8], sim.outer.anchor[1])  # gossip left the anchors unequal
+    assert np.any(sim.outer.buffer[8]) and np.array_equal(sim.outer.buffer[8], sim.outer.buffer[donor])
+    assert not np.array_equal(sim.outer.anchor[8], sim.state.x[8])  # the model had moved past the anchor
+
+
+def test_rounds_every_h_steps_send_an_h_th_of_the_bytes_and_the_outer_step_learns():
+    every = _sim(algorithm="crossover", rounds=64, local_batch=8).run().summary
+    period = _sim(algorithm="crossover", rounds=64, local_batch=8, period=8).run().summary
+    assert period["averaging_rounds"] == 8 and every["averaging_rounds"] == 64
+    assert period["bytes_per_sample"] == pytest.approx(every["bytes_per_sample"] / 8)
+    outer = _sim(algorithm="crossover", rounds=200, local_batch=8, lr=0.2, outer_every=8, outer_lr=1.0,
+                 outer_momentum=0.5).run().summary
+    assert outer["test_accuracy_min_peer"] > 0.8  # chance is 0.1
+
+
+def test_cli_takes_the_outer_step_and_refuses_it_with_a_period(tmp_path, capsys):
+    args = ["--peers", "4", "--rounds", "16", "--out", str(tmp_path), "--quiet", "--no-plot"]
+    assert main([*args, "--outer-every", "4", "--outer-lr", "0.5", "--no-outer-nesterov"]) == 0
+    assert json.loads((tmp_path / "crossover-4p-s0" / "summary.json").read_text())["averaging_rounds"] == 4
+    with pytest.raises(SystemExit):
+        main([*args, "--outer-every", "4", "--period", "2"])
+    assert "period 1 with outer_every" in capsys.readouterr().err
+
+
+def test_dbs_gives_a_slow_peer_fewer_steps_per_round_as_the_shares_core_plans():
+    events = parse_schedule(["speed:1@0=0.25"])
+    sim = _sim(peers=8, rounds=16, local_batch=8, period=8, dbs_steps=True, schedule=events)
+    result = sim.run()
+    # all at the minimum batch, so the plan keeps the batches: the fastest peers' 8 steps of
+    # 17 ms set the round, and the slow peer's 65 ms steps fit 2 times into it
+    assert sim.planned == {**{s: 8 for s in range(8)}, 1: 2}
+    assert [r["global_batch"] for r in result.rounds[:8]] == [64, 64] + [56] * 6
+    slow, fast = (next(p for p in result.peers if p["slot"] == s) for s in (1, 0))
+    assert slow["compute_s"] == pytest.approx(2 * 2 * 0.065) and fast["compute_s"] == pytest.approx(2 * 8 * 0.017)
+
+
+def test_weighing_the_changes_by_the_samples_trained():
+    kw = {"peers": 8, "rounds": 8, "local_batch": 8, "algorithm": "allreduce", "period": 8}
+    plain, weighed = (_sim(**kw, weigh_changes=w) for w in (False, True))
+    plain.run()
+    weighed.run()
+    assert np.allclose(plain.state.x[:8], weighed.state.x[:8], atol=1e-6)  # equal samples: equal weights
+    sim = _sim(**kw, gossip_only=True, weigh_changes=True)  # no steps: only the round moves the models
+    start = _spread(sim)
+    samples = [8, 16, 8, 8, 8, 8, 8, 64]
+    sim.trained[:8] = samples
+    sim.round(7)  # the 8th step ends with the round
+    assert np.allclose(sim.state.x[:8], np.average(start, 0, samples), atol=1e-5)
+    assert not np.any(sim.trained[:8])  # counted again from the round on
+    with pytest.raises(ValueError, match="allreduce with weigh_changes"):
+        SimConfig(algorithm="crossover", weigh_changes=True)

@@ -1,0 +1,93 @@
+"""The outer step against plain gossip rounds, in the simulator (docs/simulation.md,
+"Result 6"): the same samples and steps for every variant, rounds every step,
+every H steps, or every H steps followed by the outer step.
+
+Each run is one `python -m peerd.sim` process; `--jobs` run side by side. Prints a
+markdown table (mean ± std over the seeds) and writes every run under --out.
+
+    .venv/bin/python bench/sim_outer.py --peers 64,256 --seeds 0,1,2 --steps 512 --jobs 2
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from harness.output import md_row, md_table
+from harness.script import arg_parser, names, numbers, run_main
+
+VARIANTS = {
+    "every step": ["--period", "1"],
+    "every 8": ["--period", "8"],
+    "every 32": ["--period", "32"],
+    "outer 8, lr 0.7, Nesterov 0.9": ["--outer-every", "8", "--outer-lr", "0.7", "--outer-momentum", "0.9"],
+    "outer 8, lr 1, Nesterov 0.5": ["--outer-every", "8", "--outer-lr", "1", "--outer-momentum", "0.5"],
+    "outer 32, lr 0.7, Nesterov 0.9": ["--outer-every", "32", "--outer-lr", "0.7", "--outer-momentum", "0.9"],
+    "outer 32, lr 1, Nesterov 0.5": ["--outer-every", "32", "--outer-lr", "1", "--outer-momentum", "0.5"],
+    # equal weights with the step that sample weights take with DBS's 8 and 2 steps (Result 7)
+    "outer 8, lr 1.36, no momentum": ["--outer-every", "8", "--outer-lr", "1.36", "--outer-momentum", "0"],
+}
+
+
+def parse_args(argv: list[str] | None = None):
+    p = arg_parser(__doc__, raw=True, description=__doc__)
+    p.add_argument("--peers", default="64,256", help="comma list of peer counts (default 64,256)")
+    p.add_argument("--seeds", default="0,1,2", help="comma list of seeds (default 0,1,2)")
+    p.add_argument("--steps", type=int, default=512, help="local steps per run (default 512)")
+    p.add_argument("--variants", default=",".join(str(k) for k in range(len(VARIANTS))),
+                   help="comma list of variant numbers, 0 = " + ", ".join(f"{k} = {v}" for k, v in enumerate(VARIANTS)))
+    p.add_argument("--algorithm", default="crossover", help="the simulator's algorithm (default crossover)")
+    p.add_argument("--jobs", type=int, default=2, help="runs side by side (default 2)")
+    p.add_argument("--out", type=Path, default=Path("sim-out/outer"), help="folder for the runs (default sim-out/outer)")
+    p.add_argument("--slow", type=float, default=0.0,
+                   help="every other peer at this speed from the start, with --dbs-steps (default 0 = all equal)")
+    p.add_argument("--weighings", default="equal", help="comma list of equal, samples (--weigh-changes; allreduce only)")
+    p.add_argument("--extra", default="", help="more simulator flags for every run, space separated")
+    args = p.parse_args(argv)
+    args.peers = numbers(p, args.peers, int, "--peers")
+    args.seeds = numbers(p, args.seeds, int, "--seeds")
+    picked = numbers(p, args.variants, int, "--variants")
+    if not picked or not all(0 <= k < len(VARIANTS) for k in picked):
+        p.error(f"--variants: numbers from 0 to {len(VARIANTS) - 1}")
+    args.variants = [list(VARIANTS)[k] for k in picked]
+    args.weighings = names(p, args.weighings, ("equal", "samples"), "--weighings")
+    return args
+
+
+def run_one(variant: str, weighing: str, peers: int, seed: int, args) -> dict:
+    out = args.out / f"{peers}p" / variant.replace(" ", "").replace(",", "-") / weighing / f"s{seed}"
+    slow = [f"--event=speed:{k}@0={args.slow}" for k in range(1, peers, 2)] + ["--dbs-steps"] if args.slow else []
+    cmd = [sys.executable, "-m", "peerd.sim", "--peers", str(peers), "--algorithm", args.algorithm,
+           "--model", "mlp", "--hidden", "32", "--local-batch", "8", "--lr", "0.02", "--rounds", str(args.steps),
+           "--seeds", str(seed), "--out", str(out), "--no-plot", "--quiet", "--eval-peers", "16",
+           *VARIANTS[variant], *slow, *(["--weigh-changes"] if weighing == "samples" else []), *args.extra.split()]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return json.loads(next(out.glob("*/summary.json")).read_text())
+
+
+def _cell(values: list[float], fmt: str) -> str:
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{format(statistics.mean(values), fmt)} ± {format(sd, fmt)}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    cells = [(v, w, n) for n in args.peers for v in args.variants for w in args.weighings]
+    jobs = [(v, w, n, s) for v, w, n in cells for s in args.seeds]
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        done = dict(zip(jobs, pool.map(lambda j: run_one(*j, args), jobs)))
+    print(md_table(["peers", "rounds", "averaging", "accuracy %", "train loss", "averaging rounds", "bytes sent per sample"]))
+    for v, w, n in cells:
+        runs = [done[(v, w, n, s)] for s in args.seeds]
+        print(md_row([n, v, w, _cell([100 * r["test_accuracy_mean_peer"] for r in runs], ".1f"),
+                      _cell([r["final_train_loss"] for r in runs], ".3f"), runs[0]["averaging_rounds"],
+                      f"{runs[0]['bytes_per_sample']:.0f}"]), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)
