@@ -7,9 +7,9 @@ in one invocation (docs/algorithms.md, "The outer step", its figures table):
   p1              a round after every local step, no outer step (the example as shipped)
   p8              a round every 8 local steps, no outer step
   outer-sgd       [outer] every = 8, lr = 1, momentum = 0: the same algorithm as p8
-  outer-m05       [outer] every = 8, momentum = 0.5 (Nesterov, lr 0.7)
-  outer-lr05      [outer] every = 8, lr = 0.5 (Nesterov momentum 0.9)
-  outer-default   [outer] every = 8, the defaults (lr 0.7, Nesterov momentum 0.9)
+  outer-m05       [outer] every = 8, the defaults (lr 0.7, Nesterov momentum 0.5)
+  outer-lr05      [outer] every = 8, lr = 0.5, Nesterov momentum 0.9
+  outer-diloco    [outer] every = 8, DiLoCo's lr 0.7 and Nesterov momentum 0.9
   outer-int8      outer-m05 with the changes on the int8 wire
   outer-overlap   outer-m05 with the outer exchange behind the next 8 steps
   outer-int8-overlap   both
@@ -46,8 +46,8 @@ VARIANTS = {
     "p8": ({"period_steps": H}, None),
     "outer-sgd": ({}, {"every": H, "lr": 1.0, "momentum": 0.0}),
     "outer-m05": ({}, M05),
-    "outer-lr05": ({}, {"every": H, "lr": 0.5}),
-    "outer-default": ({}, {"every": H}),
+    "outer-lr05": ({}, {"every": H, "lr": 0.5, "momentum": 0.9}),
+    "outer-diloco": ({}, {"every": H, "momentum": 0.9}),
     "outer-int8": ({"wire": "int8"}, M05),
     "outer-overlap": ({"overlap": True}, M05),
     "outer-int8-overlap": ({"wire": "int8", "overlap": True}, M05),

@@ -71,7 +71,7 @@ class OuterSpec:
 
     every: int = 0  # H, local steps between outer steps; 0: no outer step (a round every period_steps)
     lr: float = 0.7
-    momentum: float = 0.9
+    momentum: float = 0.5  # DiLoCo uses 0.9 over hundreds of steps; over a few it overshoots (docs/algorithms.md)
     nesterov: bool = True
 
     @property

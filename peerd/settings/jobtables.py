@@ -131,7 +131,7 @@ def outer_table(outer: Table) -> dict[str, object]:
     settings = dict(
         every=every,
         lr=outer.get("lr", float, 0.7, check=lambda v: 0 < v < math.inf, expect="a number > 0"),
-        momentum=outer.get("momentum", float, 0.9, check=lambda v: 0 <= v < 1, expect="a number in [0, 1)"),
+        momentum=outer.get("momentum", float, 0.5, check=lambda v: 0 <= v < 1, expect="a number in [0, 1)"),
         nesterov=outer.get("nesterov", bool, True),
     )
     if not every and any(outer.given(key) for key in ("lr", "momentum", "nesterov")):

@@ -128,7 +128,8 @@ def _averaging_arguments(gossip) -> None:
     gossip.add_argument("--outer-every", type=int, default=0, metavar="H",
                         help="a round every H local steps, then the outer step (peerd's [outer] every; default 0 = off)")
     gossip.add_argument("--outer-lr", type=float, default=0.7, help="the outer step's lr (default 0.7)")
-    gossip.add_argument("--outer-momentum", type=float, default=0.9, help="the outer step's momentum (default 0.9)")
+    gossip.add_argument("--outer-momentum", type=float, default=0.5,
+                        help="the outer step's momentum (default 0.5, as [outer] momentum)")
     gossip.add_argument("--outer-nesterov", action=argparse.BooleanOptionalAction, default=True,
                         help="Nesterov momentum for the outer step (default on)")
     gossip.add_argument("--dbs-steps", action="store_true",

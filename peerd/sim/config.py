@@ -52,7 +52,7 @@ class SimConfig:
     period: int = 1  # local steps between rounds, without an outer step ([gossip] period_steps)
     outer_every: int = 0  # H > 0: a round every H steps, then the outer step ([outer] every)
     outer_lr: float = 0.7
-    outer_momentum: float = 0.9
+    outer_momentum: float = 0.5
     outer_nesterov: bool = True
     dbs_steps: bool = False  # slow peers take fewer of a round's steps, as peerd's DBS plans them
     weigh_changes: bool = False  # allreduce averages weighted by the samples trained since the last round

@@ -328,6 +328,6 @@ def test_status_says_the_outer_step_in_force_under_the_table():
             name="local-sgd", state="running", progress=p, workers=[worker])])
         return peerctl.cmd_status(SimpleNamespace(status=lambda: reply), None)[1]
 
-    said = "outer SGD every 8 local steps: lr 0.7, Nesterov momentum 0.9"
+    said = "outer SGD every 8 local steps: lr 0.7, Nesterov momentum 0.5"
     assert status(said).endswith(f"\nlocal-sgd/peer-0: {said}")
     assert "outer SGD" not in status("")

@@ -115,7 +115,7 @@ def test_the_job_says_the_lr_law_in_force_and_each_worker_here_its_factor(tmp_pa
 def test_the_job_says_the_outer_step_in_force(tmp_path):
     daemon = daemon_with_job(tmp_path, "j")
     assert page_status(daemon, time.monotonic())["view"][0]["outer"] == ""
-    said = "outer SGD every 8 local steps: lr 0.7, Nesterov momentum 0.9"
+    said = "outer SGD every 8 local steps: lr 0.7, Nesterov momentum 0.5"
     daemon.jobs["j"].first.progress.MergeFrom(progress(outer=said))
     assert page_status(daemon, time.monotonic())["view"][0]["outer"] == said
 

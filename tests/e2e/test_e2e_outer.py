@@ -25,9 +25,8 @@ from conftest import all_finished, first_jobs, round_of, wait_for, wait_for_disc
 pytestmark = pytest.mark.e2e
 
 H = 8
-# DiLoCo's outer momentum 0.9 (the default) is too much over 8 steps of this
-# job's SGD (0.45); 0.5 reaches 0.977, as rounds every 8 steps do (0.978;
-# docs/algorithms.md, "The outer step").
+# The default outer momentum, set here as the test's own: DiLoCo's 0.9 is too
+# much over 8 steps of this job's SGD (docs/algorithms.md, "The outer step").
 MOMENTUM = 0.5
 
 

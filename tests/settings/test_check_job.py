@@ -79,7 +79,7 @@ def test_with_config_the_daemons_config_is_checked_too(tmp_path, capsys):
 def test_the_outer_step_in_force_is_said_after_the_law(tmp_path, capsys):
     code, out, _ = check(tmp_path, capsys, '[job]\nname = "local-sgd"\nscript = "train.py"\n[outer]\nevery = 8\n')
     assert code == 0 and out.splitlines()[2:] == [
-        'outer SGD every 8 local steps: lr 0.7, Nesterov momentum 0.9, after each round (docs/algorithms.md, '
+        'outer SGD every 8 local steps: lr 0.7, Nesterov momentum 0.5, after each round (docs/algorithms.md, '
         '"The outer step")']
     code, out, _ = check(tmp_path, capsys, '[job]\nname = "plain"\nscript = "train.py"\n')
     assert code == 0 and "outer" not in out

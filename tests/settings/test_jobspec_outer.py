@@ -29,7 +29,7 @@ def test_off_unless_every_is_set_and_then_the_fingerprint_is_as_before():
 
 def test_defaults_and_every_sets_the_rounds_period():
     spec = parse_job(with_outer("every = 8\n"), SRC)
-    assert spec.outer == OuterSpec(every=8, lr=0.7, momentum=0.9, nesterov=True)
+    assert spec.outer == OuterSpec(every=8, lr=0.7, momentum=0.5, nesterov=True)
     assert spec.gossip.period_steps == 8
 
 

@@ -148,7 +148,7 @@ def test_the_log_line_says_which_outer_step_is_in_force():
         spec = job(outer=outer).outer
         return describe(spec.every, spec)
 
-    assert said("every = 4\n") == "outer SGD every 4 local steps: lr 0.7, Nesterov momentum 0.9"
+    assert said("every = 4\n") == "outer SGD every 4 local steps: lr 0.7, Nesterov momentum 0.5"
     assert said("every = 8\nlr = 0.5\nmomentum = 0.8\nnesterov = false\n") == \
         "outer SGD every 8 local steps: lr 0.5, momentum 0.8"
     assert said("every = 8\nmomentum = 0\n") == "outer SGD every 8 local steps: lr 0.7, momentum 0"

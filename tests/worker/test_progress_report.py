@@ -90,4 +90,4 @@ def test_it_says_the_outer_step_in_force_and_nothing_without_one():
     text = example_job(outer={"every": 8, "lr": 0.5}).replace("period_steps = 1\n", "")
     spec = parse_job(text, "job.toml")
     p = progress_of(source(), figures(), spec, None, empty_progress())
-    assert p.outer == "outer SGD every 8 local steps: lr 0.5, Nesterov momentum 0.9"
+    assert p.outer == "outer SGD every 8 local steps: lr 0.5, Nesterov momentum 0.5"
