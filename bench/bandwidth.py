@@ -59,9 +59,10 @@ to --target, its ratio to DDP's, each peer's utilisation = time in steps (the
 slowdown's sleep included) / wall time, over the window from its first to its last
 sample (evaluations and exchanges that block count as idle), and the bytes each
 peer sent plus received per round (DDP: per step), counted at its bridge port, so
-the headers of every protocol and zeroconf's few packets are in, and the same
-bytes of all peers together per sample they trained (a transfer counts at both
-ends; DDP: per step ÷ the global batch). DDP stops at the target, at the end of
+the headers of every protocol and zeroconf's few packets are in, and all peers'
+bytes together per sample they trained, from the first step to the end (with
+--epochs the end consensus's included; a transfer counts at both ends; DDP: per
+step ÷ the global batch). DDP stops at the target, at the end of
 --epochs or at the budget (checked every step); a variant stopped by the budget
 gets its last metric in the final column, marked unfinished.
 
@@ -276,7 +277,8 @@ def _table_row(r: Result, results: list[Result], target: float, budget: float, b
     mb = [b / 1e6 for b in r.bytes_per_round if b == b]
     traffic = f"{sum(mb) / len(mb):.1f}" if mb else "n/a"
     per_sample = f"{r.bytes_per_sample / 1e3:.0f}" if r.bytes_per_sample == r.bytes_per_sample else "n/a"
-    return [f"{r.cap:g}", r.variant, fmt_time(t, budget), ratio, util, traffic, per_sample, str(r.steps_per_round),
+    reached = fmt_time(t, budget) if t == t or r.final != r.final else f"not reached (ended at {r.wall_s:.0f})"
+    return [f"{r.cap:g}", r.variant, reached, ratio, util, traffic, per_sample, str(r.steps_per_round),
             f"{r.host_busy:.2f}", *extra]
 
 
@@ -558,6 +560,7 @@ def run_peerd(bed: Testbed, variant: str, cap: float, out: Path, join: bool) -> 
     try:
         trace = _follow(bed, name, f"{variant} at {cap:g} Mbit/s")
         after, busy = bed.net.counters(), busy_share(trace.cpu, host_cpu())
+        end, samples = after, _samples(trace.jobs) - trace.samples0
         for k in range(args.joins if join else 0):
             if k:
                 rejoin_reset(bed, name)
@@ -567,14 +570,16 @@ def run_peerd(bed: Testbed, variant: str, cap: float, out: Path, join: bool) -> 
         _leave(bed, name)
     rounds = [j.progress.round if j is not None else 0 for j in trace.jobs]
     if args.epochs and trace.training:
-        after, counted, samples = trace.training, trace.training_rounds, trace.training_samples
+        after, counted = trace.training, trace.training_rounds
     else:
-        counted, samples = rounds, _samples(trace.jobs)
+        counted = rounds
     result = Result(variant, cap, curve=trace.curve, utilisation=[utilisation(p) for p in trace.points],
                     bytes_per_round=[bytes_per_round(trace.before[i], after[i], r) for i, r in enumerate(counted)],
                     steps_per_round=v.steps_per_round, wall_s=trace.t, rounds=rounds, best=trace.best, host_busy=busy,
                     breakdown=[time_shares(j.progress) if j is not None else {} for j in trace.jobs],
-                    bytes_per_sample=bytes_per_sample(trace.before, after, samples - trace.samples0))
+                    # The whole run's bytes (with --epochs the end consensus's too): a
+                    # window cut at a poll splits a round of 32 steps and says little.
+                    bytes_per_sample=bytes_per_sample(trace.before, end, samples))
     if args.epochs:
         result.final, result.consensus = final_metrics(trace.jobs)
     return result, joined
@@ -607,9 +612,7 @@ class Trace:
     # bytes per round leave out the end consensus's fp32 models (--epochs).
     training: dict = field(default_factory=dict)
     training_rounds: list = field(default_factory=list)
-    # Samples the trainers had trained (all together) at t0 and at that last poll.
-    samples0: int = 0
-    training_samples: int = 0
+    samples0: int = 0  # the samples the trainers had trained (all together) at t0
 
     def sample(self, t: float, jobs: list) -> None:
         self.t = t
@@ -641,7 +644,6 @@ def _follow(bed: Testbed, name: str, label: str) -> Trace:
             trace.sample(now - trace.t0, jobs)
             if all(j is not None and j.progress.phase == "training" for j in jobs):
                 trace.training, trace.training_rounds = bed.net.counters(), [j.progress.round for j in jobs]
-                trace.training_samples = _samples(jobs)
             reached = not args.epochs and trace.curve and trace.curve[-1][1] >= args.target
             if (reached or trace.t > args.budget
                     or all(j is not None and j.state in ENDED_STATES for j in jobs)):

@@ -91,11 +91,14 @@ def test_table_takes_ratios_against_the_baseline_and_gives_final_accuracy_when_t
 
 
 def test_a_variant_stopped_by_the_budget_gets_its_last_metric_marked_unfinished():
-    done, stopped = _result("outer-8", 20, 50.0), _result("peerd-p1", 20, None)
-    done.final, done.consensus = 0.93, 0.94
-    rows = table([done, stopped], target=0.9, budget=120.0, baseline="outer-8", finals=True).splitlines()
+    done, stopped, short = _result("outer-8", 20, 50.0), _result("peerd-p1", 20, None), _result("outer-32", 20, None)
+    done.final, done.consensus, short.final, short.consensus = 0.93, 0.94, 0.88, 0.9
+    rows = table([done, stopped, short], target=0.9, budget=120.0, baseline="outer-8", finals=True).splitlines()
     assert "| 0.9300 / 0.9400 |" in rows[2]
+    assert rows[3].startswith("| 20 | peerd-p1 | > 120 (not reached) |")
     assert "| unfinished: 0.5000 at the stop |" in rows[3]
+    # Its epochs ended before the target: not the budget's doing.
+    assert rows[4].startswith("| 20 | outer-32 | not reached (ended at 60) | n/a |") and "| 0.8800 / 0.9000 |" in rows[4]
 
 
 def _parsed(variant: str):
