@@ -8,7 +8,9 @@ pairs, a tbf cap on each peer's link, both ways) and starts 5 real daemons in th
 (peerd.soak.peers; zeroconf bound to the namespaces' addresses only). Four of them
 train, slowed 1, 1, 2, 4 (a peer with F sleeps (F − 1) × each step's compute); the
 fifth is the newcomer. For each cap in --caps (default 1000 and 100 Mbit/s; 20 works
-too: tbf's burst and 200 ms queue are set per rate), the
+too: tbf's burst and 200 ms queue are set per rate, and where a whole model takes
+more than the exchange deadline's default ceiling of 10 s the jobs raise it to 1.5×
+that link time), the
 links are reshaped and each variant trains the same ~12M-parameter MLP
 (bench/jobs/bw_mlp.py, 784 → 3072 → 3072 → 10) on the bundled MNIST digits, from
 the same seed, at global batch 4 × 32, SGD lr 0.05 momentum 0.9, constant LR:
@@ -150,6 +152,8 @@ VARIANTS = {"ddp": None, "peerd": Variant(), "overlap": Variant(True),
             # Refused today ([outer] with wire = "int8"): skipped with peerd's own message.
             "outer-8-int8": Variant(wire="int8", outer=8), "outer-32-int8": Variant(wire="int8", outer=32)}
 GLOBAL_BATCH = 128
+MODEL_BYTES = 11_885_578 * 4  # bw_mlp's fp32 parameters
+DEADLINE_CEILING_S = 10.0  # [gossip] deadline_ceiling_s's default
 LR = 0.05
 DEFAULT_VARIANTS = "ddp,peerd,overlap,overlap-bf16"
 DDP_EVAL_EVERY = 8  # steps
@@ -507,10 +511,17 @@ def run_ddp(bed: Testbed, cap: float, out: Path) -> Result:
 # ---------------------------------------------------------------- peerd
 
 
+def deadline_ceiling_s(mbit: float) -> float:
+    """The exchange deadline's ceiling for a cap: the default, or 1.5 × a whole
+    fp32 model's link time where that is longer (20 Mbit/s: 19 s a model, so 10 s
+    would leave half the segments of every round unfetched)."""
+    return max(DEADLINE_CEILING_S, round(1.5 * link_seconds(MODEL_BYTES, mbit), 1))
+
+
 def job_text(name: str, v: Variant, epochs: float = 0.0, min_peers: int = 1,
-             outer: tuple[float, float] = (OUTER_LR, OUTER_MOMENTUM)) -> str:
-    """The job a peerd variant trains; `outer`: the outer step's (lr, momentum)."""
-    gossip = {"segments": 8, "overlap": v.overlap, "wire": v.wire}
+             outer: tuple[float, float] = (OUTER_LR, OUTER_MOMENTUM), cap: float = 1000.0) -> str:
+    """The job a peerd variant trains at a cap; `outer`: the outer step's (lr, momentum)."""
+    gossip = {"segments": 8, "overlap": v.overlap, "wire": v.wire, "deadline_ceiling_s": deadline_ceiling_s(cap)}
     tables = {}
     if v.outer:  # [outer] every sets the rounds' period: no period_steps with it
         tables["outer"] = {"every": v.outer, "lr": outer[0], "momentum": outer[1], "nesterov": True}
@@ -550,7 +561,7 @@ def run_peerd(bed: Testbed, variant: str, cap: float, out: Path, join: bool) -> 
     v = VARIANTS[variant]
     name = f"bw-{variant}-{cap:g}"
     text = job_text(name, v, args.epochs, len(bed.trainers) if args.together else 1,
-                    (args.outer_lr, args.outer_momentum))
+                    (args.outer_lr, args.outer_momentum), cap)
     out.mkdir(parents=True, exist_ok=True)
     (out / "job.toml").write_text(text)
     for peer in bed.trainers:

@@ -13,7 +13,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 from bandwidth import (  # noqa: E402
-    VARIANTS, Result, busy_share, bytes_per_round, bytes_per_sample, ddp_steps, host_cpu, job_text, join_goal_s,
+    VARIANTS, Result, busy_share, bytes_per_round, bytes_per_sample, ddp_steps, deadline_ceiling_s, host_cpu,
+    job_text, join_goal_s,
     link_seconds, refused, table, time_to_target, utilisation,
 )
 
@@ -116,6 +117,12 @@ def test_plain_variants_set_the_rounds_period_and_the_outer_ones_set_outer_every
         assert "period_steps" not in job_text("x", VARIANTS[variant])  # refused with [outer]
     outer = parse_job(job_text("x", VARIANTS["outer-8"], outer=(1.0, 0.0)), "x").outer
     assert (outer.lr, outer.momentum) == (1.0, 0.0)
+
+
+def test_the_exchange_deadline_fits_a_whole_model_through_slow_links():
+    assert deadline_ceiling_s(1000) == deadline_ceiling_s(100) == 10.0  # the default: 3.8 s a model at 100
+    assert deadline_ceiling_s(20) == pytest.approx(1.5 * 47.54e6 * 8 / 20e6, abs=0.1)  # 28.5 s
+    assert parse_job(job_text("x", VARIANTS["outer-8"], cap=20), "x").gossip.deadline_ceiling_s == 28.5
 
 
 def test_evaluations_and_rebalances_come_every_16_local_steps_or_every_round():
