@@ -7,7 +7,10 @@ One invocation builds a bridge and one namespace per peer (peerd.soak.netns: vet
 pairs, a tbf cap on each peer's link, both ways) and starts 5 real daemons in them
 (peerd.soak.peers; zeroconf bound to the namespaces' addresses only). Four of them
 train, slowed 1, 1, 2, 4 (a peer with F sleeps (F − 1) × each step's compute); the
-fifth is the newcomer. For each cap in --caps (default 1000 and 100 Mbit/s), the
+fifth is the newcomer. For each cap in --caps (default 1000 and 100 Mbit/s; 20 works
+too: tbf's burst and 200 ms queue are set per rate, and where a whole model takes
+more than the exchange deadline's default ceiling of 10 s the jobs raise it to 1.5×
+that link time), the
 links are reshaped and each variant trains the same ~12M-parameter MLP
 (bench/jobs/bw_mlp.py, 784 → 3072 → 3072 → 10) on the bundled MNIST digits, from
 the same seed, at global batch 4 × 32, SGD lr 0.05 momentum 0.9, constant LR:
@@ -31,11 +34,25 @@ the same seed, at global batch 4 × 32, SGD lr 0.05 momentum 0.9, constant LR:
   peerd-bf16, peerd-int8, overlap-int8   (not run by default) `peerd` with a bf16
                 or an int8 wire (error feedback, docs/algorithms.md), and
                 `overlap` with an int8 wire
+  peerd-p1, peerd-p32   (not run by default) `peerd` with a round every local step
+                (the plain every-step baseline) and every 32
+  outer-8, outer-32     (not run by default) the outer step, `[outer] every = 8`
+                or 32 (docs/algorithms.md, "The outer step"): a round every H local
+                steps, then outer SGD of the shared anchor by the averaged change;
+                the pairs with plain averaging at the same period are `peerd` and
+                `peerd-p32`. Outer lr 0.7, Nesterov momentum 0.5 (--outer-lr,
+                --outer-momentum): DiLoCo's momentum 0.9 makes the anchor's steady
+                step 7× the averaged change, which falls apart over 8 steps of this
+                kind of SGD inner loop (algorithms.md's figures), while 0.5 (1.4×)
+                held; lr 1.0 with momentum 0 would be `peerd` again.
+  outer-8-int8, outer-32-int8   the two with an int8 wire: they need `[outer]`
+                with `wire = "int8"`, which this build refuses; until it takes it
+                they are skipped with its message (the rest of the run goes on)
 
 peerd variants evaluate every 16 local steps (each peer its own model; the curve is the
 mean of the peers' latest values; the best peer's is printed and kept beside it). Every variant stops when the target accuracy is
-reached or after --budget seconds of training; with --epochs E the peerd variants
-train a job of E epochs to its end instead (the same samples for every variant),
+reached or after --budget seconds of training; with --epochs E every variant
+trains E epochs to its end instead (the same samples for every variant, DDP too),
 and the table adds the final accuracy: the peers' own models' mean and the end
 consensus's (bytes per round are then counted until the last poll where every
 trainer was still training, leaving out the end consensus's fp32 models). --baseline names the variant the ratios are taken against (DDP by
@@ -44,7 +61,12 @@ to --target, its ratio to DDP's, each peer's utilisation = time in steps (the
 slowdown's sleep included) / wall time, over the window from its first to its last
 sample (evaluations and exchanges that block count as idle), and the bytes each
 peer sent plus received per round (DDP: per step), counted at its bridge port, so
-the headers of every protocol and zeroconf's few packets are in.
+the headers of every protocol and zeroconf's few packets are in, and all peers'
+bytes together per sample they trained, from the first step to the end (with
+--epochs the end consensus's included; a transfer counts at both ends; DDP: per
+step ÷ the global batch). DDP stops at the target, at the end of
+--epochs or at the budget (checked every step); a variant stopped by the budget
+gets its last metric in the final column, marked unfinished.
 
 After the `overlap` variant at the first cap of --join-cap (default 1000), the
 newcomer joins the running job by name; its join time (join → first step on the
@@ -57,6 +79,8 @@ meanwhile divided by its link's rate; goal ≤ 1.2 × that + 1 s.
     sudo .venv/bin/python bench/bandwidth.py --join-only --budget 30 --joins 3   # the join alone: ~2 min
     sudo .venv/bin/python bench/bandwidth.py --caps 100 --variants peerd,peerd-bf16,peerd-int8 \
         --baseline peerd --epochs 3 --together --budget 300 --join-cap 0   # the wires against each other
+    sudo .venv/bin/python bench/bandwidth.py --caps 100,20 --variants ddp,peerd-p1,peerd,outer-8,outer-32 \
+        --epochs 2 --together --budget 120 --join-cap 0   # the outer step on capped links
     .venv/bin/python bench/bandwidth.py --replot /tmp/bw/summary.json --png /tmp/bw.png
 
 The first took 20 min on 2 vCPUs at load 9-23 (8 runs of at most --budget = 120 s
@@ -97,22 +121,47 @@ from harness.script import arg_parser, run_dir, run_main
 from harness.training import accuracy, allreduce_grads
 from peerd.core.codes import ENDED_STATES, WorkerState
 from peerd.core.slowdown import CLOCKS, Slowdown
-from peerd.errors import PeerdError
+from peerd.errors import ConfigError, PeerdError
+from peerd.settings.jobspec import parse_job
 from peerd.soak.netns import Namespaces, namespaces_unavailable
 from peerd.soak.peers import STOP_TIMEOUT_S, SoakPeer, slowdown_table
 
 JOBS = ROOT / "bench" / "jobs"
-# peerd variants: (overlap, wire, local steps per round)
-VARIANTS = {"ddp": None, "peerd": (False, "fp32", 8), "overlap": (True, "fp32", 8),
-            "overlap-bf16": (True, "bf16", 8), "peerd-p4": (False, "fp32", 4), "overlap-p4": (True, "fp32", 4),
-            "overlap-bf16-p4": (True, "bf16", 4), "peerd-bf16": (False, "bf16", 8), "peerd-int8": (False, "int8", 8),
-            "overlap-int8": (True, "int8", 8)}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A peerd variant's [gossip] and [outer] settings."""
+
+    overlap: bool = False
+    wire: str = "fp32"
+    period: int = 8  # local steps per round ([gossip] period_steps), without an outer step
+    outer: int = 0  # [outer] every = H: a round, then the outer step, every H local steps; 0: none
+
+    @property
+    def steps_per_round(self) -> int:
+        return self.outer or self.period
+
+
+VARIANTS = {"ddp": None, "peerd": Variant(), "overlap": Variant(True),
+            "overlap-bf16": Variant(True, "bf16"), "peerd-p4": Variant(period=4), "overlap-p4": Variant(True, period=4),
+            "overlap-bf16-p4": Variant(True, "bf16", 4), "peerd-bf16": Variant(wire="bf16"),
+            "peerd-int8": Variant(wire="int8"), "overlap-int8": Variant(True, "int8"),
+            "peerd-p1": Variant(period=1), "peerd-p32": Variant(period=32),
+            "outer-8": Variant(outer=8), "outer-32": Variant(outer=32),
+            # Refused today ([outer] with wire = "int8"): skipped with peerd's own message.
+            "outer-8-int8": Variant(wire="int8", outer=8), "outer-32-int8": Variant(wire="int8", outer=32)}
 GLOBAL_BATCH = 128
+MODEL_BYTES = 11_885_578 * 4  # bw_mlp's fp32 parameters
+DEADLINE_CEILING_S = 10.0  # [gossip] deadline_ceiling_s's default
 LR = 0.05
 DEFAULT_VARIANTS = "ddp,peerd,overlap,overlap-bf16"
-PERIOD_STEPS = 8  # local steps per round, unless the variant says otherwise
 DDP_EVAL_EVERY = 8  # steps
 EVAL_STEPS = 16  # each peer evaluates every 16 of its own steps (every 2 rounds of 8)
+# The outer step's lr and momentum (Nesterov): docs/algorithms.md, "The outer step":
+# DiLoCo's 0.7 / 0.9 make the anchor's steady step 7× the averaged change and fall
+# apart over 8 SGD steps; momentum 0.5 (1.4×) held there.
+OUTER_LR, OUTER_MOMENTUM = 0.7, 0.5
 POLL_S = 0.5
 START_S = 150.0  # a variant's workers/ranks to start training
 JOIN_S = 120.0
@@ -140,6 +189,14 @@ def bytes_per_round(before: tuple[int, int], after: tuple[int, int], rounds: int
     if rounds <= 0:
         return math.nan
     return ((after[0] - before[0]) + (after[1] - before[1])) / rounds
+
+
+def bytes_per_sample(before: dict, after: dict, samples: float) -> float:
+    """(sent + received) bytes of every peer between two counters() readings, per
+    sample the peers trained meanwhile (a transfer counts at both its ends)."""
+    if samples <= 0:
+        return math.nan
+    return sum((after[i][0] - before[i][0]) + (after[i][1] - before[i][1]) for i in before) / samples
 
 
 def host_cpu() -> tuple[int, int]:
@@ -182,6 +239,7 @@ class Result:
     breakdown: list[dict[str, float]] = field(default_factory=list)
     final: float = math.nan  # --epochs: the mean of the peers' own final metric
     consensus: float = math.nan  # --epochs: the end consensus's metric
+    bytes_per_sample: float = math.nan  # every peer's bytes in + out, per sample trained
 
     def time_to(self, target: float) -> float:
         return time_to_target(self.curve, target)
@@ -191,11 +249,12 @@ def fmt_time(seconds: float, budget: float) -> str:
     return f"{seconds:.0f}" if seconds == seconds else f"> {budget:.0f} (not reached)"
 
 
-def table(results: list[Result], target: float, budget: float, baseline: str = "ddp") -> str:
-    """The markdown table: variant × cap, ratios to the same cap's baseline."""
-    finals = any(r.final == r.final for r in results)
+def table(results: list[Result], target: float, budget: float, baseline: str = "ddp", finals: bool = False) -> str:
+    """The markdown table: variant × cap, ratios to the same cap's baseline; the
+    final metrics with `finals` (--epochs) or when a variant has one."""
+    finals = finals or any(r.final == r.final for r in results)
     return md_table(["cap (Mbit/s)", "variant", f"time to {target} (s)", f"× {baseline}", "utilisation min / mean",
-                     "MB per peer per round (in + out)", "steps per round", "host CPU busy",
+                     "MB per peer per round (in + out)", "kB per sample", "steps per round", "host CPU busy",
                      *(["final: own / consensus", "wall (s)"] if finals else [])],
                     (_table_row(r, results, target, budget, baseline, finals) for r in results))
 
@@ -204,7 +263,11 @@ def _table_row(r: Result, results: list[Result], target: float, budget: float, b
                finals: bool) -> list[str]:
     base = next((b for b in results if b.cap == r.cap and b.variant == baseline), None)
     t, tb = r.time_to(target), base.time_to(target) if base else math.nan
-    extra = [f"{r.final:.4f} / {r.consensus:.4f}", f"{r.wall_s:.0f}"] if finals else []
+    if r.final == r.final:
+        final = f"{r.final:.4f} / {r.consensus:.4f}"
+    else:  # stopped by --budget: the last value of its curve
+        final = f"unfinished: {r.curve[-1][1]:.4f} at the stop" if r.curve else "unfinished"
+    extra = [final, f"{r.wall_s:.0f}"] if finals else []
     if r.variant == baseline or base is None:
         ratio = "—"
     elif t == t and tb == tb:
@@ -217,7 +280,9 @@ def _table_row(r: Result, results: list[Result], target: float, budget: float, b
     util = f"{min(us):.2f} / {sum(us) / len(us):.2f}" if us else "n/a"
     mb = [b / 1e6 for b in r.bytes_per_round if b == b]
     traffic = f"{sum(mb) / len(mb):.1f}" if mb else "n/a"
-    return [f"{r.cap:g}", r.variant, fmt_time(t, budget), ratio, util, traffic, str(r.steps_per_round),
+    per_sample = f"{r.bytes_per_sample / 1e3:.0f}" if r.bytes_per_sample == r.bytes_per_sample else "n/a"
+    reached = fmt_time(t, budget) if t == t or r.final != r.final else f"not reached (ended at {r.wall_s:.0f})"
+    return [f"{r.cap:g}", r.variant, reached, ratio, util, traffic, per_sample, str(r.steps_per_round),
             f"{r.host_busy:.2f}", *extra]
 
 
@@ -236,6 +301,10 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--epochs", type=float, default=0.0,
                    help="peerd variants train a job of this many epochs to its end, not to the target (default 0: "
                         "until the target)")
+    p.add_argument("--outer-lr", type=float, default=OUTER_LR,
+                   help=f"the outer-* variants' [outer] lr (default {OUTER_LR})")
+    p.add_argument("--outer-momentum", type=float, default=OUTER_MOMENTUM,
+                   help=f"the outer-* variants' [outer] momentum, Nesterov (default {OUTER_MOMENTUM})")
     p.add_argument("--together", action="store_true",
                    help="peerd variants: the trainers start together ([job] min_peers = their number), none "
                         "joins another that trains alone first (a join's state pull costs ~5 s a donor range "
@@ -365,6 +434,7 @@ def ddp_rank(args) -> None:
         x, y = train.tensors
         params = list(model.parameters())
         opt = torch.optim.SGD(params, lr=LR, momentum=0.9, weight_decay=0.0001)
+        total = ddp_steps(len(y), world, args.epochs)  # 0: until the target
         dist.barrier()
         t0, compute = time.perf_counter(), 0.0
         for step, idx in enumerate(_ddp_batches(len(y), rank, world)):
@@ -375,14 +445,22 @@ def ddp_rank(args) -> None:
             compute += slowed.finish()  # the slowdown's sleep included, as peerd's workers
             row = {"t": time.perf_counter() - t0, "step": step, "compute_s": compute}
             flag = 0.0
-            if rank == 0 and step % DDP_EVAL_EVERY == 0 and step:
+            # The budget is checked every step: at 20 Mbit/s one step is ~30 s.
+            row["finished"] = bool(total and step + 1 >= total)
+            end = row["finished"] or row["t"] > args.budget
+            if rank == 0 and (step % DDP_EVAL_EVERY == 0 and step or end):
                 row["accuracy"] = accuracy(model, *test.tensors)
-                flag = float(row["accuracy"] >= args.target or row["t"] > args.budget)
+                flag = float(end or (not total and row["accuracy"] >= args.target))
             stop = allreduce_grads(params, flag, world) > 0  # waits for the slowest rank
             opt.step()
             log.write(json.dumps(row) + "\n")
             if stop:
                 break
+
+
+def ddp_steps(n: int, world: int, epochs: float) -> int:
+    """The steps of `epochs` epochs of n samples at the global batch (0: no end)."""
+    return math.ceil(epochs * ((n // world) // (GLOBAL_BATCH // world))) if epochs else 0
 
 
 def _ddp_batches(n: int, rank: int, world: int):
@@ -408,7 +486,7 @@ def run_ddp(bed: Testbed, cap: float, out: Path) -> Result:
         for rank, peer in enumerate(bed.trainers):
             cmd = peer.net.command([sys.executable, __file__, "--ddp-rank", str(rank), "--ddp-store", str(store),
                                     "--out", str(out), "--slowdowns", args.slowdowns, "--clock", args.clock,
-                                    "--target", str(args.target),
+                                    "--target", str(args.target), "--epochs", str(args.epochs),
                                     "--budget", str(args.budget)])
             with open(out / f"ddp-{rank}.log", "wb") as log:
                 procs.append(subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
@@ -420,37 +498,70 @@ def run_ddp(bed: Testbed, cap: float, out: Path) -> Result:
     after, busy = bed.net.counters(), busy_share(cpu, host_cpu())
     ranks = [[json.loads(line) for line in open(out / f"ddp-{r}.jsonl")] for r in range(len(procs))]
     steps = len(ranks[0])
-    return Result("ddp", cap, curve=[(row["t"], row["accuracy"]) for row in ranks[0] if "accuracy" in row],
-                  utilisation=[utilisation([(row["t"], row["compute_s"]) for row in r]) for r in ranks],
-                  bytes_per_round=[bytes_per_round(before[i], after[i], steps) for i in range(len(procs))],
-                  steps_per_round=1, wall_s=ranks[0][-1]["t"], rounds=[steps] * len(procs), host_busy=busy)
+    result = Result("ddp", cap, curve=[(row["t"], row["accuracy"]) for row in ranks[0] if "accuracy" in row],
+                    utilisation=[utilisation([(row["t"], row["compute_s"]) for row in r]) for r in ranks],
+                    bytes_per_round=[bytes_per_round(before[i], after[i], steps) for i in range(len(procs))],
+                    steps_per_round=1, wall_s=ranks[0][-1]["t"], rounds=[steps] * len(procs), host_busy=busy,
+                    bytes_per_sample=bytes_per_sample(before, after, steps * GLOBAL_BATCH))
+    if ranks[0][-1].get("finished") and result.curve:
+        result.final = result.consensus = result.curve[-1][1]  # one model: its own is the consensus
+    return result
 
 
 # ---------------------------------------------------------------- peerd
 
 
-def job_text(name: str, overlap: bool, wire: str, period: int = PERIOD_STEPS, epochs: float = 0.0,
-             min_peers: int = 1) -> str:
+def deadline_ceiling_s(mbit: float) -> float:
+    """The exchange deadline's ceiling for a cap: the default, or 1.5 × a whole
+    fp32 model's link time where that is longer (20 Mbit/s: 19 s a model, so 10 s
+    would leave half the segments of every round unfetched)."""
+    return max(DEADLINE_CEILING_S, round(1.5 * link_seconds(MODEL_BYTES, mbit), 1))
+
+
+def job_text(name: str, v: Variant, epochs: float = 0.0, min_peers: int = 1,
+             outer: tuple[float, float] = (OUTER_LR, OUTER_MOMENTUM), cap: float = 1000.0) -> str:
+    """The job a peerd variant trains at a cap; `outer`: the outer step's (lr, momentum)."""
+    gossip = {"segments": 8, "overlap": v.overlap, "wire": v.wire, "deadline_ceiling_s": deadline_ceiling_s(cap)}
+    tables = {}
+    if v.outer:  # [outer] every sets the rounds' period: no period_steps with it
+        tables["outer"] = {"every": v.outer, "lr": outer[0], "momentum": outer[1], "nesterov": True}
+    else:
+        gossip["period_steps"] = v.period
     return tomli_w.dumps({
         "job": {"name": name, "module": "bw_mlp", "metric": "accuracy", "seed": 0, "init": "shared",
                 "data_mode": "shared", "local_batch": GLOBAL_BATCH // 4, "epochs": epochs or 1000.0,
                 "min_peers": min_peers,
-                "eval_every_rounds": max(1, EVAL_STEPS // period),
+                "eval_every_rounds": max(1, EVAL_STEPS // v.steps_per_round),
                 # Batches that follow each peer's speed (bench/dbs.py), so no one waits for the slowest.
-                "global_batch": GLOBAL_BATCH, "min_local_batch": 4, "rebalance_rounds": 2,
+                "global_batch": GLOBAL_BATCH, "min_local_batch": 4,
+                "rebalance_rounds": max(1, EVAL_STEPS // v.steps_per_round),  # every 16 steps, as eval
                 "rebalance_threshold": 0.1},
         "optimizer": {"name": "sgd", "lr": LR, "momentum": 0.9, "weight_decay": 0.0001, "schedule": "constant",
                       "reference_batch": GLOBAL_BATCH},
-        "gossip": {"period_steps": period, "segments": 8, "overlap": overlap, "wire": wire},
+        "gossip": gossip,
+        **tables,
         "checkpoint": {"every_rounds": 0, "every_s": 0.0},
     })
 
 
+def refused(variant: str, outer: tuple[float, float] = (OUTER_LR, OUTER_MOMENTUM)) -> str:
+    """Why this build's job parser refuses the variant's job ("" if it takes it):
+    the outer-*-int8 variants until [outer] takes wire = "int8"."""
+    if VARIANTS[variant] is None:
+        return ""
+    try:
+        parse_job(job_text(f"bw-{variant}", VARIANTS[variant], outer=outer), variant)
+    except ConfigError as exc:
+        return str(exc)
+    return ""
+
+
 def run_peerd(bed: Testbed, variant: str, cap: float, out: Path, join: bool) -> tuple[Result, list[dict]]:
     args = bed.args
-    overlap, wire, period = VARIANTS[variant]
+    v = VARIANTS[variant]
     name = f"bw-{variant}-{cap:g}"
-    text = job_text(name, overlap, wire, period, args.epochs, len(bed.trainers) if args.together else 1)
+    text = job_text(name, v, args.epochs, len(bed.trainers) if args.together else 1,
+                    (args.outer_lr, args.outer_momentum), cap)
     out.mkdir(parents=True, exist_ok=True)
     (out / "job.toml").write_text(text)
     for peer in bed.trainers:
@@ -460,6 +571,7 @@ def run_peerd(bed: Testbed, variant: str, cap: float, out: Path, join: bool) -> 
     try:
         trace = _follow(bed, name, f"{variant} at {cap:g} Mbit/s")
         after, busy = bed.net.counters(), busy_share(trace.cpu, host_cpu())
+        end, samples = after, _samples(trace.jobs) - trace.samples0
         for k in range(args.joins if join else 0):
             if k:
                 rejoin_reset(bed, name)
@@ -474,8 +586,11 @@ def run_peerd(bed: Testbed, variant: str, cap: float, out: Path, join: bool) -> 
         counted = rounds
     result = Result(variant, cap, curve=trace.curve, utilisation=[utilisation(p) for p in trace.points],
                     bytes_per_round=[bytes_per_round(trace.before[i], after[i], r) for i, r in enumerate(counted)],
-                    steps_per_round=period, wall_s=trace.t, rounds=rounds, best=trace.best, host_busy=busy,
-                    breakdown=[time_shares(j.progress) if j is not None else {} for j in trace.jobs])
+                    steps_per_round=v.steps_per_round, wall_s=trace.t, rounds=rounds, best=trace.best, host_busy=busy,
+                    breakdown=[time_shares(j.progress) if j is not None else {} for j in trace.jobs],
+                    # The whole run's bytes (with --epochs the end consensus's too): a
+                    # window cut at a poll splits a round of 32 steps and says little.
+                    bytes_per_sample=bytes_per_sample(trace.before, end, samples))
     if args.epochs:
         result.final, result.consensus = final_metrics(trace.jobs)
     return result, joined
@@ -508,6 +623,7 @@ class Trace:
     # bytes per round leave out the end consensus's fp32 models (--epochs).
     training: dict = field(default_factory=dict)
     training_rounds: list = field(default_factory=list)
+    samples0: int = 0  # the samples the trainers had trained (all together) at t0
 
     def sample(self, t: float, jobs: list) -> None:
         self.t = t
@@ -534,6 +650,7 @@ def _follow(bed: Testbed, name: str, label: str) -> Trace:
             raise PeerdError(f"{label}: a worker failed; see {bed.out / 'peers'}")
         if trace.t0 is None and any(j is not None and j.progress.step > 0 for j in jobs):
             trace.t0, trace.before, trace.cpu = now, bed.net.counters(), host_cpu()
+            trace.samples0 = _samples(jobs)
         if trace.t0 is not None:
             trace.sample(now - trace.t0, jobs)
             if all(j is not None and j.progress.phase == "training" for j in jobs):
@@ -546,6 +663,10 @@ def _follow(bed: Testbed, name: str, label: str) -> Trace:
     if trace.t0 is None:
         raise PeerdError(f"{label}: no worker trained within {START_S:.0f}s")
     return trace
+
+
+def _samples(jobs: list) -> int:
+    return sum(j.progress.samples for j in jobs if j is not None)
 
 
 def time_shares(progress) -> dict[str, float]:
@@ -655,11 +776,12 @@ def load_results(summary: Path, args) -> tuple[list[Result], list[dict]]:
     args.target, args.budget = float(data["args"]["target"]), float(data["args"]["budget"])
     args.slowdowns, args.clock = data["args"]["slowdowns"], data["args"].get("clock", "wall")
     args.baseline = data["args"].get("baseline", "ddp")
+    args.epochs = float(data["args"].get("epochs", 0))
     return [Result(**r) for r in data["results"]], data["joins"]
 
 
 def report(results: list[Result], joins: list[dict], args) -> str:
-    lines = [table(results, args.target, args.budget, args.baseline), ""]
+    lines = [table(results, args.target, args.budget, args.baseline, bool(args.epochs)), ""]
     for j in joins:
         ok = "meets" if j["total_s"] <= j["goal_s"] else "misses"
         lines.append(f"Join at {j['cap_mbit']:g} Mbit/s: {j['total_s']:.2f} s from join to the first step "
@@ -689,6 +811,12 @@ def main(argv: list[str] | None = None) -> int:
     if why := namespaces_unavailable():
         print(f"bench/bandwidth.py needs network namespaces: {why}", file=sys.stderr)
         return 2
+    for variant in list(args.variant_list):
+        if why := refused(variant, (args.outer_lr, args.outer_momentum)):
+            print(f"skipping {variant}: this build refuses its job: {why}", file=sys.stderr)
+            args.variant_list.remove(variant)
+    if not args.variant_list:
+        return 2
     args.out = run_dir(args.out, "bandwidth").resolve()
     args.png = args.png or args.out / "bandwidth.png"  # the docs' figure only when asked
     # The job's module must be importable by every worker (and the DDP ranks).
@@ -713,7 +841,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  target at {result.time_to(args.target):.1f}s (best peer: "
                       f"{time_to_target(result.best, args.target):.1f}s), utilisation "
                       f"{[round(u, 2) for u in result.utilisation]}, MB/round "
-                      f"{[round(b / 1e6, 1) for b in result.bytes_per_round]}, rounds {result.rounds}, host CPU busy "
+                      f"{[round(b / 1e6, 1) for b in result.bytes_per_round]}, kB/sample "
+                      f"{result.bytes_per_sample / 1e3:.0f}, rounds {result.rounds}, host CPU busy "
                       f"{result.host_busy:.2f}, time shares "
                       f"{[{k: round(v, 2) for k, v in b.items()} for b in result.breakdown]} "
                       f"({time.monotonic() - started:.0f}s in all)", flush=True)

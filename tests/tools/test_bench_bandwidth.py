@@ -1,5 +1,6 @@
 """The pure parts of bench/bandwidth.py: utilisation, time to target, bytes per
-round, the join goal and the report's table (no namespaces, no processes)."""
+round and per sample, the join goal, the report's table and the variants' job
+texts (no namespaces, no processes)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,12 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 from bandwidth import (  # noqa: E402
-    Result, busy_share, bytes_per_round, host_cpu, join_goal_s, link_seconds, table, time_to_target, utilisation,
+    VARIANTS, Result, busy_share, bytes_per_round, bytes_per_sample, ddp_steps, deadline_ceiling_s, host_cpu,
+    job_text, join_goal_s,
+    link_seconds, refused, table, time_to_target, utilisation,
 )
+
+from peerd.settings.jobspec import parse_job  # noqa: E402
 
 
 def test_utilisation_is_compute_over_the_window_between_first_and_last_sample():
@@ -35,6 +40,17 @@ def test_bytes_per_round_counts_sent_and_received():
     assert math.isnan(bytes_per_round((0, 0), (10, 10), 0))
 
 
+def test_bytes_per_sample_counts_every_peers_bytes_both_ways_over_the_samples():
+    before, after = {0: (0, 0), 1: (100, 100)}, {0: (300, 100), 1: (400, 500)}
+    assert bytes_per_sample(before, after, 128) == (400 + 700) / 128
+    assert math.isnan(bytes_per_sample(before, after, 0))
+
+
+def test_ddp_trains_whole_epochs_of_global_batches():
+    assert ddp_steps(4000, 4, 2) == 2 * 31  # 1000 samples a rank, 32 a step
+    assert ddp_steps(4000, 4, 0) == 0  # no end: until the target or the budget
+
+
 def test_host_busy_share_is_busy_over_total_jiffies_between_readings():
     assert busy_share((100, 400), (250, 600)) == pytest.approx(0.75)
     assert math.isnan(busy_share((5, 10), (5, 10)))
@@ -51,15 +67,16 @@ def test_join_goal_is_1_2_times_the_link_time_plus_a_second():
 def _result(variant: str, cap: float, reached: float | None) -> Result:
     curve = [(5.0, 0.5)] + ([(reached, 0.95)] if reached else [])
     return Result(variant, cap, curve, utilisation=[0.9, math.nan, 0.8], bytes_per_round=[2e6, 4e6],
-                  steps_per_round=1 if variant == "ddp" else 8, wall_s=60.0, host_busy=0.97)
+                  steps_per_round=1 if variant == "ddp" else 8, wall_s=60.0, host_busy=0.97,
+                  bytes_per_sample=4.5e6 if variant == "ddp" else 3.4e5)
 
 
 def test_table_gives_ratios_to_the_same_caps_ddp_and_bounds_when_ddp_missed():
     rows = table([_result("ddp", 1000, 100.0), _result("overlap", 1000, 40.0),
                   _result("ddp", 100, None), _result("overlap", 100, 30.0), _result("peerd", 100, None)],
                  target=0.92, budget=150.0).splitlines()
-    assert rows[2] == "| 1000 | ddp | 100 | — | 0.80 / 0.85 | 3.0 | 1 | 0.97 |"
-    assert rows[3] == "| 1000 | overlap | 40 | 0.40 | 0.80 / 0.85 | 3.0 | 8 | 0.97 |"
+    assert rows[2] == "| 1000 | ddp | 100 | — | 0.80 / 0.85 | 3.0 | 4500 | 1 | 0.97 |"
+    assert rows[3] == "| 1000 | overlap | 40 | 0.40 | 0.80 / 0.85 | 3.0 | 340 | 8 | 0.97 |"
     assert rows[4].startswith("| 100 | ddp | > 150 (not reached) | — |")
     assert rows[5].startswith("| 100 | overlap | 30 | < 0.20 |")  # DDP needs > 150 s: the ratio is a bound
     assert rows[6].startswith("| 100 | peerd | > 150 (not reached) | n/a |")
@@ -72,3 +89,49 @@ def test_table_takes_ratios_against_the_baseline_and_gives_final_accuracy_when_t
     assert "× peerd" in rows[0] and "final: own / consensus" in rows[0]
     assert rows[2].startswith("| 100 | peerd | 80 | — |") and "| 0.9310 / 0.9400 |" in rows[2]
     assert rows[3].startswith("| 100 | peerd-int8 | 30 | 0.38 |") and "| 0.9290 / 0.9385 |" in rows[3]
+
+
+def test_a_variant_stopped_by_the_budget_gets_its_last_metric_marked_unfinished():
+    done, stopped, short = _result("outer-8", 20, 50.0), _result("peerd-p1", 20, None), _result("outer-32", 20, None)
+    done.final, done.consensus, short.final, short.consensus = 0.93, 0.94, 0.88, 0.9
+    rows = table([done, stopped, short], target=0.9, budget=120.0, baseline="outer-8", finals=True).splitlines()
+    assert "| 0.9300 / 0.9400 |" in rows[2]
+    assert rows[3].startswith("| 20 | peerd-p1 | > 120 (not reached) |")
+    assert "| unfinished: 0.5000 at the stop |" in rows[3]
+    # Its epochs ended before the target: not the budget's doing.
+    assert rows[4].startswith("| 20 | outer-32 | not reached (ended at 60) | n/a |") and "| 0.8800 / 0.9000 |" in rows[4]
+
+
+def _parsed(variant: str):
+    return parse_job(job_text(f"bw-{variant}", VARIANTS[variant], epochs=2, min_peers=4), variant)
+
+
+def test_plain_variants_set_the_rounds_period_and_the_outer_ones_set_outer_every():
+    assert _parsed("peerd").gossip.period_steps == 8 and not _parsed("peerd").outer.enabled
+    assert _parsed("peerd-p1").gossip.period_steps == 1 and _parsed("peerd-p32").gossip.period_steps == 32
+    for variant, every in (("outer-8", 8), ("outer-32", 32)):
+        spec = _parsed(variant)
+        assert (spec.outer.every, spec.gossip.period_steps) == (every, every)
+        assert (spec.outer.lr, spec.outer.momentum, spec.outer.nesterov) == (0.7, 0.5, True)
+        assert (spec.gossip.wire, spec.gossip.overlap) == ("fp32", False)
+        assert "period_steps" not in job_text("x", VARIANTS[variant])  # refused with [outer]
+    outer = parse_job(job_text("x", VARIANTS["outer-8"], outer=(1.0, 0.0)), "x").outer
+    assert (outer.lr, outer.momentum) == (1.0, 0.0)
+
+
+def test_the_exchange_deadline_fits_a_whole_model_through_slow_links():
+    assert deadline_ceiling_s(1000) == deadline_ceiling_s(100) == 10.0  # the default: 3.8 s a model at 100
+    assert deadline_ceiling_s(20) == pytest.approx(1.5 * 47.54e6 * 8 / 20e6, abs=0.1)  # 28.5 s
+    assert parse_job(job_text("x", VARIANTS["outer-8"], cap=20), "x").gossip.deadline_ceiling_s == 28.5
+
+
+def test_evaluations_and_rebalances_come_every_16_local_steps_or_every_round():
+    assert [_parsed(v).eval_every_rounds for v in ("peerd-p1", "peerd", "outer-8", "outer-32")] == [16, 2, 2, 1]
+    assert [_parsed(v).rebalance_rounds for v in ("peerd-p1", "peerd", "outer-32")] == [16, 2, 1]
+
+
+def test_the_outer_int8_variants_are_refused_with_peerds_own_reason_and_the_others_taken():
+    for variant in ("outer-8-int8", "outer-32-int8"):
+        assert VARIANTS[variant].wire == "int8" and VARIANTS[variant].outer
+        assert "int8" in refused(variant) and "[outer]" in refused(variant)
+    assert not any(refused(v) for v in VARIANTS if not v.endswith("-int8") or not v.startswith("outer"))
