@@ -45,9 +45,12 @@ the same seed, at global batch 4 × 32, SGD lr 0.05 momentum 0.9, constant LR:
                 step 7× the averaged change, which falls apart over 8 steps of this
                 kind of SGD inner loop (algorithms.md's figures), while 0.5 (1.4×)
                 held; lr 1.0 with momentum 0 would be `peerd` again.
-  outer-8-int8, outer-32-int8   the two with an int8 wire: they need `[outer]`
-                with `wire = "int8"`, which this build refuses; until it takes it
-                they are skipped with its message (the rest of the run goes on)
+  outer-8-int8, outer-32-int8   the two with the changes on an int8 wire
+                (docs/algorithms.md, "The outer step on the int8 wire")
+  outer-8-overlap-int8   outer-8-int8 with the outer exchange behind the next 8
+                steps ("The outer step overlapped")
+  A variant this build's job parser refuses is skipped with its message (the
+  rest of the run goes on).
 
 peerd variants evaluate every 16 local steps (each peer its own model; the curve is the
 mean of the peers' latest values; the best peer's is printed and kept beside it). Every variant stops when the target accuracy is
@@ -149,8 +152,8 @@ VARIANTS = {"ddp": None, "peerd": Variant(), "overlap": Variant(True),
             "peerd-int8": Variant(wire="int8"), "overlap-int8": Variant(True, "int8"),
             "peerd-p1": Variant(period=1), "peerd-p32": Variant(period=32),
             "outer-8": Variant(outer=8), "outer-32": Variant(outer=32),
-            # Refused today ([outer] with wire = "int8"): skipped with peerd's own message.
-            "outer-8-int8": Variant(wire="int8", outer=8), "outer-32-int8": Variant(wire="int8", outer=32)}
+            "outer-8-int8": Variant(wire="int8", outer=8), "outer-32-int8": Variant(wire="int8", outer=32),
+            "outer-8-overlap-int8": Variant(True, "int8", outer=8)}
 GLOBAL_BATCH = 128
 MODEL_BYTES = 11_885_578 * 4  # bw_mlp's fp32 parameters
 DEADLINE_CEILING_S = 10.0  # [gossip] deadline_ceiling_s's default
@@ -545,8 +548,8 @@ def job_text(name: str, v: Variant, epochs: float = 0.0, min_peers: int = 1,
 
 
 def refused(variant: str, outer: tuple[float, float] = (OUTER_LR, OUTER_MOMENTUM)) -> str:
-    """Why this build's job parser refuses the variant's job ("" if it takes it):
-    the outer-*-int8 variants until [outer] takes wire = "int8"."""
+    """Why this build's job parser refuses the variant's job ("" if it takes it),
+    so that a run of many variants skips it with peerd's own reason."""
     if VARIANTS[variant] is None:
         return ""
     try:

@@ -130,8 +130,9 @@ def test_evaluations_and_rebalances_come_every_16_local_steps_or_every_round():
     assert [_parsed(v).rebalance_rounds for v in ("peerd-p1", "peerd", "outer-32")] == [16, 2, 1]
 
 
-def test_the_outer_int8_variants_are_refused_with_peerds_own_reason_and_the_others_taken():
-    for variant in ("outer-8-int8", "outer-32-int8"):
+def test_every_variant_is_a_job_this_build_takes_and_a_refused_one_says_why():
+    for variant in ("outer-8-int8", "outer-32-int8", "outer-8-overlap-int8"):
         assert VARIANTS[variant].wire == "int8" and VARIANTS[variant].outer
-        assert "int8" in refused(variant) and "[outer]" in refused(variant)
-    assert not any(refused(v) for v in VARIANTS if not v.endswith("-int8") or not v.startswith("outer"))
+    assert not any(refused(v) for v in VARIANTS)
+    # A job the parser refuses (an outer momentum of 1) is skipped with the parser's words.
+    assert "outer.momentum = 1.0" in refused("outer-8", (0.7, 1.0))
