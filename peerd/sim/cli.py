@@ -132,6 +132,9 @@ def _averaging_arguments(gossip) -> None:
                         help="the outer step's momentum (default 0.5, as [outer] momentum)")
     gossip.add_argument("--outer-nesterov", action=argparse.BooleanOptionalAction, default=True,
                         help="Nesterov momentum for the outer step (default on)")
+    gossip.add_argument("--group-every", type=int, default=0, metavar="K",
+                        help="hierarchical only: between rounds, every K local steps each group takes its exact "
+                        "mean, as an all-reduce on a host would (the inner tier; default 0 = off)")
     gossip.add_argument("--dbs-steps", action="store_true",
                         help="slow peers take fewer of a round's steps, as peerd's DBS plans them at equal batches")
     gossip.add_argument("--weigh-changes", action="store_true",
@@ -186,6 +189,7 @@ def config_for(args: argparse.Namespace, algorithm: str, peers: int, seed: int) 
         deadline_ceiling_s=args.deadline_ceiling, gossip_only=args.gossip_only, eval_every=args.eval_every,
         eval_peers=args.eval_peers, period=args.period, outer_every=args.outer_every, outer_lr=args.outer_lr,
         outer_momentum=args.outer_momentum, outer_nesterov=args.outer_nesterov, dbs_steps=args.dbs_steps,
+        group_every=args.group_every,
         weigh_changes=args.weigh_changes,
     )
 
