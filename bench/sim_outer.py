@@ -1,11 +1,14 @@
 """The outer step against plain gossip rounds, in the simulator (docs/simulation.md,
 "Result 6"): the same samples and steps for every variant, rounds every step,
-every H steps, or every H steps followed by the outer step.
+every H steps, or every H steps followed by the outer step. With --groups,
+hierarchical groups of that size, one a host, and the variants with an inner tier
+(`--group-every`) that averages each group between rounds (Result 8).
 
 Each run is one `python -m peerd.sim` process; `--jobs` run side by side. Prints a
 markdown table (mean ± std over the seeds) and writes every run under --out.
 
     .venv/bin/python bench/sim_outer.py --peers 64,256 --seeds 0,1,2 --steps 512 --jobs 2
+    .venv/bin/python bench/sim_outer.py --peers 64 --groups 4,8 --variants 2,6,8,9,10,11,12
 """
 
 from __future__ import annotations

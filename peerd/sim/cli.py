@@ -38,6 +38,8 @@ examples:
   python -m peerd.sim --peers 4 --local-batch 32 --model mlp --hidden 64 --lr 0.2 --rounds 300 \\
       --event join:28@1.0 --scaling linear --max-scale inf --ramp-steps 32   # 4 -> 32 peers, LR x8
   python -m peerd.sim --peers 64 --local-batch 8 --rounds 512 --outer-every 8 --outer-lr 1 --outer-momentum 0.5
+  python -m peerd.sim --peers 64 --algorithm hierarchical --group-size 4 --gpus-per-host 4 --local-batch 8 \
+      --rounds 512 --outer-every 32 --group-every 1   # groups = hosts, averaged every step between rounds
 
 Each run writes RUN/rounds.csv (one row per round), RUN/peers.csv (one row per
 peer), RUN/summary.json and RUN/run.png under --out; a sweep adds sweep.csv,
