@@ -38,6 +38,8 @@ examples:
   python -m peerd.sim --peers 4 --local-batch 32 --model mlp --hidden 64 --lr 0.2 --rounds 300 \\
       --event join:28@1.0 --scaling linear --max-scale inf --ramp-steps 32   # 4 -> 32 peers, LR x8
   python -m peerd.sim --peers 64 --local-batch 8 --rounds 512 --outer-every 8 --outer-lr 1 --outer-momentum 0.5
+  python -m peerd.sim --peers 64 --algorithm hierarchical --group-size 4 --gpus-per-host 4 --local-batch 8 \
+      --rounds 512 --outer-every 32 --group-every 1   # groups = hosts, averaged every step between rounds
 
 Each run writes RUN/rounds.csv (one row per round), RUN/peers.csv (one row per
 peer), RUN/summary.json and RUN/run.png under --out; a sweep adds sweep.csv,
@@ -132,6 +134,9 @@ def _averaging_arguments(gossip) -> None:
                         help="the outer step's momentum (default 0.5, as [outer] momentum)")
     gossip.add_argument("--outer-nesterov", action=argparse.BooleanOptionalAction, default=True,
                         help="Nesterov momentum for the outer step (default on)")
+    gossip.add_argument("--group-every", type=int, default=0, metavar="K",
+                        help="hierarchical only: between rounds, every K local steps each group takes its exact "
+                        "mean, as an all-reduce on a host would (the inner tier; default 0 = off)")
     gossip.add_argument("--dbs-steps", action="store_true",
                         help="slow peers take fewer of a round's steps, as peerd's DBS plans them at equal batches")
     gossip.add_argument("--weigh-changes", action="store_true",
@@ -186,6 +191,7 @@ def config_for(args: argparse.Namespace, algorithm: str, peers: int, seed: int) 
         deadline_ceiling_s=args.deadline_ceiling, gossip_only=args.gossip_only, eval_every=args.eval_every,
         eval_peers=args.eval_peers, period=args.period, outer_every=args.outer_every, outer_lr=args.outer_lr,
         outer_momentum=args.outer_momentum, outer_nesterov=args.outer_nesterov, dbs_steps=args.dbs_steps,
+        group_every=args.group_every,
         weigh_changes=args.weigh_changes,
     )
 

@@ -54,6 +54,7 @@ class SimConfig:
     outer_lr: float = 0.7
     outer_momentum: float = 0.5
     outer_nesterov: bool = True
+    group_every: int = 0  # k > 0: between rounds, every k steps each group takes its exact mean (the inner tier)
     dbs_steps: bool = False  # slow peers take fewer of a round's steps, as peerd's DBS plans them
     weigh_changes: bool = False  # allreduce averages weighted by the samples trained since the last round
 
@@ -80,6 +81,8 @@ class SimConfig:
             "period ≥ 1 and outer_every ≥ 0": self.period >= 1 and self.outer_every >= 0,
             # as peerd refuses [gossip] period_steps with [outer] (docs/algorithms.md, "The outer step")
             "period 1 with outer_every": self.period == 1 or not self.outer_every,
+            "group_every ≥ 0, with hierarchical":
+                self.group_every == 0 or (self.group_every > 0 and self.algorithm == "hierarchical"),
             "allreduce with weigh_changes": self.algorithm == "allreduce" or not self.weigh_changes,
             "outer_lr > 0 and 0 ≤ outer_momentum < 1": self.outer_lr > 0 and 0 <= self.outer_momentum < 1,
         }

@@ -20,6 +20,7 @@ from peerd.sim.data import Reader
 from peerd.sim.dbs import round_steps
 from peerd.sim.network import Fabric
 from peerd.sim.task import Task
+from peerd.sim.tiers import group_average, slow_bytes
 from peerd.sim.timing import play
 
 
@@ -187,12 +188,15 @@ class Simulation:
             steps = steps * (sizes > 0)  # a peer done with its steps for this round waits for the round
         ready = {int(s): self.free_at[int(s)] + t for s, t in zip(live, steps)}
         comm = Comm()  # between rounds a peer goes on with its next step at once
+        inner = 0.0
         if (round_ + 1) % self.cfg.round_every == 0:
             weights = self.trained[live] if self.cfg.weigh_changes and self.trained[live].any() else None
             comm = run_round(self.cfg.algorithm, self.state, view, self.segs, self.cfg.group_size, weights)
             self.trained[live] = 0
             if self.outer:
                 self.outer.step(self.state, live)
+        elif self.cfg.group_every and (round_ + 1) % self.cfg.group_every == 0:
+            inner = self._group_step(view, ready)
         end, sent = self._time(view, comm, ready)
         idle = []
         for s, step in zip(live, steps):
@@ -206,6 +210,24 @@ class Simulation:
             idle.append(done - ready[s])
             self.free_at[s] = done
         self._record(round_, view, sizes, loss, lr, idle, [sent.get(int(s), 0.0) for s in live])
+        n = len(live)
+        self.result.rounds[-1].update(slow_bytes_per_peer=slow_bytes(comm, [int(s) for s in live], self.cfg.network) / n,
+                                      group_bytes_per_peer=inner / n)
+
+    def _group_step(self, view: View, ready: dict[int, float]) -> float:
+        """The inner tier: each group's exact mean, timed as a ring all-reduce on
+        the group's slowest link once its last member is ready; the bytes sent."""
+        total, model = 0.0, self.segs.model_bytes
+        for slots in group_average(self.state, view, self.cfg.group_size):
+            g = len(slots)
+            if g < 2:
+                continue
+            link = self.fabric.slowest(slots)
+            done = max(ready[s] for s in slots) + 2 * (g - 1) * (link.latency + model / g / link.bandwidth)
+            for s in slots:
+                ready[s] = done
+            total += 2 * (g - 1) * model  # each member sends 2(g − 1)/g models
+        return total
 
     def _record(self, round_, view, sizes, loss, lr, idle, sent) -> None:
         models = self.state.models(view.live)
@@ -277,6 +299,9 @@ class Simulation:
             # all the bytes every peer sent over all the samples trained: rounds' cost per unit of work
             "bytes_per_sample": float(sum(r["bytes_per_peer"] * r["peers"] for r in self.result.rounds)
                                       / sum(r["global_batch"] for r in self.result.rounds)),
+            # of those, the bytes that leave a host; and apart from them the inner tier's (--group-every)
+            "slow_bytes_per_sample": self._per_sample("slow_bytes_per_peer"),
+            "group_bytes_per_sample": self._per_sample("group_bytes_per_peer"),
             "sim_time_s": last["sim_time_s"],
             "idle_fraction": float(
                 sum(t["idle_s"] for t in self.totals.values())
@@ -287,6 +312,10 @@ class Simulation:
             "cpu_time_s": cpu_s,  # on a shared machine, the fairer measure of cost
             "rounds_per_cpu_s": rounds / cpu_s if cpu_s > 0 else float("inf"),
         }
+
+    def _per_sample(self, key: str) -> float:
+        rounds = self.result.rounds
+        return float(sum(r[key] * r["peers"] for r in rounds) / sum(r["global_batch"] for r in rounds))
 
 
 def simulate(config: SimConfig, progress: Callable[[int, int, float], None] | None = None) -> Result:

@@ -339,3 +339,44 @@ def test_weighing_the_changes_by_the_samples_trained():
     assert not np.any(sim.trained[:8])  # counted again from the round on
     with pytest.raises(ValueError, match="allreduce with weigh_changes"):
         SimConfig(algorithm="crossover", weigh_changes=True)
+
+
+def test_the_inner_tier_keeps_one_group_identical_after_every_step():
+    net = NetworkSpec(gpus_per_host=16)  # one host, one group of all 16
+    sim = _sim(algorithm="hierarchical", group_size=16, network=net, rounds=12, local_batch=8, period=4, group_every=1)
+    for r in range(12):
+        sim.round(r)
+        x = sim.state.x[:16]
+        assert np.array_equal(x, np.broadcast_to(x[0], x.shape)), f"step {r}"
+    rows = sim.result.rounds
+    assert [r["group_bytes_per_peer"] > 0 for r in rows] == [(r + 1) % 4 != 0 for r in range(12)]
+    assert all(r["slow_bytes_per_peer"] == 0 for r in rows)  # nothing leaves the host
+
+
+def test_the_inner_tier_averages_within_groups_and_its_bytes_stay_off_the_slow_links():
+    net = NetworkSpec(gpus_per_host=4)  # groups of 4 = hosts
+    kw = {"algorithm": "hierarchical", "group_size": 4, "network": net, "rounds": 16, "local_batch": 8, "period": 8}
+    sim = _sim(**kw, group_every=1)
+    sim.round(0)
+    x = sim.state.x[:16].reshape(4, 4, -1)
+    assert all(np.array_equal(h, np.broadcast_to(h[0], h.shape)) for h in x)
+    assert not np.array_equal(x[0, 0], x[1, 0])
+    tiered, plain = _sim(**kw, group_every=1).run().summary, _sim(**kw).run().summary
+    model = tiered["model_bytes"]
+    # a round: one pull across groups per segment per group, a quarter model per peer, every 64 samples
+    assert tiered["slow_bytes_per_sample"] == pytest.approx(model / 4 / 64) == plain["slow_bytes_per_sample"]
+    # the other 7 steps of 8: a ring all-reduce of 4, 2·3/4 models per peer
+    assert tiered["group_bytes_per_sample"] == pytest.approx(7 * 1.5 * model / 64) and plain["group_bytes_per_sample"] == 0
+    assert tiered["bytes_per_sample"] == plain["bytes_per_sample"]
+    with pytest.raises(ValueError, match="with hierarchical"):
+        SimConfig(algorithm="crossover", group_every=1)
+
+
+def test_the_inner_tier_off_changes_nothing(tmp_path):
+    args = ["--peers", "16", "--rounds", "16", "--algorithm", "hierarchical", "--group-size", "4", "--model", "mlp",
+            "--outer-every", "4", "--quiet", "--no-plot"]
+    assert main([*args, "--out", str(tmp_path / "off")]) == 0
+    assert main([*args, "--out", str(tmp_path / "zero"), "--group-every", "0"]) == 0
+    assert main([*args, "--out", str(tmp_path / "on"), "--group-every", "1"]) == 0
+    table = {k: (tmp_path / k / "hierarchical-16p-s0" / "rounds.csv").read_text() for k in ("off", "zero", "on")}
+    assert table["off"] == table["zero"] != table["on"]
