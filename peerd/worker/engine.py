@@ -43,6 +43,7 @@ from peerd.worker.state.checkpoint import CheckpointDir
 from peerd.worker.state.checkpointer import Checkpointer
 from peerd.worker.state.consensus import round_consensus, state_with
 from peerd.worker.ending import CLOSE_TIMEOUT_S, Ended, JobEnd
+from peerd.worker.round.changes import anchor_rounds_note
 from peerd.worker.round.shared import RoundResult
 from peerd.worker.join import HEARTBEAT_S, Join
 from peerd.worker.link import SupervisorLink
@@ -181,7 +182,8 @@ class Engine:
                  f" in groups of ≤ {g.group_size}" if g.mode == "hierarchical" else "", g.wire)
         outer = self.spec.outer
         if outer.enabled:  # the rounds come every H local steps, each followed by the outer step
-            log.info("%s, after each round (the LR law scales the inner LR only)", describe_outer(outer.every, outer))
+            log.info("%s, after each round%s (the LR law scales the inner LR only)", describe_outer(outer.every, outer),
+                     anchor_rounds_note(g.wire))
         return address
 
     async def _begin(self, address: str) -> StepPlan:

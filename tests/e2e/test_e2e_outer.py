@@ -73,7 +73,9 @@ def test_three_peers_one_joining_later_end_with_one_model_through_outer_steps(lo
 
     logs = [(p.dir / "state" / "jobs" / "outer" / "worker.log").read_text() for p in cluster.peers]
     for log in logs:
-        assert f"outer SGD every {H} local steps: lr 0.7, Nesterov momentum {MOMENTUM}" in log, log[:3000]
+        assert f"outer SGD every {H} local steps: lr 0.7, Nesterov momentum {MOMENTUM}, after each round" in log
+        anchors = "; on the int8 wire every 4th round averages the anchors instead, with no outer step"
+        assert (anchors in log) == (gossip.get("wire") == "int8"), log[:3000]
     took = re.search(r"joining: took the state of round (\d+) ", logs[2])
     assert took and int(took.group(1)) >= 1, logs[2][:3000]
     for job in jobs:

@@ -38,6 +38,14 @@ log = logging.getLogger("peerd.worker")
 ANCHORS_EVERY = 4
 
 
+def anchor_rounds_note(wire: str) -> str:
+    """What the worker's log adds to its outer-step line on the int8 wire: the
+    rounds that take no outer step."""
+    if wire != "int8":
+        return ""
+    return f"; on the int8 wire every {ANCHORS_EVERY}th round averages the anchors instead, with no outer step"
+
+
 def anchors_round(round_: int) -> bool:
     """Whether round `round_` averages the anchors: the same answer on every
     member, which all publish the same kind of values for the same round."""
