@@ -81,6 +81,7 @@ class Ending(Protocol):
     evaluate: Callable[[], dict[str, float]] | None
     tblog: TensorBoardLog
     collapsed: str
+    left: set[str]
 
     def watch_health(self, metrics: dict[str, float] | None = None, ended: bool = False) -> None: ...
 
@@ -181,11 +182,14 @@ class JobEnd:
     async def _first_end(self, c: Consensus) -> Ended | None:
         """Members that ended before this one with another consensus (a frozen
         daemon hid one side from the other): the first end is the job's, so this
-        worker takes that model rather than save its own average."""
-        if not self._asked:
-            return None
+        worker takes that model rather than save its own average. Asked: the
+        members in the view at the end and those seen leaving it, since a member
+        that ended first leaves the view (with it, its daemon knows whom to ask)."""
         e = self.engine
-        taken = await first_end(e.link, e.identity.fingerprint, sorted(self._asked), c.digest, e.spec.metric)
+        members = sorted((self._asked | e.left) - {e.me})
+        if not members:
+            return None
+        taken = await first_end(e.link, e.identity.fingerprint, members, c.digest, e.spec.metric)
         if not taken.taken:
             return None
         await self._adopt_taken()

@@ -114,6 +114,7 @@ class Engine:
         self._waiting_for = ""  # what it waits for within its stage, for display only (phase)
         self._ended_by: list[str] = []  # the members that finished the job while this worker was away
         self._view: dict[str, str] = {}  # the serving members this round was planned with
+        self.left: set[str] = set()  # members seen leaving the view: one may have ended the job (JobEnd)
         self._round_steps = spec.gossip.period_steps  # local steps in the last round (end_round)
         self.metrics: dict[str, float] = {}  # the last evaluation
         self.evaluate = None  # a callable returning metrics every eval_every_rounds (peerd's own loop)
@@ -267,8 +268,9 @@ class Engine:
         before, self._view = self._view, own_view(link.view, self.me, link.address)
         view = self._view
         if before and view.keys() != before.keys():
-            # A member that left (a drain, a pause for its owner) is gone from the view
+            # A member that left (a drain, a pause for its owner, its end) is gone from the view
             # here, not suspected: the data split and the LR's global batch follow it.
+            self.left |= before.keys() - view.keys()
             log.info("round %d: the view changed: %s; %d serving", self.round,
                      "; ".join(f"{what} {', '.join(sorted(ids))}" for what, ids in (
                          ("left:", before.keys() - view.keys()), ("joined:", view.keys() - before.keys())) if ids),
