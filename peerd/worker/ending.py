@@ -155,12 +155,21 @@ class JobEnd:
         before serve_final."""
         e = self.engine
         await asyncio.wait_for(self._last_round_in(), CLOSE_TIMEOUT_S)
-        if e.evaluate is not None:
-            metrics = {**metrics, **await asyncio.to_thread(e.evaluate)}
-        # The end's evaluation (a script's report was watched as it came), and the end itself.
-        e.watch_health(metrics if e.evaluate is not None else None, ended=True)
+        # The own model's evaluation runs beside the consensus, not before it: the
+        # consensus's first ask is how a member still training learns of the end
+        # (Engine._end_if_reached_elsewhere), and it would train on alone for as
+        # long as the job's validation set takes. The model changes only once both are done.
+        own = asyncio.ensure_future(asyncio.to_thread(e.evaluate)) if e.evaluate is not None else None
         patience = end_patience_s(self.consensus_limit_s())
-        c = await asyncio.wait_for(self._conclude(patience), patience + CLOSE_TIMEOUT_S)
+        try:
+            c = await asyncio.wait_for(self._conclude(patience), patience + CLOSE_TIMEOUT_S)
+        finally:
+            if own is not None:  # a thread is not cancelled: it ends before the model changes
+                metrics = {**metrics, **await own}
+        # The end's evaluation (a script's report was watched as it came), and the end itself.
+        e.watch_health(metrics if own is not None else None, ended=True)
+        if not c.plan.alone:
+            FinalModel(e.state).adopt(c.vector)
         if (taken := await self._first_end(c)) is not None:
             return taken
         # Evaluated outside that limit: the wait for the others may have used it all,
@@ -227,7 +236,7 @@ class JobEnd:
     async def _conclude(self, patience_s: float) -> Consensus:
         """The job is done here: average the final models of the members still in
         it (waiting up to `patience_s` for those still training while their
-        daemons list them) and take the average as this peer's model."""
+        daemons list them); the caller makes the average this peer's model."""
         e = self.engine
         e.on(Event.TRAINED_OUT)
         e.report()  # its phase: consensus (the stage's)
@@ -244,8 +253,6 @@ class JobEnd:
                                                    e.transport, self.consensus_limit_s(), patience)
         log.info("consensus at the end over %s: digest %s, own model %.3g%% from it, %.2fs", c.describe(),
                  c.digest, 100 * c.own_gap, c.seconds)
-        if not c.plan.alone:
-            model.adopt(c.vector)
         return c
 
     def _write_model(self, metrics: dict[str, float]) -> Path | None:

@@ -142,7 +142,13 @@ def test_real_trainers_with_a_fixed_overhead_get_the_affine_plans_batches():
                                     {p: t.meter.fixed_s for p, t in trainers.items()},
                                     {p: t.meter.per_sample_s for p, t in trainers.items()})
     affine = plan_batches(60, speeds, members, 2, fixed)
-    proportional = plan_batches(60, {p: t.meter.speed for p, t in trainers.items()}, members, 2)
+    # Speed alone, as the same meters measured it at the batch they stepped: the
+    # whole-step speed b / (a + c·b). (meter.speed is a separate average of whole
+    # steps; on a busy machine the two estimates disagree by more than the margin.)
+    measured = {p: t.local_batch / (t.meter.fixed_s + t.meter.per_sample_s * t.local_batch)
+                for p, t in trainers.items()}
+    assert 2 * trainers["a"].local_batch == 60  # the theorem's B: members × the measured batch
+    proportional = plan_batches(60, measured, members, 2)
     assert affine.batch("b") <= proportional.batch("b")
     for p, t in trainers.items():
         t.step(members, plan=affine)
