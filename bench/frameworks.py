@@ -39,7 +39,7 @@ from pathlib import Path
 from harness import ROOT
 from harness.cluster import join_all, wait_finished
 from harness.output import md_table, write_json
-from harness.script import arg_parser, names, run_dir, run_main
+from harness.script import arg_parser, load_logged, names, run_dir, run_main
 from peerd.cli.localcluster import LocalCluster, job_with
 from peerd.errors import PeerdError
 
@@ -139,15 +139,12 @@ def parse_args(argv: list[str] | None = None):
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = run_dir(args.out, "frameworks")
-    load = [Path("/proc/loadavg").read_text().split()[:3]]
-    print(f"load average at the start: {' '.join(load[0])}", flush=True)
     results = []
-    for framework in args.frameworks:
-        for k in range(args.repeats):
-            for mode in ("alone", "peerd"):
-                results.append(measure(framework, mode, args, out / f"{framework}-{mode}-{k}"))
-    load.append(Path("/proc/loadavg").read_text().split()[:3])
-    print(f"load average at the end: {' '.join(load[1])}")
+    with load_logged() as load:
+        for framework in args.frameworks:
+            for k in range(args.repeats):
+                for mode in ("alone", "peerd"):
+                    results.append(measure(framework, mode, args, out / f"{framework}-{mode}-{k}"))
     print(table(results))
     write_json(out / "summary.json", {"results": results, "load": load, "args": vars(args) | {"out": str(out)}})
     return 0

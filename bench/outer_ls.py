@@ -65,8 +65,9 @@ async def nothing() -> None:
     return None
 
 
-async def run(wire: str, overlap: bool, args) -> list[tuple[int, float, float]]:
-    spec = parse_job(textwrap.dedent(f"""
+def ls_job(wire: str, overlap: bool, every: int, lr: float, momentum: float):
+    """The members' job: crossover in 4 segments, the outer step as given."""
+    return parse_job(textwrap.dedent(f"""
         [job]
         name = "ls"
         script = "train.py"
@@ -75,10 +76,16 @@ async def run(wire: str, overlap: bool, args) -> list[tuple[int, float, float]]:
         overlap = {"true" if overlap else "false"}
         wire = "{wire}"
         [outer]
-        every = {args.every}
-        lr = {args.lr}
-        momentum = {args.momentum}
+        every = {every}
+        lr = {lr}
+        momentum = {momentum}
     """), "ls.toml")
+
+
+async def distances(spec, at: list[int]) -> list[tuple[int, float, float]]:
+    """Rounds of `spec` on the least-squares problem; after each round in `at`,
+    the distance of the members' average and of the farthest member from the
+    solution of all the data, as a fraction of the distance at the start."""
     gen = torch.Generator().manual_seed(1)
     truth = torch.randn(COLUMNS, generator=gen)
     shares = []
@@ -88,6 +95,7 @@ async def run(wire: str, overlap: bool, args) -> list[tuple[int, float, float]]:
     xs, ys = torch.cat([x for x, _ in shares]), torch.cat([y for _, y in shares])
     best = torch.linalg.lstsq(xs, ys.unsqueeze(1)).solution.squeeze(1)
     members = [Member(k, spec, x, y) for k, (x, y) in enumerate(shares)]
+    wire = spec.gossip.wire
     servers = {m.address: SegmentServer(Identity("ls", "fp", m.id), m.rounds.store, len(m.rounds.layout), 256,
                                         m.rounds.stages, wire) for m in members}
     for m in members:
@@ -95,11 +103,11 @@ async def run(wire: str, overlap: bool, args) -> list[tuple[int, float, float]]:
     view = {m.id: m.address for m in members}
     far = float((members[0].model.weight.detach().view(-1) - best).norm())
     found = []
-    for r in range(1, max(args.at) + 1):
+    for r in range(1, max(at) + 1):
         for m in members:
-            m.local_steps(args.every)
+            m.local_steps(spec.outer.every)
         await asyncio.gather(*(m.rounds.next_round(view, nothing) for m in members))
-        if r in args.at:
+        if r in at:
             weights = torch.stack([m.model.weight.detach().view(-1) for m in members])
             worst = max(float((w - best).norm()) for w in weights)
             found.append((r, float((weights.mean(0) - best).norm()) / far, worst / far))
@@ -130,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     changes.ANCHORS_EVERY = args.anchors_every  # read by anchors_round at each round
     print("run            round  average  farthest   (distance to the solution / at the start)")
     for name in args.runs:
-        for r, mean, worst in asyncio.run(run(*RUNS[name], args)):
+        spec = ls_job(*RUNS[name], args.every, args.lr, args.momentum)
+        for r, mean, worst in asyncio.run(distances(spec, args.at)):
             print(f"{name:<14} {r:>5}  {mean:7.4f}  {worst:8.4f}")
     return 0
 

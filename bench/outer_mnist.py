@@ -35,7 +35,7 @@ import tomli_w
 
 from harness.cluster import job_dir, train_job
 from harness.output import md_table, write_json
-from harness.script import arg_parser, names, run_dir, run_main
+from harness.script import arg_parser, load_logged, names, run_dir, run_main
 from peerd.cli.localcluster import default_job
 
 H = 8
@@ -101,11 +101,8 @@ def parse_args(argv: list[str] | None = None):
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = run_dir(args.out, "outer-mnist")
-    load = [Path("/proc/loadavg").read_text().split()[:3]]
-    print(f"load average at the start: {' '.join(load[0])}", flush=True)
-    results = [run(v, args.epochs, out / v) for v in args.variants]
-    load.append(Path("/proc/loadavg").read_text().split()[:3])
-    print(f"load average at the end: {' '.join(load[1])}")
+    with load_logged() as load:
+        results = [run(v, args.epochs, out / v) for v in args.variants]
     print(table(results))
     write_json(out / "summary.json", {"results": results, "load": load, "args": vars(args) | {"out": str(out)}})
     return 0

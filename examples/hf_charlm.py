@@ -58,6 +58,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16,
                         help="samples per optimizer step (per_device_train_batch_size); alone, 48 trains the global "
                              "batch of three peers at 16, as DDP over three processes would")
+    parser.add_argument("--seed", type=int, default=0, help="the model's initialisation and the Trainer's seed")
     parser.add_argument("--peerd", action="store_true", help="train as a worker of a peerd job (its job file says so)")
     args = parser.parse_args()
     if args.peerd:
@@ -66,7 +67,7 @@ def main() -> None:
         from transformers import Trainer
 
     vocab, train_set, val_set = datasets()
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=len(vocab), n_positions=CONTEXT, n_embd=128, n_layer=2,
                                        n_head=4, bos_token_id=0, eos_token_id=0))
     # The warm-up is the first 320 samples whatever the batch (20 steps of 16, as under peerd, where the
@@ -75,7 +76,7 @@ def main() -> None:
         output_dir="hf_charlm_out",  # the Trainer's own files (none with save_strategy="no")
         num_train_epochs=args.epochs, per_device_train_batch_size=args.batch, learning_rate=2e-3,
         warmup_steps=round(320 / args.batch), lr_scheduler_type="cosine", weight_decay=0.1, eval_strategy="epoch", per_device_eval_batch_size=64,
-        logging_steps=25, save_strategy="no", report_to="none", disable_tqdm=True, seed=0,
+        logging_steps=25, save_strategy="no", report_to="none", disable_tqdm=True, seed=args.seed,
         dataloader_pin_memory=torch.cuda.is_available())  # pinned memory is for copies to a GPU
     trainer = Trainer(model=model, args=training, train_dataset=train_set, eval_dataset=val_set)
     trainer.train()  # under peerd: returns with the job's final model in `model`

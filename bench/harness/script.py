@@ -7,7 +7,8 @@ import argparse
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from harness import ROOT
@@ -49,6 +50,17 @@ def run_dir(out: Path | None, name: str) -> Path:
     out = out or ROOT / "runs" / time.strftime(f"{name}-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     return out
+
+
+@contextmanager
+def load_logged() -> Iterator[list[list[str]]]:
+    """The machine's load averages (1, 5, 15 min) at the start and at the end,
+    printed and kept in the list yielded (for the summary): the machine is shared."""
+    load = [Path("/proc/loadavg").read_text().split()[:3]]
+    print(f"load average at the start: {' '.join(load[0])}", flush=True)
+    yield load
+    load.append(Path("/proc/loadavg").read_text().split()[:3])
+    print(f"load average at the end: {' '.join(load[1])}", flush=True)
 
 
 def timed(fn: Callable[[], object]) -> float:

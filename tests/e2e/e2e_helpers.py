@@ -51,7 +51,9 @@ class Alone:
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     def summary(self) -> dict:
-        output, _ = self.proc.communicate(timeout=120)
+        # Bounded generously: it trains beside the daemons' workers on a shared
+        # machine, and a loaded one was seen to need over 120 s past the peers' end.
+        output, _ = self.proc.communicate(timeout=600)
         assert self.proc.returncode == 0, output
         return json.loads((self.out / "summary.json").read_text())
 
@@ -79,6 +81,37 @@ def release(held: Path) -> None:
     """The held worker joins now, its seconds of imports behind it."""
     wait_for(lambda: (held / "holding").exists(), 60, f"the script in {held} to be ready to train")
     (held / "hold").unlink()
+
+
+def trained_with_a_late_join(cluster, name: str, text: str, other: str, at_epoch: float) -> dict:
+    """peer-0 and peer-1 start the job `name` (job file `text`) together; peer-2's
+    worker, started with them, holds before training (the script's `hold` file)
+    until they are `at_epoch` into the job, then joins the running job; a job of
+    other epochs on peer-0 beside it (`other`, named "other-epochs"). Every
+    (peer, job)'s status once the three finished and the other failed."""
+    from conftest import all_finished, wait_for_discovery
+
+    first, second, late = cluster.peers
+    wait_for_discovery(cluster)
+    for peer in (first, second):
+        cluster.client(peer).join(text, str(JOBCODE))
+    cluster.client(first).join(other, str(JOBCODE))
+
+    def statuses():
+        return {(p.peer_id, j.name): j for p in cluster.peers for j in cluster.client(p).status().jobs}
+
+    held = join_held(cluster, late, name)
+    wait_for(lambda: (j := statuses().get(("peer-0", name))) and j.progress.epoch >= at_epoch, 120,
+             f"the first two to train {at_epoch} epoch(s)")
+    release(held)
+
+    def settled():
+        jobs = statuses()
+        wrong = jobs.get(("peer-0", "other-epochs"))
+        done = all_finished(j for (_, n), j in jobs.items() if n == name)
+        return done and len(done) == 3 and wrong is not None and wrong.state == "failed" and jobs
+
+    return wait_for(settled, 300, "the job to finish on the three peers and the other epochs to fail")
 
 
 JOB_MODULE = '''

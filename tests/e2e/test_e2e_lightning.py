@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import all_finished, wait_for, wait_for_discovery
-from e2e_helpers import Alone, join_held, release, script_job
+from conftest import wait_for
+from e2e_helpers import Alone, join_held, release, script_job, trained_with_a_late_join
 from peerd.peer import total_steps
 
 pytest.importorskip("lightning")
@@ -42,40 +42,12 @@ def bn_job(name: str, max_epochs: int, peers: int) -> str:
     return lightning_job(name, max_epochs, peers, "lightning_bn_script.py", 1 / 6)
 
 
-def trained_with_a_late_join(cluster) -> dict:
-    """peer-0 and peer-1 start the job together; peer-2's worker, started with
-    them, holds before fit() (the script's `hold` file) until they are in the
-    job's second epoch, then joins the running job; a job of other epochs on
-    peer-0 beside it. Every (peer, job)'s status once the three finished and
-    the other failed."""
-    first, second, late = cluster.peers
-    wait_for_discovery(cluster)
-    for peer in (first, second):
-        cluster.client(peer).join(bn_job("bn", EPOCHS, 2), str(JOBCODE))
-    cluster.client(first).join(bn_job("other-epochs", EPOCHS + 1, 1), str(JOBCODE))
-
-    def statuses():
-        return {(p.peer_id, j.name): j for p in cluster.peers for j in cluster.client(p).status().jobs}
-
-    held = join_held(cluster, late, "bn")
-    wait_for(lambda: (j := statuses().get(("peer-0", "bn"))) and j.progress.epoch >= 1, 120,
-             "the first two to train an epoch")
-    release(held)
-
-    def settled():
-        jobs = statuses()
-        wrong = jobs.get(("peer-0", "other-epochs"))
-        done = all_finished(j for (_, name), j in jobs.items() if name == "bn")
-        return done and len(done) == 3 and wrong is not None and wrong.state == "failed" and jobs
-
-    return wait_for(settled, 300, "the job to finish on the three peers and the other epochs to fail")
-
-
 def test_a_batchnorm_adamw_module_on_three_peers_one_joining_late_ends_as_alone(local_cluster, tmp_path):
     alone = Alone("lightning_bn_script.py", tmp_path / "alone", ("plain",))
     try:
         cluster = local_cluster(3)
-        jobs = trained_with_a_late_join(cluster)
+        # peer-2 joins in the job's second epoch.
+        jobs = trained_with_a_late_join(cluster, "bn", bn_job("bn", EPOCHS, 2), bn_job("other-epochs", EPOCHS + 1, 1), 1)
         by_itself = alone.summary()
     finally:
         alone.close()

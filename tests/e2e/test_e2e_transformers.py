@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import all_finished, wait_for, wait_for_discovery
-from e2e_helpers import JOBCODE, Alone, join_held, release
+from e2e_helpers import Alone, trained_with_a_late_join
 
 pytestmark = pytest.mark.e2e
 
@@ -46,46 +45,19 @@ def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def trained_with_a_late_join(cluster) -> dict:
-    """peer-0 and peer-1 start the job together; peer-2's worker, started with
-    them, holds before train() (the script's `hold` file) until the job is half
-    way through its first epoch, then joins; a job of other epochs on peer-0
-    beside it. Every (peer, job)'s status once the three finished and the other
-    failed."""
-    first, second, late = cluster.peers
-    wait_for_discovery(cluster)
-    for peer in (first, second):
-        cluster.client(peer).join(trainer_job("hf", EPOCHS, 2), str(JOBCODE))
-    cluster.client(first).join(trainer_job("hf-mismatch", 3, 1), str(JOBCODE))
-
-    def statuses():
-        return {(p.peer_id, j.name): j for p in cluster.peers for j in cluster.client(p).status().jobs}
-
-    held = join_held(cluster, late, "hf")
-    wait_for(lambda: (j := statuses().get(("peer-0", "hf"))) and j.progress.epoch >= 0.5, 120,
-             "the first two to train half an epoch")
-    release(held)
-
-    def settled():
-        jobs = statuses()
-        wrong = jobs.get(("peer-0", "hf-mismatch"))
-        done = all_finished(j for (_, name), j in jobs.items() if name == "hf")
-        return done and len(done) == 3 and wrong is not None and wrong.state == "failed" and jobs
-
-    return wait_for(settled, 300, "the Trainer job to finish on the three peers and the mismatch to fail")
-
-
 def test_a_trainer_script_trains_a_tied_gpt2_on_three_peers_one_joining_late_as_ddp_would(local_cluster, tmp_path,
                                                                                            monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the daemons' workers and the script alone inherit it
     alone = Alone("hf_trainer_script.py", tmp_path / "alone", ("plain", "3"))
     try:
         cluster = local_cluster(3)
-        jobs = trained_with_a_late_join(cluster)
+        # peer-2 joins half way through the first epoch.
+        jobs = trained_with_a_late_join(cluster, "hf", trainer_job("hf", EPOCHS, 2), trainer_job("other-epochs", 3, 1),
+                                        0.5)
         by_itself = alone.summary()
     finally:
         alone.close()
-    wrong = jobs[("peer-0", "hf-mismatch")]
+    wrong = jobs[("peer-0", "other-epochs")]
     assert "TrainingArguments(num_train_epochs=3) and the job's [job] epochs = 2 differ" in wrong.message, wrong.message
     assert wrong.restarts == 0  # it would fail the same way again
 

@@ -6,20 +6,17 @@ Rounds and real segment servers."""
 from __future__ import annotations
 
 import asyncio
-import logging
-import textwrap
-import types
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 from outer_helpers import Worker, job, nothing, wired
-from torch import nn
 
-from peerd.security.rejections import Rejections
-from peerd.settings.jobspec import parse_job
-from peerd.worker.round.rounds import Rounds
-from peerd.worker.state.trainstate import TrainState
-from peerd.worker.train.optim import init_state
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+# The least-squares problem shared by members, as the bench that prints its distances runs it.
+from outer_ls import distances, ls_job  # noqa: E402
 
 # Powers of two, on values with few bits: every fp32 operation below is exact,
 # so "the same sequence" can be claimed bit for bit.
@@ -93,64 +90,14 @@ async def test_a_member_alone_steps_by_its_own_change_at_once():
     await w.rounds.aclose()
 
 
-class Solver:
-    """A member fitting a linear model to its own share of a least-squares problem."""
-
-    def __init__(self, k: int, spec, x: torch.Tensor, y: torch.Tensor) -> None:
-        self.id, self.address = f"m{k}", f"127.0.0.1:{2000 + k}"
-        torch.manual_seed(0)
-        self.model = nn.Linear(x.shape[1], 1, bias=False)
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.05)
-        init_state(self.optimizer)
-        self.state = TrainState(self.model, self.optimizer, outer=True)
-        link = types.SimpleNamespace(localities={}, daemons={})
-        self.rounds = Rounds(spec, self.id, self.state, link, None, Rejections(logging.getLogger("test")))
-        self.x, self.y = x, y
-
-    def local_steps(self, steps: int) -> None:
-        for _ in range(steps):
-            self.optimizer.zero_grad()
-            ((self.model(self.x).squeeze(1) - self.y) ** 2).mean().backward()
-            self.optimizer.step()
-
-
 @pytest.mark.parametrize("wire", ["fp32", "int8"])
 async def test_overlapped_outer_steps_solve_least_squares(wire):
     """Four members, each with its own share of the data, 4 local steps per
     round and DiLoCo's outer step (lr 0.7, Nesterov momentum 0.9, the most
     momentum a delay could make oscillate): every member ends near the
     least-squares solution of all the data."""
-    spec = parse_job(textwrap.dedent(f"""
-        [job]
-        name = "ls"
-        script = "train.py"
-        [gossip]
-        segments = 4
-        overlap = true
-        wire = "{wire}"
-        [outer]
-        every = 4
-        momentum = 0.9
-    """), "ls.toml")
-    gen = torch.Generator().manual_seed(1)
-    truth = torch.randn(20, generator=gen)
-    shares = []
-    for _ in range(4):
-        x = torch.randn(64, 20, generator=gen)
-        shares.append((x, x @ truth + 0.1 * torch.randn(64, generator=gen)))
-    xs, ys = torch.cat([x for x, _ in shares]), torch.cat([y for _, y in shares])
-    best = torch.linalg.lstsq(xs, ys.unsqueeze(1)).solution.squeeze(1)
-    members = [Solver(k, spec, x, y) for k, (x, y) in enumerate(shares)]
-    view = wired(members, wire)
-    far = (members[0].model.weight.detach().view(-1) - best).norm()
-    for _ in range(120):
-        for m in members:
-            m.local_steps(spec.outer.every)
-        await asyncio.gather(*(m.rounds.next_round(view, nothing) for m in members))
-    for m in members:
-        await m.rounds.finish_in_flight(view)
-        assert (m.model.weight.detach().view(-1) - best).norm() < 0.03 * far
-        await m.rounds.aclose()
+    [(_, _, farthest)] = await distances(ls_job(wire, True, 4, 0.7, 0.9), [120])
+    assert farthest < 0.03  # of the distance at the start
 
 
 @pytest.mark.parametrize("wire", ["fp32", "int8"])
