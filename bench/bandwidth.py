@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Capped links: time to accuracy of peerd against DDP, per-peer utilisation, bytes
+"""Capped links: time to target of peerd against DDP, per-peer utilisation, bytes
 per peer per round and a newcomer's join time, through real network namespaces
 shaped by tc tbf.
 
@@ -11,16 +11,34 @@ fifth is the newcomer. For each cap in --caps (default 1000 and 100 Mbit/s; 20 w
 too: tbf's burst and 200 ms queue are set per rate, and where a whole model takes
 more than the exchange deadline's default ceiling of 10 s the jobs raise it to 1.5×
 that link time), the
-links are reshaped and each variant trains the same ~12M-parameter MLP
-(bench/jobs/bw_mlp.py, 784 → 3072 → 3072 → 10) on the bundled MNIST digits, from
-the same seed, at global batch 4 × 32, SGD lr 0.05 momentum 0.9, constant LR:
+links are reshaped and each variant trains the same job, from the same seed, at
+global batch 4 × 32. --job picks it:
+
+  digits        (the default) a ~12M-parameter MLP (bench/jobs/bw_mlp.py, 784 →
+                3072 → 3072 → 10) on the bundled MNIST digits, SGD lr 0.05 momentum
+                0.9, constant LR; metric: test accuracy, --target 0.9
+  charlm        the language-model example (peerd/examples/charlm.toml: a 0.64M-
+                parameter character-level transformer, AdamW lr 3e-3, 20 warm-up
+                steps then cosine over --epochs, clipping at 1.0), with
+                reference_batch = 128 (the job's lr at the bench's global batch, no
+                scaling) and fp32 (bf16 autocast is 5-8× slower on a CPU without
+                bf16 instructions); metric: validation loss, lower is better.
+                Without --target the target at each cap is the baseline's final
+                validation loss + 1 % (with --epochs; read off the curves after the
+                run, so nothing stops at it). Every model and DDP evaluate every 8
+                steps (all 547 validation windows).
+
+Variants:
 
   ddp           torch.distributed, gloo through the same namespaces and caps (each
                 rank runs under `ip netns exec`, GLOO_SOCKET_IFNAME = its veth,
                 FileStore rendezvous): after every step the flat gradient is
-                all-reduced, as DDP does (one 48 MB all-reduce instead of DDP's
-                25 MB buckets overlapped with the backward); every step waits for
-                the slowest rank. Rank 0 evaluates every 8 steps.
+                all-reduced, as DDP does (one all-reduce, 48 MB for digits, instead
+                of DDP's 25 MB buckets overlapped with the backward), then clipped
+                if the job clips, and stepped; every step waits for the slowest
+                rank. The ranks train the job the peers get, as peerd parses it
+                (model, data, loss, evaluation, optimizer, LR schedule, precision).
+                Rank 0 evaluates every 8 steps.
   peerd         peerd's crossover gossip every 8 local steps, fp32 wire, no overlap,
                 dynamic batches (global_batch = 128: each peer's batch follows its
                 speed, as bench/dbs.py's `dbs`; without them every round waits for
@@ -52,12 +70,12 @@ the same seed, at global batch 4 × 32, SGD lr 0.05 momentum 0.9, constant LR:
   A variant this build's job parser refuses is skipped with its message (the
   rest of the run goes on).
 
-peerd variants evaluate every 16 local steps (each peer its own model; the curve is the
-mean of the peers' latest values; the best peer's is printed and kept beside it). Every variant stops when the target accuracy is
+peerd variants evaluate every 16 local steps (charlm: 8; each peer its own model; the curve is the
+mean of the peers' latest values; the best peer's is printed and kept beside it). Every variant stops when the target is
 reached or after --budget seconds of training; with --epochs E every variant
 trains E epochs to its end instead (the same samples for every variant, DDP too),
-and the table adds the final accuracy: the peers' own models' mean and the end
-consensus's (bytes per round are then counted until the last poll where every
+and the table adds the final metric: the peers' own models' mean and the end
+consensus's (for a loss also the own models' ÷ the baseline's; bytes per round are then counted until the last poll where every
 trainer was still training, leaving out the end consensus's fp32 models). --baseline names the variant the ratios are taken against (DDP by
 default). Reported per variant and cap: time
 to --target, its ratio to DDP's, each peer's utilisation = time in steps (the
@@ -84,6 +102,9 @@ meanwhile divided by its link's rate; goal ≤ 1.2 × that + 1 s.
         --baseline peerd --epochs 3 --together --budget 300 --join-cap 0   # the wires against each other
     sudo .venv/bin/python bench/bandwidth.py --caps 100,20 --variants ddp,peerd-p1,peerd,outer-8,outer-32 \
         --epochs 2 --together --budget 120 --join-cap 0   # the outer step on capped links
+    sudo .venv/bin/python bench/bandwidth.py --job charlm --caps 20 \
+        --variants ddp,peerd-p1,outer-8,outer-32,outer-8-int8 --epochs 1 --together --budget 480 \
+        --join-cap 0   # the language-model job: time to DDP's final validation loss + 1 %
     .venv/bin/python bench/bandwidth.py --replot /tmp/bw/summary.json --png /tmp/bw.png
 
 The first took 20 min on 2 vCPUs at load 9-23 (8 runs of at most --budget = 120 s
@@ -187,7 +208,7 @@ def charlm_tables() -> dict:
     """peerd/examples/charlm.toml as the language-model job's tables, with two
     changes: reference_batch = the bench's global batch (lr 3e-3 at 128, so DDP and
     peerd step at the job's own lr, no scaling), and fp32: bf16 autocast on a CPU
-    without bf16 instructions (this host's) makes a step ~8× slower."""
+    without bf16 instructions (this host's) makes a step 5-8× slower."""
     spec = tomllib.loads((ROOT / "peerd/examples/charlm.toml").read_text())
     job = {k: v for k, v in spec["job"].items() if k in ("module", "seed", "init", "data_mode", "metric",
                                                           "metric_mode", "chance")}
@@ -957,7 +978,7 @@ def main(argv: list[str] | None = None) -> int:
                     result, joined = run_peerd(bed, variant, cap, where, join)
                     joins += joined
                 results.append(result)
-                print(f"  target at {result.time_to(args.target):.1f}s (best peer: "
+                print(f"  target {args.target} at {result.time_to(args.target):.1f}s (best peer: "
                       f"{time_to_target(result.best, args.target, result.mode):.1f}s), final "
                       f"{result.final:.4f} / {result.consensus:.4f}, utilisation "
                       f"{[round(u, 2) for u in result.utilisation]}, MB/round "
