@@ -873,7 +873,7 @@ def plot(results: list[Result], args) -> None:
     plt = pyplot()
     caps = sorted({r.cap for r in results}, reverse=True)
     fig, axes = plt.subplots(1, len(caps) + 2, figsize=(4.5 * (len(caps) + 2), 4))
-    colour = {v: f"C{k}" for k, v in enumerate(VARIANTS)}
+    colour = {v: plt.get_cmap("tab20")(k) for k, v in enumerate(VARIANTS)}  # 17 variants: C0-C9 would repeat
     for ax, cap in zip(axes, caps):
         for r in (r for r in results if r.cap == cap):
             ax.plot([t for t, _ in r.curve], [m for _, m in r.curve], color=colour[r.variant], marker=".", markersize=3, label=r.variant)
@@ -978,9 +978,10 @@ def main(argv: list[str] | None = None) -> int:
                     result, joined = run_peerd(bed, variant, cap, where, join)
                     joins += joined
                 results.append(result)
-                print(f"  target {args.target} at {result.time_to(args.target):.1f}s (best peer: "
-                      f"{time_to_target(result.best, args.target, result.mode):.1f}s), final "
-                      f"{result.final:.4f} / {result.consensus:.4f}, utilisation "
+                reached = "" if args.target is None else (
+                    f"target at {result.time_to(args.target):.1f}s (best peer: "
+                    f"{time_to_target(result.best, args.target, result.mode):.1f}s), ")
+                print(f"  {reached}final {result.final:.4f} / {result.consensus:.4f}, utilisation "
                       f"{[round(u, 2) for u in result.utilisation]}, MB/round "
                       f"{[round(b / 1e6, 1) for b in result.bytes_per_round]}, kB/sample "
                       f"{result.bytes_per_sample / 1e3:.0f}, rounds {result.rounds}, host CPU busy "
