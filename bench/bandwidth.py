@@ -21,7 +21,7 @@ global batch 4 × 32. --job picks it:
                 parameter character-level transformer, AdamW lr 3e-3, 20 warm-up
                 steps then cosine over --epochs, clipping at 1.0), with
                 reference_batch = 128 (the job's lr at the bench's global batch, no
-                scaling) and fp32 (bf16 autocast is 5-8× slower on a CPU without
+                scaling) and fp32 (bf16 autocast is 4-10× slower on a CPU without
                 bf16 instructions); metric: validation loss, lower is better.
                 Without --target the target at each cap is the baseline's final
                 validation loss + 1 % (with --epochs; read off the curves after the
@@ -208,7 +208,7 @@ def charlm_tables() -> dict:
     """peerd/examples/charlm.toml as the language-model job's tables, with two
     changes: reference_batch = the bench's global batch (lr 3e-3 at 128, so DDP and
     peerd step at the job's own lr, no scaling), and fp32: bf16 autocast on a CPU
-    without bf16 instructions (this host's) makes a step 5-8× slower."""
+    without bf16 instructions (this host's) makes a step 4-10× slower."""
     spec = tomllib.loads((ROOT / "peerd/examples/charlm.toml").read_text())
     job = {k: v for k, v in spec["job"].items() if k in ("module", "seed", "init", "data_mode", "metric",
                                                           "metric_mode", "chance")}
