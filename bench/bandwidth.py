@@ -222,13 +222,8 @@ JOB_KINDS = {
                              "optimizer": {"name": "sgd", "lr": LR, "momentum": 0.9, "weight_decay": 0.0001,
                                            "schedule": "constant", "reference_batch": GLOBAL_BATCH}},
                   MODEL_BYTES, 0.9, 16),
-    "charlm": Job("charlm", {}, 636_032 * 4, None, 8),  # tables read when chosen: job_kind()
+    "charlm": Job("charlm", charlm_tables(), 636_032 * 4, None, 8),
 }
-
-
-def job_kind(name: str) -> Job:
-    job = JOB_KINDS[name]
-    return Job(job.name, charlm_tables(), job.model_bytes, job.target, job.eval_steps) if name == "charlm" else job
 DEFAULT_VARIANTS = "ddp,peerd,overlap,overlap-bf16"
 DDP_EVAL_EVERY = 8  # steps
 # The outer step's lr and momentum (Nesterov): docs/algorithms.md, "The outer step":
@@ -437,7 +432,7 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--ddp-rank", type=int, default=None, help=SUPPRESS)
     p.add_argument("--ddp-store", default="", help=SUPPRESS)
     args = p.parse_args(argv)
-    args.kind = job_kind(args.job)
+    args.kind = JOB_KINDS[args.job]
     if args.target is None:
         args.target = args.kind.target
     args.cap_list = [float(c) for c in args.caps.split(",")]
@@ -910,7 +905,7 @@ def load_results(summary: Path, args) -> tuple[list[Result], list[dict]]:
     target = data["args"]["target"]
     args.target, args.budget = None if target == "None" else float(target), float(data["args"]["budget"])
     args.job = data["args"].get("job", "digits")
-    args.kind = job_kind(args.job)
+    args.kind = JOB_KINDS[args.job]
     args.slowdowns, args.clock = data["args"]["slowdowns"], data["args"].get("clock", "wall")
     args.baseline = data["args"].get("baseline", "ddp")
     args.epochs = float(data["args"].get("epochs", 0))

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 from bandwidth import (  # noqa: E402
     VARIANTS, Result, busy_share, bytes_per_round, bytes_per_sample, ddp_steps, deadline_ceiling_s, host_cpu,
-    job_kind, job_text, join_goal_s,
+    JOB_KINDS, job_text, join_goal_s,
     link_seconds, refused, table, targets, time_to_target, utilisation,
 )
 
@@ -153,7 +153,7 @@ def test_a_loss_reaches_its_target_from_above_and_by_default_the_target_is_the_b
 
 
 def test_the_language_model_job_is_the_example_file_in_fp32_at_the_benchs_global_batch():
-    charlm = job_kind("charlm")
+    charlm = JOB_KINDS["charlm"]
     spec = parse_job(job_text("x", VARIANTS["outer-8"], epochs=1, min_peers=4, cap=20, job=charlm), "x")
     assert (spec.module, spec.metric, spec.metric_mode) == ("peerd.examples.charlm", "val_loss", "min")
     assert (spec.optimizer.name, spec.optimizer.lr, spec.optimizer.reference_batch) == ("adamw", 0.003, 128)
