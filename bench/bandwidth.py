@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Capped links: time to accuracy of peerd against DDP, per-peer utilisation, bytes
+"""Capped links: time to target of peerd against DDP, per-peer utilisation, bytes
 per peer per round and a newcomer's join time, through real network namespaces
 shaped by tc tbf.
 
@@ -11,16 +11,34 @@ fifth is the newcomer. For each cap in --caps (default 1000 and 100 Mbit/s; 20 w
 too: tbf's burst and 200 ms queue are set per rate, and where a whole model takes
 more than the exchange deadline's default ceiling of 10 s the jobs raise it to 1.5×
 that link time), the
-links are reshaped and each variant trains the same ~12M-parameter MLP
-(bench/jobs/bw_mlp.py, 784 → 3072 → 3072 → 10) on the bundled MNIST digits, from
-the same seed, at global batch 4 × 32, SGD lr 0.05 momentum 0.9, constant LR:
+links are reshaped and each variant trains the same job, from the same seed, at
+global batch 4 × 32. --job picks it:
+
+  digits        (the default) a ~12M-parameter MLP (bench/jobs/bw_mlp.py, 784 →
+                3072 → 3072 → 10) on the bundled MNIST digits, SGD lr 0.05 momentum
+                0.9, constant LR; metric: test accuracy, --target 0.9
+  charlm        the language-model example (peerd/examples/charlm.toml: a 0.64M-
+                parameter character-level transformer, AdamW lr 3e-3, 20 warm-up
+                steps then cosine over --epochs, clipping at 1.0), with
+                reference_batch = 128 (the job's lr at the bench's global batch, no
+                scaling) and fp32 (bf16 autocast is 4-10× slower on a CPU without
+                bf16 instructions); metric: validation loss, lower is better.
+                Without --target the target at each cap is the baseline's final
+                validation loss + 1 % (with --epochs; read off the curves after the
+                run, so nothing stops at it). Every model and DDP evaluate every 8
+                steps (all 547 validation windows).
+
+Variants:
 
   ddp           torch.distributed, gloo through the same namespaces and caps (each
                 rank runs under `ip netns exec`, GLOO_SOCKET_IFNAME = its veth,
                 FileStore rendezvous): after every step the flat gradient is
-                all-reduced, as DDP does (one 48 MB all-reduce instead of DDP's
-                25 MB buckets overlapped with the backward); every step waits for
-                the slowest rank. Rank 0 evaluates every 8 steps.
+                all-reduced, as DDP does (one all-reduce, 48 MB for digits, instead
+                of DDP's 25 MB buckets overlapped with the backward), then clipped
+                if the job clips, and stepped; every step waits for the slowest
+                rank. The ranks train the job the peers get, as peerd parses it
+                (model, data, loss, evaluation, optimizer, LR schedule, precision).
+                Rank 0 evaluates every 8 steps.
   peerd         peerd's crossover gossip every 8 local steps, fp32 wire, no overlap,
                 dynamic batches (global_batch = 128: each peer's batch follows its
                 speed, as bench/dbs.py's `dbs`; without them every round waits for
@@ -52,12 +70,12 @@ the same seed, at global batch 4 × 32, SGD lr 0.05 momentum 0.9, constant LR:
   A variant this build's job parser refuses is skipped with its message (the
   rest of the run goes on).
 
-peerd variants evaluate every 16 local steps (each peer its own model; the curve is the
-mean of the peers' latest values; the best peer's is printed and kept beside it). Every variant stops when the target accuracy is
+peerd variants evaluate every 16 local steps (charlm: 8; each peer its own model; the curve is the
+mean of the peers' latest values; the best peer's is printed and kept beside it). Every variant stops when the target is
 reached or after --budget seconds of training; with --epochs E every variant
 trains E epochs to its end instead (the same samples for every variant, DDP too),
-and the table adds the final accuracy: the peers' own models' mean and the end
-consensus's (bytes per round are then counted until the last poll where every
+and the table adds the final metric: the peers' own models' mean and the end
+consensus's (for a loss also the own models' ÷ the baseline's; bytes per round are then counted until the last poll where every
 trainer was still training, leaving out the end consensus's fp32 models). --baseline names the variant the ratios are taken against (DDP by
 default). Reported per variant and cap: time
 to --target, its ratio to DDP's, each peer's utilisation = time in steps (the
@@ -84,6 +102,9 @@ meanwhile divided by its link's rate; goal ≤ 1.2 × that + 1 s.
         --baseline peerd --epochs 3 --together --budget 300 --join-cap 0   # the wires against each other
     sudo .venv/bin/python bench/bandwidth.py --caps 100,20 --variants ddp,peerd-p1,peerd,outer-8,outer-32 \
         --epochs 2 --together --budget 120 --join-cap 0   # the outer step on capped links
+    sudo .venv/bin/python bench/bandwidth.py --job charlm --caps 20 \
+        --variants ddp,peerd-p1,outer-8,outer-32,outer-8-int8 --epochs 1 --together --budget 480 \
+        --join-cap 0   # the language-model job: time to DDP's final validation loss + 1 %
     .venv/bin/python bench/bandwidth.py --replot /tmp/bw/summary.json --png /tmp/bw.png
 
 The first took 20 min on 2 vCPUs at load 9-23 (8 runs of at most --budget = 120 s
@@ -107,6 +128,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from argparse import SUPPRESS
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -121,7 +143,7 @@ from harness.cluster import (
 from harness.output import md_table, pyplot, save_figure, write_json
 from harness.ranks import gloo_group, kill_ranks, wait_ranks
 from harness.script import arg_parser, run_dir, run_main
-from harness.training import accuracy, allreduce_grads
+from harness.training import allreduce_grads
 from peerd.core.codes import ENDED_STATES, WorkerState
 from peerd.core.slowdown import CLOCKS, Slowdown
 from peerd.errors import ConfigError, PeerdError
@@ -158,9 +180,52 @@ GLOBAL_BATCH = 128
 MODEL_BYTES = 11_885_578 * 4  # bw_mlp's fp32 parameters
 DEADLINE_CEILING_S = 10.0  # [gossip] deadline_ceiling_s's default
 LR = 0.05
+
+
+@dataclass(frozen=True)
+class Job:
+    """What --job trains: the job file's [job], [optimizer] and [train] tables (the
+    bench's own [job] keys, the variant's [gossip] and [outer] go on top), its fp32
+    model's bytes, its default --target (None: the baseline's final metric at the
+    same cap, 1 % worse) and the steps between evaluations (DDP's and each peer's)."""
+
+    name: str
+    tables: dict
+    model_bytes: int
+    target: float | None
+    eval_steps: int
+
+    @property
+    def metric(self) -> str:
+        return self.tables["job"]["metric"]
+
+    @property
+    def mode(self) -> str:  # "max" or "min" ([job] metric_mode)
+        return self.tables["job"].get("metric_mode", "max")
+
+
+def charlm_tables() -> dict:
+    """peerd/examples/charlm.toml as the language-model job's tables, with two
+    changes: reference_batch = the bench's global batch (lr 3e-3 at 128, so DDP and
+    peerd step at the job's own lr, no scaling), and fp32: bf16 autocast on a CPU
+    without bf16 instructions (this host's) makes a step 4-10× slower."""
+    spec = tomllib.loads((ROOT / "peerd/examples/charlm.toml").read_text())
+    job = {k: v for k, v in spec["job"].items() if k in ("module", "seed", "init", "data_mode", "metric",
+                                                          "metric_mode", "chance")}
+    return {"job": job, "optimizer": spec["optimizer"] | {"reference_batch": GLOBAL_BATCH},
+            "train": spec["train"] | {"precision": "fp32"}}
+
+
+JOB_KINDS = {
+    "digits": Job("digits", {"job": {"module": "bw_mlp", "metric": "accuracy", "seed": 0, "init": "shared",
+                                     "data_mode": "shared"},
+                             "optimizer": {"name": "sgd", "lr": LR, "momentum": 0.9, "weight_decay": 0.0001,
+                                           "schedule": "constant", "reference_batch": GLOBAL_BATCH}},
+                  MODEL_BYTES, 0.9, 16),
+    "charlm": Job("charlm", charlm_tables(), 636_032 * 4, None, 8),
+}
 DEFAULT_VARIANTS = "ddp,peerd,overlap,overlap-bf16"
 DDP_EVAL_EVERY = 8  # steps
-EVAL_STEPS = 16  # each peer evaluates every 16 of its own steps (every 2 rounds of 8)
 # The outer step's lr and momentum (Nesterov): docs/algorithms.md, "The outer step":
 # DiLoCo's 0.7 / 0.9 make the anchor's steady step 7× the averaged change and fall
 # apart over 8 SGD steps; momentum 0.5 (1.4×) held there.
@@ -182,9 +247,27 @@ def utilisation(points: list[tuple[float, float]]) -> float:
     return (c1 - c0) / (t1 - t0)
 
 
-def time_to_target(curve: list[tuple[float, float]], target: float) -> float:
+def at_target(metric: float, target: float | None, mode: str = "max") -> bool:
+    """Whether a metric has reached the target: ≥ it, or ≤ it for a loss (mode "min")."""
+    if target is None:
+        return False
+    return metric <= target if mode == "min" else metric >= target
+
+
+def time_to_target(curve: list[tuple[float, float]], target: float | None, mode: str = "max") -> float:
     """The first time the metric reaches the target; NaN if it never does."""
-    return next((t for t, m in curve if m >= target), math.nan)
+    return next((t for t, m in curve if at_target(m, target, mode)), math.nan)
+
+
+def targets(results: list, target: float | None, baseline: str, slack: float = 0.01) -> dict[float, float]:
+    """The target at each cap: --target, or (None) the baseline's final metric at that
+    cap worsened by `slack` (a loss × 1.01, an accuracy × 0.99); NaN where it has none."""
+    caps = {r.cap for r in results}
+    if target is not None:
+        return dict.fromkeys(caps, target)
+    base = {r.cap: r for r in results if r.variant == baseline}
+    return {c: (base[c].final * (1 + slack if base[c].mode == "min" else 1 - slack) if c in base else math.nan)
+            for c in caps}
 
 
 def bytes_per_round(before: tuple[int, int], after: tuple[int, int], rounds: int) -> float:
@@ -243,27 +326,35 @@ class Result:
     final: float = math.nan  # --epochs: the mean of the peers' own final metric
     consensus: float = math.nan  # --epochs: the end consensus's metric
     bytes_per_sample: float = math.nan  # every peer's bytes in + out, per sample trained
+    mode: str = "max"  # the metric's: "min" for a loss
 
-    def time_to(self, target: float) -> float:
-        return time_to_target(self.curve, target)
+    def time_to(self, target: float | None) -> float:
+        return time_to_target(self.curve, target, self.mode)
 
 
 def fmt_time(seconds: float, budget: float) -> str:
     return f"{seconds:.0f}" if seconds == seconds else f"> {budget:.0f} (not reached)"
 
 
-def table(results: list[Result], target: float, budget: float, baseline: str = "ddp", finals: bool = False) -> str:
+def table(results: list[Result], target: float | None, budget: float, baseline: str = "ddp",
+          finals: bool = False) -> str:
     """The markdown table: variant × cap, ratios to the same cap's baseline; the
-    final metrics with `finals` (--epochs) or when a variant has one."""
+    final metrics with `finals` (--epochs) or when a variant has one, and for a loss
+    (mode "min") the own models' final ÷ the baseline's. A target of None: the
+    baseline's final at the same cap, 1 % worse (targets())."""
     finals = finals or any(r.final == r.final for r in results)
-    return md_table(["cap (Mbit/s)", "variant", f"time to {target} (s)", f"× {baseline}", "utilisation min / mean",
+    loss = any(r.mode == "min" for r in results)
+    by_cap = targets(results, target, baseline)
+    name = f"{target}" if target is not None else f"{baseline}'s final + 1 %"
+    return md_table(["cap (Mbit/s)", "variant", f"time to {name} (s)", f"× {baseline}", "utilisation min / mean",
                      "MB per peer per round (in + out)", "kB per sample", "steps per round", "host CPU busy",
-                     *(["final: own / consensus", "wall (s)"] if finals else [])],
-                    (_table_row(r, results, target, budget, baseline, finals) for r in results))
+                     *(["final: own / consensus", "wall (s)"] if finals else []),
+                     *([f"final ÷ {baseline}'s"] if finals and loss else [])],
+                    (_table_row(r, results, by_cap[r.cap], budget, baseline, finals, loss) for r in results))
 
 
 def _table_row(r: Result, results: list[Result], target: float, budget: float, baseline: str,
-               finals: bool) -> list[str]:
+               finals: bool, loss: bool = False) -> list[str]:
     base = next((b for b in results if b.cap == r.cap and b.variant == baseline), None)
     t, tb = r.time_to(target), base.time_to(target) if base else math.nan
     if r.final == r.final:
@@ -271,6 +362,9 @@ def _table_row(r: Result, results: list[Result], target: float, budget: float, b
     else:  # stopped by --budget: the last value of its curve
         final = f"unfinished: {r.curve[-1][1]:.4f} at the stop" if r.curve else "unfinished"
     extra = [final, f"{r.wall_s:.0f}"] if finals else []
+    if finals and loss:
+        extra.append(f"{r.final / base.final:.3f}" if base is not None and r.final == r.final
+                     and base.final == base.final else "n/a")
     if r.variant == baseline or base is None:
         ratio = "—"
     elif t == t and tb == tb:
@@ -299,7 +393,14 @@ def parse_args(argv: list[str] | None = None):
                    help=f"which to run at each cap, in order, of {', '.join(VARIANTS)} (default {DEFAULT_VARIANTS})")
     p.add_argument("--budget", type=float, default=120.0,
                    help="seconds of training at most per variant and cap (default 120)")
-    p.add_argument("--target", type=float, default=0.9, help="test accuracy to reach (default 0.9)")
+    p.add_argument("--job", choices=JOB_KINDS, default="digits",
+                   help="what the variants train: digits (bench/jobs/bw_mlp.py; metric test accuracy) or charlm "
+                        "(peerd/examples/charlm.toml's language model in fp32, reference_batch 128; metric "
+                        "validation loss, lower is better) (default digits)")
+    p.add_argument("--target", type=float, default=None,
+                   help="the metric to reach (digits: accuracy, default 0.9; charlm: validation loss, default "
+                        "none: the time to reach the baseline's final validation loss at the same cap + 1 %%, "
+                        "read off the curves after the run)")
     p.add_argument("--baseline", default="ddp", help="the variant the ratios are taken against (default ddp)")
     p.add_argument("--epochs", type=float, default=0.0,
                    help="peerd variants train a job of this many epochs to its end, not to the target (default 0: "
@@ -331,6 +432,9 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--ddp-rank", type=int, default=None, help=SUPPRESS)
     p.add_argument("--ddp-store", default="", help=SUPPRESS)
     args = p.parse_args(argv)
+    args.kind = JOB_KINDS[args.job]
+    if args.target is None:
+        args.target = args.kind.target
     args.cap_list = [float(c) for c in args.caps.split(",")]
     args.variant_list = args.variants.split(",")
     if args.join_only:
@@ -418,33 +522,43 @@ def _job(peer: SoakPeer, name: str):
 
 
 def ddp_rank(args) -> None:
-    """One rank, inside its namespace: train until rank 0 says stop (target or budget)."""
+    """One rank, inside its namespace: train until rank 0 says stop (target or budget).
+    It trains the job the peerd variants train (the same job text, parsed by peerd:
+    model and seed, data, loss, evaluation, optimizer, LR schedule, precision and
+    clipping), with the gradients all-reduced after each backward."""
     import torch
-    from torch import nn
+    from torch.utils.data import DataLoader, default_collate
 
-    import bw_mlp
-
+    from peerd.core.schedule import schedule_factor
+    from peerd.worker.train.jobmodule import JobCode
+    from peerd.worker.train.optim import build_optimizer
+    from peerd.worker.train.precision import Precision
     from peerd.worker.train.slowdown import SlowedSteps
 
-    rank, world = args.ddp_rank, len(args.slowdown_list)
+    rank, world, kind = args.ddp_rank, len(args.slowdown_list), args.kind
     torch.set_num_threads(1)  # before SlowedSteps: its cpu clock is then the thread's
     slowed = SlowedSteps(Slowdown(args.slowdown_list[rank], args.clock))
+    spec = parse_job(job_text("ddp", Variant(), args.epochs, job=kind), "ddp")
     log = open(args.out / f"ddp-{rank}.jsonl", "w", buffering=1)
     with gloo_group(args.ddp_store, rank, world, iface=None) as dist, log:  # GLOO_SOCKET_IFNAME: its veth
-        torch.manual_seed(0)
-        model = bw_mlp.make_model()
-        train, test = bw_mlp.make_datasets()
-        x, y = train.tensors
+        code = JobCode(spec, str(JOBS))
+        torch.manual_seed(spec.seed)
+        model = code.make_model()
+        train, test = code.datasets(None)
         params = list(model.parameters())
-        opt = torch.optim.SGD(params, lr=LR, momentum=0.9, weight_decay=0.0001)
-        total = ddp_steps(len(y), world, args.epochs)  # 0: until the target
+        opt = build_optimizer(params, spec.optimizer)
+        precision = Precision(spec.train.precision, torch.device("cpu"), spec.train.grad_clip_norm)
+        total = ddp_steps(len(train), world, args.epochs)  # 0: until the target
+        o = spec.optimizer
         dist.barrier()
         t0, compute = time.perf_counter(), 0.0
-        for step, idx in enumerate(_ddp_batches(len(y), rank, world)):
+        for step, idx in enumerate(_ddp_batches(len(train), rank, world)):
             slowed.start()
             model.train()
             opt.zero_grad(set_to_none=True)
-            nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
+            with precision.autocast():
+                value, _ = code.loss(model, default_collate([train[i] for i in idx.tolist()]))
+            precision.backward(value)
             compute += slowed.finish()  # the slowdown's sleep included, as peerd's workers
             row = {"t": time.perf_counter() - t0, "step": step, "compute_s": compute}
             flag = 0.0
@@ -452,10 +566,16 @@ def ddp_rank(args) -> None:
             row["finished"] = bool(total and step + 1 >= total)
             end = row["finished"] or row["t"] > args.budget
             if rank == 0 and (step % DDP_EVAL_EVERY == 0 and step or end):
-                row["accuracy"] = accuracy(model, *test.tensors)
-                flag = float(end or (not total and row["accuracy"] >= args.target))
+                model.eval()
+                with torch.no_grad():
+                    row["metric"] = code.evaluate(model, DataLoader(test, batch_size=GLOBAL_BATCH))[kind.metric]
+                flag = float(end or (not total and at_target(row["metric"], args.target, kind.mode)))
             stop = allreduce_grads(params, flag, world) > 0  # waits for the slowest rank
-            opt.step()
+            # peerd's LR: the schedule over the job's samples (epochs or the bench's 1000), warm-up by steps.
+            done = step * GLOBAL_BATCH / (len(train) * (spec.epochs or 1000.0))
+            for group in opt.param_groups:
+                group["lr"] = o.lr * schedule_factor(o.schedule, done, step, o.warmup_steps)
+            precision.step(opt, params)  # clips the averaged gradient, as DDP with clipping does
             log.write(json.dumps(row) + "\n")
             if stop:
                 break
@@ -489,8 +609,8 @@ def run_ddp(bed: Testbed, cap: float, out: Path) -> Result:
         for rank, peer in enumerate(bed.trainers):
             cmd = peer.net.command([sys.executable, __file__, "--ddp-rank", str(rank), "--ddp-store", str(store),
                                     "--out", str(out), "--slowdowns", args.slowdowns, "--clock", args.clock,
-                                    "--target", str(args.target), "--epochs", str(args.epochs),
-                                    "--budget", str(args.budget)])
+                                    "--job", args.job, "--epochs", str(args.epochs), "--budget", str(args.budget),
+                                    *(["--target", str(args.target)] if args.target is not None else [])])
             with open(out / f"ddp-{rank}.log", "wb") as log:
                 procs.append(subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
                                               start_new_session=True,
@@ -501,11 +621,11 @@ def run_ddp(bed: Testbed, cap: float, out: Path) -> Result:
     after, busy = bed.net.counters(), busy_share(cpu, host_cpu())
     ranks = [[json.loads(line) for line in open(out / f"ddp-{r}.jsonl")] for r in range(len(procs))]
     steps = len(ranks[0])
-    result = Result("ddp", cap, curve=[(row["t"], row["accuracy"]) for row in ranks[0] if "accuracy" in row],
+    result = Result("ddp", cap, curve=[(row["t"], row["metric"]) for row in ranks[0] if "metric" in row],
                     utilisation=[utilisation([(row["t"], row["compute_s"]) for row in r]) for r in ranks],
                     bytes_per_round=[bytes_per_round(before[i], after[i], steps) for i in range(len(procs))],
                     steps_per_round=1, wall_s=ranks[0][-1]["t"], rounds=[steps] * len(procs), host_busy=busy,
-                    bytes_per_sample=bytes_per_sample(before, after, steps * GLOBAL_BATCH))
+                    bytes_per_sample=bytes_per_sample(before, after, steps * GLOBAL_BATCH), mode=args.kind.mode)
     if ranks[0][-1].get("finished") and result.curve:
         result.final = result.consensus = result.curve[-1][1]  # one model: its own is the consensus
     return result
@@ -514,46 +634,48 @@ def run_ddp(bed: Testbed, cap: float, out: Path) -> Result:
 # ---------------------------------------------------------------- peerd
 
 
-def deadline_ceiling_s(mbit: float) -> float:
+def deadline_ceiling_s(mbit: float, model_bytes: int = MODEL_BYTES) -> float:
     """The exchange deadline's ceiling for a cap: the default, or 1.5 × a whole
     fp32 model's link time where that is longer (20 Mbit/s: 19 s a model, so 10 s
     would leave half the segments of every round unfetched)."""
-    return max(DEADLINE_CEILING_S, round(1.5 * link_seconds(MODEL_BYTES, mbit), 1))
+    return max(DEADLINE_CEILING_S, round(1.5 * link_seconds(model_bytes, mbit), 1))
 
 
 def job_text(name: str, v: Variant, epochs: float = 0.0, min_peers: int = 1,
-             outer: tuple[float, float] = (OUTER_LR, OUTER_MOMENTUM), cap: float = 1000.0) -> str:
+             outer: tuple[float, float] = (OUTER_LR, OUTER_MOMENTUM), cap: float = 1000.0,
+             job: Job = JOB_KINDS["digits"]) -> str:
     """The job a peerd variant trains at a cap; `outer`: the outer step's (lr, momentum)."""
-    gossip = {"segments": 8, "overlap": v.overlap, "wire": v.wire, "deadline_ceiling_s": deadline_ceiling_s(cap)}
+    gossip = {"segments": 8, "overlap": v.overlap, "wire": v.wire,
+              "deadline_ceiling_s": deadline_ceiling_s(cap, job.model_bytes)}
     tables = {}
     if v.outer:  # [outer] every sets the rounds' period: no period_steps with it
         tables["outer"] = {"every": v.outer, "lr": outer[0], "momentum": outer[1], "nesterov": True}
     else:
         gossip["period_steps"] = v.period
+    every = max(1, job.eval_steps // v.steps_per_round)
     return tomli_w.dumps({
-        "job": {"name": name, "module": "bw_mlp", "metric": "accuracy", "seed": 0, "init": "shared",
-                "data_mode": "shared", "local_batch": GLOBAL_BATCH // 4, "epochs": epochs or 1000.0,
+        **job.tables,
+        "job": {**job.tables["job"], "name": name, "local_batch": GLOBAL_BATCH // 4, "epochs": epochs or 1000.0,
                 "min_peers": min_peers,
-                "eval_every_rounds": max(1, EVAL_STEPS // v.steps_per_round),
+                "eval_every_rounds": every,
                 # Batches that follow each peer's speed (bench/dbs.py), so no one waits for the slowest.
                 "global_batch": GLOBAL_BATCH, "min_local_batch": 4,
-                "rebalance_rounds": max(1, EVAL_STEPS // v.steps_per_round),  # every 16 steps, as eval
+                "rebalance_rounds": every,  # as often as evaluations
                 "rebalance_threshold": 0.1},
-        "optimizer": {"name": "sgd", "lr": LR, "momentum": 0.9, "weight_decay": 0.0001, "schedule": "constant",
-                      "reference_batch": GLOBAL_BATCH},
         "gossip": gossip,
         **tables,
         "checkpoint": {"every_rounds": 0, "every_s": 0.0},
     })
 
 
-def refused(variant: str, outer: tuple[float, float] = (OUTER_LR, OUTER_MOMENTUM)) -> str:
+def refused(variant: str, outer: tuple[float, float] = (OUTER_LR, OUTER_MOMENTUM),
+            job: Job = JOB_KINDS["digits"]) -> str:
     """Why this build's job parser refuses the variant's job ("" if it takes it),
     so that a run of many variants skips it with peerd's own reason."""
     if VARIANTS[variant] is None:
         return ""
     try:
-        parse_job(job_text(f"bw-{variant}", VARIANTS[variant], outer=outer), variant)
+        parse_job(job_text(f"bw-{variant}", VARIANTS[variant], outer=outer, job=job), variant)
     except ConfigError as exc:
         return str(exc)
     return ""
@@ -564,7 +686,7 @@ def run_peerd(bed: Testbed, variant: str, cap: float, out: Path, join: bool) -> 
     v = VARIANTS[variant]
     name = f"bw-{variant}-{cap:g}"
     text = job_text(name, v, args.epochs, len(bed.trainers) if args.together else 1,
-                    (args.outer_lr, args.outer_momentum), cap)
+                    (args.outer_lr, args.outer_momentum), cap, args.kind)
     out.mkdir(parents=True, exist_ok=True)
     (out / "job.toml").write_text(text)
     for peer in bed.trainers:
@@ -593,18 +715,18 @@ def run_peerd(bed: Testbed, variant: str, cap: float, out: Path, join: bool) -> 
                     breakdown=[time_shares(j.progress) if j is not None else {} for j in trace.jobs],
                     # The whole run's bytes (with --epochs the end consensus's too): a
                     # window cut at a poll splits a round of 32 steps and says little.
-                    bytes_per_sample=bytes_per_sample(trace.before, end, samples))
+                    bytes_per_sample=bytes_per_sample(trace.before, end, samples), mode=args.kind.mode)
     if args.epochs:
-        result.final, result.consensus = final_metrics(trace.jobs)
+        result.final, result.consensus = final_metrics(trace.jobs, args.kind.metric)
     return result, joined
 
 
-def final_metrics(jobs: list) -> tuple[float, float]:
-    """The mean of the peers' own final accuracy and the end consensus's (NaN
+def final_metrics(jobs: list, metric: str = "accuracy") -> tuple[float, float]:
+    """The mean of the peers' own final metric and the end consensus's (NaN
     where a job did not finish)."""
     metrics = [dict(j.progress.metrics) if j is not None and j.state == WorkerState.FINISHED else {} for j in jobs]
-    own = [m.get("accuracy", math.nan) for m in metrics]
-    agreed = [m.get("consensus_accuracy", math.nan) for m in metrics]
+    own = [m.get(metric, math.nan) for m in metrics]
+    agreed = [m.get(f"consensus_{metric}", math.nan) for m in metrics]
     return sum(own) / len(own), sum(agreed) / len(agreed)
 
 
@@ -658,7 +780,7 @@ def _follow(bed: Testbed, name: str, label: str) -> Trace:
             trace.sample(now - trace.t0, jobs)
             if all(j is not None and j.progress.phase == "training" for j in jobs):
                 trace.training, trace.training_rounds = bed.net.counters(), [j.progress.round for j in jobs]
-            reached = not args.epochs and trace.curve and trace.curve[-1][1] >= args.target
+            reached = not args.epochs and trace.curve and at_target(trace.curve[-1][1], args.target, args.kind.mode)
             if (reached or trace.t > args.budget
                     or all(j is not None and j.state in ENDED_STATES for j in jobs)):
                 return trace
@@ -746,12 +868,15 @@ def plot(results: list[Result], args) -> None:
     plt = pyplot()
     caps = sorted({r.cap for r in results}, reverse=True)
     fig, axes = plt.subplots(1, len(caps) + 2, figsize=(4.5 * (len(caps) + 2), 4))
-    colour = {v: f"C{k}" for k, v in enumerate(VARIANTS)}
+    colour = {v: plt.get_cmap("tab20")(k) for k, v in enumerate(VARIANTS)}  # 17 variants: C0-C9 would repeat
     for ax, cap in zip(axes, caps):
         for r in (r for r in results if r.cap == cap):
             ax.plot([t for t, _ in r.curve], [m for _, m in r.curve], color=colour[r.variant], marker=".", markersize=3, label=r.variant)
-        ax.axhline(args.target, color="grey", linestyle=":", label=f"target {args.target}")
-        ax.set(xlabel="wall time (s)", ylabel="test accuracy", ylim=(0.5, 1.0), title=f"{cap:g} Mbit/s links")
+        target = targets(results, args.target, args.baseline)[cap]
+        if target == target:
+            ax.axhline(target, color="grey", linestyle=":", label=f"target {target:.4g}")
+        ax.set(xlabel="wall time (s)", ylabel=args.kind.metric, title=f"{cap:g} Mbit/s links",
+               **({"ylim": (0.5, 1.0)} if args.job == "digits" else {}))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     labels = [f"{r.variant}\n{r.cap:g}" for r in results]
@@ -767,7 +892,8 @@ def plot(results: list[Result], args) -> None:
     traffic.set(ylabel="MB per peer per round (in + out)", title="traffic (DDP: a round = a step)")
     for ax in (util, traffic):
         ax.set_xticks(range(len(results)), labels, fontsize=7)
-    fig.suptitle(f"12M-parameter MLP, MNIST-5k, 4 peers slowed {args.slowdowns} ({args.clock} clock)")
+    what = "12M-parameter MLP, MNIST-5k" if args.job == "digits" else "0.64M-parameter char-level LM"
+    fig.suptitle(f"{what}, 4 peers slowed {args.slowdowns} ({args.clock} clock)")
     fig.tight_layout()
     save_figure(fig, [args.png])
 
@@ -776,7 +902,10 @@ def load_results(summary: Path, args) -> tuple[list[Result], list[dict]]:
     """The results and joins a run wrote to its summary.json; its target, budget
     and slowdowns onto args."""
     data = json.loads(summary.read_text())
-    args.target, args.budget = float(data["args"]["target"]), float(data["args"]["budget"])
+    target = data["args"]["target"]
+    args.target, args.budget = None if target == "None" else float(target), float(data["args"]["budget"])
+    args.job = data["args"].get("job", "digits")
+    args.kind = JOB_KINDS[args.job]
     args.slowdowns, args.clock = data["args"]["slowdowns"], data["args"].get("clock", "wall")
     args.baseline = data["args"].get("baseline", "ddp")
     args.epochs = float(data["args"].get("epochs", 0))
@@ -785,6 +914,9 @@ def load_results(summary: Path, args) -> tuple[list[Result], list[dict]]:
 
 def report(results: list[Result], joins: list[dict], args) -> str:
     lines = [table(results, args.target, args.budget, args.baseline, bool(args.epochs)), ""]
+    if args.target is None:
+        lines += [f"Target at {cap:g} Mbit/s: {args.kind.metric} {t:.4f} ({args.baseline}'s final + 1 %)"
+                  for cap, t in sorted(targets(results, None, args.baseline).items(), reverse=True)] + [""]
     for j in joins:
         ok = "meets" if j["total_s"] <= j["goal_s"] else "misses"
         lines.append(f"Join at {j['cap_mbit']:g} Mbit/s: {j['total_s']:.2f} s from join to the first step "
@@ -815,7 +947,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench/bandwidth.py needs network namespaces: {why}", file=sys.stderr)
         return 2
     for variant in list(args.variant_list):
-        if why := refused(variant, (args.outer_lr, args.outer_momentum)):
+        if why := refused(variant, (args.outer_lr, args.outer_momentum), args.kind):
             print(f"skipping {variant}: this build refuses its job: {why}", file=sys.stderr)
             args.variant_list.remove(variant)
     if not args.variant_list:
@@ -841,8 +973,10 @@ def main(argv: list[str] | None = None) -> int:
                     result, joined = run_peerd(bed, variant, cap, where, join)
                     joins += joined
                 results.append(result)
-                print(f"  target at {result.time_to(args.target):.1f}s (best peer: "
-                      f"{time_to_target(result.best, args.target):.1f}s), utilisation "
+                reached = "" if args.target is None else (
+                    f"target at {result.time_to(args.target):.1f}s (best peer: "
+                    f"{time_to_target(result.best, args.target, result.mode):.1f}s), ")
+                print(f"  {reached}final {result.final:.4f} / {result.consensus:.4f}, utilisation "
                       f"{[round(u, 2) for u in result.utilisation]}, MB/round "
                       f"{[round(b / 1e6, 1) for b in result.bytes_per_round]}, kB/sample "
                       f"{result.bytes_per_sample / 1e3:.0f}, rounds {result.rounds}, host CPU busy "

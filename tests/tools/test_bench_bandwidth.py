@@ -1,6 +1,6 @@
-"""The pure parts of bench/bandwidth.py: utilisation, time to target, bytes per
-round and per sample, the join goal, the report's table and the variants' job
-texts (no namespaces, no processes)."""
+"""The pure parts of bench/bandwidth.py: utilisation, time to target (an accuracy's
+or a loss's), bytes per round and per sample, the join goal, the report's table and
+the variants' job texts for both jobs (no namespaces, no processes)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 from bandwidth import (  # noqa: E402
     VARIANTS, Result, busy_share, bytes_per_round, bytes_per_sample, ddp_steps, deadline_ceiling_s, host_cpu,
-    job_text, join_goal_s,
-    link_seconds, refused, table, time_to_target, utilisation,
+    JOB_KINDS, job_text, join_goal_s,
+    link_seconds, refused, table, targets, time_to_target, utilisation,
 )
 
 from peerd.settings.jobspec import parse_job  # noqa: E402
@@ -136,3 +136,29 @@ def test_every_variant_is_a_job_this_build_takes_and_a_refused_one_says_why():
     assert not any(refused(v) for v in VARIANTS)
     # A job the parser refuses (an outer momentum of 1) is skipped with the parser's words.
     assert "outer.momentum = 1.0" in refused("outer-8", (0.7, 1.0))
+
+
+def test_a_loss_reaches_its_target_from_above_and_by_default_the_target_is_the_baselines_final_plus_1_percent():
+    curve = [(10.0, 2.4), (20.0, 2.02), (30.0, 2.05), (40.0, 1.98)]
+    assert time_to_target(curve, 2.02, "min") == 20.0 and time_to_target(curve, 2.02) == 10.0
+    assert math.isnan(time_to_target(curve, 1.9, "min")) and math.isnan(time_to_target(curve, None, "min"))
+    ddp = Result("ddp", 20, [(30.0, 2.0)], [], [], 1, 30.0, final=2.0, mode="min")
+    other = Result("outer-8", 20, curve, [], [], 8, 40.0, final=1.98, consensus=1.97, mode="min")
+    assert targets([ddp, other], None, "ddp") == {20: pytest.approx(2.02)}
+    assert targets([ddp, other], 2.5, "ddp") == {20: 2.5}
+    assert math.isnan(targets([other], None, "ddp")[20])  # no baseline at that cap
+    rows = table([ddp, other], None, budget=300.0, finals=True).splitlines()
+    assert "time to ddp's final + 1 % (s)" in rows[0] and rows[0].endswith("| final ÷ ddp's |")
+    assert rows[3].startswith("| 20 | outer-8 | 20 | 0.67 |") and rows[3].endswith("| 0.990 |")
+
+
+def test_the_language_model_job_is_the_example_file_in_fp32_at_the_benchs_global_batch():
+    charlm = JOB_KINDS["charlm"]
+    spec = parse_job(job_text("x", VARIANTS["outer-8"], epochs=1, min_peers=4, cap=20, job=charlm), "x")
+    assert (spec.module, spec.metric, spec.metric_mode) == ("peerd.examples.charlm", "val_loss", "min")
+    assert (spec.optimizer.name, spec.optimizer.lr, spec.optimizer.reference_batch) == ("adamw", 0.003, 128)
+    assert (spec.optimizer.schedule, spec.optimizer.warmup_steps) == ("cosine", 20)
+    assert (spec.train.precision, spec.train.grad_clip_norm) == ("fp32", 1.0)
+    assert spec.gossip.deadline_ceiling_s == 10.0  # 2.5 MB: 1 s a model at 20 Mbit/s
+    assert (spec.eval_every_rounds, spec.outer.every, spec.global_batch) == (1, 8, 128)  # every 8 steps
+    assert not any(refused(v, job=charlm) for v in VARIANTS)
